@@ -1,0 +1,5 @@
+//! The reference ops, forward and backward side by side, one op a module.
+
+#[cfg(test)]
+pub mod gradcheck;
+pub mod linear;

@@ -1,1 +1,2 @@
 //! jet-backend
+pub mod tasks;

@@ -9,6 +9,7 @@
 //! comments as `[rows, cols]`.
 
 pub mod bf16;
+pub mod cuda;
 pub mod flow;
 pub mod fp8;
 pub mod gemm;

@@ -1,0 +1,470 @@
+//! The device, its stream, NVRTC compilation with a module cache, and launches.
+//!
+//! Every op runs on one stream per [`Gpu`]; cudarc's per-buffer event tracking is
+//! switched off (one stream needs none, and it costs two events per allocation).
+
+use std::collections::HashMap;
+use std::ffi::{c_char, CString};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
+use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys, Ptx};
+use sha2::{Digest, Sha256};
+
+use super::gemm::LtState;
+use super::{Ctx, CudaError, Result};
+
+/// One `.cu` file; the common header is prepended before compiling.
+pub(crate) struct Source {
+    pub name: &'static str,
+    pub code: &'static str,
+}
+
+const COMMON: &str = include_str!("kernels/common.cuh");
+pub(crate) const QUANTIZE: Source = Source {
+    name: "quantize",
+    code: include_str!("kernels/quantize.cu"),
+};
+pub(crate) const GEMV: Source = Source {
+    name: "gemv_fp8",
+    code: include_str!("kernels/gemv_fp8.cu"),
+};
+pub(crate) const OPS: Source = Source {
+    name: "ops",
+    code: include_str!("kernels/ops.cu"),
+};
+pub(crate) const ATTENTION: Source = Source {
+    name: "attention",
+    code: include_str!("kernels/attention.cu"),
+};
+pub(crate) const LOGSOFTMAX: Source = Source {
+    name: "logsoftmax",
+    code: include_str!("kernels/logsoftmax.cu"),
+};
+const SOURCES: [&Source; 5] = [&QUANTIZE, &GEMV, &OPS, &ATTENTION, &LOGSOFTMAX];
+
+/// Somewhere to keep compiled kernel images between runs (the daemon keeps them in
+/// sled). Keys are hex sha256 of source, architecture, NVRTC version and options.
+pub trait KernelStore: Send + Sync {
+    fn load(&self, key: &str) -> Option<Vec<u8>>;
+    fn save(&self, key: &str, image: &[u8]);
+}
+
+/// A [`KernelStore`] in a folder: one `<key>.cubin` file per module.
+pub struct DirKernelStore(pub PathBuf);
+
+impl KernelStore for DirKernelStore {
+    fn load(&self, key: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.0.join(format!("{key}.cubin"))).ok()
+    }
+    fn save(&self, key: &str, image: &[u8]) {
+        // Written under a temporary name and renamed, so a reader never sees half a file.
+        // A cache that cannot be written is only slower: errors are ignored.
+        let tmp = self.0.join(format!("{key}.tmp{}", std::process::id()));
+        if std::fs::create_dir_all(&self.0).is_ok() && std::fs::write(&tmp, image).is_ok() {
+            let _ = std::fs::rename(&tmp, self.0.join(format!("{key}.cubin")));
+        }
+    }
+}
+
+/// A kernel argument: device pointers travel as u64.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg {
+    P(u64),
+    I(i32),
+    L(i64),
+    F(f32),
+}
+
+/// One CUDA device with its stream, compiled modules and cuBLASLt state.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    name: String,
+    cc: (i32, i32),
+    sms: usize,
+    nvrtc: (i32, i32),
+    include: Option<String>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    funcs: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
+    store: Mutex<Option<Arc<dyn KernelStore>>>,
+    pub(crate) lt: LtState,
+}
+
+/// The shared device 0, or why there is none. Probed once per process.
+pub fn cuda_available() -> Result<Arc<Gpu>> {
+    static GPU: OnceLock<Result<Arc<Gpu>>> = OnceLock::new();
+    GPU.get_or_init(|| Gpu::new(0).map(Arc::new)).clone()
+}
+
+/// Check that the three libraries can be opened before cudarc touches them:
+/// with dynamic loading it panics on a missing library.
+fn probe_libraries() -> Result<()> {
+    // SAFETY: these only try to dlopen the candidate names.
+    let (cuda, nvrtc, lt) = unsafe {
+        (
+            cudarc::driver::sys::is_culib_present(),
+            nvrtc_sys::is_culib_present(),
+            cudarc::cublaslt::sys::is_culib_present(),
+        )
+    };
+    let missing = |m: &str| Err(CudaError::Unavailable(m.to_string()));
+    if !cuda {
+        return missing("libcuda.so not found: no NVIDIA driver on this machine");
+    }
+    if !nvrtc {
+        return missing(
+            "libnvrtc.so.13 not found: install the CUDA 13 toolkit (NVRTC) or add its lib64 folder to LD_LIBRARY_PATH",
+        );
+    }
+    if !lt {
+        return missing(
+            "libcublasLt.so.13 not found: install cuBLAS from CUDA 13 or add its lib64 folder to LD_LIBRARY_PATH",
+        );
+    }
+    Ok(())
+}
+
+/// Run `f`, turning a panic inside cudarc (a missing symbol, say) into an error.
+fn no_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(CudaError::Unavailable(format!("{what}: {msg}")))
+        }
+    }
+}
+
+fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two out-pointers to live integers.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| CudaError::Unavailable(format!("NVRTC does not answer: {e:?}")))?;
+    Ok((major, minor))
+}
+
+/// The CUDA include folder: `$CUDA_PATH/include`, `$CUDA_HOME/include`, or
+/// /usr/local/cuda/include, if it exists. NVRTC does not search it on its own.
+fn include_dir() -> Option<String> {
+    let mut cands: Vec<PathBuf> = ["CUDA_PATH", "CUDA_HOME"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(|p| Path::new(&p).join("include"))
+        .collect();
+    cands.push(PathBuf::from("/usr/local/cuda/include"));
+    cands
+        .into_iter()
+        .find(|p| p.is_dir())
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+fn options(arch: &str, include: Option<&str>) -> Vec<String> {
+    let mut o = vec![
+        format!("--gpu-architecture={arch}"),
+        "-std=c++17".to_string(),
+        // No fused multiply-add: element-wise ops then round like the CPU reference
+        // (Rust never contracts a*b+c), which makes rope and the dot products bit-exact.
+        "--fmad=false".to_string(),
+    ];
+    if let Some(i) = include {
+        o.push(format!("--include-path={i}"));
+    }
+    o
+}
+
+/// Compile one source to a CUBIN for `arch` (e.g. "sm_90"). Needs only libnvrtc.
+fn compile_cubin(src: &Source, opts: &[String]) -> Result<Vec<u8>> {
+    let code = format!("{COMMON}\n{}", src.code);
+    let c_src = CString::new(code).map_err(|e| CudaError::Compile {
+        module: src.name.into(),
+        log: e.to_string(),
+    })?;
+    let c_name = CString::new(format!("{}.cu", src.name)).expect("no NUL in a module name");
+    let err = |log: String| CudaError::Compile {
+        module: src.name.into(),
+        log,
+    };
+    let prog =
+        nvrtc_result::create_program(&c_src, Some(&c_name)).map_err(|e| err(e.to_string()))?;
+    // SAFETY: prog is live until destroy_program below; buffers are sized by NVRTC.
+    let out = unsafe {
+        match nvrtc_result::compile_program(prog, opts) {
+            Err(e) => {
+                let log = nvrtc_result::get_program_log(prog)
+                    .map(|l| {
+                        let bytes: Vec<u8> =
+                            l.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
+                        String::from_utf8_lossy(&bytes).into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(err(format!("{e:?}\n{log}")))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .map_err(|e| err(format!("{e:?}")))
+                    .and_then(|_| {
+                        let mut image = vec![0u8; size];
+                        nvrtc_sys::nvrtcGetCUBIN(prog, image.as_mut_ptr() as *mut c_char)
+                            .result()
+                            .map_err(|e| err(format!("{e:?}")))
+                            .map(|_| image)
+                    })
+            }
+        }
+    };
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { nvrtc_result::destroy_program(prog) };
+    out
+}
+
+/// Compile every kernel source for `arch` without a device (needs only libnvrtc):
+/// a check that the `.cu` files are valid. Returns (module, CUBIN bytes).
+pub fn compile_all_sources(arch: &str) -> Result<Vec<(&'static str, usize)>> {
+    // SAFETY: only tries to dlopen.
+    if !unsafe { nvrtc_sys::is_culib_present() } {
+        return Err(CudaError::Unavailable("libnvrtc.so.13 not found".into()));
+    }
+    no_panic("NVRTC", || {
+        let opts = options(arch, include_dir().as_deref());
+        SOURCES
+            .iter()
+            .map(|s| compile_cubin(s, &opts).map(|img| (s.name, img.len())))
+            .collect()
+    })
+}
+
+impl Gpu {
+    /// Open device `ordinal`. Errors name the missing library or device.
+    pub fn new(ordinal: usize) -> Result<Gpu> {
+        probe_libraries()?;
+        no_panic("the CUDA libraries could not be used", || {
+            let n = CudaContext::device_count().map_err(|e| {
+                CudaError::Unavailable(format!("no CUDA device: the driver says {e}"))
+            })?;
+            if ordinal as i32 >= n {
+                return Err(CudaError::Unavailable(format!(
+                    "no CUDA device {ordinal}: the driver sees {n}"
+                )));
+            }
+            let ctx = CudaContext::new(ordinal).ctx("opening the device")?;
+            // SAFETY: every op of a Gpu runs on its one stream (see the module doc).
+            unsafe { ctx.disable_event_tracking() };
+            let stream = ctx.new_stream().ctx("creating a stream")?;
+            let name = ctx.name().ctx("reading the device name")?;
+            let cc = ctx
+                .compute_capability()
+                .ctx("reading the compute capability")?;
+            let sms = ctx
+                .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .ctx("reading the SM count")? as usize;
+            let nvrtc = nvrtc_version()?;
+            let lt = LtState::new(&stream)?;
+            let store: Option<Arc<dyn KernelStore>> = std::env::var_os("JET_KERNEL_CACHE_DIR")
+                .map(|d| Arc::new(DirKernelStore(PathBuf::from(d))) as Arc<dyn KernelStore>);
+            Ok(Gpu {
+                ctx,
+                stream,
+                name,
+                cc,
+                sms,
+                nvrtc,
+                include: include_dir(),
+                modules: Mutex::new(HashMap::new()),
+                funcs: Mutex::new(HashMap::new()),
+                store: Mutex::new(store),
+                lt,
+            })
+        })
+    }
+
+    /// The device name, e.g. "NVIDIA H100 80GB HBM3".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Compute capability (major, minor).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> usize {
+        self.sms
+    }
+    /// NVRTC version (major, minor).
+    pub fn nvrtc_version(&self) -> (i32, i32) {
+        self.nvrtc
+    }
+    /// The stream every op of this device runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    /// Whether cuBLASLt's 1x128 x 128x128 block-scaled FP8 GEMM exists here (Hopper).
+    pub fn has_fp8_block_scaling(&self) -> bool {
+        self.cc == (9, 0)
+    }
+    /// Where compiled kernels are kept between runs (replaces `JET_KERNEL_CACHE_DIR`).
+    pub fn set_kernel_store(&self, store: Arc<dyn KernelStore>) {
+        *self.store.lock().unwrap() = Some(store);
+    }
+
+    fn arch(&self) -> String {
+        format!("sm_{}{}", self.cc.0, self.cc.1)
+    }
+
+    /// The module of `src`, compiled or taken from the caches.
+    fn module(&self, src: &Source) -> Result<Arc<CudaModule>> {
+        if let Some(m) = self.modules.lock().unwrap().get(src.name) {
+            return Ok(m.clone());
+        }
+        let opts = options(&self.arch(), self.include.as_deref());
+        let mut h = Sha256::new();
+        for part in [COMMON, src.code, &opts.join(" ")] {
+            h.update(part.as_bytes());
+            h.update([0u8]);
+        }
+        h.update(format!("nvrtc {}.{}", self.nvrtc.0, self.nvrtc.1).as_bytes());
+        let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let store = self.store.lock().unwrap().clone();
+        let image = match store.as_ref().and_then(|s| s.load(&key)) {
+            Some(img) => img,
+            None => {
+                let img = compile_cubin(src, &opts)?;
+                if let Some(s) = &store {
+                    s.save(&key, &img);
+                }
+                img
+            }
+        };
+        let m = self
+            .ctx
+            .load_module(Ptx::from_binary(image))
+            .ctx(&format!("loading module {}", src.name))?;
+        self.modules.lock().unwrap().insert(src.name, m.clone());
+        Ok(m)
+    }
+
+    pub(crate) fn function(&self, src: &Source, name: &'static str) -> Result<CudaFunction> {
+        if let Some(f) = self.funcs.lock().unwrap().get(&(src.name, name)) {
+            return Ok(f.clone());
+        }
+        let f = self
+            .module(src)?
+            .load_function(name)
+            .ctx(&format!("finding kernel {name} in {}.cu", src.name))?;
+        self.funcs
+            .lock()
+            .unwrap()
+            .insert((src.name, name), f.clone());
+        Ok(f)
+    }
+
+    /// Compile (or load) every module now, so that the first step does not pay for it.
+    pub fn warm_up(&self) -> Result<()> {
+        for s in SOURCES {
+            self.module(s)?;
+        }
+        Ok(())
+    }
+
+    /// Launch `name` of `src`; an empty grid launches nothing.
+    pub(crate) fn launch(
+        &self,
+        src: &Source,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let f = self.function(src, name)?;
+        let mut b = self.stream.launch_builder(&f);
+        for a in args {
+            match a {
+                Arg::P(p) => b.arg(p),
+                Arg::I(i) => b.arg(i),
+                Arg::L(l) => b.arg(l),
+                Arg::F(x) => b.arg(x),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: block,
+            shared_mem_bytes: smem,
+        };
+        // SAFETY: each caller passes the arguments its kernel declares, with buffer
+        // lengths checked against the shapes first.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .ctx(&format!("launching {name}"))
+    }
+
+    /// The device address of a buffer (one stream, so no events to record).
+    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        s.device_ptr(&self.stream).0
+    }
+
+    /// A zeroed device buffer of `n` values.
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
+        self.stream.alloc_zeros(n).ctx("allocating device memory")
+    }
+
+    /// A device buffer of `n` values that the caller's kernel writes in full.
+    pub(crate) fn uninit<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: callers write every element before anything reads it.
+        unsafe { self.stream.alloc(n.max(1)) }.ctx("allocating device memory")
+    }
+
+    /// Copy host values to a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, x: &[T]) -> Result<CudaSlice<T>> {
+        if x.is_empty() {
+            return self.uninit(1);
+        }
+        self.stream.clone_htod(x).ctx("copying to the device")
+    }
+
+    /// Copy the first `n` values of a device buffer to the host (waits for the stream).
+    pub fn download_n<T: DeviceRepr + Default + Clone>(
+        &self,
+        x: &CudaSlice<T>,
+        n: usize,
+    ) -> Result<Vec<T>> {
+        super::ensure(n <= x.len(), || {
+            format!("download of {n} values from a buffer of {}", x.len())
+        })?;
+        let mut out = vec![T::default(); n];
+        if n > 0 {
+            self.stream
+                .memcpy_dtoh(&x.slice(..n), &mut out)
+                .ctx("copying to the host")?;
+        }
+        self.sync()?;
+        Ok(out)
+    }
+
+    /// Copy a whole device buffer to the host.
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, x: &CudaSlice<T>) -> Result<Vec<T>> {
+        self.download_n(x, x.len())
+    }
+
+    /// Wait for every queued op; reports asynchronous kernel faults.
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().ctx("waiting for the stream")
+    }
+}

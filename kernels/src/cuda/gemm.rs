@@ -1,0 +1,395 @@
+//! cuBLASLt GEMMs through cudarc's `result`/`sys` layers (the safe wrapper has no FP8).
+//!
+//! cuBLASLt is column-major. A row-major `Y [P][Q]` is the column-major `Q x P`
+//! matrix, so `Y = A B^T` with both operands K-contiguous (`A [P, K]`, `B [Q, K]`)
+//! is the TN call `m = Q, n = P`, cuBLASLt's A = `B` (TRANSA = T), its B = `A`
+//! (TRANSB = N). FP8 exists only in that TN form; BF16 and F32 take any transposes.
+//!
+//! FP8: E4M3 operands, `CUBLAS_COMPUTE_32F`, f32 scale type, f32 output, no fast
+//! accumulation. Scale modes VEC128_32F (one scale per 1x128 along K) and
+//! BLK128x128_32F; VEC x BLK, BLK x VEC and VEC x VEC are allowed, BLK x BLK is not.
+//! Layouts are those of [`super::quantize`].
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use cudarc::cublaslt::{result, sys};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+
+use super::quantize::Fp8Quantized;
+use super::{ensure, Ctx, Gpu, Result};
+use crate::fp8::Grouping;
+
+/// cuBLASLt's recommended workspace on Hopper.
+const WORKSPACE: usize = 32 << 20;
+
+/// Element type of a GEMM operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LtType {
+    F32,
+    Bf16,
+    E4M3,
+}
+
+/// How an E4M3 operand is scaled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LtScale {
+    None,
+    Vec128,
+    Blk128,
+}
+
+/// One operand as cuBLASLt sees it: column-major storage with leading dimension
+/// `ld`, transposed or not, at device address `ptr`.
+#[derive(Clone, Copy, Debug)]
+pub struct LtOperand {
+    pub ptr: u64,
+    pub ty: LtType,
+    pub trans: bool,
+    pub ld: usize,
+    pub scale: LtScale,
+    pub scale_ptr: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    mnk: (usize, usize, usize),
+    a: (LtType, bool, usize, LtScale),
+    b: (LtType, bool, usize, LtScale),
+    ldd: usize,
+}
+
+struct Inner {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    algos: HashMap<Key, sys::cublasLtMatmulAlgo_t>,
+}
+
+// SAFETY: the handle is used only under the Mutex, on the Gpu's one stream.
+unsafe impl Send for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: created in LtState::new, destroyed once.
+        let _ = unsafe { result::destroy_handle(self.handle) };
+    }
+}
+
+/// The cuBLASLt handle, its workspace and the chosen algorithms of each shape.
+pub(crate) struct LtState(Mutex<Inner>);
+
+impl LtState {
+    pub(crate) fn new(stream: &std::sync::Arc<CudaStream>) -> Result<LtState> {
+        let handle = result::create_handle().ctx("creating the cuBLASLt handle")?;
+        let workspace = stream
+            .alloc_zeros::<u8>(WORKSPACE)
+            .ctx("allocating the cuBLASLt workspace")?;
+        Ok(LtState(Mutex::new(Inner {
+            handle,
+            workspace,
+            algos: HashMap::new(),
+        })))
+    }
+}
+
+fn data_type(t: LtType) -> sys::cudaDataType {
+    match t {
+        LtType::F32 => sys::cudaDataType::CUDA_R_32F,
+        LtType::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+        LtType::E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
+    }
+}
+
+/// Descriptors destroyed on every exit path.
+struct Descs {
+    desc: sys::cublasLtMatmulDesc_t,
+    layouts: Vec<sys::cublasLtMatrixLayout_t>,
+    pref: Option<sys::cublasLtMatmulPreference_t>,
+}
+
+impl Drop for Descs {
+    fn drop(&mut self) {
+        // SAFETY: each was created once below.
+        unsafe {
+            for &l in &self.layouts {
+                let _ = result::destroy_matrix_layout(l);
+            }
+            if let Some(p) = self.pref {
+                let _ = result::destroy_matmul_pref(p);
+            }
+            let _ = result::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+fn set_desc<T>(
+    desc: sys::cublasLtMatmulDesc_t,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    v: &T,
+) -> Result<()> {
+    // SAFETY: v is a live value of the size the attribute takes.
+    unsafe {
+        result::set_matmul_desc_attribute(
+            desc,
+            attr,
+            v as *const T as *const c_void,
+            std::mem::size_of::<T>(),
+        )
+    }
+    .ctx(&format!("setting {attr:?}"))
+}
+
+/// `D [m x n] (column-major, f32, ldd) = op(A) [m x k] op(B) [k x n]`.
+pub fn lt_matmul(
+    gpu: &Gpu,
+    (m, n, k): (usize, usize, usize),
+    a: LtOperand,
+    b: LtOperand,
+    d: u64,
+    ldd: usize,
+) -> Result<()> {
+    use sys::cublasLtMatmulDescAttributes_t as A;
+    ensure(m > 0 && n > 0 && k > 0, || {
+        format!("empty GEMM {m}x{n}x{k}")
+    })?;
+    gpu.context().bind_to_thread().ctx("binding the device")?;
+    let mut lt = gpu.lt.0.lock().unwrap();
+    let desc = result::create_matmul_desc(
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        sys::cudaDataType::CUDA_R_32F,
+    )
+    .ctx("creating a matmul descriptor")?;
+    let mut ds = Descs {
+        desc,
+        layouts: Vec::new(),
+        pref: None,
+    };
+    set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &(a.trans as i32))?;
+    set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &(b.trans as i32))?;
+    for (op, ptr_attr, mode_attr) in [
+        (
+            &a,
+            A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+        ),
+        (
+            &b,
+            A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+        ),
+    ] {
+        let mode = match op.scale {
+            LtScale::None => continue,
+            LtScale::Vec128 => {
+                sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+            }
+            LtScale::Blk128 => {
+                sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+            }
+        };
+        set_desc(desc, ptr_attr, &op.scale_ptr)?;
+        set_desc(desc, mode_attr, &(mode as i32))?;
+    }
+    let shape = |op: &LtOperand, rows: usize, cols: usize| {
+        if op.trans {
+            (cols, rows)
+        } else {
+            (rows, cols)
+        }
+    };
+    let (ar, ac) = shape(&a, m, k);
+    let (br, bc) = shape(&b, k, n);
+    for (ty, r, c, ld) in [
+        (a.ty, ar, ac, a.ld),
+        (b.ty, br, bc, b.ld),
+        (LtType::F32, m, n, ldd),
+    ] {
+        let l = result::create_matrix_layout(data_type(ty), r as u64, c as u64, ld as i64)
+            .ctx("creating a matrix layout")?;
+        ds.layouts.push(l);
+    }
+    let (la, lb, lc) = (ds.layouts[0], ds.layouts[1], ds.layouts[2]);
+    let key = Key {
+        mnk: (m, n, k),
+        a: (a.ty, a.trans, a.ld, a.scale),
+        b: (b.ty, b.trans, b.ld, b.scale),
+        ldd,
+    };
+    let algo = match lt.algos.get(&key) {
+        Some(al) => *al,
+        None => {
+            let pref = result::create_matmul_pref().ctx("creating a matmul preference")?;
+            ds.pref = Some(pref);
+            let ws = WORKSPACE as u64;
+            // SAFETY: a live u64 for the workspace-size attribute.
+            unsafe {
+                result::set_matmul_pref_attribute(
+                    pref,
+                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ws as *const u64 as *const c_void,
+                    8,
+                )
+            }
+            .ctx("setting the workspace size")?;
+            // SAFETY: descriptors and layouts are live.
+            let h =
+                unsafe { result::get_matmul_algo_heuristic(lt.handle, desc, la, lb, lc, lc, pref) }
+                    .ctx(&format!(
+                        "finding an algorithm for {m}x{n}x{k} ({:?} x {:?}, scales {:?} x {:?})",
+                        a.ty, b.ty, a.scale, b.scale
+                    ))?;
+            lt.algos.insert(key, h.algo);
+            h.algo
+        }
+    };
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let ws_ptr = lt.workspace.device_ptr(gpu.stream()).0;
+    // SAFETY: pointers are device buffers whose lengths the callers checked against
+    // these shapes; the stream is the Gpu's.
+    unsafe {
+        result::matmul(
+            lt.handle,
+            desc,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            a.ptr as *const c_void,
+            la,
+            b.ptr as *const c_void,
+            lb,
+            d as *const c_void,
+            lc,
+            d as *mut c_void,
+            lc,
+            &algo,
+            ws_ptr as *mut c_void,
+            WORKSPACE,
+            gpu.stream().cu_stream() as sys::cudaStream_t,
+        )
+    }
+    .ctx(&format!("running a {m}x{n}x{k} matmul"))
+}
+
+/// The VEC128 or BLK128x128 operand of a quantized matrix, K-contiguous and
+/// transposed for cuBLASLt's A, or plain for its B.
+fn fp8_operand(gpu: &Gpu, q: &Fp8Quantized, trans: bool) -> LtOperand {
+    LtOperand {
+        ptr: gpu.ptr(&q.codes),
+        ty: LtType::E4M3,
+        trans,
+        ld: q.inner_pad(),
+        scale: if q.grouping == Grouping::Block128 {
+            LtScale::Blk128
+        } else {
+            LtScale::Vec128
+        },
+        scale_ptr: gpu.ptr(&q.scales),
+    }
+}
+
+/// `Y [P_pad][Q_pad] (row-major f32, row stride Q_pad) = A [P, K] B [Q, K]^T` on
+/// quantized K-contiguous operands: the forward (`A` = X 1x128, `B` = W blocks),
+/// DGrad (`A` = dY 1x128, `B` = W^T blocks) and WGrad (`A` = dY^T, `B` = X^T,
+/// both 128x1). Rows past P and columns past Q are padding.
+pub fn fp8_gemm_nt_into(
+    gpu: &Gpu,
+    a: &Fp8Quantized,
+    b: &Fp8Quantized,
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    ensure(gpu.has_fp8_block_scaling(), || {
+        format!(
+            "the block-scaled FP8 GEMM needs a Hopper GPU (compute capability 9.0); {} is {}.{}",
+            gpu.name(),
+            gpu.compute_capability().0,
+            gpu.compute_capability().1
+        )
+    })?;
+    ensure(
+        a.inner_pad() == b.inner_pad() && a.inner() == b.inner(),
+        || format!("FP8 GEMM: contraction {} vs {}", a.inner(), b.inner()),
+    )?;
+    ensure(
+        !(a.grouping == Grouping::Block128 && b.grouping == Grouping::Block128),
+        || "FP8 GEMM: cuBLASLt has no 128x128 x 128x128 block scaling".into(),
+    )?;
+    let (p, q) = (a.outer_pad(), b.outer_pad());
+    ensure(y.len() >= p * q, || {
+        format!(
+            "FP8 GEMM output holds {} values, fewer than {p}x{q}",
+            y.len()
+        )
+    })?;
+    let yp = gpu.ptr(y);
+    lt_matmul(
+        gpu,
+        (q, p, a.inner_pad()),
+        fp8_operand(gpu, b, true),
+        fp8_operand(gpu, a, false),
+        yp,
+        q,
+    )
+}
+
+/// [`fp8_gemm_nt_into`] into a new buffer; returns it with its row stride.
+pub fn fp8_gemm_nt(
+    gpu: &Gpu,
+    a: &Fp8Quantized,
+    b: &Fp8Quantized,
+) -> Result<(CudaSlice<f32>, usize)> {
+    let mut y = gpu.uninit::<f32>(a.outer_pad() * b.outer_pad())?;
+    fp8_gemm_nt_into(gpu, a, b, &mut y)?;
+    Ok((y, b.outer_pad()))
+}
+
+/// A row-major dense matrix for [`dense_gemm`]: `rows x cols` with row stride `ld`.
+#[derive(Clone, Copy, Debug)]
+pub struct Dense {
+    pub ptr: u64,
+    pub ty: LtType,
+    pub rows: usize,
+    pub cols: usize,
+    pub ld: usize,
+}
+
+/// `Y [P, Q] (row-major f32, stride ldy) = op(A) op(B)` with `op` a transpose when
+/// asked: A is `[P, K]` (or `[K, P]` with `ta`), B is `[K, Q]` (or `[Q, K]` with `tb`).
+/// F32 or BF16 operands (both the same type), f32 accumulation.
+pub fn dense_gemm(
+    gpu: &Gpu,
+    a: Dense,
+    ta: bool,
+    b: Dense,
+    tb: bool,
+    y: u64,
+    ldy: usize,
+) -> Result<()> {
+    let (p, ka) = if ta {
+        (a.cols, a.rows)
+    } else {
+        (a.rows, a.cols)
+    };
+    let (kb, q) = if tb {
+        (b.cols, b.rows)
+    } else {
+        (b.rows, b.cols)
+    };
+    ensure(ka == kb && a.ty == b.ty && a.ty != LtType::E4M3, || {
+        format!(
+            "dense GEMM: [{p}, {ka}] x [{kb}, {q}] of {:?} and {:?}",
+            a.ty, b.ty
+        )
+    })?;
+    // Row-major Y = A B is column-major Y^T = B^T A^T: cuBLASLt's A is our B.
+    // A row-major [r][c] buffer is the column-major c x r matrix, i.e. already
+    // transposed, so cuBLASLt's flag is the negation of ours.
+    let op = |x: Dense, t: bool| LtOperand {
+        ptr: x.ptr,
+        ty: x.ty,
+        trans: t,
+        ld: x.ld,
+        scale: LtScale::None,
+        scale_ptr: 0,
+    };
+    lt_matmul(gpu, (q, p, ka), op(b, tb), op(a, ta), y, ldy)
+}

@@ -1,0 +1,294 @@
+//! The decode-sized FP8 GEMM (`gemv_fp8.cu`): `Y = X W^T` for a few tokens,
+//! reading the E4M3 weight bytes directly with tensor cores (mma.sync e4m3).
+//!
+//! At decode sizes cuBLASLt's block-scaled GEMM is slower than BF16 (DEVICE.md:
+//! 22.5 us vs 14.8 us at 64x4096x4096), so rollout speed has to come from moving
+//! half the weight bytes: this kernel streams `N*K` bytes of W once and computes
+//! the numbers of `fp8::fp8_gemm` (f32 sums per 128-group, scaled per group).
+//!
+//! Operands are the quantizer's: X 1x128 (`[M_pad][K_pad]`, VEC128 scales
+//! `[L][M_pad]`), W 128x128 blocks (`[N_pad][K_pad]`, scales `[ceil(N/128)][lds]`).
+
+use cudarc::driver::CudaSlice;
+
+use super::context::{Arg, GEMV};
+use super::quantize::Fp8Quantized;
+use super::{ensure, Gpu, Result};
+use crate::fp8::{Grouping, GROUP};
+
+/// Tokens one launch covers (8 token tiles of 8).
+pub const GEMV_MAX_TOKENS: usize = 64;
+
+/// A kernel of `gemv_fp8.cu`: token tiles of 8, warps per block, m16 tiles per block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemvVariant {
+    pub name: &'static str,
+    pub warps: usize,
+    pub m_tiles: usize,
+}
+
+const fn v(name: &'static str, warps: usize, m_tiles: usize) -> GemvVariant {
+    GemvVariant {
+        name,
+        warps,
+        m_tiles,
+    }
+}
+
+/// Variants for 8, 16, 32 and 64 tokens; 64 tokens also as [`GEMV_T8_M1`].
+pub const GEMV_VARIANTS: [GemvVariant; 4] = [
+    v("gemv_fp8_t1_w8_m2", 8, 2),
+    v("gemv_fp8_t2_w8_m2", 8, 2),
+    v("gemv_fp8_t4_w8_m2", 8, 2),
+    v("gemv_fp8_t8_w4_m2", 4, 2),
+];
+/// 64 tokens with 16 weight rows a block (more blocks, more reads of X).
+pub const GEMV_T8_M1: GemvVariant = v("gemv_fp8_t8_w8_m1", 8, 1);
+
+/// The kernel variant for `m` tokens.
+fn variant(m: usize) -> GemvVariant {
+    GEMV_VARIANTS[match m {
+        0..=8 => 0,
+        9..=16 => 1,
+        17..=32 => 2,
+        _ => 3,
+    }]
+}
+
+/// Which decode kernel runs (the default is [`GemvKernel::SplitK`]; the others are
+/// kept for the timings in NOTES.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvKernel {
+    /// 128 weight rows a block, K split over blocks, a block's loads all in flight.
+    SplitK,
+    /// The first version: 32 rows a block, K split over its warps, tokens from L2.
+    Tiled(Option<GemvVariant>),
+}
+
+/// Partial sums of a split-K launch: `p[s][token][n]`, row stride `ldp`, slices
+/// `sstride` apart, to be added in `s` order.
+pub(crate) struct Partial {
+    pub p: CudaSlice<f32>,
+    pub ldp: usize,
+    pub sstride: usize,
+    pub splits: usize,
+}
+
+fn check(x: &Fp8Quantized, w: &Fp8Quantized) -> Result<()> {
+    ensure(
+        x.grouping == Grouping::Row1x128 && w.grouping == Grouping::Block128,
+        || {
+            format!(
+                "decode GEMM wants X 1x128 and W 128x128, not {:?} and {:?}",
+                x.grouping, w.grouping
+            )
+        },
+    )?;
+    ensure(x.cols == w.cols && x.cols_pad == w.cols_pad, || {
+        format!("decode GEMM: X has K = {}, W has K = {}", x.cols, w.cols)
+    })
+}
+
+/// K splits and groups per split: about two blocks per SM (a block holds the
+/// weight bytes of up to 4 groups in flight), and at most 16 MiB of partial sums
+/// (they stay in L2).
+fn splits(gpu: &Gpu, n: usize, k_pad: usize, m: usize) -> (usize, usize) {
+    let l = k_pad.div_ceil(GROUP);
+    let blocks_n = n.div_ceil(128);
+    let max_ks = ((16usize << 20) / (4 * m.max(1) * n.max(1))).max(1);
+    let gps = (l * blocks_n)
+        .div_ceil(2 * gpu.sm_count())
+        .max(l.div_ceil(max_ks))
+        .clamp(1, l.max(1));
+    (l.div_ceil(gps), gps)
+}
+
+/// Launch the split-K kernel for `x` rows `m0 .. m0 + mc` (mc <= 64) into `p`.
+#[allow(clippy::too_many_arguments)]
+fn launch_sk(
+    gpu: &Gpu,
+    x: &Fp8Quantized,
+    w: &Fp8Quantized,
+    m0: usize,
+    mc: usize,
+    p: u64,
+    ldp: usize,
+    sstride: usize,
+) -> Result<usize> {
+    let n = w.rows;
+    let (ks, gps) = splits(gpu, n, w.cols_pad, mc);
+    let name = match mc {
+        0..=8 => "gemv_fp8_sk_t1",
+        9..=16 => "gemv_fp8_sk_t2",
+        17..=32 => "gemv_fp8_sk_t4",
+        _ => "gemv_fp8_sk_t8",
+    };
+    gpu.launch(
+        &GEMV,
+        name,
+        (n.div_ceil(128) as u32, ks as u32, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(&w.codes)),
+            Arg::P(gpu.ptr(&w.scales)),
+            Arg::I(w.lds as i32),
+            Arg::P(gpu.ptr(&x.codes) + (m0 * x.cols_pad) as u64),
+            Arg::P(gpu.ptr(&x.scales) + (m0 * 4) as u64),
+            Arg::I(x.rows_pad as i32),
+            Arg::P(p),
+            Arg::L(ldp as i64),
+            Arg::L(sstride as i64),
+            Arg::I(mc as i32),
+            Arg::I(n as i32),
+            Arg::I(w.rows_pad as i32),
+            Arg::I(w.cols_pad as i32),
+            Arg::I(gps as i32),
+        ],
+    )?;
+    Ok(ks)
+}
+
+/// Partial sums for at most [`GEMV_MAX_TOKENS`] tokens (the linear layer adds the
+/// slices in its epilogue).
+pub(crate) fn gemv_fp8_partial(gpu: &Gpu, x: &Fp8Quantized, w: &Fp8Quantized) -> Result<Partial> {
+    check(x, w)?;
+    let (m, n) = (x.rows, w.rows);
+    ensure(m <= GEMV_MAX_TOKENS, || {
+        format!("decode GEMM of {m} tokens, more than {GEMV_MAX_TOKENS}")
+    })?;
+    let (ks, _) = splits(gpu, n, w.cols_pad, m);
+    let p = gpu.uninit::<f32>(ks * m * n)?;
+    let splits = launch_sk(gpu, x, w, 0, m, gpu.ptr(&p), n, m * n)?;
+    Ok(Partial {
+        p,
+        ldp: n,
+        sstride: m * n,
+        splits,
+    })
+}
+
+/// `y [M][ldy] = x [M, K] w [N, K]^T` for quantized `x` (1x128) and `w` (blocks);
+/// writes columns `0..N` of rows `0..M`, [`GEMV_MAX_TOKENS`] tokens a launch.
+pub fn gemv_fp8_into(
+    gpu: &Gpu,
+    x: &Fp8Quantized,
+    w: &Fp8Quantized,
+    y: &mut CudaSlice<f32>,
+    ldy: usize,
+) -> Result<()> {
+    gemv_fp8_with(gpu, x, w, y, ldy, GEMV_MAX_TOKENS, GemvKernel::SplitK)
+}
+
+/// [`gemv_fp8_into`] with a chosen kernel and tokens per launch (timings).
+#[doc(hidden)]
+pub fn gemv_fp8_with(
+    gpu: &Gpu,
+    x: &Fp8Quantized,
+    w: &Fp8Quantized,
+    y: &mut CudaSlice<f32>,
+    ldy: usize,
+    chunk: usize,
+    kernel: GemvKernel,
+) -> Result<()> {
+    check(x, w)?;
+    let (m, n) = (x.rows, w.rows);
+    ensure(ldy >= n && y.len() >= m.saturating_sub(1) * ldy + n, || {
+        format!(
+            "decode GEMM output holds {} values, fewer than [{m}, {n}] with stride {ldy}",
+            y.len()
+        )
+    })?;
+    let chunk = chunk.clamp(1, GEMV_MAX_TOKENS);
+    let yp = gpu.ptr(y);
+    // One workspace for every chunk: the most splits any chunk size asks for.
+    let ks_max = [chunk.min(m), m % chunk]
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| splits(gpu, n, w.cols_pad, c).0)
+        .max()
+        .unwrap_or(1);
+    let ws = match kernel {
+        GemvKernel::Tiled(_) => None,
+        GemvKernel::SplitK => (ks_max > 1)
+            .then(|| gpu.uninit::<f32>(ks_max * chunk * n))
+            .transpose()?,
+    };
+    let mut m0 = 0;
+    while m0 < m {
+        let mc = chunk.min(m - m0);
+        let yc = yp + (m0 * ldy * 4) as u64;
+        match kernel {
+            GemvKernel::Tiled(full) => tiled(gpu, x, w, m0, mc, yc, ldy, full)?,
+            GemvKernel::SplitK => {
+                let (ks, _) = splits(gpu, n, w.cols_pad, mc);
+                match &ws {
+                    Some(ws) if ks > 1 => {
+                        launch_sk(gpu, x, w, m0, mc, gpu.ptr(ws), n, mc * n)?;
+                        gpu.launch(
+                            &GEMV,
+                            "splitk_sum",
+                            ((mc * n).div_ceil(256) as u32, 1, 1),
+                            (256, 1, 1),
+                            0,
+                            &[
+                                Arg::P(gpu.ptr(ws)),
+                                Arg::L(n as i64),
+                                Arg::L((mc * n) as i64),
+                                Arg::I(ks as i32),
+                                Arg::I(mc as i32),
+                                Arg::I(n as i32),
+                                Arg::P(yc),
+                                Arg::L(ldy as i64),
+                            ],
+                        )?;
+                    }
+                    _ => {
+                        launch_sk(gpu, x, w, m0, mc, yc, ldy, 0)?;
+                    }
+                }
+            }
+        }
+        m0 += mc;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn tiled(
+    gpu: &Gpu,
+    x: &Fp8Quantized,
+    w: &Fp8Quantized,
+    m0: usize,
+    mc: usize,
+    yc: u64,
+    ldy: usize,
+    full: Option<GemvVariant>,
+) -> Result<()> {
+    let n = w.rows;
+    let var = match full {
+        Some(f) if mc > 32 => f,
+        _ => variant(mc),
+    };
+    gpu.launch(
+        &GEMV,
+        var.name,
+        (n.div_ceil(16 * var.m_tiles) as u32, 1, 1),
+        ((var.warps * 32) as u32, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(&w.codes)),
+            Arg::P(gpu.ptr(&w.scales)),
+            Arg::I(w.lds as i32),
+            Arg::P(gpu.ptr(&x.codes) + (m0 * x.cols_pad) as u64),
+            Arg::P(gpu.ptr(&x.scales) + (m0 * 4) as u64),
+            Arg::I(x.rows_pad as i32),
+            Arg::P(yc),
+            Arg::L(ldy as i64),
+            Arg::I(mc as i32),
+            Arg::I(n as i32),
+            Arg::I(w.rows_pad as i32),
+            Arg::I(w.cols_pad as i32),
+        ],
+    )
+}

@@ -1,0 +1,299 @@
+// Decode-sized FP8 GEMM (M <= 64 tokens), reading the E4M3 weight bytes directly:
+//
+//   d[m, n] = sum_g (xs[g][m] * ws[n/128][g]) * sum_{k in group g} x[m, k] * w[n, k]
+//
+// the definition of fp8::fp8_gemm. Layouts are the ones the quantizer writes for
+// cuBLASLt: w [N_pad][K_pad] codes with BLK128x128 scales ws [ceil(N/128)][lds];
+// x [M_pad][K_pad] codes with VEC128 scales xs [L][ldxs]; d row-major with stride ldd.
+//
+// Tensor cores through mma.sync m16n8k32 e4m3 (sm_89+): A = 16 weight rows, B = 8
+// tokens, f32 accumulators. The k order inside a group does not change the sum, so
+// thread (gid, tig) loads 16 contiguous bytes of its weight rows and of its token
+// at k = g*128 + h*64 + tig*16 and feeds them as the k-slots it owns in A and B:
+// bytes 0-3 / 4-7 are slots tig*4.. / 16+tig*4.. of the first k32 step, bytes
+// 8-15 the same slots of the second. A and B use the same permutation of k.
+//
+// A block of WK warps owns MT*16 weight rows (MT m16 tiles); its warps take the K
+// groups round-robin, so each weight byte is read once, and their partial sums are
+// added in warp order at the end (deterministic). TT = token tiles of 8.
+
+__device__ __forceinline__ void mma_e4m3(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint4 ld_stream(const u8* p) {
+    return __ldcs(reinterpret_cast<const uint4*>(p));
+}
+
+template <int TT, int WK, int MT>
+__device__ void gemv_fp8(const u8* __restrict__ w, const float* __restrict__ ws, int lds,
+                         const u8* __restrict__ x, const float* __restrict__ xs, int ldxs,
+                         float* __restrict__ d, long ldd, int M, int N, int N_pad, int K_pad) {
+    __shared__ float red[WK][MT * TT * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int n0 = blockIdx.x * (MT * 16);
+    const int L = (K_pad + 127) / 128;
+
+    const u8* wr[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+            wr[mt][hh] = w + (long)min(n0 + mt * 16 + hh * 8 + gid, N_pad - 1) * K_pad;
+    const u8* xr[TT];
+    bool xin[TT];
+#pragma unroll
+    for (int tt = 0; tt < TT; tt++) {
+        int tok = tt * 8 + gid;
+        xin[tt] = tok < M;
+        xr[tt] = x + (long)(xin[tt] ? tok : 0) * K_pad;
+    }
+    const float* wsr = ws + (long)(n0 / 128) * lds;
+
+    float acc[MT][TT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mt][tt][i] = 0.0f;
+
+    // Weight bytes of one group (both 64-byte halves): the HBM stream. With few
+    // tokens (PF) the next group's bytes are requested before this group's mma,
+    // so two groups per warp are in flight; with 8 token tiles the registers are
+    // needed for accumulators.
+    constexpr bool PF = TT <= 4;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    auto load_w = [&](int g, uint4 (&a)[2][MT][2]) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int k = g * 128 + h * 64 + tig * 16;
+            bool in = g < L && k < K_pad;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) a[h][mt][hh] = in ? ld_stream(wr[mt][hh] + k) : zero;
+        }
+    };
+    uint4 a[2][MT][2];
+    if (PF) load_w(warp, a);
+    for (int g = warp; g < L; g += WK) {
+        uint4 an[2][MT][2];
+        if (PF) load_w(g + WK, an);
+        else load_w(g, a);
+        // Scales of this group, requested before the mma too.
+        float sw = wsr[g];
+        float sx[TT][2];
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++) {
+            int t0 = tt * 8 + tig * 2;
+            sx[tt][0] = t0 < M ? xs[(long)g * ldxs + t0] : 0.0f;
+            sx[tt][1] = t0 + 1 < M ? xs[(long)g * ldxs + t0 + 1] : 0.0f;
+        }
+        float part[MT][TT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) part[mt][tt][i] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int k = g * 128 + h * 64 + tig * 16;
+            uint4 b[TT];
+#pragma unroll
+            for (int tt = 0; tt < TT; tt++)
+                b[tt] = (k < K_pad && xin[tt]) ? *reinterpret_cast<const uint4*>(xr[tt] + k) : zero;
+#pragma unroll
+            for (int s = 0; s < 2; s++)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    u32 a0 = s ? a[h][mt][0].z : a[h][mt][0].x;
+                    u32 a2 = s ? a[h][mt][0].w : a[h][mt][0].y;
+                    u32 a1 = s ? a[h][mt][1].z : a[h][mt][1].x;
+                    u32 a3 = s ? a[h][mt][1].w : a[h][mt][1].y;
+#pragma unroll
+                    for (int tt = 0; tt < TT; tt++) {
+                        u32 b0 = s ? b[tt].z : b[tt].x;
+                        u32 b1 = s ? b[tt].w : b[tt].y;
+                        mma_e4m3(part[mt][tt], a0, a1, a2, a3, b0, b1);
+                    }
+                }
+        }
+        // Accumulator i holds row gid (+8 for i >= 2) and token tig*2 + (i & 1):
+        // y += (x scale * w scale) * group sum, as fp8_gemm.
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++) {
+            float s0 = sx[tt][0] * sw, s1 = sx[tt][1] * sw;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                acc[mt][tt][0] += s0 * part[mt][tt][0];
+                acc[mt][tt][1] += s1 * part[mt][tt][1];
+                acc[mt][tt][2] += s0 * part[mt][tt][2];
+                acc[mt][tt][3] += s1 * part[mt][tt][3];
+            }
+        }
+        if (PF) {
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) a[h][mt][hh] = an[h][mt][hh];
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[warp][(mt * TT + tt) * 4 + i][lane] = acc[mt][tt][i];
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < MT * TT * 4 * 32; idx += WK * 32) {
+        int slot = idx >> 5, ln = idx & 31;
+        float v = red[0][slot][ln];
+        for (int ww = 1; ww < WK; ww++) v += red[ww][slot][ln];
+        int mt = slot / (TT * 4), tt = (slot >> 2) % TT, i = slot & 3;
+        int row = n0 + mt * 16 + (ln >> 2) + (i >= 2 ? 8 : 0);
+        int tok = tt * 8 + (ln & 3) * 2 + (i & 1);
+        if (row < N && tok < M) d[(long)tok * ldd + row] = v;
+    }
+}
+
+#define GEMV(TT, WK, MT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(WK * 32)                                         \
+        gemv_fp8_t##TT##_w##WK##_m##MT(const u8* w, const float* ws, int lds, const u8* x,        \
+                                       const float* xs, int ldxs, float* d, long ldd, int M,      \
+                                       int N, int N_pad, int K_pad) {                             \
+        gemv_fp8<TT, WK, MT>(w, ws, lds, x, xs, ldxs, d, ldd, M, N, N_pad, K_pad);                \
+    }
+GEMV(1, 8, 2)
+GEMV(2, 8, 2)
+GEMV(4, 8, 2)
+GEMV(8, 4, 2)
+GEMV(8, 8, 1)
+
+// ---- split-K version, all loads of a block in flight at once ---------------------
+// Block = 8 warps = 128 weight rows (warp w: rows n0 + 16w .. +16, one m16 tile);
+// grid (ceil(N/128), KS): block (bx, ks) takes the K groups [ks*gps, (ks+1)*gps) and
+// writes its partial sums to p[ks][token][n] (stride ldp, slices sstride apart);
+// the slices are added in ks order afterwards (splitk_sum or the linear epilogue),
+// so the result is deterministic and a token's row never depends on the others.
+// Groups go in chunks of GPB: the weight bytes of a whole chunk are requested at
+// once (registers; one memory latency per chunk, not per group), and the chunk's
+// token codes (TT*8 x 128 bytes a group) are staged in shared memory, rows 192
+// bytes apart so that the 16-byte reads of a quarter warp hit distinct banks.
+#define XS 192
+template <int TT, int GPB>
+__device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ ws, int lds,
+                            const u8* __restrict__ x, const float* __restrict__ xs, int ldxs,
+                            float* __restrict__ p, long ldp, long sstride, int M, int N, int N_pad,
+                            int K_pad, int gps) {
+    __shared__ __align__(16) u8 xt[GPB][TT * 8 * XS];
+    __shared__ float sxs[GPB][TT * 8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int n0 = blockIdx.x * 128;
+    const int L = (K_pad + 127) / 128;
+    const int g0 = blockIdx.y * gps, g1 = min(L, g0 + gps);
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    const u8* wr0 = w + (long)min(n0 + warp * 16 + gid, N_pad - 1) * K_pad;
+    const u8* wr1 = w + (long)min(n0 + warp * 16 + gid + 8, N_pad - 1) * K_pad;
+    const float* wsr = ws + (long)(n0 / 128) * lds;
+    constexpr int XCH = TT * 8 * 8;  // 16-byte chunks of one group's token tile
+
+    float acc[TT][4];
+#pragma unroll
+    for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[tt][i] = 0.0f;
+
+    for (int gc = g0; gc < g1; gc += GPB) {
+        uint4 a[GPB][2][2];
+#pragma unroll
+        for (int j = 0; j < GPB; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int g = gc + j, k = g * 128 + h * 64 + tig * 16;
+                bool in = g < g1 && k < K_pad;
+                a[j][h][0] = in ? ld_stream(wr0 + k) : zero;
+                a[j][h][1] = in ? ld_stream(wr1 + k) : zero;
+            }
+        if (gc > g0) __syncthreads();  // the previous chunk's tiles are read
+        for (int c = threadIdx.x; c < GPB * XCH; c += 256) {
+            int j = c / XCH, cc = c % XCH, tok = cc >> 3, g = gc + j, k = g * 128 + (cc & 7) * 16;
+            uint4 v = (g < g1 && tok < M && k < K_pad) ? *reinterpret_cast<const uint4*>(x + (long)tok * K_pad + k) : zero;
+            *reinterpret_cast<uint4*>(&xt[j][tok * XS + (cc & 7) * 16]) = v;
+        }
+        for (int c = threadIdx.x; c < GPB * TT * 8; c += 256) {
+            int j = c / (TT * 8), t = c % (TT * 8), g = gc + j;
+            sxs[j][t] = (g < g1 && t < M) ? xs[(long)g * ldxs + t] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < GPB; j++) {
+            int g = gc + j;
+            if (g >= g1) break;
+            float part[TT][4];
+#pragma unroll
+            for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) part[tt][i] = 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int tt = 0; tt < TT; tt++) {
+                    uint4 bb = *reinterpret_cast<const uint4*>(&xt[j][(tt * 8 + gid) * XS + h * 64 + tig * 16]);
+                    mma_e4m3(part[tt], a[j][h][0].x, a[j][h][1].x, a[j][h][0].y, a[j][h][1].y, bb.x, bb.y);
+                    mma_e4m3(part[tt], a[j][h][0].z, a[j][h][1].z, a[j][h][0].w, a[j][h][1].w, bb.z, bb.w);
+                }
+            // y += (x scale * w scale) * group sum, as fp8_gemm.
+            float sw = wsr[g];
+#pragma unroll
+            for (int tt = 0; tt < TT; tt++) {
+                float s0 = sxs[j][tt * 8 + tig * 2] * sw, s1 = sxs[j][tt * 8 + tig * 2 + 1] * sw;
+                acc[tt][0] += s0 * part[tt][0];
+                acc[tt][1] += s1 * part[tt][1];
+                acc[tt][2] += s0 * part[tt][2];
+                acc[tt][3] += s1 * part[tt][3];
+            }
+        }
+    }
+    float* out = p + (long)blockIdx.y * sstride;
+#pragma unroll
+    for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int row = n0 + warp * 16 + gid + (i >= 2 ? 8 : 0);
+            int tok = tt * 8 + tig * 2 + (i & 1);
+            if (row < N && tok < M) out[(long)tok * ldp + row] = acc[tt][i];
+        }
+}
+
+// NAME(token tiles, groups a chunk): a chunk's weight bytes take GPB * 16 registers.
+#define GEMV_SK(NAME, TT, GPB)                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                                   \
+        NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p,   \
+             long ldp, long sstride, int M, int N, int N_pad, int K_pad, int gps) {                     \
+        gemv_fp8_sk<TT, GPB>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);        \
+    }
+GEMV_SK(gemv_fp8_sk_t1, 1, 4)
+GEMV_SK(gemv_fp8_sk_t2, 2, 4)
+GEMV_SK(gemv_fp8_sk_t4, 4, 4)
+GEMV_SK(gemv_fp8_sk_t8, 8, 2)
+
+// y [rows, cols] (stride ldy) = sum over s < splits, in order, of p[s] (stride ldp).
+extern "C" __global__ void splitk_sum(const float* p, long ldp, long sstride, int splits, int rows, int cols,
+                                      float* y, long ldy) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)rows * cols) return;
+    int r = (int)(i / cols), c = (int)(i % cols);
+    float v = p[(long)r * ldp + c];
+    for (int s = 1; s < splits; s++) v += p[s * sstride + (long)r * ldp + c];
+    y[(long)r * ldy + c] = v;
+}

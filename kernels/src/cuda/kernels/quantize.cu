@@ -1,0 +1,203 @@
+// E4M3 quantization, bit-exact with fp8::Fp8Matrix::quantize, written straight into
+// the layouts cuBLASLt reads (and the decode GEMV too):
+//
+//   row1x128  x [rows, cols]  -> codes [rows_pad][cols_pad], scales VEC128 [L][rows_pad]
+//   col128x1  x [rows, cols]  -> codes^T [cols_pad][rows_pad], scales VEC128 [ceil(rows/128)][cols_pad]
+//   block128  w [rows, cols]  -> codes [rows_pad][cols_pad], scales BLK [ceil(rows/128)][lds]
+//                                and optionally codes^T [cols_pad][rows_pad], scales^T [ceil(cols/128)][lds_t]
+//
+// L = ceil(cols/128); *_pad are multiples of 16; lds = roundup(L, 4) (cuBLASLt's BLK128x128
+// layout pads the K stride to 4). Padding holds code 0; a padding-only group has scale 1.
+// Inputs are f32 or bf16 (`_bf16` kernels), with a row stride ldx.
+
+__device__ __forceinline__ float ldv(const float* p, long i) { return p[i]; }
+__device__ __forceinline__ float ldv(const bf16_t* p, long i) { return bf16_to_f32(p[i]); }
+
+// Four consecutive values at column c (c % 4 == 0) of a row; zero beyond `cols`.
+__device__ __forceinline__ void load4(const float* row, int c, int cols, bool vec, float v[4]) {
+    if (vec && c + 3 < cols) {
+        float4 q = *reinterpret_cast<const float4*>(row + c);
+        v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+    } else {
+        for (int i = 0; i < 4; i++) v[i] = c + i < cols ? row[c + i] : 0.0f;
+    }
+}
+__device__ __forceinline__ void load4(const bf16_t* row, int c, int cols, bool vec, float v[4]) {
+    if (vec && c + 3 < cols) {
+        uint2 q = *reinterpret_cast<const uint2*>(row + c);
+        v[0] = __uint_as_float(q.x << 16); v[1] = __uint_as_float(q.x & 0xffff0000u);
+        v[2] = __uint_as_float(q.y << 16); v[3] = __uint_as_float(q.y & 0xffff0000u);
+    } else {
+        for (int i = 0; i < 4; i++) v[i] = c + i < cols ? bf16_to_f32(row[c + i]) : 0.0f;
+    }
+}
+
+// x / s exactly as the CPU divides (IEEE, --prec-div), then encoded: by the hardware
+// conversion, or (SW, kept as the check of it) by e4m3_encode alone.
+template <bool SW = false>
+__device__ __forceinline__ u32 encode4(const float v[4], float s) {
+    if (SW)
+        return e4m3_encode(v[0] / s) | (e4m3_encode(v[1] / s) << 8) | (e4m3_encode(v[2] / s) << 16) |
+               (e4m3_encode(v[3] / s) << 24);
+    return e4m3x2(v[0] / s, v[1] / s) | (e4m3x2(v[2] / s, v[3] / s) << 16);
+}
+
+// Each warp quantizes GPW consecutive (row, group) pairs, all loads first (more bytes
+// in flight); for each, lane l holds columns g*128 + 4l .. 4l+3.
+#define GPW 4
+template <typename T, bool SW = false>
+__device__ void row1x128(const T* x, long ldx, int rows, int cols, int rows_pad, int cols_pad,
+                         u8* codes, float* scales) {
+    int L = (cols + 127) / 128;
+    long total = (long)rows_pad * L;
+    long w0 = (((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * GPW;
+    int lane = threadIdx.x & 31;
+    if (w0 >= total) return;
+    bool vec = (ldx & 3) == 0 && ((u64)x & 15) == 0;
+    float v[GPW][4];
+#pragma unroll
+    for (int i = 0; i < GPW; i++) {
+        long idx = w0 + i;
+        int r = (int)(idx / L), c = (int)(idx % L) * 128 + lane * 4;
+        for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
+        if (idx < total && r < rows) load4(x + (long)r * ldx, c, cols, vec, v[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < GPW; i++) {
+        long idx = w0 + i;
+        if (idx >= total) break;  // warp-uniform
+        int r = (int)(idx / L), g = (int)(idx % L), c = g * 128 + lane * 4;
+        u32 m = 0;
+        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
+        m = __reduce_max_sync(0xffffffffu, m);
+        float s = e4m3_scale(m);
+        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4<SW>(v[i], s);
+        if (lane == 0) scales[(long)g * rows_pad + r] = s;
+    }
+}
+
+extern "C" __global__ void quant_row1x128_f32(const float* x, long ldx, int rows, int cols, int rows_pad,
+                                              int cols_pad, u8* codes, float* scales) {
+    row1x128(x, ldx, rows, cols, rows_pad, cols_pad, codes, scales);
+}
+extern "C" __global__ void quant_row1x128_f32_sw(const float* x, long ldx, int rows, int cols, int rows_pad,
+                                                 int cols_pad, u8* codes, float* scales) {
+    row1x128<float, true>(x, ldx, rows, cols, rows_pad, cols_pad, codes, scales);
+}
+extern "C" __global__ void quant_row1x128_bf16(const bf16_t* x, long ldx, int rows, int cols, int rows_pad,
+                                               int cols_pad, u8* codes, float* scales) {
+    row1x128(x, ldx, rows, cols, rows_pad, cols_pad, codes, scales);
+}
+
+// 256 threads per 128-row x 32-column tile; grid (ceil(cols_pad/32), ceil(rows/128)).
+// The tile goes through shared memory so that both the loads (rows of x) and the
+// stores (rows of codes^T, 128 tokens = 128 bytes) are contiguous.
+template <typename T>
+__device__ void col128x1(const T* x, long ldx, int rows, int cols, int rows_pad, int cols_pad,
+                         u8* codes_t, float* scales) {
+    __shared__ float tile[128][33];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int c0 = blockIdx.x * 32, r0 = blockIdx.y * 128;
+    for (int i = w; i < 128; i += 8) {
+        int r = r0 + i, c = c0 + lane;
+        tile[i][lane] = (r < rows && c < cols) ? ldv(x, (long)r * ldx + c) : 0.0f;
+    }
+    __syncthreads();
+    for (int j = 0; j < 4; j++) {
+        int cl = w * 4 + j, c = c0 + cl;
+        float v[4];
+        u32 m = 0;
+        for (int i = 0; i < 4; i++) {
+            v[i] = tile[lane * 4 + i][cl];
+            m = max_abs_bits(m, v[i]);
+        }
+        m = __reduce_max_sync(0xffffffffu, m);
+        float s = e4m3_scale(m);
+        if (c < cols_pad) {
+            int r = r0 + lane * 4;
+            if (r < rows_pad) *reinterpret_cast<u32*>(codes_t + (long)c * rows_pad + r) = encode4(v, s);
+            if (lane == 0) scales[(long)blockIdx.y * cols_pad + c] = s;
+        }
+    }
+}
+
+extern "C" __global__ void quant_col128x1_f32(const float* x, long ldx, int rows, int cols, int rows_pad,
+                                              int cols_pad, u8* codes_t, float* scales) {
+    col128x1(x, ldx, rows, cols, rows_pad, cols_pad, codes_t, scales);
+}
+extern "C" __global__ void quant_col128x1_bf16(const bf16_t* x, long ldx, int rows, int cols, int rows_pad,
+                                               int cols_pad, u8* codes_t, float* scales) {
+    col128x1(x, ldx, rows, cols, rows_pad, cols_pad, codes_t, scales);
+}
+
+// One block of 256 threads per 128x128 block; grid (L, ceil(rows/128)).
+// Thread t holds columns 4*(t%32) .. +3 of rows t/32 + 8i, i < 16.
+extern "C" __global__ void quant_block128_f32(const float* w, long ldw, int rows, int cols, int rows_pad,
+                                              int cols_pad, u8* codes, float* scales, int lds,
+                                              u8* codes_t, float* scales_t, int lds_t) {
+    __shared__ u32 red[8];
+    __shared__ u32 tile[128][33];  // codes of the block, 4 per word, for the transposed copy
+    int t = threadIdx.x, kb = blockIdx.x, nb = blockIdx.y;
+    int cq = t & 31, c = kb * 128 + cq * 4;
+    bool vec = (ldw & 3) == 0 && ((u64)w & 15) == 0;
+    // Pass 1: the block's largest magnitude. Pass 2 reads the block again (from L2)
+    // rather than holding 64 values per thread: weights are quantized once a step.
+    u32 m = 0;
+    float v[4];
+#pragma unroll 4
+    for (int i = 0; i < 16; i++) {
+        int r = nb * 128 + (t >> 5) + 8 * i;
+        if (r >= rows) break;
+        load4(w + (long)r * ldw, c, cols, vec, v);
+        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[j]);
+    }
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (cq == 0) red[t >> 5] = m;
+    __syncthreads();
+    m = 0;
+    for (int i = 0; i < 8; i++) m = max(m, red[i]);
+    float s = e4m3_scale(m);
+#pragma unroll 2
+    for (int i = 0; i < 16; i++) {
+        int rl = (t >> 5) + 8 * i, r = nb * 128 + rl;
+        for (int j = 0; j < 4; j++) v[j] = 0.0f;
+        if (r < rows) load4(w + (long)r * ldw, c, cols, vec, v);
+        u32 q = encode4(v, s);
+        tile[rl][cq] = q;
+        if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
+    }
+    if (t == 0) {
+        scales[(long)nb * lds + kb] = s;
+        if (scales_t) scales_t[(long)kb * lds_t + nb] = s;
+    }
+    if (!codes_t) return;
+    __syncthreads();
+    // codes^T row (column cl of the block): 128 bytes; thread t writes 64 of them.
+    int cl = t >> 1, half = t & 1, ct = kb * 128 + cl;
+    if (ct >= cols_pad) return;
+    for (int i = 0; i < 16; i++) {
+        int rl = half * 64 + i * 4, r = nb * 128 + rl;
+        if (r >= rows_pad) break;
+        u32 out = 0;
+        for (int j = 0; j < 4; j++) out |= ((tile[rl + j][cl >> 2] >> (8 * (cl & 3))) & 0xffu) << (8 * j);
+        *reinterpret_cast<u32*>(codes_t + (long)ct * rows_pad + r) = out;
+    }
+}
+
+// y [rows_pad][cols_pad] bf16 = x [rows, cols] rounded to nearest even, zero padding.
+extern "C" __global__ void pad_bf16_f32(const float* x, long ldx, int rows, int cols, int rows_pad,
+                                        int cols_pad, bf16_t* y) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)rows_pad * cols_pad) return;
+    int r = (int)(i / cols_pad), c = (int)(i % cols_pad);
+    y[i] = (r < rows && c < cols) ? f32_to_bf16(x[(long)r * ldx + c]) : (bf16_t)0;
+}
+
+// Fill with deterministic pseudo-random values in [-amp, amp) (tests and timings).
+extern "C" __global__ void fill_random_f32(float* y, long n, u32 seed, float amp) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    u32 h = (u32)i * 0x9e3779b9u ^ seed;
+    h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
+    y[i] = ((float)(h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * amp;
+}

@@ -1,0 +1,398 @@
+//! Embedding, RMSNorm, RoPE and SwiGLU on the GPU, forward and backward, with the
+//! signatures of the CPU ops (`crate::ops`) over device buffers. Results equal
+//! the CPU's to f32 rounding: gathers, rope and the embedding scatter are
+//! bit-exact; reductions (RMSNorm sums, column sums) differ only in summation order.
+
+use cudarc::driver::CudaSlice;
+
+use super::context::{Arg, OPS};
+use super::{check_len, ensure, Gpu, Result};
+use crate::ops::rope::RopeTable;
+
+fn grid1(n: usize) -> (u32, u32, u32) {
+    (n.div_ceil(256) as u32, 1, 1)
+}
+
+/// Forward: `table [vocab, dim]`, `tokens [n]` -> `out [n, dim]`. Tokens are
+/// checked against the vocabulary here (an error, not a fault on the device).
+pub fn embedding_forward(
+    gpu: &Gpu,
+    table: &CudaSlice<f32>,
+    vocab: usize,
+    dim: usize,
+    tokens: &[u32],
+) -> Result<CudaSlice<f32>> {
+    check_len(
+        "embedding table",
+        table,
+        vocab * dim,
+        format!("[{vocab}, {dim}]"),
+    )?;
+    check_tokens("embedding", tokens, vocab)?;
+    let n = tokens.len();
+    let tok: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+    let dtok = gpu.upload(&tok)?;
+    let out = gpu.uninit::<f32>(n * dim)?;
+    gpu.launch(
+        &OPS,
+        "embedding_fwd",
+        grid1(n * dim),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(table)),
+            Arg::P(gpu.ptr(&dtok)),
+            Arg::I(n as i32),
+            Arg::I(dim as i32),
+            Arg::P(gpu.ptr(&out)),
+        ],
+    )?;
+    Ok(out)
+}
+
+fn check_tokens(what: &str, tokens: &[u32], vocab: usize) -> Result<()> {
+    match tokens.iter().position(|&t| t as usize >= vocab) {
+        Some(i) => Err(super::CudaError::Invalid(format!(
+            "{what}: token {} at position {i} is outside the vocabulary of {vocab}",
+            tokens[i]
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Backward: accumulates (`+=`) the rows of `dy [n, dim]` into `dtable [vocab, dim]`
+/// at `tokens [n]`, each table row in token order (deterministic, bit-exact).
+pub fn embedding_backward(
+    gpu: &Gpu,
+    dtable: &mut CudaSlice<f32>,
+    vocab: usize,
+    dim: usize,
+    tokens: &[u32],
+    dy: &CudaSlice<f32>,
+) -> Result<()> {
+    check_len(
+        "embedding dtable",
+        dtable,
+        vocab * dim,
+        format!("[{vocab}, {dim}]"),
+    )?;
+    check_len(
+        "embedding dy",
+        dy,
+        tokens.len() * dim,
+        format!("[{}, {dim}]", tokens.len()),
+    )?;
+    check_tokens("embedding backward", tokens, vocab)?;
+    // Positions grouped by token (CSR), each group in token order.
+    let mut order: Vec<usize> = (0..tokens.len()).collect();
+    order.sort_by_key(|&i| (tokens[i], i));
+    let (mut uniq, mut off, mut pos) = (Vec::new(), vec![0i32], Vec::with_capacity(order.len()));
+    for (j, &i) in order.iter().enumerate() {
+        if j == 0 || tokens[i] != tokens[order[j - 1]] {
+            if j > 0 {
+                off.push(j as i32);
+            }
+            uniq.push(tokens[i] as i32);
+        }
+        pos.push(i as i32);
+    }
+    off.push(order.len() as i32);
+    if uniq.is_empty() {
+        return Ok(());
+    }
+    let (du, doff, dpos) = (gpu.upload(&uniq)?, gpu.upload(&off)?, gpu.upload(&pos)?);
+    gpu.launch(
+        &OPS,
+        "embedding_bwd",
+        (uniq.len() as u32, dim.div_ceil(128) as u32, 1),
+        (128, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(&du)),
+            Arg::P(gpu.ptr(&doff)),
+            Arg::P(gpu.ptr(&dpos)),
+            Arg::I(uniq.len() as i32),
+            Arg::P(gpu.ptr(dy)),
+            Arg::I(dim as i32),
+            Arg::P(gpu.ptr(dtable)),
+        ],
+    )
+}
+
+/// Forward: `x [rows, dim]`, `w [dim]` -> `(y [rows, dim], rstd [rows])`.
+pub fn rmsnorm_forward(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+    eps: f64,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+    check_len("rmsnorm x", x, rows * dim, format!("[{rows}, {dim}]"))?;
+    check_len("rmsnorm w", w, dim, format!("[{dim}]"))?;
+    let y = gpu.uninit::<f32>(rows * dim)?;
+    let rstd = gpu.uninit::<f32>(rows)?;
+    gpu.launch(
+        &OPS,
+        "rmsnorm_fwd",
+        (rows as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(x)),
+            Arg::P(gpu.ptr(w)),
+            Arg::I(rows as i32),
+            Arg::I(dim as i32),
+            Arg::F(eps as f32),
+            Arg::P(gpu.ptr(&y)),
+            Arg::P(gpu.ptr(&rstd)),
+        ],
+    )?;
+    Ok((y, rstd))
+}
+
+/// Backward: `(dx [rows, dim], dw [dim])` from `dy`, the forward's `x`, `w`, `rstd`.
+pub fn rmsnorm_backward(
+    gpu: &Gpu,
+    dy: &CudaSlice<f32>,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    rstd: &CudaSlice<f32>,
+    rows: usize,
+    dim: usize,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+    for (what, b, n) in [
+        ("rmsnorm dy", dy, rows * dim),
+        ("rmsnorm x", x, rows * dim),
+        ("rmsnorm w", w, dim),
+        ("rmsnorm rstd", rstd, rows),
+    ] {
+        check_len(what, b, n, format!("rows {rows}, dim {dim}"))?;
+    }
+    let dx = gpu.uninit::<f32>(rows * dim)?;
+    gpu.launch(
+        &OPS,
+        "rmsnorm_bwd_dx",
+        (rows as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(dy)),
+            Arg::P(gpu.ptr(x)),
+            Arg::P(gpu.ptr(w)),
+            Arg::P(gpu.ptr(rstd)),
+            Arg::I(rows as i32),
+            Arg::I(dim as i32),
+            Arg::P(gpu.ptr(&dx)),
+        ],
+    )?;
+    let dw = colsum(gpu, dy, Some((x, rstd)), rows, dim, false)?;
+    Ok((dx, dw))
+}
+
+/// Column sums `out [cols] = sum_r a [r, c]`, optionally rounded to BF16 (the bias
+/// gradient of a linear layer). Fixed order: 64-row chunks, then the chunks.
+pub fn column_sums(
+    gpu: &Gpu,
+    a: &CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+    round: bool,
+) -> Result<CudaSlice<f32>> {
+    check_len(
+        "column sums input",
+        a,
+        rows * cols,
+        format!("[{rows}, {cols}]"),
+    )?;
+    colsum(gpu, a, None, rows, cols, round)
+}
+
+fn colsum(
+    gpu: &Gpu,
+    a: &CudaSlice<f32>,
+    xr: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+    rows: usize,
+    cols: usize,
+    round: bool,
+) -> Result<CudaSlice<f32>> {
+    const CHUNK: usize = 64;
+    let chunks = rows.div_ceil(CHUNK).max(1);
+    let part = gpu.zeros::<f32>(chunks * cols)?;
+    let out = gpu.uninit::<f32>(cols)?;
+    let (xp, rp) = xr.map_or((0, 0), |(x, r)| (gpu.ptr(x), gpu.ptr(r)));
+    gpu.launch(
+        &OPS,
+        "colsum_partial",
+        (cols.div_ceil(256) as u32, chunks as u32, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(a)),
+            Arg::P(xp),
+            Arg::P(rp),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+            Arg::I(CHUNK as i32),
+            Arg::P(gpu.ptr(&part)),
+        ],
+    )?;
+    gpu.launch(
+        &OPS,
+        "colsum_final",
+        grid1(cols),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(&part)),
+            Arg::I(chunks as i32),
+            Arg::I(cols as i32),
+            Arg::I(0),
+            Arg::I(round as i32),
+            Arg::P(gpu.ptr(&out)),
+        ],
+    )?;
+    Ok(out)
+}
+
+/// A [`RopeTable`] on the device: cos and sin `[max_positions, head_dim / 2]` as
+/// f32 (the CPU's `T::of_f64` of the same f64 values).
+pub struct GpuRope {
+    pub head_dim: usize,
+    pub max_positions: usize,
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
+}
+
+impl GpuRope {
+    pub fn new(gpu: &Gpu, table: &RopeTable) -> Result<GpuRope> {
+        let f = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        Ok(GpuRope {
+            head_dim: table.head_dim,
+            max_positions: table.max_positions(),
+            cos: gpu.upload(&f(&table.cos))?,
+            sin: gpu.upload(&f(&table.sin))?,
+        })
+    }
+}
+
+fn rotate(
+    gpu: &Gpu,
+    x: &mut CudaSlice<f32>,
+    positions: &[usize],
+    n_heads: usize,
+    t: &GpuRope,
+    sign: f32,
+) -> Result<()> {
+    let rows = positions.len();
+    check_len(
+        "rope x",
+        x,
+        rows * n_heads * t.head_dim,
+        format!("[{rows}, {n_heads} * {}]", t.head_dim),
+    )?;
+    if let Some(&p) = positions.iter().find(|&&p| p >= t.max_positions) {
+        return Err(super::CudaError::Invalid(format!(
+            "rope: position {p} is beyond the table's {} positions",
+            t.max_positions
+        )));
+    }
+    let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
+    let dpos = gpu.upload(&pos)?;
+    gpu.launch(
+        &OPS,
+        "rope",
+        grid1(rows * n_heads * t.head_dim / 2),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(x)),
+            Arg::P(gpu.ptr(&dpos)),
+            Arg::P(gpu.ptr(&t.cos)),
+            Arg::P(gpu.ptr(&t.sin)),
+            Arg::I(rows as i32),
+            Arg::I(n_heads as i32),
+            Arg::I(t.head_dim as i32),
+            Arg::F(sign),
+        ],
+    )
+}
+
+/// Forward, in place: `x [positions.len(), n_heads * head_dim]`.
+pub fn rope_forward(
+    gpu: &Gpu,
+    x: &mut CudaSlice<f32>,
+    positions: &[usize],
+    n_heads: usize,
+    table: &GpuRope,
+) -> Result<()> {
+    rotate(gpu, x, positions, n_heads, table, 1.0)
+}
+
+/// Backward, in place: `dx` holds dy on entry and dx on return.
+pub fn rope_backward(
+    gpu: &Gpu,
+    dx: &mut CudaSlice<f32>,
+    positions: &[usize],
+    n_heads: usize,
+    table: &GpuRope,
+) -> Result<()> {
+    rotate(gpu, dx, positions, n_heads, table, -1.0)
+}
+
+/// Forward: `h [n] = silu(gate) * up`.
+pub fn swiglu_forward(
+    gpu: &Gpu,
+    gate: &CudaSlice<f32>,
+    up: &CudaSlice<f32>,
+    n: usize,
+) -> Result<CudaSlice<f32>> {
+    check_len("swiglu gate", gate, n, n)?;
+    check_len("swiglu up", up, n, n)?;
+    let h = gpu.uninit::<f32>(n)?;
+    gpu.launch(
+        &OPS,
+        "swiglu_fwd",
+        grid1(n),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(gate)),
+            Arg::P(gpu.ptr(up)),
+            Arg::L(n as i64),
+            Arg::P(gpu.ptr(&h)),
+        ],
+    )?;
+    Ok(h)
+}
+
+/// Backward: `(dgate [n], dup [n])` from `dh` and the forward's `gate`, `up`.
+pub fn swiglu_backward(
+    gpu: &Gpu,
+    dh: &CudaSlice<f32>,
+    gate: &CudaSlice<f32>,
+    up: &CudaSlice<f32>,
+    n: usize,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+    for (what, b) in [("swiglu dh", dh), ("swiglu gate", gate), ("swiglu up", up)] {
+        check_len(what, b, n, n)?;
+    }
+    ensure(n < i64::MAX as usize, || "swiglu: too long".into())?;
+    let (dg, du) = (gpu.uninit::<f32>(n)?, gpu.uninit::<f32>(n)?);
+    gpu.launch(
+        &OPS,
+        "swiglu_bwd",
+        grid1(n),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(dh)),
+            Arg::P(gpu.ptr(gate)),
+            Arg::P(gpu.ptr(up)),
+            Arg::L(n as i64),
+            Arg::P(gpu.ptr(&dg)),
+            Arg::P(gpu.ptr(&du)),
+        ],
+    )?;
+    Ok((dg, du))
+}

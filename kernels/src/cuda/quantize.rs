@@ -1,0 +1,356 @@
+//! E4M3 quantization on the GPU, bit-exact with [`Fp8Matrix::quantize`]
+//! (same codes, same scales), written in the layouts cuBLASLt reads.
+//!
+//! Every quantized operand is "K-contiguous": `[outer, inner]` with the contraction
+//! dimension inner and contiguous, which is what the TN-only FP8 GEMM wants.
+//!
+//! | grouping | source `x [rows, cols]` | codes | scales |
+//! | --- | --- | --- | --- |
+//! | Row1x128 (activations, dY in DGrad) | outer rows, K = cols | `[rows_pad][cols_pad]` | VEC128 `[ceil(cols/128)][rows_pad]` (outer index contiguous) |
+//! | Col128x1 (both WGrad operands) | outer cols, K = rows (tokens) | transposed, `[cols_pad][rows_pad]` | VEC128 `[ceil(rows/128)][cols_pad]` (= the CPU layout) |
+//! | Block128 (weights) | outer rows, K = cols | `[rows_pad][cols_pad]` | BLK128x128 `[ceil(rows/128)][lds]`, `lds = roundup(ceil(cols/128), 4)` |
+//!
+//! `*_pad` = [`pad16`]: E4M3 rows must be 16-byte aligned, and the block-scaled
+//! GEMM wants M and N multiples of 4. Padding codes are 0 (a padded row has scale
+//! 1, the all-zero rule), so padding adds nothing to any product. The BLK scale
+//! stride is padded to 4 because cuBLASLt reads it so (unpadded scales silently
+//! give wrong results when ceil(K/128) % 4 != 0, e.g. K = 896).
+
+use cudarc::driver::CudaSlice;
+
+use super::context::{Arg, QUANTIZE};
+use super::{check_len, ensure, pad16, Gpu, Result};
+use crate::fp8::{decode, scale_shape, Fp8Matrix, Grouping, GROUP};
+
+/// A quantized matrix on the device (see the module table for the layouts).
+pub struct Fp8Quantized {
+    pub grouping: Grouping,
+    /// Shape of the source matrix `[rows, cols]`.
+    pub rows: usize,
+    pub cols: usize,
+    pub rows_pad: usize,
+    pub cols_pad: usize,
+    pub codes: CudaSlice<u8>,
+    pub scales: CudaSlice<f32>,
+    /// Row stride of the BLK128x128 scales (Block128 only; 0 otherwise).
+    pub lds: usize,
+}
+
+impl Fp8Quantized {
+    /// Rows of the K-contiguous operand: rows, or cols for Col128x1.
+    pub fn outer(&self) -> usize {
+        match self.grouping {
+            Grouping::Col128x1 => self.cols,
+            _ => self.rows,
+        }
+    }
+    pub fn outer_pad(&self) -> usize {
+        match self.grouping {
+            Grouping::Col128x1 => self.cols_pad,
+            _ => self.rows_pad,
+        }
+    }
+    /// The contraction length K (padded: the codes' row stride).
+    pub fn inner(&self) -> usize {
+        match self.grouping {
+            Grouping::Col128x1 => self.rows,
+            _ => self.cols,
+        }
+    }
+    pub fn inner_pad(&self) -> usize {
+        match self.grouping {
+            Grouping::Col128x1 => self.rows_pad,
+            _ => self.cols_pad,
+        }
+    }
+
+    /// Back to the CPU reference's [`Fp8Matrix`] (unpadded codes, CPU scale layout).
+    pub fn to_host(&self, gpu: &Gpu) -> Result<Fp8Matrix> {
+        let (r, c) = (self.rows, self.cols);
+        let codes_p = gpu.download(&self.codes)?;
+        let scales_p = gpu.download(&self.scales)?;
+        let mut codes = vec![0u8; r * c];
+        for i in 0..r {
+            for j in 0..c {
+                codes[i * c + j] = match self.grouping {
+                    Grouping::Col128x1 => codes_p[j * self.rows_pad + i],
+                    _ => codes_p[i * self.cols_pad + j],
+                };
+            }
+        }
+        let (sr, sc) = scale_shape(r, c, self.grouping);
+        let mut scales = vec![0f32; sr * sc];
+        for a in 0..sr {
+            for b in 0..sc {
+                scales[a * sc + b] = match self.grouping {
+                    // VEC128 [L][rows_pad] -> CPU [rows][L]
+                    Grouping::Row1x128 => scales_p[b * self.rows_pad + a],
+                    Grouping::Col128x1 => scales_p[a * self.cols_pad + b],
+                    Grouping::Block128 => scales_p[a * self.lds + b],
+                };
+            }
+        }
+        Ok(Fp8Matrix {
+            rows: r,
+            cols: c,
+            grouping: self.grouping,
+            values: codes.iter().map(|&q| decode(q)).collect(),
+            codes,
+            scales,
+        })
+    }
+}
+
+fn check_shape(what: &str, x: &CudaSlice<f32>, rows: usize, cols: usize) -> Result<()> {
+    check_len(what, x, rows * cols, format!("[{rows}, {cols}]"))?;
+    ensure(
+        rows < i32::MAX as usize / 2 && cols < i32::MAX as usize / 2,
+        || format!("{what}: [{rows}, {cols}] is too large"),
+    )
+}
+
+/// 1x128 groups along the columns (K): activations `x [rows, cols]` for the
+/// forward, `dY [tokens, N]` for DGrad.
+pub fn quantize_row1x128(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+) -> Result<Fp8Quantized> {
+    check_shape("quantize 1x128 input", x, rows, cols)?;
+    row1x128(gpu, gpu.ptr(x), "quant_row1x128_f32", rows, cols)
+}
+
+/// [`quantize_row1x128`] with the software E4M3 encoder instead of the hardware
+/// conversion: the same bits (the parity tests check both).
+#[doc(hidden)]
+pub fn quantize_row1x128_sw(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+) -> Result<Fp8Quantized> {
+    check_shape("quantize 1x128 input", x, rows, cols)?;
+    row1x128(gpu, gpu.ptr(x), "quant_row1x128_f32_sw", rows, cols)
+}
+
+/// [`quantize_row1x128`] of a BF16 matrix (raw `u16` bits).
+pub fn quantize_row1x128_bf16(
+    gpu: &Gpu,
+    x: &CudaSlice<u16>,
+    rows: usize,
+    cols: usize,
+) -> Result<Fp8Quantized> {
+    check_len(
+        "quantize 1x128 input",
+        x,
+        rows * cols,
+        format!("[{rows}, {cols}]"),
+    )?;
+    row1x128(gpu, gpu.ptr(x), "quant_row1x128_bf16", rows, cols)
+}
+
+fn row1x128(
+    gpu: &Gpu,
+    x: u64,
+    kernel: &'static str,
+    rows: usize,
+    cols: usize,
+) -> Result<Fp8Quantized> {
+    let (rp, cp, l) = (pad16(rows), pad16(cols), cols.div_ceil(GROUP));
+    let codes = gpu.uninit::<u8>(rp * cp)?;
+    let scales = gpu.uninit::<f32>(l * rp)?;
+    // Each warp takes 4 (row, group) pairs (GPW in quantize.cu), 8 warps a block.
+    let warps = (rp * l).div_ceil(4);
+    gpu.launch(
+        &QUANTIZE,
+        kernel,
+        (warps.div_ceil(8) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(x),
+            Arg::L(cols as i64),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+            Arg::I(rp as i32),
+            Arg::I(cp as i32),
+            Arg::P(gpu.ptr(&codes)),
+            Arg::P(gpu.ptr(&scales)),
+        ],
+    )?;
+    Ok(Fp8Quantized {
+        grouping: Grouping::Row1x128,
+        rows,
+        cols,
+        rows_pad: rp,
+        cols_pad: cp,
+        codes,
+        scales,
+        lds: 0,
+    })
+}
+
+/// 128x1 groups along the rows (tokens), stored transposed: the WGrad operands
+/// `dY [tokens, N]` and `X [tokens, K]` as `[N_pad][tokens_pad]`, `[K_pad][tokens_pad]`.
+pub fn quantize_col128x1(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+) -> Result<Fp8Quantized> {
+    check_shape("quantize 128x1 input", x, rows, cols)?;
+    let (rp, cp) = (pad16(rows), pad16(cols));
+    let codes = gpu.uninit::<u8>(cp * rp)?;
+    let scales = gpu.uninit::<f32>(rows.div_ceil(GROUP) * cp)?;
+    gpu.launch(
+        &QUANTIZE,
+        "quant_col128x1_f32",
+        (cp.div_ceil(32) as u32, rows.div_ceil(GROUP) as u32, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(x)),
+            Arg::L(cols as i64),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+            Arg::I(rp as i32),
+            Arg::I(cp as i32),
+            Arg::P(gpu.ptr(&codes)),
+            Arg::P(gpu.ptr(&scales)),
+        ],
+    )?;
+    Ok(Fp8Quantized {
+        grouping: Grouping::Col128x1,
+        rows,
+        cols,
+        rows_pad: rp,
+        cols_pad: cp,
+        codes,
+        scales,
+        lds: 0,
+    })
+}
+
+/// 128x128 blocks of a weight `w [rows, cols]` (= `[N, K]`), and, when
+/// `transposed`, the same blocks of `W^T [cols, rows]` for DGrad (a block
+/// transposes exactly: same codes, same scale).
+pub fn quantize_block128(
+    gpu: &Gpu,
+    w: &CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+    transposed: bool,
+) -> Result<(Fp8Quantized, Option<Fp8Quantized>)> {
+    check_shape("quantize 128x128 input", w, rows, cols)?;
+    let (rp, cp) = (pad16(rows), pad16(cols));
+    let (rb, cb) = (rows.div_ceil(GROUP), cols.div_ceil(GROUP));
+    let (lds, lds_t) = (cb.div_ceil(4) * 4, rb.div_ceil(4) * 4);
+    let codes = gpu.uninit::<u8>(rp * cp)?;
+    // Zeroed: the kernel writes the real scales, the stride padding stays 0.
+    let scales = gpu.zeros::<f32>(rb * lds)?;
+    let (codes_t, scales_t) = if transposed {
+        (
+            Some(gpu.uninit::<u8>(cp * rp)?),
+            Some(gpu.zeros::<f32>(cb * lds_t)?),
+        )
+    } else {
+        (None, None)
+    };
+    let opt = |s: Option<u64>| Arg::P(s.unwrap_or(0));
+    gpu.launch(
+        &QUANTIZE,
+        "quant_block128_f32",
+        (cb as u32, rb as u32, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(w)),
+            Arg::L(cols as i64),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+            Arg::I(rp as i32),
+            Arg::I(cp as i32),
+            Arg::P(gpu.ptr(&codes)),
+            Arg::P(gpu.ptr(&scales)),
+            Arg::I(lds as i32),
+            opt(codes_t.as_ref().map(|c| gpu.ptr(c))),
+            opt(scales_t.as_ref().map(|s| gpu.ptr(s))),
+            Arg::I(lds_t as i32),
+        ],
+    )?;
+    let fwd = Fp8Quantized {
+        grouping: Grouping::Block128,
+        rows,
+        cols,
+        rows_pad: rp,
+        cols_pad: cp,
+        codes,
+        scales,
+        lds,
+    };
+    let t = codes_t.zip(scales_t).map(|(codes, scales)| Fp8Quantized {
+        grouping: Grouping::Block128,
+        rows: cols,
+        cols: rows,
+        rows_pad: cp,
+        cols_pad: rp,
+        codes,
+        scales,
+        lds: lds_t,
+    });
+    Ok((fwd, t))
+}
+
+/// `x [rows, cols]` f32 -> BF16 bits `[rows_pad][cols_pad]` (round to nearest even,
+/// zero padding): the BF16 GEMM operands.
+pub fn to_bf16_padded(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+    rows_pad: usize,
+    cols_pad: usize,
+) -> Result<CudaSlice<u16>> {
+    check_shape("BF16 conversion input", x, rows, cols)?;
+    ensure(rows_pad >= rows && cols_pad >= cols, || {
+        format!("BF16 padding [{rows_pad}, {cols_pad}] is smaller than [{rows}, {cols}]")
+    })?;
+    let n = rows_pad * cols_pad;
+    let y = gpu.uninit::<u16>(n)?;
+    gpu.launch(
+        &QUANTIZE,
+        "pad_bf16_f32",
+        (n.div_ceil(256) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(x)),
+            Arg::L(cols as i64),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+            Arg::I(rows_pad as i32),
+            Arg::I(cols_pad as i32),
+            Arg::P(gpu.ptr(&y)),
+        ],
+    )?;
+    Ok(y)
+}
+
+/// Fill `y` with deterministic pseudo-random values in `[-amp, amp)` on the device.
+pub fn fill_random(gpu: &Gpu, y: &mut CudaSlice<f32>, seed: u32, amp: f32) -> Result<()> {
+    let n = y.len();
+    gpu.launch(
+        &QUANTIZE,
+        "fill_random_f32",
+        (n.div_ceil(256) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(y)),
+            Arg::L(n as i64),
+            Arg::I(seed as i32),
+            Arg::F(amp),
+        ],
+    )
+}

@@ -1,0 +1,747 @@
+//! The CUDA path against the CPU reference, op by op, on random inputs with edge
+//! shapes (K = 896: 7 groups, not a multiple of 4 groups; M = 130: not a multiple
+//! of 128 or 16). Without CUDA every test prints "skipping: no CUDA device: ..."
+//! and passes. Run on a GPU machine with `--test-threads=1 --nocapture`; each check
+//! prints a `PARITY` line with the measured error before asserting its bound.
+//!
+//! Errors are norm-wise relative, ||gpu - cpu|| / ||cpu||, unless "bit-exact".
+
+use std::sync::Arc;
+
+use jet_kernels::cuda::{
+    self, attention as gatt, gemm, gemv, linear as glin, logsoftmax as glsm, ops as gops,
+    quantize as gq, Gpu,
+};
+use jet_kernels::fp8::{decode, fp8_gemm, Fp8Matrix, Fp8Operand, Grouping};
+use jet_kernels::ops::{attention, embedding, linear, logsoftmax, rmsnorm, rope, swiglu};
+use jet_kernels::{bf16, Flow, GemmPrecision};
+use rand::{Rng, SeedableRng};
+
+fn gpu() -> Option<Arc<Gpu>> {
+    match cuda::cuda_available() {
+        Ok(g) => Some(g),
+        Err(e) => {
+            println!("skipping: no CUDA device: {e}");
+            None
+        }
+    }
+}
+
+fn rnd(n: usize, seed: u64, amp: f32) -> Vec<f32> {
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| r.random_range(-amp..amp)).collect()
+}
+
+fn rel(gpu: &[f32], cpu: &[f32]) -> f64 {
+    assert_eq!(gpu.len(), cpu.len(), "lengths");
+    let (mut num, mut den) = (0f64, 0f64);
+    for (a, b) in gpu.iter().zip(cpu) {
+        assert!(
+            a.is_finite() == b.is_finite(),
+            "finite mismatch: gpu {a} cpu {b}"
+        );
+        if b.is_finite() {
+            num += ((a - b) as f64).powi(2);
+            den += (*b as f64).powi(2);
+        }
+    }
+    (num / den.max(1e-300)).sqrt()
+}
+
+thread_local! {
+    static FAILS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Print the PARITY line; a miss is recorded and fails the test at [`done`], so
+/// that every line of a test gets printed first.
+fn report(op: &str, shape: &str, err: f64, bound: f64) {
+    println!("PARITY | {op:<34} | {shape:<24} | {err:.2e} | <= {bound:.0e}");
+    if err.is_nan() || err > bound {
+        let msg = format!("{op} {shape}: error {err:.3e} above {bound:.0e}");
+        FAILS.with(|f| f.borrow_mut().push(msg));
+    }
+}
+
+fn report_exact(op: &str, shape: &str, mismatches: usize) {
+    println!("PARITY | {op:<34} | {shape:<24} | {mismatches} differing | bit-exact");
+    if mismatches > 0 {
+        let msg = format!("{op} {shape}: {mismatches} values differ");
+        FAILS.with(|f| f.borrow_mut().push(msg));
+    }
+}
+
+fn done() {
+    let fails = FAILS.with(|f| std::mem::take(&mut *f.borrow_mut()));
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
+}
+
+fn dl(g: &Gpu, x: &cudarc::driver::CudaSlice<f32>, n: usize) -> Vec<f32> {
+    g.download_n(x, n).unwrap()
+}
+
+fn up(g: &Gpu, x: &[f32]) -> cudarc::driver::CudaSlice<f32> {
+    g.upload(x).unwrap()
+}
+
+/// Codes and scale bits, GPU against CPU.
+fn diff_q(gq: &Fp8Matrix, cq: &Fp8Matrix) -> usize {
+    assert_eq!(
+        (gq.rows, gq.cols, gq.scales.len()),
+        (cq.rows, cq.cols, cq.scales.len())
+    );
+    let codes = gq
+        .codes
+        .iter()
+        .zip(&cq.codes)
+        .filter(|(a, b)| a != b)
+        .count();
+    let scales = gq
+        .scales
+        .iter()
+        .zip(&cq.scales)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    codes + scales
+}
+
+/// Random values over many magnitudes, with a zero group, NaN, inf and tiny values.
+fn nasty(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut x: Vec<f32> = (0..rows * cols)
+        .map(|_| r.random_range(-1.0f32..1.0) * 10f32.powi(r.random_range(-8..3)))
+        .collect();
+    if rows > 3 && cols > 130 {
+        x[cols..cols + 128].iter_mut().for_each(|v| *v = 0.0); // row 1, group 0 all zero
+        x[2 * cols + 5] = f32::NAN;
+        x[3 * cols + 129] = f32::INFINITY;
+        x[3 * cols + 130] = -2.5;
+        x[3 * cols] = -1e-30;
+    }
+    x
+}
+
+#[test]
+fn quantize_is_bit_exact() {
+    let Some(g) = gpu() else { return };
+    for (rows, cols) in [(130, 896), (7, 300), (1, 4096), (256, 136)] {
+        let x = nasty(rows, cols, rows as u64 * 31 + cols as u64);
+        let dx = up(&g, &x);
+        let shape = format!("[{rows}, {cols}]");
+        let q = gq::quantize_row1x128(&g, &dx, rows, cols)
+            .unwrap()
+            .to_host(&g)
+            .unwrap();
+        report_exact(
+            "quantize 1x128 (codes+scales)",
+            &shape,
+            diff_q(&q, &Fp8Matrix::quantize(&x, rows, cols, Grouping::Row1x128)),
+        );
+        let q = gq::quantize_col128x1(&g, &dx, rows, cols)
+            .unwrap()
+            .to_host(&g)
+            .unwrap();
+        report_exact(
+            "quantize 128x1^T (codes+scales)",
+            &shape,
+            diff_q(&q, &Fp8Matrix::quantize(&x, rows, cols, Grouping::Col128x1)),
+        );
+        let (q, qt) = gq::quantize_block128(&g, &dx, rows, cols, true).unwrap();
+        let cpu = Fp8Matrix::quantize(&x, rows, cols, Grouping::Block128);
+        report_exact(
+            "quantize 128x128 (codes+scales)",
+            &shape,
+            diff_q(&q.to_host(&g).unwrap(), &cpu),
+        );
+        let xt: Vec<f32> = (0..cols * rows)
+            .map(|i| x[(i % rows) * cols + i / rows])
+            .collect();
+        let cpu_t = Fp8Matrix::quantize(&xt, cols, rows, Grouping::Block128);
+        report_exact(
+            "quantize 128x128 of W^T",
+            &shape,
+            diff_q(&qt.unwrap().to_host(&g).unwrap(), &cpu_t),
+        );
+        // BF16 input: the same numbers as f32.
+        let xb: Vec<f32> = x.iter().map(|&v| bf16::round(v)).collect();
+        let bits: Vec<u16> = xb
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect();
+        let q = gq::quantize_row1x128_bf16(&g, &g.upload(&bits).unwrap(), rows, cols)
+            .unwrap()
+            .to_host(&g)
+            .unwrap();
+        report_exact(
+            "quantize 1x128 from BF16",
+            &shape,
+            diff_q(
+                &q,
+                &Fp8Matrix::quantize(&xb, rows, cols, Grouping::Row1x128),
+            ),
+        );
+    }
+    done();
+}
+
+/// Every E4M3 midpoint and its neighbours one f32 ulp away, both signs, at scale 1
+/// (each row starts with 448, so amax / 448 = 1 exactly).
+#[test]
+fn quantize_rounds_every_midpoint_like_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut pos: Vec<f32> = (0..=0x7eu8).map(decode).collect();
+    pos.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let mut vals = vec![];
+    for w in pos.windows(2) {
+        let mid = (w[0] + w[1]) / 2.0;
+        for v in [
+            mid,
+            f32::from_bits(mid.to_bits() - 1),
+            f32::from_bits(mid.to_bits() + 1),
+            w[0],
+        ] {
+            vals.extend([v, -v]);
+        }
+    }
+    vals.extend([1e-12, -1e-12, 0.0, -0.0, 500.0, -1e9]);
+    let rows = vals.len().div_ceil(127);
+    let mut x = vec![0f32; rows * 128];
+    for r in 0..rows {
+        x[r * 128] = 448.0;
+        for (j, v) in vals.iter().skip(r * 127).take(127).enumerate() {
+            x[r * 128 + 1 + j] = *v;
+        }
+    }
+    let cpu = Fp8Matrix::quantize(&x, rows, 128, Grouping::Row1x128);
+    let dx = up(&g, &x);
+    let n = format!("{} values", vals.len());
+    let q = gq::quantize_row1x128(&g, &dx, rows, 128).unwrap();
+    report_exact(
+        "E4M3 midpoints, +-1 ulp, +-0 (cvt)",
+        &n,
+        diff_q(&q.to_host(&g).unwrap(), &cpu),
+    );
+    let q = gq::quantize_row1x128_sw(&g, &dx, rows, 128).unwrap();
+    report_exact(
+        "E4M3 midpoints (software encoder)",
+        &n,
+        diff_q(&q.to_host(&g).unwrap(), &cpu),
+    );
+    let x = nasty(130, 896, 77);
+    let q = gq::quantize_row1x128_sw(&g, &up(&g, &x), 130, 896).unwrap();
+    let cpu = Fp8Matrix::quantize(&x, 130, 896, Grouping::Row1x128);
+    report_exact(
+        "quantize 1x128 (software encoder)",
+        "[130, 896]",
+        diff_q(&q.to_host(&g).unwrap(), &cpu),
+    );
+    done();
+}
+
+/// cuBLASLt VEC128 x BLK128x128 (and VEC x VEC) and the decode kernel against
+/// `fp8_gemm` on the same quantized operands. Products of E4M3 values are exact.
+/// The decode kernel (mma.sync, f32 accumulators) differs only in summation order:
+/// 1e-5. cuBLASLt's Hopper FP8 kernels (wgmma) add the products of each 128-group
+/// in the tensor core's own accumulator, narrower than f32 (measured 1.1e-4 on an
+/// H200; the same effect DeepSeek-V3 reports), before the f32 scaled sum: 3e-4.
+const LT_FP8_BOUND: f64 = 3e-4;
+
+#[test]
+fn fp8_gemm_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    for (m, k, n) in [(130, 896, 136), (256, 1024, 512), (64, 4096, 256)] {
+        let shape = format!("{m}x{k}x{n}");
+        let (x, w, dy) = (rnd(m * k, 1, 2.0), rnd(n * k, 2, 0.05), rnd(m * n, 3, 1.0));
+        let (dx, dw, ddy) = (up(&g, &x), up(&g, &w), up(&g, &dy));
+        let (qw, qwt) = gq::quantize_block128(&g, &dw, n, k, true).unwrap();
+        let qwt = qwt.unwrap();
+        let cqw = Fp8Matrix::quantize(&w, n, k, Grouping::Block128);
+        // forward
+        let qx = gq::quantize_row1x128(&g, &dx, m, k).unwrap();
+        let (y, ld) = gemm::fp8_gemm_nt(&g, &qx, &qw).unwrap();
+        let yg = unpad(&dl(&g, &y, qx.rows_pad * ld), m, n, ld);
+        let cqx = Fp8Matrix::quantize(&x, m, k, Grouping::Row1x128);
+        report(
+            "FP8 GEMM fwd (1x128 x 128x128)",
+            &shape,
+            rel(
+                &yg,
+                &fp8_gemm(Fp8Operand::plain(&cqx), Fp8Operand::plain(&cqw)),
+            ),
+            LT_FP8_BOUND,
+        );
+        // the decode kernel on the same operands
+        for mm in [1usize, 5, 16, 33, 64, 130] {
+            let mm = mm.min(m);
+            let qxs = gq::quantize_row1x128(&g, &dx, mm, k).unwrap();
+            let cq = Fp8Matrix::quantize(&x[..mm * k], mm, k, Grouping::Row1x128);
+            let want = fp8_gemm(Fp8Operand::plain(&cq), Fp8Operand::plain(&cqw));
+            for (kern, name) in [
+                (gemv::GemvKernel::SplitK, "FP8 decode GEMV split-K (mma)"),
+                (gemv::GemvKernel::Tiled(None), "FP8 decode GEMV tiled (mma)"),
+            ] {
+                let mut yd = g.zeros::<f32>(mm * n).unwrap();
+                gemv::gemv_fp8_with(&g, &qxs, &qw, &mut yd, n, gemv::GEMV_MAX_TOKENS, kern)
+                    .unwrap();
+                let err = rel(&dl(&g, &yd, mm * n), &want);
+                report(name, &format!("{mm}x{k}x{n}"), err, 1e-5);
+            }
+        }
+        // DGrad: dy 1x128 x W^T blocks
+        let qdy = gq::quantize_row1x128(&g, &ddy, m, n).unwrap();
+        let (y, ld) = gemm::fp8_gemm_nt(&g, &qdy, &qwt).unwrap();
+        let cqdy = Fp8Matrix::quantize(&dy, m, n, Grouping::Row1x128);
+        let want = fp8_gemm(Fp8Operand::plain(&cqdy), Fp8Operand::t(&cqw));
+        report(
+            "FP8 GEMM DGrad (1x128 x W^T blk)",
+            &shape,
+            rel(&unpad(&dl(&g, &y, qdy.rows_pad * ld), m, k, ld), &want),
+            LT_FP8_BOUND,
+        );
+        // WGrad: dy^T x, both 128x1 along tokens
+        let (a, b) = (
+            gq::quantize_col128x1(&g, &ddy, m, n).unwrap(),
+            gq::quantize_col128x1(&g, &dx, m, k).unwrap(),
+        );
+        let (y, ld) = gemm::fp8_gemm_nt(&g, &a, &b).unwrap();
+        let (ca, cb) = (
+            Fp8Matrix::quantize(&dy, m, n, Grouping::Col128x1),
+            Fp8Matrix::quantize(&x, m, k, Grouping::Col128x1),
+        );
+        let want = fp8_gemm(Fp8Operand::t(&ca), Fp8Operand::t(&cb));
+        report(
+            "FP8 GEMM WGrad (128x1 x 128x1)",
+            &shape,
+            rel(&unpad(&dl(&g, &y, a.outer_pad() * ld), n, k, ld), &want),
+            LT_FP8_BOUND,
+        );
+    }
+    done();
+}
+
+fn unpad(y: &[f32], rows: usize, cols: usize, ld: usize) -> Vec<f32> {
+    (0..rows)
+        .flat_map(|r| y[r * ld..r * ld + cols].iter().copied())
+        .collect()
+}
+
+/// The linear layer of each precision against `ops::linear` (outputs and gradients
+/// rounded to BF16 in the low-precision modes, so single values can differ by a
+/// BF16 ulp where the f32 sums straddle a rounding boundary): F32 1e-5, BF16 and
+/// FP8 1e-2 (measured far below).
+#[test]
+fn linear_layer_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    for (m, k, n) in [(130, 896, 136), (8, 896, 136), (64, 256, 100)] {
+        let shape = format!("{m}x{k}x{n}");
+        let (x, w, b, dy) = (
+            rnd(m * k, 5, 1.0),
+            rnd(n * k, 6, 0.05),
+            rnd(n, 7, 0.5),
+            rnd(m * n, 8, 1.0),
+        );
+        let (dx, db, ddy) = (up(&g, &x), up(&g, &b), up(&g, &dy));
+        for (flow, prec, bound) in [
+            (Flow::F32, GemmPrecision::F32, 1e-5),
+            (Flow::Bf16, GemmPrecision::Bf16, 1e-2),
+            (Flow::Fp8, GemmPrecision::Fp8, 1e-2),
+        ] {
+            let gw = glin::GpuWeight::from_host(&g, &w, n, k, flow).unwrap();
+            let cw = linear::PreparedWeight::prepare(&w, n, k, flow);
+            let y = glin::linear_forward(&g, &dx, m, &gw, Some(&db), prec).unwrap();
+            let want = linear::linear_forward(&x, m, &cw, Some(&b), prec);
+            report(
+                &format!("linear {flow} forward (+bias)"),
+                &shape,
+                rel(&dl(&g, &y, m * n), &want),
+                bound,
+            );
+            let gr = glin::linear_backward(&g, &ddy, &dx, m, &gw, true, prec, prec).unwrap();
+            let cr = linear::linear_backward(&dy, &x, m, &cw, true, prec, prec);
+            report(
+                &format!("linear {flow} DGrad"),
+                &shape,
+                rel(&dl(&g, &gr.dx, m * k), &cr.dx),
+                bound,
+            );
+            report(
+                &format!("linear {flow} WGrad"),
+                &shape,
+                rel(&dl(&g, &gr.dw, n * k), &cr.dw),
+                bound,
+            );
+            report(
+                &format!("linear {flow} bias grad"),
+                &shape,
+                rel(&dl(&g, gr.db.as_ref().unwrap(), n), cr.db.as_ref().unwrap()),
+                bound,
+            );
+        }
+        // The BF16 GEMM itself, before rounding: bound 1e-5 against f32 sums of
+        // the same BF16-rounded operands.
+        let (xb, wb) = (bf16::rounded(&x), bf16::rounded(&w));
+        let (pxb, pwb) = (
+            gq::to_bf16_padded(&g, &dx, m, k, m, cuda::pad16(k)).unwrap(),
+            gq::to_bf16_padded(&g, &up(&g, &w), n, k, n, cuda::pad16(k)).unwrap(),
+        );
+        let d = g.zeros::<f32>(m * n).unwrap();
+        let dense = |s: &cudarc::driver::CudaSlice<u16>, r| gemm::Dense {
+            ptr: s.device_ptr(g.stream()).0,
+            ty: gemm::LtType::Bf16,
+            rows: r,
+            cols: k,
+            ld: cuda::pad16(k),
+        };
+        gemm::dense_gemm(
+            &g,
+            dense(&pxb, m),
+            false,
+            dense(&pwb, n),
+            true,
+            d.device_ptr(g.stream()).0,
+            n,
+        )
+        .unwrap();
+        report(
+            "BF16 GEMM (f32 out, pre-rounding)",
+            &shape,
+            rel(
+                &dl(&g, &d, m * n),
+                &jet_kernels::gemm::matmul_nt(&xb, &wb, m, k, n),
+            ),
+            1e-5,
+        );
+    }
+    done();
+}
+
+use cudarc::driver::DevicePtr;
+
+#[test]
+fn embedding_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let (vocab, dim) = (1000, 896);
+    let table = rnd(vocab * dim, 10, 1.0);
+    let tokens: Vec<u32> = (0..130).map(|i| (i * 37 % 50) as u32).collect();
+    let y = gops::embedding_forward(&g, &up(&g, &table), vocab, dim, &tokens).unwrap();
+    let want = embedding::embedding_forward(&table, dim, &tokens);
+    report_exact(
+        "embedding fwd",
+        "130 tokens, dim 896",
+        dl(&g, &y, 130 * dim)
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a != b)
+            .count(),
+    );
+    let dy = rnd(130 * dim, 11, 1.0);
+    let start = rnd(vocab * dim, 12, 1.0);
+    let mut dt = up(&g, &start);
+    gops::embedding_backward(&g, &mut dt, vocab, dim, &tokens, &up(&g, &dy)).unwrap();
+    let mut want = start.clone();
+    embedding::embedding_backward(&mut want, dim, &tokens, &dy);
+    report_exact(
+        "embedding bwd (+=, token order)",
+        "130 tokens, dim 896",
+        dl(&g, &dt, vocab * dim)
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count(),
+    );
+    assert!(gops::embedding_forward(&g, &up(&g, &table), vocab, dim, &[3, 1000]).is_err());
+    done();
+}
+
+/// Sums over a row run as a tree on the GPU and in order on the CPU: 1e-5.
+#[test]
+fn rmsnorm_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    for (rows, dim) in [(130, 896), (130 * 4, 128), (3, 4096)] {
+        let shape = format!("[{rows}, {dim}]");
+        let (x, w, dy) = (
+            rnd(rows * dim, 20, 2.0),
+            rnd(dim, 21, 1.0),
+            rnd(rows * dim, 22, 1.0),
+        );
+        let (dx, dw) = (up(&g, &x), up(&g, &w));
+        let (y, rs) = gops::rmsnorm_forward(&g, &dx, &dw, rows, dim, 1e-6).unwrap();
+        let (cy, crs) = rmsnorm::rmsnorm_forward(&x, &w, rows, dim, 1e-6);
+        report(
+            "rmsnorm fwd y",
+            &shape,
+            rel(&dl(&g, &y, rows * dim), &cy),
+            1e-5,
+        );
+        report(
+            "rmsnorm fwd rstd",
+            &shape,
+            rel(&dl(&g, &rs, rows), &crs),
+            1e-5,
+        );
+        let (gdx, gdw) =
+            gops::rmsnorm_backward(&g, &up(&g, &dy), &dx, &dw, &rs, rows, dim).unwrap();
+        let (cdx, cdw) = rmsnorm::rmsnorm_backward(&dy, &x, &w, &crs, rows, dim);
+        report(
+            "rmsnorm bwd dx",
+            &shape,
+            rel(&dl(&g, &gdx, rows * dim), &cdx),
+            1e-5,
+        );
+        report(
+            "rmsnorm bwd dw",
+            &shape,
+            rel(&dl(&g, &gdw, dim), &cdw),
+            1e-5,
+        );
+    }
+    done();
+}
+
+/// Same products, same order, no FMA: bit-exact.
+#[test]
+fn rope_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let table = rope::RopeTable::new(128, 4096, 1_000_000.0, None);
+    let gt = gops::GpuRope::new(&g, &table).unwrap();
+    let positions: Vec<usize> = (0..130).map(|i| (i * 31) % 4096).collect();
+    let nh = 4;
+    let x = rnd(130 * nh * 128, 30, 2.0);
+    let mut dx = up(&g, &x);
+    gops::rope_forward(&g, &mut dx, &positions, nh, &gt).unwrap();
+    let mut want = x.clone();
+    rope::rope_forward(&mut want, &positions, nh, &table);
+    let bits = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count()
+    };
+    report_exact(
+        "rope fwd",
+        "130 rows, 4 heads x 128",
+        bits(&dl(&g, &dx, x.len()), &want),
+    );
+    gops::rope_backward(&g, &mut dx, &positions, nh, &gt).unwrap();
+    rope::rope_backward(&mut want, &positions, nh, &table);
+    report_exact(
+        "rope bwd",
+        "130 rows, 4 heads x 128",
+        bits(&dl(&g, &dx, x.len()), &want),
+    );
+    assert!(gops::rope_forward(&g, &mut dx, &[4096; 130], nh, &gt).is_err());
+    done();
+}
+
+/// CUDA's expf is within 2 ulp of the CPU's exp: 1e-5.
+#[test]
+fn swiglu_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let n = 130 * 4864;
+    let (gate, upv, dh) = (rnd(n, 40, 8.0), rnd(n, 41, 2.0), rnd(n, 42, 1.0));
+    let (dg, du) = (up(&g, &gate), up(&g, &upv));
+    let h = gops::swiglu_forward(&g, &dg, &du, n).unwrap();
+    report(
+        "swiglu fwd",
+        "[130, 4864]",
+        rel(&dl(&g, &h, n), &swiglu::swiglu_forward(&gate, &upv)),
+        1e-5,
+    );
+    let (gg, gu) = gops::swiglu_backward(&g, &up(&g, &dh), &dg, &du, n).unwrap();
+    let (cg, cu) = swiglu::swiglu_backward(&dh, &gate, &upv);
+    report(
+        "swiglu bwd dgate",
+        "[130, 4864]",
+        rel(&dl(&g, &gg, n), &cg),
+        1e-5,
+    );
+    report(
+        "swiglu bwd dup",
+        "[130, 4864]",
+        rel(&dl(&g, &gu, n), &cu),
+        1e-5,
+    );
+    done();
+}
+
+/// Dot products in the CPU's order; only the softmax denominator is a tree: 1e-5.
+#[test]
+fn attention_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let shape = attention::AttnShape {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+    };
+    let seqs = [5usize, 17, 130];
+    let rows: usize = seqs.iter().sum();
+    let (qw, kvw) = (4 * 64, 2 * 64);
+    let (q, k, v, dout) = (
+        rnd(rows * qw, 50, 1.5),
+        rnd(rows * kvw, 51, 1.5),
+        rnd(rows * kvw, 52, 1.5),
+        rnd(rows * qw, 53, 1.0),
+    );
+    let (dq_, dk_, dv_) = (up(&g, &q), up(&g, &k), up(&g, &v));
+    let (out, probs) = gatt::attention_forward(&g, &dq_, &dk_, &dv_, &seqs, shape).unwrap();
+    let (gdq, gdk, gdv) =
+        gatt::attention_backward(&g, &up(&g, &dout), &dq_, &dk_, &dv_, &probs, &seqs, shape)
+            .unwrap();
+    let (out, probs, gdq, gdk, gdv) = (
+        dl(&g, &out, rows * qw),
+        g.download(&probs).unwrap(),
+        dl(&g, &gdq, rows * qw),
+        dl(&g, &gdk, rows * kvw),
+        dl(&g, &gdv, rows * kvw),
+    );
+    let (mut co, mut cp, mut cdq, mut cdk, mut cdv) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut r0 = 0;
+    for &s in &seqs {
+        let (qs, ks, vs, ds) = (
+            &q[r0 * qw..(r0 + s) * qw],
+            &k[r0 * kvw..(r0 + s) * kvw],
+            &v[r0 * kvw..(r0 + s) * kvw],
+            &dout[r0 * qw..(r0 + s) * qw],
+        );
+        let (o, p) = attention::attention_forward(qs, ks, vs, s, shape);
+        let (a, b, c) = attention::attention_backward(ds, qs, ks, vs, &p, s, shape);
+        co.extend(o);
+        cp.extend(p);
+        cdq.extend(a);
+        cdk.extend(b);
+        cdv.extend(c);
+        r0 += s;
+    }
+    let sh = "seqs 5+17+130, 4q/2kv x 64";
+    report("attention fwd out", sh, rel(&out, &co), 1e-5);
+    report(
+        "attention fwd probs",
+        sh,
+        rel(&probs[..cp.len()], &cp),
+        1e-5,
+    );
+    report("attention bwd dq", sh, rel(&gdq, &cdq), 1e-5);
+    report("attention bwd dk", sh, rel(&gdk, &cdk), 1e-5);
+    report("attention bwd dv", sh, rel(&gdv, &cdv), 1e-5);
+    // Decode against a cache with spare capacity and garbage past each length gives
+    // the forward's rows bit for bit (the same kernel, the same keys).
+    let cap = 160;
+    let (mut kc, mut vc) = (vec![f32::NAN; 3 * cap * kvw], vec![f32::NAN; 3 * cap * kvw]);
+    let (mut qd, mut lens, mut want) = (vec![], vec![], vec![]);
+    let mut r0 = 0;
+    for (b, &s) in seqs.iter().enumerate() {
+        kc[b * cap * kvw..(b * cap + s) * kvw].copy_from_slice(&k[r0 * kvw..(r0 + s) * kvw]);
+        vc[b * cap * kvw..(b * cap + s) * kvw].copy_from_slice(&v[r0 * kvw..(r0 + s) * kvw]);
+        let t = r0 + s - 1;
+        qd.extend_from_slice(&q[t * qw..(t + 1) * qw]);
+        want.extend_from_slice(&out[t * qw..(t + 1) * qw]);
+        lens.push(s);
+        r0 += s;
+    }
+    let od = gatt::attention_decode(
+        &g,
+        &up(&g, &qd),
+        &up(&g, &kc),
+        &up(&g, &vc),
+        cap,
+        &lens,
+        shape,
+    )
+    .unwrap();
+    report_exact(
+        "attention decode == forward row",
+        "3 rows, cache 160",
+        dl(&g, &od, 3 * qw)
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count(),
+    );
+    done();
+}
+
+/// Row reductions are trees on the GPU and sequential f32 sums on the CPU. Against
+/// an f64 evaluation of the same formulas the GPU is within 1e-5; against the CPU's
+/// f32 the bound is 5e-5, since the CPU's own sequential sum over a 151936-entry
+/// vocabulary is off by about 1e-5 (both numbers are printed).
+#[test]
+fn logsoftmax_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    for (rows, vocab) in [(7, 1000), (2, 151_936)] {
+        let shape = format!("[{rows}, {vocab}]");
+        let z = rnd(rows * vocab, 60, 8.0);
+        let tg: Vec<u32> = (0..rows).map(|r| ((r * 7919) % vocab) as u32).collect();
+        let (dlp, dent) = (rnd(rows, 61, 1.0), rnd(rows, 62, 1.0));
+        let dz = up(&g, &z);
+        let f = glsm::token_logprobs_forward(&g, &dz, rows, vocab, &tg).unwrap();
+        let c = logsoftmax::token_logprobs_forward(&z, rows, vocab, &tg);
+        let z64: Vec<f64> = z.iter().map(|&v| v as f64).collect();
+        let c64 = logsoftmax::token_logprobs_forward(&z64, rows, vocab, &tg);
+        let f32s = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let (gl, ge, gs) = (
+            dl(&g, &f.logp, rows),
+            dl(&g, &f.entropy, rows),
+            dl(&g, &f.lse, rows),
+        );
+        for (what, gv, cv, c64v) in [
+            ("logp", &gl, &c.logp, &c64.logp),
+            ("entropy", &ge, &c.entropy, &c64.entropy),
+            ("lse", &gs, &c.lse, &c64.lse),
+        ] {
+            report(
+                &format!("token logprobs fwd {what} vs f64"),
+                &shape,
+                rel(gv, &f32s(c64v)),
+                1e-5,
+            );
+            println!(
+                "         (CPU f32 {what} vs f64: {:.2e})",
+                rel(cv, &f32s(c64v))
+            );
+            report(
+                &format!("token logprobs fwd {what}"),
+                &shape,
+                rel(gv, cv),
+                5e-5,
+            );
+        }
+        let d = glsm::token_logprobs_backward(
+            &g,
+            &dz,
+            rows,
+            vocab,
+            &tg,
+            &f,
+            &up(&g, &dlp),
+            Some(&up(&g, &dent)),
+        )
+        .unwrap();
+        let cd = logsoftmax::token_logprobs_backward(&z, rows, vocab, &tg, &c, &dlp, Some(&dent));
+        report(
+            "token logprobs bwd dlogits",
+            &shape,
+            rel(&dl(&g, &d, rows * vocab), &cd),
+            1e-5,
+        );
+        let full = dl(
+            &g,
+            &glsm::log_softmax_rows(&g, &dz, rows, vocab).unwrap(),
+            rows * vocab,
+        );
+        let lp = dl(&g, &f.logp, rows);
+        let same = (0..rows)
+            .filter(|&r| full[r * vocab + tg[r] as usize].to_bits() == lp[r].to_bits())
+            .count();
+        report_exact("log_softmax_rows[target] == logp", &shape, rows - same);
+    }
+    done();
+}
+
+/// The check that needs only NVRTC (no device): every kernel source compiles.
+#[test]
+fn kernel_sources_compile() {
+    match cuda::compile_all_sources("sm_90") {
+        Ok(mods) => println!("compiled for sm_90: {mods:?}"),
+        Err(cuda::CudaError::Unavailable(e)) => println!("skipping: {e}"),
+        Err(e) => panic!("{e}"),
+    }
+}

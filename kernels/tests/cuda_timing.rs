@@ -1,0 +1,334 @@
+//! Timings of the CUDA path (ignored by default; run on the GPU machine with
+//! `--ignored --nocapture`). Device events around each call, a warm-up first,
+//! median of the repeats; weights rotate over several copies so that decode
+//! timings do not read them from L2. Prints `TIMING` lines.
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, DevicePtr};
+use jet_kernels::cuda::{self, gemm, gemv, linear as glin, quantize as gq, Gpu};
+use jet_kernels::{Flow, GemmPrecision};
+
+/// Mean device time of one call of `f` in microseconds: after a warm-up, `reps`
+/// calls are queued back to back behind a ~4 ms prelude (a memset of `pre`), so the
+/// host's launch work is hidden and the events time the GPU alone.
+fn time_us(g: &Gpu, pre: &mut CudaSlice<u8>, reps: usize, mut f: impl FnMut(usize)) -> f64 {
+    for i in 0..3 {
+        f(i);
+    }
+    g.sync().unwrap();
+    let ev = || {
+        g.context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap()
+    };
+    let (a, b) = (ev(), ev());
+    g.stream().memset_zeros(pre).unwrap();
+    a.record(g.stream()).unwrap();
+    for i in 0..reps {
+        f(i);
+    }
+    b.record(g.stream()).unwrap();
+    b.synchronize().unwrap();
+    a.elapsed_ms(&b).unwrap() as f64 * 1e3 / reps as f64
+}
+
+/// Median latency of one call in microseconds, host launch work included (an
+/// event pair around each call on an idle stream).
+fn latency_us(g: &Gpu, reps: usize, mut f: impl FnMut(usize)) -> f64 {
+    for i in 0..3 {
+        f(i);
+    }
+    g.sync().unwrap();
+    let ev = || {
+        g.context()
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .unwrap()
+    };
+    let mut ts: Vec<f64> = (0..reps)
+        .map(|i| {
+            let (a, b) = (ev(), ev());
+            a.record(g.stream()).unwrap();
+            f(i);
+            b.record(g.stream()).unwrap();
+            b.synchronize().unwrap();
+            a.elapsed_ms(&b).unwrap() as f64 * 1e3
+        })
+        .collect();
+    ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    ts[reps / 2]
+}
+
+fn rand_dev(g: &Gpu, n: usize, seed: u32, amp: f32) -> CudaSlice<f32> {
+    let mut x = g.zeros::<f32>(n).unwrap();
+    gq::fill_random(g, &mut x, seed, amp).unwrap();
+    x
+}
+
+fn p<T>(g: &Gpu, s: &CudaSlice<T>) -> u64 {
+    s.device_ptr(g.stream()).0
+}
+
+fn bf16_op(g: &Gpu, s: &CudaSlice<u16>, rows: usize, cols: usize) -> gemm::Dense {
+    gemm::Dense {
+        ptr: p(g, s),
+        ty: gemm::LtType::Bf16,
+        rows,
+        cols,
+        ld: cols,
+    }
+}
+
+#[test]
+#[ignore]
+fn timing_report() {
+    let g = match cuda::cuda_available() {
+        Ok(g) => g,
+        Err(e) => {
+            println!("skipping: no CUDA device: {e}");
+            return;
+        }
+    };
+    println!(
+        "TIMING device: {} (cc {:?}, NVRTC {:?})",
+        g.name(),
+        g.compute_capability(),
+        g.nvrtc_version()
+    );
+
+    let mut pre = g.zeros::<u8>(16 << 30).unwrap();
+    let pre = &mut pre;
+    // Memory: a device-to-device copy against the quantizers (bytes read + written).
+    let (m, k) = (8192usize, 4096usize);
+    let x = rand_dev(&g, m * k, 1, 3.0);
+    let mut y = g.zeros::<f32>(m * k).unwrap();
+    let t = time_us(&g, pre, 20, |_| g.stream().memcpy_dtod(&x, &mut y).unwrap());
+    let copy_gbs = 2.0 * (m * k * 4) as f64 / t / 1e3;
+    println!("TIMING copy f32 [8192, 4096]: {t:.1} us, {copy_gbs:.0} GB/s (read + write)");
+    let bytes = (m * k * 5 + m * 32 * 4) as f64;
+    let t = time_us(&g, pre, 20, |_| {
+        drop(gq::quantize_row1x128(&g, &x, m, k).unwrap())
+    });
+    println!(
+        "TIMING quantize 1x128 f32 [8192, 4096]: {t:.1} us, {:.0} GB/s ({:.0}% of copy)",
+        bytes / t / 1e3,
+        bytes / t / 1e3 / copy_gbs * 100.0
+    );
+    let t = time_us(&g, pre, 20, |_| {
+        drop(gq::quantize_row1x128_sw(&g, &x, m, k).unwrap())
+    });
+    println!(
+        "TIMING quantize 1x128 f32 [8192, 4096], software encoder: {t:.1} us, {:.0} GB/s",
+        bytes / t / 1e3
+    );
+    let t = time_us(&g, pre, 20, |_| {
+        drop(gq::quantize_col128x1(&g, &x, m, k).unwrap())
+    });
+    println!(
+        "TIMING quantize 128x1^T f32 [8192, 4096]: {t:.1} us, {:.0} GB/s ({:.0}% of copy)",
+        bytes / t / 1e3,
+        bytes / t / 1e3 / copy_gbs * 100.0
+    );
+    let t = time_us(&g, pre, 20, |_| {
+        drop(gq::quantize_block128(&g, &x, m, k, true).unwrap())
+    });
+    let bytes_b = (m * k * 6) as f64;
+    println!(
+        "TIMING quantize 128x128 (+W^T) f32 [8192, 4096]: {t:.1} us, {:.0} GB/s ({:.0}% of copy)",
+        bytes_b / t / 1e3,
+        bytes_b / t / 1e3 / copy_gbs * 100.0
+    );
+    drop((x, y));
+
+    // Training-sized GEMMs, Qwen3-8B shapes (qkv 6144, o 4096, gate+up 24576, down K = 12288).
+    let m = 8192;
+    for (k, n) in [
+        (4096usize, 4096usize),
+        (4096, 6144),
+        (4096, 24576),
+        (12288, 4096),
+    ] {
+        let flops = 2.0 * (m * k * n) as f64;
+        let (xa, wa) = (rand_dev(&g, m * k, 2, 2.0), rand_dev(&g, n * k, 3, 0.05));
+        let (xb, wb) = (
+            gq::to_bf16_padded(&g, &xa, m, k, m, k).unwrap(),
+            gq::to_bf16_padded(&g, &wa, n, k, n, k).unwrap(),
+        );
+        let d = g.zeros::<f32>(m * n).unwrap();
+        let t_bf = time_us(&g, pre, 20, |_| {
+            gemm::dense_gemm(
+                &g,
+                bf16_op(&g, &xb, m, k),
+                false,
+                bf16_op(&g, &wb, n, k),
+                true,
+                p(&g, &d),
+                n,
+            )
+            .unwrap()
+        });
+        drop((xb, wb));
+        let qx = gq::quantize_row1x128(&g, &xa, m, k).unwrap();
+        let (qw, _) = gq::quantize_block128(&g, &wa, n, k, false).unwrap();
+        let mut d8 = g.zeros::<f32>(qx.outer_pad() * qw.outer_pad()).unwrap();
+        let t_f8 = time_us(&g, pre, 20, |_| {
+            gemm::fp8_gemm_nt_into(&g, &qx, &qw, &mut d8).unwrap()
+        });
+        println!(
+            "TIMING GEMM M=8192 K={k} N={n}: BF16 {t_bf:.0} us = {:.0} TFLOP/s | FP8 1x128 x 128x128 {t_f8:.0} us = {:.0} TFLOP/s | speed-up {:.2}x",
+            flops / t_bf / 1e6,
+            flops / t_f8 / 1e6,
+            t_bf / t_f8
+        );
+    }
+
+    // Decode: M = 64, K = N = 4096, weights rotating over 8 copies (128 MiB of FP8).
+    let (m, k, n, copies) = (64usize, 4096usize, 4096usize, 8usize);
+    let xa = rand_dev(&g, m * k, 4, 2.0);
+    let ws: Vec<CudaSlice<f32>> = (0..copies)
+        .map(|i| rand_dev(&g, n * k, 10 + i as u32, 0.05))
+        .collect();
+    let wbf: Vec<CudaSlice<u16>> = ws
+        .iter()
+        .map(|w| gq::to_bf16_padded(&g, w, n, k, n, k).unwrap())
+        .collect();
+    let wq: Vec<_> = ws
+        .iter()
+        .map(|w| gq::quantize_block128(&g, w, n, k, false).unwrap().0)
+        .collect();
+    let xb = gq::to_bf16_padded(&g, &xa, m, k, m, k).unwrap();
+    let qx = gq::quantize_row1x128(&g, &xa, m, k).unwrap();
+    let mut d = g.zeros::<f32>(m * n).unwrap();
+    let dp = p(&g, &d);
+    let t_bf = time_us(&g, pre, 50, |i| {
+        gemm::dense_gemm(
+            &g,
+            bf16_op(&g, &xb, m, k),
+            false,
+            bf16_op(&g, &wbf[i % copies], n, k),
+            true,
+            dp,
+            n,
+        )
+        .unwrap()
+    });
+    let t_lt8 = time_us(&g, pre, 50, |i| {
+        gemm::fp8_gemm_nt_into(&g, &qx, &wq[i % copies], &mut d).unwrap()
+    });
+    let t_gemv = time_us(&g, pre, 50, |i| {
+        gemv::gemv_fp8_into(&g, &qx, &wq[i % copies], &mut d, n).unwrap()
+    });
+    let t_gemv32 = time_us(&g, pre, 50, |i| {
+        let w = &wq[i % copies];
+        gemv::gemv_fp8_with(&g, &qx, w, &mut d, n, 32, gemv::GemvKernel::SplitK).unwrap()
+    });
+    let t_tiled = time_us(&g, pre, 50, |i| {
+        let w = &wq[i % copies];
+        gemv::gemv_fp8_with(&g, &qx, w, &mut d, n, 64, gemv::GemvKernel::Tiled(None)).unwrap()
+    });
+    println!("TIMING decode 64x4096x4096 GEMV tiled (first version): {t_tiled:.1} us");
+    let t_m1 = time_us(&g, pre, 50, |i| {
+        let w = &wq[i % copies];
+        let kern = gemv::GemvKernel::Tiled(Some(gemv::GEMV_T8_M1));
+        gemv::gemv_fp8_with(&g, &qx, w, &mut d, n, 64, kern).unwrap()
+    });
+    println!("TIMING decode 64x4096x4096 GEMV tiled variant t8_w8_m1: {t_m1:.1} us");
+    let t_q = time_us(&g, pre, 50, |_| {
+        drop(gq::quantize_row1x128(&g, &xa, m, k).unwrap())
+    });
+    println!("TIMING decode 64x4096x4096 GEMM: BF16 cuBLASLt {t_bf:.1} us | FP8 cuBLASLt block-scaled {t_lt8:.1} us | FP8 GEMV split-K {t_gemv:.1} us ({:.0} GB/s of weights) | FP8 GEMV split-K as 2x32 tokens {t_gemv32:.1} us | quantize X 1x128 {t_q:.1} us", (n * k) as f64 / t_gemv / 1e3);
+    for (mm, name) in [(1usize, "M=1"), (8, "M=8"), (16, "M=16"), (32, "M=32")] {
+        let qs = gq::quantize_row1x128(&g, &xa, mm, k).unwrap();
+        let t = time_us(&g, pre, 50, |i| {
+            gemv::gemv_fp8_into(&g, &qs, &wq[i % copies], &mut d, n).unwrap()
+        });
+        let t1 = time_us(&g, pre, 50, |i| {
+            let w = &wq[i % copies];
+            gemv::gemv_fp8_with(&g, &qs, w, &mut d, n, 64, gemv::GemvKernel::Tiled(None)).unwrap()
+        });
+        println!(
+            "TIMING decode GEMV {name} K=N=4096: split-K {t:.1} us ({:.0} GB/s of weights) | tiled {t1:.1} us",
+            (n * k) as f64 / t / 1e3
+        );
+    }
+    // Whole linear layers (input f32 -> output f32 BF16 values), decode size.
+    let gw8: Vec<_> = ws
+        .iter()
+        .map(|w| glin::GpuWeight::prepare(&g, w, n, k, Flow::Fp8).unwrap())
+        .collect();
+    let gwb: Vec<_> = ws
+        .iter()
+        .map(|w| glin::GpuWeight::prepare(&g, w, n, k, Flow::Bf16).unwrap())
+        .collect();
+    let t8 = time_us(&g, pre, 50, |i| {
+        drop(glin::linear_forward(&g, &xa, m, &gw8[i % copies], None, GemmPrecision::Fp8).unwrap())
+    });
+    let tb = time_us(&g, pre, 50, |i| {
+        drop(glin::linear_forward(&g, &xa, m, &gwb[i % copies], None, GemmPrecision::Bf16).unwrap())
+    });
+    println!("TIMING decode linear_forward 64x4096x4096 (quantize/convert + GEMM + epilogue), device time: FP8 {t8:.1} us | BF16 {tb:.1} us");
+    let l8 = latency_us(&g, 50, |i| {
+        drop(glin::linear_forward(&g, &xa, m, &gw8[i % copies], None, GemmPrecision::Fp8).unwrap())
+    });
+    let lb = latency_us(&g, 50, |i| {
+        drop(glin::linear_forward(&g, &xa, m, &gwb[i % copies], None, GemmPrecision::Bf16).unwrap())
+    });
+    println!("TIMING decode linear_forward 64x4096x4096, latency with host launch work: FP8 {l8:.1} us | BF16 {lb:.1} us");
+
+    // Decode at other Qwen3-8B shapes (M = 64): BF16 cuBLASLt against the FP8 kernel.
+    drop((gw8, gwb, wq, wbf, ws));
+    for (k, n) in [(4096usize, 1024usize), (4096, 12288), (12288, 4096)] {
+        let xa = rand_dev(&g, m * k, 5, 2.0);
+        let ws: Vec<_> = (0..copies)
+            .map(|i| rand_dev(&g, n * k, 30 + i as u32, 0.05))
+            .collect();
+        let wbf: Vec<_> = ws
+            .iter()
+            .map(|w| gq::to_bf16_padded(&g, w, n, k, n, k).unwrap())
+            .collect();
+        let wq: Vec<_> = ws
+            .iter()
+            .map(|w| gq::quantize_block128(&g, w, n, k, false).unwrap().0)
+            .collect();
+        drop(ws);
+        let xb = gq::to_bf16_padded(&g, &xa, m, k, m, k).unwrap();
+        let qx = gq::quantize_row1x128(&g, &xa, m, k).unwrap();
+        let mut d = g.zeros::<f32>(m * n).unwrap();
+        let dp = p(&g, &d);
+        let t_bf = time_us(&g, pre, 50, |i| {
+            let w = bf16_op(&g, &wbf[i % copies], n, k);
+            gemm::dense_gemm(&g, bf16_op(&g, &xb, m, k), false, w, true, dp, n).unwrap()
+        });
+        let t_gemv = time_us(&g, pre, 50, |i| {
+            gemv::gemv_fp8_into(&g, &qx, &wq[i % copies], &mut d, n).unwrap()
+        });
+        let t_m1 = time_us(&g, pre, 50, |i| {
+            let w = &wq[i % copies];
+            gemv::gemv_fp8_with(&g, &qx, w, &mut d, n, 64, gemv::GemvKernel::Tiled(None)).unwrap()
+        });
+        println!("TIMING decode 64x{k}x{n}: BF16 cuBLASLt {t_bf:.1} us | FP8 GEMV split-K {t_gemv:.1} us | FP8 GEMV tiled {t_m1:.1} us");
+    }
+
+    // A whole training-sized linear layer (M = 8192, K = N = 4096), f32 in and out.
+    let (m, k, n) = (8192usize, 4096usize, 4096usize);
+    let (xa, w, dy) = (
+        rand_dev(&g, m * k, 6, 2.0),
+        rand_dev(&g, n * k, 7, 0.05),
+        rand_dev(&g, m * n, 8, 1.0),
+    );
+    for (flow, prec) in [
+        (Flow::Bf16, GemmPrecision::Bf16),
+        (Flow::Fp8, GemmPrecision::Fp8),
+    ] {
+        let t_prep = time_us(&g, pre, 10, |_| {
+            drop(glin::GpuWeight::prepare(&g, &w, n, k, flow).unwrap())
+        });
+        let gw = glin::GpuWeight::prepare(&g, &w, n, k, flow).unwrap();
+        let t_f = time_us(&g, pre, 10, |_| {
+            drop(glin::linear_forward(&g, &xa, m, &gw, None, prec).unwrap())
+        });
+        let t_b = time_us(&g, pre, 10, |_| {
+            drop(glin::linear_backward(&g, &dy, &xa, m, &gw, false, prec, prec).unwrap())
+        });
+        println!("TIMING linear {flow} 8192x4096x4096 (f32 in/out, incl. quantize/convert and epilogue): prepare W {t_prep:.0} us | forward {t_f:.0} us | backward (DGrad+WGrad) {t_b:.0} us");
+    }
+}

@@ -178,24 +178,25 @@ GEMV(4, 8, 2)
 GEMV(8, 4, 2)
 GEMV(8, 8, 1)
 
-// ---- split-K version, all loads of a block in flight at once ---------------------
+// ---- split-K version with the token tile in shared memory ------------------------
 // Block = 8 warps = 128 weight rows (warp w: rows n0 + 16w .. +16, one m16 tile);
 // grid (ceil(N/128), KS): block (bx, ks) takes the K groups [ks*gps, (ks+1)*gps) and
 // writes its partial sums to p[ks][token][n] (stride ldp, slices sstride apart);
 // the slices are added in ks order afterwards (splitk_sum or the linear epilogue),
 // so the result is deterministic and a token's row never depends on the others.
-// Groups go in chunks of GPB: the weight bytes of a whole chunk are requested at
-// once (registers; one memory latency per chunk, not per group), and the chunk's
-// token codes (TT*8 x 128 bytes a group) are staged in shared memory, rows 192
-// bytes apart so that the 16-byte reads of a quarter warp hit distinct banks.
+// The token codes of a group (TT*8 x 128 bytes) are staged in shared memory once per
+// block (rows 192 bytes apart: the 16-byte reads of a quarter warp hit distinct
+// banks), double-buffered; the weight bytes stream from HBM with the next group's
+// requested before this group's mma. (Holding a whole chunk of groups in flight
+// instead measured slower: NOTES.md.)
 #define XS 192
-template <int TT, int GPB>
+template <int TT>
 __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ ws, int lds,
                             const u8* __restrict__ x, const float* __restrict__ xs, int ldxs,
                             float* __restrict__ p, long ldp, long sstride, int M, int N, int N_pad,
                             int K_pad, int gps) {
-    __shared__ __align__(16) u8 xt[GPB][TT * 8 * XS];
-    __shared__ float sxs[GPB][TT * 8];
+    __shared__ __align__(16) u8 xt[2][TT * 8 * XS];
+    __shared__ float sxs[2][TT * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int n0 = blockIdx.x * 128;
@@ -205,40 +206,52 @@ __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ 
     const u8* wr0 = w + (long)min(n0 + warp * 16 + gid, N_pad - 1) * K_pad;
     const u8* wr1 = w + (long)min(n0 + warp * 16 + gid + 8, N_pad - 1) * K_pad;
     const float* wsr = ws + (long)(n0 / 128) * lds;
-    constexpr int XCH = TT * 8 * 8;  // 16-byte chunks of one group's token tile
+
+    constexpr int XCH = TT * 8 * 8;  // 16-byte chunks of a token tile
+    constexpr int XPT = (XCH + 255) / 256;
+    auto load_x = [&](int g, uint4 (&r)[XPT], float& sc) {
+#pragma unroll
+        for (int i = 0; i < XPT; i++) {
+            int c = threadIdx.x + i * 256, tok = c >> 3, k = g * 128 + (c & 7) * 16;
+            r[i] = (c < XCH && tok < M && k < K_pad) ? *reinterpret_cast<const uint4*>(x + (long)tok * K_pad + k) : zero;
+        }
+        sc = threadIdx.x < TT * 8 && threadIdx.x < M ? xs[(long)g * ldxs + threadIdx.x] : 0.0f;
+    };
+    auto store_x = [&](int b, const uint4 (&r)[XPT], float sc) {
+#pragma unroll
+        for (int i = 0; i < XPT; i++) {
+            int c = threadIdx.x + i * 256;
+            if (c < XCH) *reinterpret_cast<uint4*>(&xt[b][(c >> 3) * XS + (c & 7) * 16]) = r[i];
+        }
+        if (threadIdx.x < TT * 8) sxs[b][threadIdx.x] = sc;
+    };
+    auto load_w = [&](int g, uint4 (&a)[2][2]) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int k = g * 128 + h * 64 + tig * 16;
+            bool in = g < g1 && k < K_pad;
+            a[h][0] = in ? ld_stream(wr0 + k) : zero;
+            a[h][1] = in ? ld_stream(wr1 + k) : zero;
+        }
+    };
 
     float acc[TT][4];
 #pragma unroll
     for (int tt = 0; tt < TT; tt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[tt][i] = 0.0f;
-
-    for (int gc = g0; gc < g1; gc += GPB) {
-        uint4 a[GPB][2][2];
-#pragma unroll
-        for (int j = 0; j < GPB; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int g = gc + j, k = g * 128 + h * 64 + tig * 16;
-                bool in = g < g1 && k < K_pad;
-                a[j][h][0] = in ? ld_stream(wr0 + k) : zero;
-                a[j][h][1] = in ? ld_stream(wr1 + k) : zero;
-            }
-        if (gc > g0) __syncthreads();  // the previous chunk's tiles are read
-        for (int c = threadIdx.x; c < GPB * XCH; c += 256) {
-            int j = c / XCH, cc = c % XCH, tok = cc >> 3, g = gc + j, k = g * 128 + (cc & 7) * 16;
-            uint4 v = (g < g1 && tok < M && k < K_pad) ? *reinterpret_cast<const uint4*>(x + (long)tok * K_pad + k) : zero;
-            *reinterpret_cast<uint4*>(&xt[j][tok * XS + (cc & 7) * 16]) = v;
-        }
-        for (int c = threadIdx.x; c < GPB * TT * 8; c += 256) {
-            int j = c / (TT * 8), t = c % (TT * 8), g = gc + j;
-            sxs[j][t] = (g < g1 && t < M) ? xs[(long)g * ldxs + t] : 0.0f;
-        }
+    if (g0 < g1) {
+        uint4 xr[XPT], a[2][2];
+        float sc;
+        load_x(g0, xr, sc);
+        load_w(g0, a);
+        store_x(0, xr, sc);
         __syncthreads();
-#pragma unroll
-        for (int j = 0; j < GPB; j++) {
-            int g = gc + j;
-            if (g >= g1) break;
+        for (int g = g0; g < g1; g++) {
+            const int b = (g - g0) & 1;
+            uint4 an[2][2];
+            load_w(g + 1, an);
+            if (g + 1 < g1) load_x(g + 1, xr, sc);
             float part[TT][4];
 #pragma unroll
             for (int tt = 0; tt < TT; tt++)
@@ -248,19 +261,26 @@ __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ 
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int tt = 0; tt < TT; tt++) {
-                    uint4 bb = *reinterpret_cast<const uint4*>(&xt[j][(tt * 8 + gid) * XS + h * 64 + tig * 16]);
-                    mma_e4m3(part[tt], a[j][h][0].x, a[j][h][1].x, a[j][h][0].y, a[j][h][1].y, bb.x, bb.y);
-                    mma_e4m3(part[tt], a[j][h][0].z, a[j][h][1].z, a[j][h][0].w, a[j][h][1].w, bb.z, bb.w);
+                    uint4 bb = *reinterpret_cast<const uint4*>(&xt[b][(tt * 8 + gid) * XS + h * 64 + tig * 16]);
+                    mma_e4m3(part[tt], a[h][0].x, a[h][1].x, a[h][0].y, a[h][1].y, bb.x, bb.y);
+                    mma_e4m3(part[tt], a[h][0].z, a[h][1].z, a[h][0].w, a[h][1].w, bb.z, bb.w);
                 }
             // y += (x scale * w scale) * group sum, as fp8_gemm.
             float sw = wsr[g];
 #pragma unroll
             for (int tt = 0; tt < TT; tt++) {
-                float s0 = sxs[j][tt * 8 + tig * 2] * sw, s1 = sxs[j][tt * 8 + tig * 2 + 1] * sw;
+                float s0 = sxs[b][tt * 8 + tig * 2] * sw, s1 = sxs[b][tt * 8 + tig * 2 + 1] * sw;
                 acc[tt][0] += s0 * part[tt][0];
                 acc[tt][1] += s1 * part[tt][1];
                 acc[tt][2] += s0 * part[tt][2];
                 acc[tt][3] += s1 * part[tt][3];
+            }
+            if (g + 1 < g1) store_x(b ^ 1, xr, sc);
+            __syncthreads();
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                a[h][0] = an[h][0];
+                a[h][1] = an[h][1];
             }
         }
     }
@@ -275,17 +295,17 @@ __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ 
         }
 }
 
-// NAME(token tiles, groups a chunk): a chunk's weight bytes take GPB * 16 registers.
-#define GEMV_SK(NAME, TT, GPB)                                                                          \
-    extern "C" __global__ void __launch_bounds__(256)                                                   \
+// NAME(token tiles, min blocks per SM).
+#define GEMV_SK(NAME, TT, MINB)                                                                         \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                             \
         NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p,   \
              long ldp, long sstride, int M, int N, int N_pad, int K_pad, int gps) {                     \
-        gemv_fp8_sk<TT, GPB>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);        \
+        gemv_fp8_sk<TT>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);             \
     }
-GEMV_SK(gemv_fp8_sk_t1, 1, 4)
-GEMV_SK(gemv_fp8_sk_t2, 2, 4)
-GEMV_SK(gemv_fp8_sk_t4, 4, 4)
-GEMV_SK(gemv_fp8_sk_t8, 8, 2)
+GEMV_SK(gemv_fp8_sk_t1, 1, 2)
+GEMV_SK(gemv_fp8_sk_t2, 2, 2)
+GEMV_SK(gemv_fp8_sk_t4, 4, 1)
+GEMV_SK(gemv_fp8_sk_t8, 8, 1)
 
 // y [rows, cols] (stride ldy) = sum over s < splits, in order, of p[s] (stride ldp).
 extern "C" __global__ void splitk_sum(const float* p, long ldp, long sstride, int splits, int rows, int cols,

@@ -1,17 +1,26 @@
-//! jetctl: the Jet operator console. The console itself lands with its own issue;
-//! for now it reports its version and usage.
+//! jetctl: the Jet operator console. `jetctl` opens the console; `jetctl SUBCOMMAND`
+//! scripts jetd (see `jetctl --help`).
 
 use clap::Parser;
-
-/// The Jet operator console (attaches to a running jetd).
-#[derive(Parser)]
-#[command(name = "jetctl", version, about)]
-struct Cli {}
+use jet_tui::cli::{self, Cli};
 
 fn main() {
-    let _ = Cli::parse();
-    println!(
-        "jetctl {}: the console is not built yet; see `jetctl --help`",
-        env!("CARGO_PKG_VERSION")
-    );
+    let cli = Cli::parse();
+    let code = match &cli.cmd {
+        Some(cmd) => match cli::run(&cli, cmd, &mut std::io::stdout().lock()) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("jetctl: {e}");
+                e.exit_code()
+            }
+        },
+        None => match jet_tui::console::run(cli.socket_path(), cli.readonly, cli.timeout()) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("jetctl: {e:#}");
+                1
+            }
+        },
+    };
+    std::process::exit(code);
 }

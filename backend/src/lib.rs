@@ -1,2 +1,4 @@
 //! jet-backend
+pub mod model;
 pub mod tasks;
+pub mod tokenizer;

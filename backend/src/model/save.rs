@@ -64,9 +64,9 @@ pub fn save_model(dir: &Path, cfg: &ModelConfig, w: &ModelWeights) -> Result<(),
 
 /// An f32 tensor borrowed for safetensors; bytes are produced one tensor at a
 /// time while the file is written.
-struct F32View<'a> {
-    data: &'a [f32],
-    shape: Vec<usize>,
+pub(crate) struct F32View<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) shape: Vec<usize>,
 }
 
 impl View for F32View<'_> {
@@ -122,7 +122,7 @@ fn temp_name(path: &Path) -> PathBuf {
 }
 
 /// Makes the renames durable.
-fn sync_dir(dir: &Path) -> Result<(), ModelError> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), ModelError> {
     File::open(dir)
         .and_then(|f| f.sync_all())
         .map_err(|e| ModelError::io(dir, e))

@@ -1,0 +1,99 @@
+//! State shared by the I/O side (tokio) and the compute thread.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Condvar, Mutex};
+
+use jet_proto::{GpuSample, Push};
+use tokio::sync::{broadcast, oneshot};
+
+use crate::store::Store;
+
+/// Capacity of the push channel: a subscriber further behind than this gets
+/// a resync instead of blocking anyone.
+pub const PUSH_CAPACITY: usize = 1024;
+
+/// A command for the run that is computing, applied at the next step boundary.
+pub enum Control {
+    Pause,
+    Stop,
+    Checkpoint(oneshot::Sender<Result<serde_json::Value, (String, String)>>),
+    Rollback(
+        u64,
+        oneshot::Sender<Result<serde_json::Value, (String, String)>>,
+    ),
+}
+
+pub struct Shared {
+    pub data_dir: PathBuf,
+    pub store: Store,
+    /// Pending commands per run id.
+    pub controls: Mutex<HashMap<String, VecDeque<Control>>>,
+    /// The run computing now, if any.
+    pub active: Mutex<Option<String>>,
+    /// Wakes the compute thread (new run, resume, shutdown).
+    pub wake: Condvar,
+    pub wake_lock: Mutex<()>,
+    pub shutdown: AtomicBool,
+    pub pushes: broadcast::Sender<Push>,
+    /// Latest GPU sample; None when the machine has no NVIDIA GPU.
+    pub gpus: Mutex<Option<Vec<GpuSample>>>,
+    /// Serialises run-record read-modify-write between handlers and the worker.
+    pub records: Mutex<()>,
+}
+
+impl Shared {
+    pub fn new(data_dir: PathBuf, store: Store) -> Shared {
+        let (pushes, _) = broadcast::channel(PUSH_CAPACITY);
+        Shared {
+            data_dir,
+            store,
+            controls: Mutex::new(HashMap::new()),
+            active: Mutex::new(None),
+            wake: Condvar::new(),
+            wake_lock: Mutex::new(()),
+            shutdown: AtomicBool::new(false),
+            pushes,
+            gpus: Mutex::new(None),
+            records: Mutex::new(()),
+        }
+    }
+
+    pub fn notify(&self) {
+        let _g = self.wake_lock.lock().unwrap();
+        self.wake.notify_all();
+    }
+
+    /// Send a push to every subscriber; never blocks (no subscriber is fine).
+    pub fn push(&self, p: Push) {
+        let _ = self.pushes.send(p);
+    }
+
+    pub fn control(&self, run: &str, c: Control) {
+        self.controls
+            .lock()
+            .unwrap()
+            .entry(run.to_string())
+            .or_default()
+            .push_back(c);
+        self.notify();
+    }
+
+    pub fn take_controls(&self, run: &str) -> Vec<Control> {
+        self.controls
+            .lock()
+            .unwrap()
+            .get_mut(run)
+            .map(|q| q.drain(..).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn is_active(&self, run: &str) -> bool {
+        self.active.lock().unwrap().as_deref() == Some(run)
+    }
+
+    pub fn run_dir(&self, run: &str) -> PathBuf {
+        self.data_dir.join("runs").join(run)
+    }
+}

@@ -1,0 +1,550 @@
+//! The compute thread: one run at a time, step by step, with commands,
+//! checkpoints, health checks and automatic rollback between steps.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jet_proto::{CheckpointInfo, Push, RunState};
+use serde_json::Value;
+
+use super::shared::{Control, Shared};
+use crate::checkpoint;
+use crate::config::{Remedy, RunConfig};
+use crate::health::Health;
+use crate::store::{now_ms, CheckpointRecord, RestorePlan, RunRecord};
+use crate::trainer::Trainer;
+
+/// Parse a run's config from its record, with the submit-time overrides.
+pub fn record_config(rec: &RunRecord) -> Result<RunConfig, String> {
+    let mut cfg = RunConfig::from_str_at(&rec.config_toml, &rec.config_source, &rec.config_base)
+        .map_err(|e| e.to_string())?;
+    if let Some(s) = rec.steps {
+        cfg.run.steps = s;
+    }
+    if let Some(s) = rec.seed {
+        cfg.run.seed = s;
+    }
+    if let Some(f) = &rec.flow {
+        cfg.run.flow.0 = f
+            .parse()
+            .map_err(|e: jet_kernels::flow::UnknownFlow| e.to_string())?;
+    }
+    Ok(cfg)
+}
+
+/// The compute loop; returns when the daemon shuts down.
+pub fn run_worker(sh: Arc<Shared>) {
+    while !sh.shutdown.load(Ordering::SeqCst) {
+        match pick_next(&sh) {
+            Some(id) => {
+                *sh.active.lock().unwrap() = Some(id.clone());
+                if let Err(e) = run_one(&sh, &id) {
+                    eprintln!("jetd: run {id}: {e}");
+                }
+                *sh.active.lock().unwrap() = None;
+            }
+            None => {
+                let g = sh.wake_lock.lock().unwrap();
+                let _ = sh.wake.wait_timeout(g, Duration::from_millis(500)).unwrap();
+            }
+        }
+    }
+}
+
+/// Runs that were running when the daemon stopped go first, then the queue in
+/// submission order.
+fn pick_next(sh: &Shared) -> Option<String> {
+    let runs = sh.store.runs().ok()?;
+    runs.iter()
+        .find(|r| r.state == RunState::Running)
+        .or_else(|| runs.iter().find(|r| r.state == RunState::Queued))
+        .map(|r| r.id.clone())
+}
+
+struct Active<'a> {
+    sh: &'a Shared,
+    rec: RunRecord,
+    t: Trainer,
+    health: Health,
+}
+
+type Reply = Result<Value, (String, String)>;
+
+impl Active<'_> {
+    fn save(&mut self) {
+        let _g = self.sh.records.lock().unwrap();
+        // Keep fields that handlers may have changed meanwhile (none today but
+        // the state of a non-active run), then write ours.
+        self.rec.progress = self.t.progress;
+        if let Err(e) = self.sh.store.put_run(&self.rec) {
+            eprintln!("jetd: store: {e}");
+        }
+        self.sh.push(Push::Run {
+            run: self.rec.info(),
+        });
+    }
+
+    fn event(&mut self, level: &str, kind: &str, message: String, step: Option<u64>) {
+        match self
+            .sh
+            .store
+            .append_event(&mut self.rec, level, kind, message, step)
+        {
+            Ok(e) => self.sh.push(Push::Event {
+                run: self.rec.id.clone(),
+                event: e,
+            }),
+            Err(e) => eprintln!("jetd: store: {e}"),
+        }
+    }
+
+    fn set_state(&mut self, s: RunState, why: &str) {
+        self.rec.state = s;
+        self.event(
+            "info",
+            "state",
+            format!("{}: {why}", s.name()),
+            Some(self.t.progress.rl_steps_done),
+        );
+        self.save();
+    }
+
+    fn position(&self) -> (&'static str, u64) {
+        if self.t.progress.sft_steps_done < self.t.sft_total() {
+            ("sft", self.t.progress.sft_steps_done)
+        } else {
+            ("rl", self.t.progress.rl_steps_done)
+        }
+    }
+
+    /// Take a checkpoint now (or return the one already taken at this point).
+    fn checkpoint(&mut self) -> Result<CheckpointRecord, String> {
+        let (phase, step) = self.position();
+        let id = self.rec.id.clone();
+        let dir = self
+            .sh
+            .run_dir(&id)
+            .join("checkpoints")
+            .join(format!("b{}-{phase}-{step:06}", self.rec.branch));
+        let path = dir.display().to_string();
+        let catalog = self.sh.store.checkpoints(&id).map_err(|e| e.to_string())?;
+        if let Some(c) = catalog.iter().find(|c| c.info.path == path) {
+            return Ok(c.clone());
+        }
+        if dir.exists() {
+            // Left by a crash before the catalog entry: not trusted, replaced.
+            std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        let files = checkpoint::save(&dir, &self.t).map_err(|e| e.to_string())?;
+        let bytes = files.iter().map(|f| f.bytes).sum();
+        let rec = CheckpointRecord {
+            info: CheckpointInfo {
+                step,
+                phase: phase.into(),
+                path,
+                health: "ok".into(),
+                heldout_accuracy: self.t.last_heldout,
+                reward_mean: self.rec.last_reward,
+                unix_ms: now_ms(),
+                bytes,
+            },
+            branch: self.rec.branch,
+            files,
+        };
+        self.sh
+            .store
+            .put_checkpoint(&id, &rec)
+            .map_err(|e| e.to_string())?;
+        self.sh.store.flush().map_err(|e| e.to_string())?;
+        self.sh.push(Push::Checkpoint {
+            run: id,
+            checkpoint: rec.info.clone(),
+        });
+        self.event(
+            "info",
+            "checkpoint",
+            format!("checkpoint at {phase} step {step}"),
+            Some(step),
+        );
+        self.retain();
+        Ok(rec)
+    }
+
+    /// keep-last-K plus keep-best by held-out accuracy; the rest are deleted
+    /// (catalog entry first, then the folder).
+    fn retain(&mut self) {
+        let cfg = self.t.cfg.checkpoint.clone();
+        let Ok(cat) = self.sh.store.checkpoints(&self.rec.id) else {
+            return;
+        };
+        let n = cat.len();
+        let best = cat
+            .iter()
+            .filter(|c| c.info.health == "ok")
+            .filter_map(|c| c.info.heldout_accuracy.map(|h| (h, c.info.path.clone())))
+            .fold(None, |b: Option<(f64, String)>, x| {
+                if b.as_ref().is_none_or(|b| x.0 > b.0) {
+                    Some(x)
+                } else {
+                    b
+                }
+            });
+        let pinned = self.rec.restore.as_ref().map(|r| r.path.clone());
+        for (i, c) in cat.iter().enumerate() {
+            let recent = i + cfg.keep_last.max(1) >= n;
+            let is_best = cfg.keep_best && best.as_ref().is_some_and(|b| b.1 == c.info.path);
+            if recent || is_best || pinned.as_deref() == Some(c.info.path.as_str()) {
+                continue;
+            }
+            if self.sh.store.remove_checkpoint(&self.rec.id, c).is_ok() {
+                let _ = std::fs::remove_dir_all(&c.info.path);
+            }
+        }
+    }
+
+    /// Restore the catalogued checkpoint at `path`; a hash mismatch marks it bad.
+    fn restore(&mut self, path: &str) -> Result<CheckpointRecord, String> {
+        let cat = self
+            .sh
+            .store
+            .checkpoints(&self.rec.id)
+            .map_err(|e| e.to_string())?;
+        let mut c = cat
+            .into_iter()
+            .find(|c| c.info.path == path)
+            .ok_or(format!("no checkpoint {path} in the catalog"))?;
+        if let Err(e) = checkpoint::restore(Path::new(path), &c.files, &mut self.t) {
+            c.info.health = "bad".into();
+            let _ = self.sh.store.put_checkpoint(&self.rec.id, &c);
+            self.event(
+                "alarm",
+                "alarm.checkpoint",
+                e.to_string(),
+                Some(c.info.step),
+            );
+            return Err(e.to_string());
+        }
+        let n = self
+            .sh
+            .store
+            .abandon_after(&self.rec.id, &c.info.phase, c.info.step)
+            .map_err(|e| e.to_string())?;
+        if n > 0 {
+            self.rec.branch += 1;
+        }
+        self.health = Health::default();
+        Ok(c)
+    }
+
+    /// Restore per the record's plan and apply its remedy.
+    fn apply_plan(&mut self, plan: RestorePlan) -> Result<(), String> {
+        let c = self.restore(&plan.path)?;
+        self.t.progress.data_offset += plan.skip;
+        self.t.progress.lr_scale *= plan.lr_factor;
+        self.rec.restore = None;
+        self.event(
+            "warn",
+            "rollback",
+            format!(
+                "restored {} step {} (branch {}); data offset {}, lr scale {}",
+                c.info.phase,
+                c.info.step,
+                self.rec.branch,
+                self.t.progress.data_offset,
+                self.t.progress.lr_scale
+            ),
+            Some(c.info.step),
+        );
+        self.save();
+        Ok(())
+    }
+
+    /// After a crash or restart: the latest good checkpoint, or from scratch.
+    fn resume(&mut self) -> Result<(), String> {
+        if self.rec.progress.sft_steps_done == 0 && self.rec.progress.rl_steps_done == 0 {
+            return Ok(());
+        }
+        let cat = self
+            .sh
+            .store
+            .checkpoints(&self.rec.id)
+            .map_err(|e| e.to_string())?;
+        for c in cat.iter().rev().filter(|c| c.info.health == "ok") {
+            if self.restore(&c.info.path).is_ok() {
+                self.event(
+                    "info",
+                    "resume",
+                    format!("resumed from {} step {}", c.info.phase, c.info.step),
+                    Some(c.info.step),
+                );
+                return Ok(());
+            }
+        }
+        let n = self
+            .sh
+            .store
+            .abandon_after(&self.rec.id, "sft", 0)
+            .map_err(|e| e.to_string())?;
+        if n > 0 {
+            self.rec.branch += 1;
+        }
+        self.event(
+            "warn",
+            "resume",
+            "no usable checkpoint: starting over".into(),
+            None,
+        );
+        Ok(())
+    }
+
+    /// Roll back to the newest healthy RL checkpoint at or before `step`.
+    fn rollback_target(&self, exact: Option<u64>, at_most: u64) -> Option<CheckpointRecord> {
+        let cat = self.sh.store.checkpoints(&self.rec.id).ok()?;
+        cat.into_iter()
+            .rev()
+            .filter(|c| c.info.health == "ok" && c.info.phase == "rl")
+            .find(|c| exact.map_or(c.info.step <= at_most, |s| c.info.step == s))
+    }
+
+    fn handle(&mut self, c: Control) -> Option<RunState> {
+        match c {
+            Control::Pause => return Some(RunState::Paused),
+            Control::Stop => return Some(RunState::Stopped),
+            Control::Checkpoint(tx) => {
+                let r: Reply = self
+                    .checkpoint()
+                    .map(|c| serde_json::to_value(c.info).unwrap())
+                    .map_err(|e| ("internal".into(), e));
+                let _ = tx.send(r);
+            }
+            Control::Rollback(step, tx) => {
+                let r: Reply = match self.rollback_target(Some(step), step) {
+                    None => Err((
+                        "no_checkpoint".into(),
+                        format!(
+                            "run {} has no healthy checkpoint at RL step {step}",
+                            self.rec.id
+                        ),
+                    )),
+                    Some(c) => self
+                        .apply_plan(RestorePlan {
+                            path: c.info.path,
+                            skip: 0,
+                            lr_factor: 1.0,
+                        })
+                        .map(|_| serde_json::to_value(self.rec.info()).unwrap())
+                        .map_err(|e| ("bad_checkpoint".into(), e)),
+                };
+                let _ = tx.send(r);
+            }
+        }
+        None
+    }
+
+    /// Act on a collapse alarm at RL step `step` (its update made things bad).
+    fn auto_rollback(&mut self, step: u64, first_bad: u64) -> Option<RunState> {
+        let h = self.t.cfg.health.clone();
+        if !h.auto_rollback {
+            return None;
+        }
+        if self.rec.auto_rollbacks >= h.max_rollbacks {
+            self.event(
+                "alarm",
+                "alarm.rollback_limit",
+                format!(
+                    "{} automatic rollbacks used: pausing the run",
+                    h.max_rollbacks
+                ),
+                Some(step),
+            );
+            return Some(RunState::Paused);
+        }
+        let Some(c) = self.rollback_target(None, first_bad) else {
+            self.event(
+                "alarm",
+                "alarm.rollback",
+                "no healthy checkpoint to roll back to: pausing".into(),
+                Some(step),
+            );
+            return Some(RunState::Paused);
+        };
+        self.rec.auto_rollbacks += 1;
+        let (skip, lr_factor) = match h.remedy {
+            Remedy::SkipBatch => (step + 1 - c.info.step, 1.0),
+            Remedy::LowerLr => (0, h.lr_factor),
+        };
+        match self.apply_plan(RestorePlan {
+            path: c.info.path,
+            skip,
+            lr_factor,
+        }) {
+            Ok(()) => None,
+            Err(_) => Some(RunState::Paused),
+        }
+    }
+
+    /// One step and everything around it; Some(state) ends the run's turn.
+    fn step(&mut self) -> Option<RunState> {
+        for c in self.sh.take_controls(&self.rec.id) {
+            if let Some(s) = self.handle(c) {
+                return Some(s);
+            }
+        }
+        if self.sh.shutdown.load(Ordering::SeqCst) {
+            return Some(RunState::Running);
+        }
+        let Some(res) = self.t.next_step() else {
+            return Some(RunState::Finished);
+        };
+        let m = match res {
+            Ok(m) => m,
+            Err(e) => {
+                self.rec.message = Some(e.to_string());
+                self.event("alarm", "error", e.to_string(), None);
+                return Some(RunState::Failed);
+            }
+        };
+        let v = serde_json::to_value(&m).expect("metrics serialize");
+        match self.sh.store.append_metrics(&mut self.rec, v) {
+            Ok(v) => self.sh.push(Push::Metrics {
+                run: self.rec.id.clone(),
+                metrics: v,
+            }),
+            Err(e) => eprintln!("jetd: store: {e}"),
+        }
+        if m.phase == "rl" {
+            self.rec.last_reward = m.reward_mean;
+            if m.heldout_accuracy.is_some() {
+                self.rec.last_heldout = m.heldout_accuracy;
+            }
+            let alarms = self.health.check(&self.t.cfg.health, &m);
+            let mut collapse = false;
+            for a in &alarms {
+                self.event(
+                    if a.collapse { "alarm" } else { "warn" },
+                    a.kind,
+                    a.message.clone(),
+                    Some(m.step),
+                );
+                collapse |= a.collapse;
+            }
+            if collapse {
+                let k = if alarms.iter().any(|a| a.kind == "alarm.reward_collapse") {
+                    self.t.cfg.health.reward_drop_steps
+                } else {
+                    1
+                };
+                let first_bad = (m.step + 1).saturating_sub(k);
+                if let Some(s) = self.auto_rollback(m.step, first_bad) {
+                    return Some(s);
+                }
+                self.save();
+                return None;
+            }
+        }
+        self.save();
+        let p = self.t.progress;
+        let every = self.t.cfg.checkpoint.every;
+        let sft_done =
+            p.sft_steps_done == self.t.sft_total() && p.rl_steps_done == 0 && m.phase == "sft";
+        if sft_done || (m.phase == "rl" && every > 0 && p.rl_steps_done.is_multiple_of(every)) {
+            if let Err(e) = self.checkpoint() {
+                self.event(
+                    "alarm",
+                    "alarm.checkpoint",
+                    format!("checkpoint failed: {e}"),
+                    Some(p.rl_steps_done),
+                );
+            }
+        }
+        None
+    }
+}
+
+fn run_one(sh: &Shared, id: &str) -> Result<(), String> {
+    let mut rec = sh
+        .store
+        .run(id)
+        .map_err(|e| e.to_string())?
+        .ok_or("run vanished")?;
+    let started = rec.state;
+    let trainer =
+        record_config(&rec).and_then(|cfg| Trainer::new(cfg, None).map_err(|e| e.to_string()));
+    let t = match trainer {
+        Ok(t) => t,
+        Err(e) => {
+            rec.state = RunState::Failed;
+            rec.message = Some(e.clone());
+            let ev = sh
+                .store
+                .append_event(&mut rec, "alarm", "error", e, None)
+                .map_err(|e| e.to_string())?;
+            sh.store.put_run(&rec).map_err(|e| e.to_string())?;
+            sh.push(Push::Event {
+                run: id.into(),
+                event: ev,
+            });
+            sh.push(Push::Run { run: rec.info() });
+            return Ok(());
+        }
+    };
+    let mut a = Active {
+        sh,
+        rec,
+        t,
+        health: Health::default(),
+    };
+    let restored = match a.rec.restore.clone() {
+        Some(plan) => a.apply_plan(plan),
+        None => a.resume(),
+    };
+    if let Err(e) = restored {
+        a.rec.message = Some(e.clone());
+        a.set_state(RunState::Failed, &e);
+        return Ok(());
+    }
+    a.set_state(
+        RunState::Running,
+        if started == RunState::Running {
+            "resumed after restart"
+        } else {
+            "started"
+        },
+    );
+    let end = loop {
+        if let Some(s) = a.step() {
+            break s;
+        }
+    };
+    // Leave a checkpoint for whatever comes next (resume, restart, rollback).
+    if end != RunState::Failed {
+        if let Err(e) = a.checkpoint() {
+            a.event(
+                "alarm",
+                "alarm.checkpoint",
+                format!("checkpoint failed: {e}"),
+                None,
+            );
+        }
+    }
+    match end {
+        RunState::Running => {
+            // Shutdown: stays "running" so the next jetd resumes it.
+            a.event(
+                "info",
+                "state",
+                "daemon shutting down: checkpointed".into(),
+                Some(a.t.progress.rl_steps_done),
+            );
+            a.save();
+        }
+        RunState::Paused => a.set_state(end, "paused at a step boundary"),
+        RunState::Stopped => a.set_state(end, "stopped by request"),
+        RunState::Finished => a.set_state(end, "all steps done"),
+        s => a.set_state(s, "ended"),
+    }
+    sh.store.flush().map_err(|e| e.to_string())?;
+    Ok(())
+}

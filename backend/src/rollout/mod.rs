@@ -1,0 +1,4 @@
+//! The rollout engine: batched generation with a KV cache.
+
+pub mod engine;
+pub mod sampler;

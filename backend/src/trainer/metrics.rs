@@ -1,0 +1,111 @@
+//! The per-step metrics record: one JSON object per step (the `--metrics-out`
+//! file, the store and `jetctl metrics --format jsonl` all use it).
+
+use serde::{Deserialize, Serialize};
+
+/// Fields that are wall-clock measurements: everything else in a record is a
+/// deterministic function of (config, seed) on the CPU.
+pub const TIMING_FIELDS: [&str; 5] = [
+    "rollout_s",
+    "train_s",
+    "step_s",
+    "rollout_tokens_per_s",
+    "train_tokens_per_s",
+];
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    /// "sft" for warm-up steps, "rl" for RL steps.
+    pub phase: String,
+    pub step: u64,
+    pub flow: String,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub accuracy: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub heldout_accuracy: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reward_mean: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reward_std: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub frac_reward_zero_std: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub response_len_mean: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub entropy: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub clip_frac: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kl_ref: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub mismatch_kl: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub mismatch_abs_prob_diff_mean: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub mismatch_abs_prob_diff_max: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub token_mult_prob_error: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub is_ratio_min: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub is_ratio_mean: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub is_ratio_max: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rollout_s: Option<f64>,
+    pub train_s: f64,
+    pub step_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rollout_tokens_per_s: Option<f64>,
+    pub train_tokens_per_s: f64,
+}
+
+impl StepMetrics {
+    /// One JSON line.
+    pub fn to_json_line(&self) -> String {
+        serde_json::to_string(self).expect("metrics serialize")
+    }
+
+    /// A copy with the wall-clock fields removed (for determinism checks).
+    pub fn without_timing(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).expect("metrics serialize");
+        if let Some(o) = v.as_object_mut() {
+            for f in TIMING_FIELDS {
+                o.remove(f);
+            }
+        }
+        v
+    }
+
+    /// The readable progress line printed per step.
+    pub fn progress_line(&self, total: u64) -> String {
+        let f = |x: Option<f64>| x.map_or("    -".to_string(), |v| format!("{v:5.3}"));
+        if self.phase == "sft" {
+            return format!(
+                "sft {:>4}/{total} loss {:7.4} grad {:7.3} lr {:.2e} {:6.2}s",
+                self.step + 1,
+                self.loss,
+                self.grad_norm,
+                self.lr,
+                self.step_s
+            );
+        }
+        format!(
+            "rl  {:>4}/{total} reward {} acc {} heldout {} len {:5.2} ent {} kl_mis {} clip {} {:6.2}s (rollout {:.2}s, train {:.2}s)",
+            self.step + 1,
+            f(self.reward_mean),
+            f(self.accuracy),
+            f(self.heldout_accuracy),
+            self.response_len_mean.unwrap_or(0.0),
+            f(self.entropy),
+            self.mismatch_kl.map_or("-".into(), |v| format!("{v:.2e}")),
+            f(self.clip_frac),
+            self.step_s,
+            self.rollout_s.unwrap_or(0.0),
+            self.train_s
+        )
+    }
+}

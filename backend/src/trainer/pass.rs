@@ -1,0 +1,135 @@
+//! One pass of the trainer over a set of sequences, in micro-batches: the
+//! training forward, per-token logprobs and entropies of the response tokens,
+//! and (optionally) the loss gradient back through the model.
+
+use jet_kernels::ops::logsoftmax::{token_logprobs_backward, token_logprobs_forward};
+use jet_kernels::GemmRole;
+
+use crate::model::ModelWeights;
+use crate::rollout::sampler::temper;
+use crate::transformer::{backward, forward, PreparedModel};
+
+/// A sequence as the trainer sees it.
+#[derive(Clone, Debug)]
+pub struct TrainSeq {
+    /// Prompt then response tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+}
+
+impl TrainSeq {
+    pub fn response_len(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+/// Per response token: the logprob and the entropy under the tempered
+/// distribution, sequence after sequence.
+#[derive(Clone, Debug, Default)]
+pub struct Scored {
+    pub logp: Vec<Vec<f64>>,
+    pub entropy: Vec<Vec<f64>>,
+}
+
+/// Per response token: d loss / d logp and d loss / d entropy.
+pub type TokenGrad<'a> = &'a mut dyn FnMut(usize, usize, f64, f64) -> (f64, f64);
+
+/// Run `seqs` through the model in micro-batches of `micro` sequences. When
+/// `grad` is given it is called for every response token as
+/// `(sequence, position, logp, entropy) -> (dloss/dlogp, dloss/dentropy)`, and
+/// the weight gradients are returned.
+pub fn run_pass(
+    model: &PreparedModel,
+    seqs: &[TrainSeq],
+    temperature: f64,
+    micro: usize,
+    mut grad: Option<TokenGrad>,
+) -> (Scored, Option<ModelWeights>) {
+    let vocab = model.cfg.vocab_size;
+    let inv_t = if temperature > 0.0 && temperature != 1.0 {
+        1.0 / temperature
+    } else {
+        1.0
+    };
+    let mut scored = Scored::default();
+    let mut grads: Option<ModelWeights> = None;
+    for (mb, chunk) in seqs.chunks(micro.max(1)).enumerate() {
+        let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
+        let out = forward(model, &refs, GemmRole::TrainForward, grad.is_some(), false);
+        // Rows that predict response tokens: position prompt_len-1+t predicts token prompt_len+t.
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        let mut start = 0;
+        for s in chunk {
+            for t in 0..s.response_len() {
+                rows.push(start + s.prompt_len - 1 + t);
+                targets.push(s.tokens[s.prompt_len + t]);
+            }
+            start += s.tokens.len();
+        }
+        let mut gathered = Vec::with_capacity(rows.len() * vocab);
+        for &r in &rows {
+            gathered.extend_from_slice(&temper(
+                &out.logits[r * vocab..(r + 1) * vocab],
+                temperature,
+            ));
+        }
+        let tl = token_logprobs_forward(&gathered, rows.len(), vocab, &targets);
+        let mut k = 0;
+        let (mut dlogp, mut dent) = (vec![0.0f32; rows.len()], vec![0.0f32; rows.len()]);
+        for (i, s) in chunk.iter().enumerate() {
+            let seq_index = mb * micro + i;
+            let (mut lp, mut en) = (Vec::new(), Vec::new());
+            for t in 0..s.response_len() {
+                let (l, e) = (tl.logp[k] as f64, tl.entropy[k] as f64);
+                if let Some(g) = grad.as_mut() {
+                    let (a, b) = g(seq_index, t, l, e);
+                    dlogp[k] = a as f32;
+                    dent[k] = b as f32;
+                }
+                lp.push(l);
+                en.push(e);
+                k += 1;
+            }
+            scored.logp.push(lp);
+            scored.entropy.push(en);
+        }
+        if grad.is_none() {
+            continue;
+        }
+        let dg = token_logprobs_backward(
+            &gathered,
+            rows.len(),
+            vocab,
+            &targets,
+            &tl,
+            &dlogp,
+            Some(&dent),
+        );
+        let mut dlogits = vec![0.0f32; out.logits.len()];
+        for (j, &r) in rows.iter().enumerate() {
+            for (d, &g) in dlogits[r * vocab..(r + 1) * vocab]
+                .iter_mut()
+                .zip(&dg[j * vocab..(j + 1) * vocab])
+            {
+                *d = g * inv_t as f32;
+            }
+        }
+        let g = backward(
+            model,
+            out.acts.as_ref().expect("kept activations"),
+            &dlogits,
+        );
+        match grads.as_mut() {
+            None => grads = Some(g),
+            Some(acc) => {
+                for ((_, a), (_, b)) in acc.tensors_mut().into_iter().zip(g.tensors()) {
+                    for (x, y) in a.iter_mut().zip(b.iter()) {
+                        *x += y;
+                    }
+                }
+            }
+        }
+    }
+    (scored, grads)
+}

@@ -1,0 +1,246 @@
+//! One GRPO step: rollout, reward, advantages, the trainer's forward at the
+//! rollout weights (mismatch metrics), the clipped-loss update(s).
+
+use std::time::Instant;
+
+use crate::rl::advantage::group_advantages;
+use crate::rl::loss::{token_loss, LossConfig, TokenInput};
+use crate::rl::mismatch::mismatch;
+use crate::rollout::engine::{generate, GenConfig};
+use crate::rollout::sampler::SamplingParams;
+use crate::tasks::reward;
+use crate::transformer::PreparedModel;
+
+use super::pass::{run_pass, Scored, TrainSeq};
+use super::{stream, SetupError, StepMetrics, Trainer};
+
+const ROLLOUT_STREAM: u64 = 1;
+
+impl Trainer {
+    fn gen_config(&self, sampling: SamplingParams) -> GenConfig {
+        GenConfig {
+            max_new_tokens: self.cfg.rollout.max_new_tokens,
+            sampling,
+            stop_token_ids: self.stop_tokens.clone(),
+            stop_strings: self.cfg.rollout.stop_strings.clone(),
+        }
+    }
+
+    fn loss_config(&self) -> LossConfig {
+        let t = &self.cfg.train;
+        LossConfig {
+            clip_low: t.clip_low,
+            clip_high: t.clip_high,
+            tis_cap: t.tis_cap,
+            kl_coef: t.kl_coef,
+            entropy_coef: t.entropy_coef,
+        }
+    }
+
+    /// Greedy accuracy on the first `eval_size` held-out problems.
+    pub fn evaluate(&self) -> Result<f64, SetupError> {
+        let n = self.cfg.run.eval_size.min(self.task.heldout_size());
+        if n == 0 {
+            return Ok(0.0);
+        }
+        let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+        };
+        let gen = self.gen_config(greedy);
+        let mut correct = 0usize;
+        let decode = |t: &[u32]| self.tokenizer.decode(t, true).unwrap_or_default();
+        let mut rng = stream(self.cfg.run.seed, 99, 0);
+        for start in (0..n).step_by(64) {
+            let problems: Vec<_> = (start..(start + 64).min(n))
+                .map(|i| self.task.heldout_problem(i as u64))
+                .collect();
+            let prompts = problems
+                .iter()
+                .map(|p| self.prompt_tokens(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            let samples = generate(&model, &prompts, 1, &gen, &decode, &mut rng);
+            for s in &samples {
+                let v = self
+                    .task
+                    .verify(&problems[s.prompt_index], &self.response_text(&s.tokens));
+                correct += v.correct as usize;
+            }
+        }
+        Ok(correct as f64 / n as f64)
+    }
+
+    pub(super) fn rl_step(&mut self) -> Result<StepMetrics, SetupError> {
+        let t0 = Instant::now();
+        let step = self.progress.rl_steps_done;
+        // Position in the problem stream (moved on by skip-batch remedies).
+        let pos = step + self.progress.data_offset;
+        let (np, g) = (
+            self.cfg.rollout.prompts_per_step,
+            self.cfg.rollout.group_size,
+        );
+        let temperature = self.cfg.rollout.temperature;
+
+        // 1-2. Quantize once; roll out.
+        let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
+        let problems: Vec<_> = (0..np as u64)
+            .map(|i| self.task.train_problem(pos * np as u64 + i))
+            .collect();
+        let prompts = problems
+            .iter()
+            .map(|p| self.prompt_tokens(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let decode = |t: &[u32]| self.tokenizer.decode(t, true).unwrap_or_default();
+        let mut rng = stream(self.cfg.run.seed, ROLLOUT_STREAM, pos);
+        let samples = generate(
+            &model,
+            &prompts,
+            g,
+            &self.gen_config(self.cfg.rollout.sampling()),
+            &decode,
+            &mut rng,
+        );
+        let rollout_s = t0.elapsed().as_secs_f64();
+        let gen_tokens: usize = samples.iter().map(|s| s.tokens.len()).sum();
+
+        // 3. Rewards and advantages.
+        let t1 = Instant::now();
+        let mut rewards = Vec::with_capacity(samples.len());
+        let mut n_correct = 0usize;
+        for s in &samples {
+            let v = self
+                .task
+                .verify(&problems[s.prompt_index], &self.response_text(&s.tokens));
+            n_correct += v.correct as usize;
+            rewards.push(reward(v, &self.cfg.reward));
+        }
+        let (adv, zero_std) = group_advantages(&rewards, g, self.cfg.train.scale_adv_by_std);
+        let seqs: Vec<TrainSeq> = samples
+            .iter()
+            .map(|s| TrainSeq {
+                tokens: [prompts[s.prompt_index].as_slice(), &s.tokens].concat(),
+                prompt_len: prompts[s.prompt_index].len(),
+            })
+            .collect();
+        let rollout_lp: Vec<Vec<f64>> = samples
+            .iter()
+            .map(|s| s.logprobs.iter().map(|&x| x as f64).collect())
+            .collect();
+        let n_resp: usize = seqs.iter().map(|s| s.response_len()).sum();
+
+        // Reference logprobs for the KL penalty.
+        let micro = self.cfg.train.micro_batch;
+        let ref_lp = self.reference.as_ref().map(|rw| {
+            let rm = PreparedModel::new(&self.model_cfg, rw, self.flow);
+            run_pass(&rm, &seqs, temperature, micro, None).0.logp
+        });
+
+        // 4. Train. With one mini-batch, the forward at the rollout weights is
+        // also the gradient pass (ratio 1); with more, it is a separate pass and
+        // later mini-batches see the ratio move.
+        let lc = self.loss_config();
+        let mb = self.cfg.train.mini_batches;
+        let mut total_tokens = 0usize;
+        let mut old: Option<Scored> = None;
+        if mb > 1 {
+            old = Some(run_pass(&model, &seqs, temperature, micro, None).0);
+            total_tokens += seqs.iter().map(|s| s.tokens.len()).sum::<usize>();
+        }
+        drop(model);
+        let (mut loss, mut clipped, mut kl_sum, mut grad_norm, mut lr) =
+            (0.0, 0usize, 0.0, 0.0, 0.0);
+        let mut first: Option<Scored> = None;
+        let per = seqs.len().div_ceil(mb);
+        let opt_cfg = self.cfg.train.optim();
+        for (j, part) in seqs.chunks(per).enumerate() {
+            let base = j * per;
+            let part_tokens: usize = part.iter().map(|s| s.response_len()).sum();
+            let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
+            let mut gfn = |i: usize, t: usize, logp: f64, ent: f64| {
+                let si = base + i;
+                let logp_old = old.as_ref().map_or(logp, |o| o.logp[si][t]);
+                let ti = TokenInput {
+                    logp,
+                    logp_old,
+                    logp_rollout: rollout_lp[si][t],
+                    logp_ref: ref_lp.as_ref().map(|r| r[si][t]),
+                    advantage: adv[si],
+                };
+                let l = token_loss(&lc, ti, ent, part_tokens.max(1));
+                loss += l.loss;
+                clipped += l.clipped as usize;
+                kl_sum += l.kl;
+                (l.dlogp, l.dentropy)
+            };
+            let (scored, grads) = run_pass(&model, part, temperature, micro, Some(&mut gfn));
+            drop(model);
+            total_tokens += part.iter().map(|s| s.tokens.len()).sum::<usize>();
+            if j == 0 && mb == 1 {
+                first = Some(scored);
+            }
+            lr = opt_cfg.lr_at(step * mb as u64 + j as u64, self.rl_total() * mb as u64)
+                * self.progress.lr_scale;
+            let mut grads = grads.expect("gradients");
+            if self.cfg.debug.inject_nan_at_step == Some(step) && self.progress.data_offset == 0 {
+                // Fault injection: this batch "explodes" and poisons the weights.
+                loss = f64::NAN;
+                grads.norm[0] = f32::NAN;
+            }
+            grad_norm = self.opt.step(&mut self.weights, &grads, &opt_cfg, lr);
+        }
+        let at_rollout = old.or(first).expect("a pass at the rollout weights");
+        let flat = |v: &[Vec<f64>]| v.iter().flatten().copied().collect::<Vec<f64>>();
+        let mm = mismatch(&flat(&at_rollout.logp), &flat(&rollout_lp));
+        let entropy = flat(&at_rollout.entropy).iter().sum::<f64>() / n_resp.max(1) as f64;
+        let train_s = t1.elapsed().as_secs_f64();
+
+        self.progress.rl_steps_done += 1;
+        let last = self.progress.rl_steps_done == self.rl_total();
+        let heldout = if step.is_multiple_of(self.cfg.run.eval_every) || last {
+            Some(self.evaluate()?)
+        } else {
+            None
+        };
+        if heldout.is_some() {
+            self.last_heldout = heldout;
+        }
+        let n = rewards.len() as f64;
+        let rmean = rewards.iter().sum::<f64>() / n;
+        let rstd = (rewards.iter().map(|r| (r - rmean).powi(2)).sum::<f64>() / n).sqrt();
+        let step_s = t0.elapsed().as_secs_f64();
+        Ok(StepMetrics {
+            phase: "rl".into(),
+            step,
+            flow: self.flow.name().into(),
+            loss,
+            grad_norm,
+            lr,
+            accuracy: Some(n_correct as f64 / n),
+            heldout_accuracy: heldout,
+            reward_mean: Some(rmean),
+            reward_std: Some(rstd),
+            frac_reward_zero_std: Some(zero_std as f64 / np as f64),
+            response_len_mean: Some(n_resp as f64 / n),
+            entropy: Some(entropy),
+            clip_frac: Some(clipped as f64 / n_resp.max(1) as f64),
+            kl_ref: self
+                .reference
+                .is_some()
+                .then_some(kl_sum / n_resp.max(1) as f64),
+            mismatch_kl: Some(mm.mismatch_kl),
+            mismatch_abs_prob_diff_mean: Some(mm.mismatch_abs_prob_diff_mean),
+            mismatch_abs_prob_diff_max: Some(mm.mismatch_abs_prob_diff_max),
+            token_mult_prob_error: Some(mm.token_mult_prob_error),
+            is_ratio_min: Some(mm.is_ratio_min),
+            is_ratio_mean: Some(mm.is_ratio_mean),
+            is_ratio_max: Some(mm.is_ratio_max),
+            rollout_s: Some(rollout_s),
+            train_s,
+            step_s,
+            rollout_tokens_per_s: Some(gen_tokens as f64 / rollout_s.max(1e-9)),
+            train_tokens_per_s: total_tokens as f64 / train_s.max(1e-9),
+        })
+    }
+}

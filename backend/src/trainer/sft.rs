@@ -1,0 +1,89 @@
+//! The SFT warm-up: cross-entropy on the task's demonstrations, in the run's
+//! training precision.
+
+use std::time::Instant;
+
+use crate::rl::optim::{OptimConfig, Schedule};
+use crate::transformer::PreparedModel;
+
+use super::pass::{run_pass, TrainSeq};
+use super::{SetupError, StepMetrics, Trainer};
+
+/// SFT draws its problems from this far into the training stream, so RL sees
+/// fresh prompts.
+const SFT_OFFSET: u64 = 1 << 40;
+
+impl Trainer {
+    pub(super) fn sft_step(&mut self) -> Result<StepMetrics, SetupError> {
+        let t0 = Instant::now();
+        let step = self.progress.sft_steps_done;
+        let b = self.cfg.sft.batch;
+        let eos = *self
+            .stop_tokens
+            .first()
+            .ok_or_else(|| SetupError::Tokenizer("no EOS token".into()))?;
+        let mut seqs = Vec::with_capacity(b);
+        for i in 0..b as u64 {
+            let p = self.task.train_problem(SFT_OFFSET + step * b as u64 + i);
+            let mut tokens = self.prompt_tokens(&p)?;
+            let prompt_len = tokens.len();
+            let demo = self
+                .tokenizer
+                .encode(&p.demonstration, false)
+                .map_err(|e| SetupError::Tokenizer(e.to_string()))?;
+            tokens.extend(demo);
+            tokens.push(eos);
+            if tokens.len() > self.model_cfg.max_position_embeddings {
+                return Err(SetupError::Tokenizer(format!(
+                    "problem {}: prompt and demonstration take {} tokens, more than max_position_embeddings {}",
+                    p.id,
+                    tokens.len(),
+                    self.model_cfg.max_position_embeddings
+                )));
+            }
+            seqs.push(TrainSeq { tokens, prompt_len });
+        }
+        let n_tokens: usize = seqs.iter().map(|s| s.response_len()).sum();
+        let total_tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        let mut loss = 0.0;
+        let inv = 1.0 / n_tokens as f64;
+        let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
+        let mut g = |_: usize, _: usize, lp: f64, _: f64| {
+            loss -= lp * inv;
+            (-inv, 0.0)
+        };
+        let (_, grads) = run_pass(&model, &seqs, 1.0, self.cfg.train.micro_batch, Some(&mut g));
+        drop(model);
+        let oc = OptimConfig {
+            lr: self.cfg.sft.lr,
+            warmup_steps: self.cfg.sft.warmup_steps,
+            schedule: Schedule::Constant,
+            ..self.cfg.train.optim()
+        };
+        let lr = oc.lr_at(step, self.sft_total());
+        let grads = grads.expect("gradients");
+        let grad_norm = self.opt.step(&mut self.weights, &grads, &oc, lr);
+        self.progress.sft_steps_done += 1;
+        if self.progress.sft_steps_done == self.sft_total() {
+            // RL starts with fresh optimizer moments, and the reference policy is
+            // the warmed-up model.
+            self.opt = crate::rl::optim::AdamW::new(&self.model_cfg);
+            if self.reference.is_some() {
+                self.reference = Some(self.weights.clone());
+            }
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        Ok(StepMetrics {
+            phase: "sft".into(),
+            step,
+            flow: self.flow.name().into(),
+            loss,
+            grad_norm,
+            lr,
+            train_s: dt,
+            step_s: dt,
+            train_tokens_per_s: total_tokens as f64 / dt.max(1e-9),
+            ..Default::default()
+        })
+    }
+}

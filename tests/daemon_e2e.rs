@@ -1,0 +1,491 @@
+//! End to end against real `jetd serve` processes: submit, subscribe, pause,
+//! checkpoint, kill -9 at several points, restart, rollback, automatic
+//! rollback after an injected NaN, bad input; with assertions on the store.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const BASE: &str = include_str!("../configs/tiny-arith.toml");
+
+/// The tiny config, shortened for tests.
+fn config(rl_steps: u64, extra: &str) -> String {
+    let c = BASE
+        .replace("steps = 60 ", &format!("steps = {rl_steps} "))
+        .replace("eval_size = 200", "eval_size = 16")
+        .replace("prompts_per_step = 16", "prompts_per_step = 6")
+        .replace("group_size = 8", "group_size = 4")
+        .replace("steps = 150", "steps = 12")
+        .replace(
+            "tokenizer = \"tiny-arith.tokenizer.json\"",
+            &format!(
+                "tokenizer = {:?}",
+                repo().join("configs/tiny-arith.tokenizer.json")
+            ),
+        );
+    format!("{c}\n[checkpoint]\nevery = 2\nkeep_last = 50\n{extra}")
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: &Path) -> Daemon {
+        let child = Command::new(env!("CARGO_BIN_EXE_jetd"))
+            .args(["serve", "--data-dir"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let d = Daemon {
+            child,
+            dir: dir.to_path_buf(),
+        };
+        let t0 = Instant::now();
+        while UnixStream::connect(d.socket()).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(30), "jetd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
+    }
+    fn socket(&self) -> PathBuf {
+        self.dir.join("jetd.sock")
+    }
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+    fn sigterm(mut self) -> std::process::ExitStatus {
+        // SAFETY: sending a signal to our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Client {
+    rd: BufReader<UnixStream>,
+    wr: UnixStream,
+    id: u64,
+    pushes: Vec<Value>,
+}
+
+impl Client {
+    fn connect(d: &Daemon) -> Client {
+        let s = UnixStream::connect(d.socket()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut c = Client {
+            rd: BufReader::new(s.try_clone().unwrap()),
+            wr: s,
+            id: 0,
+            pushes: vec![],
+        };
+        let hello = c.line();
+        assert_eq!(hello["hello"]["protocol"], 1, "{hello}");
+        c
+    }
+    fn line(&mut self) -> Value {
+        let mut l = String::new();
+        self.rd.read_line(&mut l).unwrap();
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}"))
+    }
+    fn raw(&mut self, text: &str) -> Value {
+        self.wr.write_all(text.as_bytes()).unwrap();
+        self.wr.write_all(b"\n").unwrap();
+        loop {
+            let v = self.line();
+            if v.get("push").is_some() {
+                self.pushes.push(v);
+                continue;
+            }
+            return v;
+        }
+    }
+    fn req(&mut self, mut r: Value) -> Value {
+        self.id += 1;
+        r["id"] = self.id.into();
+        let v = self.raw(&r.to_string());
+        assert_eq!(v["id"], self.id, "reply echoes the id");
+        v
+    }
+    fn ok(&mut self, r: Value) -> Value {
+        let v = self.req(r.clone());
+        assert_eq!(v["ok"], true, "{r} -> {v}");
+        v["result"].clone()
+    }
+    fn status(&mut self, run: &str) -> Value {
+        self.ok(json!({"op": "status", "run": run}))
+    }
+    fn wait_for(&mut self, run: &str, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+        let t0 = Instant::now();
+        loop {
+            let s = self.status(run);
+            if f(&s) {
+                return s;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(300),
+                "timed out waiting for {what}: {s}"
+            );
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+}
+
+fn live_rl(metrics: &Value) -> Vec<Value> {
+    metrics
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["phase"] == "rl" && m["abandoned"] == false)
+        .map(strip)
+        .collect()
+}
+
+/// Drop wall-clock fields and store bookkeeping.
+fn strip(m: &Value) -> Value {
+    let mut m = m.clone();
+    for f in [
+        "rollout_s",
+        "train_s",
+        "step_s",
+        "rollout_tokens_per_s",
+        "train_tokens_per_s",
+        "branch",
+        "abandoned",
+    ] {
+        m.as_object_mut().unwrap().remove(f);
+    }
+    m
+}
+
+/// The same config run by `jetd run` in the foreground: the reference metrics.
+fn reference_metrics(cfg: &str, dir: &Path) -> Vec<Value> {
+    let p = dir.join("ref.toml");
+    std::fs::write(&p, cfg).unwrap();
+    let m = dir.join("ref.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_jetd"))
+        .arg("run")
+        .arg(&p)
+        .arg("--metrics-out")
+        .arg(&m)
+        .arg("--data-dir")
+        .arg(dir.join("refdata"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(&m)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|m| m["phase"] == "rl")
+        .map(|m| strip(&m))
+        .collect()
+}
+
+fn assert_catalog_whole(c: &mut Client, run: &str) {
+    let cks = c.ok(json!({"op": "checkpoints", "run": run}));
+    for ck in cks.as_array().unwrap() {
+        let dir = Path::new(ck["path"].as_str().unwrap());
+        for f in [
+            "config.json",
+            "model.safetensors",
+            "optimizer.safetensors",
+            "state.json",
+        ] {
+            assert!(
+                dir.join(f).is_file(),
+                "catalogued checkpoint {} lacks {f}",
+                dir.display()
+            );
+        }
+        assert_eq!(ck["health"], "ok");
+    }
+}
+
+#[test]
+fn crash_restart_rollback_and_bad_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let cfg = config(10, "");
+    let reference = reference_metrics(&cfg, tmp.path());
+    assert_eq!(reference.len(), 10);
+
+    // Submit, subscribe, pause, resume, checkpoint on demand.
+    let d = Daemon::start(&data);
+    let mut c = Client::connect(&d);
+    let run = c.ok(json!({"op": "submit", "config": cfg, "name": "e2e"}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let snap = c.ok(json!({"op": "subscribe", "run": run}));
+    assert!(snap["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["id"] == run.as_str()));
+    assert!(snap["gpus"].is_null() || snap["gpus"].is_array());
+    c.wait_for(&run, "RL step 2", |s| s["step"].as_u64().unwrap() >= 2);
+    c.ok(json!({"op": "pause", "run": run}));
+    c.wait_for(&run, "paused", |s| s["state"] == "paused");
+    let paused_at = c.status(&run)["step"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        c.status(&run)["step"].as_u64().unwrap(),
+        paused_at,
+        "a paused run does not compute"
+    );
+    assert!(
+        c.pushes.iter().any(|p| p["push"] == "metrics"),
+        "live metrics were pushed"
+    );
+    c.ok(json!({"op": "resume", "run": run}));
+    c.wait_for(&run, "running", |s| s["state"] == "running");
+    let ck = c.req(json!({"op": "checkpoint", "run": run}));
+    assert!(
+        ck["ok"] == true || ck["error"]["code"] == "bad_state",
+        "{ck}"
+    );
+    assert_catalog_whole(&mut c, &run);
+
+    // kill -9 at several points, restart each time.
+    let mut d = d;
+    for k in 0..3 {
+        c.wait_for(&run, "progress", |s| {
+            s["step"].as_u64().unwrap() >= 3 + 2 * k || s["state"] == "finished"
+        });
+        d.kill9();
+        d = Daemon::start(&data);
+        c = Client::connect(&d);
+        assert_catalog_whole(&mut c, &run);
+        // Metrics up to the last checkpoint are intact.
+        let cks = c.ok(json!({"op": "checkpoints", "run": run}));
+        let last = cks
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["phase"] == "rl")
+            .map(|x| x["step"].as_u64().unwrap())
+            .max()
+            .unwrap_or(0);
+        let m = live_rl(&c.ok(json!({"op": "metrics", "run": run})));
+        assert!(
+            m.len() as u64 >= last.min(10),
+            "metrics up to step {last} survive: {}",
+            m.len()
+        );
+        assert_eq!(
+            &m[..last.min(10) as usize],
+            &reference[..last.min(10) as usize]
+        );
+    }
+    let s = c.wait_for(&run, "finished", |s| s["state"] == "finished");
+    assert_eq!(s["step"], 10);
+    // After the crashes, the run's steps equal those of an uninterrupted run, bit for bit.
+    let live = live_rl(&c.ok(json!({"op": "metrics", "run": run})));
+    assert_eq!(
+        live, reference,
+        "resumed run differs from the uninterrupted one"
+    );
+
+    // Rollback to step 4: metrics after it stay as an abandoned branch; the run goes on.
+    let rb = c.req(json!({"op": "rollback", "run": run, "step": 4}));
+    assert_eq!(rb["ok"], true, "{rb}");
+    c.wait_for(&run, "finished again", |s| {
+        s["state"] == "finished" && s["step"] == 10
+    });
+    let all = c.ok(json!({"op": "metrics", "run": run}));
+    let abandoned = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["abandoned"] == true && m["phase"] == "rl")
+        .count();
+    assert!(
+        abandoned >= 6,
+        "steps 4..9 of the first branch are kept, marked: {abandoned}"
+    );
+    assert_eq!(
+        live_rl(&all),
+        reference,
+        "steps from a rollback replay bit for bit"
+    );
+    let evs = c.ok(json!({"op": "events", "run": run}));
+    assert!(evs
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["kind"] == "rollback"));
+
+    // Bad input: each gets an error reply and the daemon stays up.
+    let bad = [
+        ("{not json", "bad_frame"),
+        (r#"{"id": 5, "op": "explode"}"#, "unknown_op"),
+        (r#"{"op": "runs"}"#, "bad_request"),
+        (r#"{"id": 6, "op": "rollback", "run": "x"}"#, "bad_request"),
+        (r#"{"id": 7, "op": "status", "run": "nope"}"#, "unknown_run"),
+        (
+            r#"{"id": 8, "op": "submit", "config": "[run]\nsteps = \"many\""}"#,
+            "bad_config",
+        ),
+    ];
+    for (frame, code) in bad {
+        let r = c.raw(frame);
+        assert_eq!(r["ok"], false, "{frame}");
+        assert_eq!(r["error"]["code"], code, "{frame} -> {r}");
+    }
+    let r = c.req(json!({"op": "rollback", "run": run, "step": 3}));
+    assert_eq!(r["error"]["code"], "no_checkpoint", "{r}");
+    let r = c.raw(&format!(
+        r#"{{"id": 9, "op": "runs", "pad": "{}"}}"#,
+        "x".repeat(jet_proto::MAX_FRAME + 10)
+    ));
+    assert_eq!(r["error"]["code"], "too_large");
+    // Random frames.
+    let mut s = 12345u64;
+    for _ in 0..300 {
+        let len = (s % 80) as usize;
+        let frame: String = (0..len)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                b"{}[]\":,0123456789abcdefopidrunsteptruefalsenull \\"[(s >> 33) as usize % 44]
+                    as char
+            })
+            .collect();
+        let frame = frame.replace('\n', " ");
+        if frame.trim().is_empty() {
+            continue;
+        }
+        let r = c.raw(&frame);
+        assert!(r.get("ok").is_some(), "{frame:?} -> {r}");
+    }
+    assert!(
+        c.ok(json!({"op": "runs"})).as_array().unwrap().len() == 1,
+        "daemon still up after garbage"
+    );
+
+    // A corrupt checkpoint is refused and marked bad.
+    let cks = c.ok(json!({"op": "checkpoints", "run": run}));
+    let ck6 = cks
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|x| x["step"] == 6 && x["phase"] == "rl")
+        .unwrap()
+        .clone();
+    let f = Path::new(ck6["path"].as_str().unwrap()).join("model.safetensors");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let n = bytes.len();
+    bytes[n - 3] ^= 0xff;
+    std::fs::write(&f, bytes).unwrap();
+    let r = c.req(json!({"op": "rollback", "run": run, "step": 6}));
+    assert_eq!(r["error"]["code"], "bad_checkpoint", "{r}");
+    assert!(r["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("model.safetensors"));
+    let cks = c.ok(json!({"op": "checkpoints", "run": run}));
+    assert!(cks.as_array().unwrap().iter().any(|x| x["health"] == "bad"));
+
+    // SIGTERM: finish the step, checkpoint, exit 0.
+    let run2 = c.ok(json!({"op": "submit", "config": config(40, ""), "name": "term"}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.wait_for(&run2, "RL step 1", |s| s["step"].as_u64().unwrap() >= 1);
+    drop(c);
+    let status = d.sigterm();
+    assert!(status.success(), "jetd exits 0 on SIGTERM: {status:?}");
+    let d = Daemon::start(&data);
+    let mut c = Client::connect(&d);
+    let s = c.status(&run2);
+    let cks = c.ok(json!({"op": "checkpoints", "run": run2}));
+    let last = cks.as_array().unwrap().last().unwrap().clone();
+    assert!(last["step"].as_u64().unwrap() >= 1);
+    assert!(s["state"] == "running" || s["state"] == "queued", "{s}");
+    c.ok(json!({"op": "stop", "run": run2}));
+    c.wait_for(&run2, "stopped", |s| s["state"] == "stopped");
+}
+
+#[test]
+fn injected_nan_rolls_back_automatically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&tmp.path().join("data"));
+    let mut c = Client::connect(&d);
+    let cfg = config(8, "[debug]\ninject_nan_at_step = 5\n");
+    let run = c.ok(json!({"op": "submit", "config": cfg}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let s = c.wait_for(&run, "finished", |s| {
+        s["state"] == "finished" || s["state"] == "paused" || s["state"] == "failed"
+    });
+    assert_eq!(s["state"], "finished", "{s}");
+    let evs = c.ok(json!({"op": "events", "run": run}));
+    let kinds: Vec<&str> = evs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"alarm.nan"), "{kinds:?}");
+    assert!(kinds.contains(&"rollback"), "{kinds:?}");
+    let live = live_rl(&c.ok(json!({"op": "metrics", "run": run})));
+    assert_eq!(live.len(), 8);
+    assert!(
+        live.iter()
+            .all(|m| m["loss"].as_f64().is_some_and(f64::is_finite)),
+        "the live branch is healthy"
+    );
+    let all = c.ok(json!({"op": "metrics", "run": run}));
+    assert!(
+        all.as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["abandoned"] == true),
+        "the NaN step is kept, abandoned"
+    );
+}
+
+#[test]
+fn refuses_a_world_writable_data_dir() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_jetd"))
+        .args(["serve", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("world-writable"));
+}

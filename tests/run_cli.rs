@@ -1,0 +1,165 @@
+//! End to end: the `jetd` binary's `run` command, its outputs and its errors.
+
+use std::path::Path;
+use std::process::Command;
+
+fn jetd() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_jetd"))
+}
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+#[test]
+fn run_writes_metrics_and_a_loadable_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("m.jsonl");
+    let out = jetd()
+        .args([
+            "run",
+            "configs/tiny-arith.toml",
+            "--steps",
+            "2",
+            "--seed",
+            "4",
+            "--metrics-out",
+        ])
+        .arg(&metrics)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "jetd run failed: {err}");
+    assert!(
+        err.contains("rl     2/2"),
+        "one progress line per step: {err}"
+    );
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let rl: Vec<_> = lines.iter().filter(|v| v["phase"] == "rl").collect();
+    assert_eq!(rl.len(), 2);
+    assert!(lines.iter().filter(|v| v["phase"] == "sft").count() > 0);
+    assert!(
+        rl.iter().all(|v| v["mismatch_kl"] == 0.0),
+        "fp8 flow on the CPU: zero mismatch"
+    );
+    let saved = dir.path().join("tiny-arith-fp8-seed4/final");
+    let (cfg, _) = jet_backend::model::load_model(&saved).expect("the saved model loads");
+    assert_eq!(cfg.vocab_size, 17);
+    assert!(saved.join("tokenizer.json").exists());
+}
+
+fn run_config(text: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.toml");
+    std::fs::write(&p, text).unwrap();
+    let out = jetd()
+        .arg("run")
+        .arg(&p)
+        .args(["--steps", "1"])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const BASE: &str = include_str!("../configs/tiny-arith.toml");
+
+#[test]
+fn bad_configs_name_the_field() {
+    let cases = [
+        (
+            BASE.replace("lr = 2e-3", "lr = 2e-3\nlrr = 1"),
+            "train",
+            "lrr",
+        ),
+        (
+            BASE.replace("group_size = 8", "group_size = 1"),
+            "rollout.group_size",
+            "at least 2",
+        ),
+        (
+            BASE.replace("prompts_per_step = 16", "prompts_per_step = 0"),
+            "rollout.prompts_per_step",
+            "at least 1",
+        ),
+        (
+            BASE.replace("clip_low = 0.2", "clip_low = \"big\""),
+            "train.clip_low",
+            "invalid type",
+        ),
+        (
+            BASE.replace("flow = \"fp8\"", "flow = \"fp4\""),
+            "run.flow",
+            "fp4",
+        ),
+        (
+            BASE.replace("arch = \"qwen3\"", "arch = \"gpt2\""),
+            "model.random.arch",
+            "gpt2",
+        ),
+        (
+            BASE.replace("digits = 2", "digits = 2\ncolour = 3"),
+            "task",
+            "colour",
+        ),
+        (BASE.replace("[train]", "[trian]"), "trian", "unknown field"),
+    ];
+    for (text, field, word) in cases {
+        let (ok, err) = run_config(&text);
+        assert!(!ok, "config with a bad {field} was accepted");
+        assert!(
+            err.contains(field) && err.contains(word),
+            "error for {field} should name it and say '{word}': {err}"
+        );
+        assert!(err.contains("bad.toml"), "error names the file: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn tokenizer_larger_than_the_model_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = repo().join("tests/fixtures/qwen2-tiny");
+    // The fixture's tokenizer has 320 tokens; a model claiming 100 cannot embed them.
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for f in std::fs::read_dir(&fixture).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, model.join(f.file_name().unwrap())).unwrap();
+    }
+    let tok = dir.path().join("tok.json");
+    let mut t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("tokenizer.json")).unwrap())
+            .unwrap();
+    let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+    for i in 0..100 {
+        let n = vocab.len();
+        vocab.insert(format!("extra{i}"), n.into());
+    }
+    std::fs::write(&tok, t.to_string()).unwrap();
+    let text = BASE
+        .replace(
+            "tokenizer = \"tiny-arith.tokenizer.json\"   # character-level, 17 tokens",
+            &format!("path = {:?}\ntokenizer = {:?}", model, tok),
+        )
+        .split("[model.random]")
+        .next()
+        .unwrap()
+        .to_string()
+        + &BASE[BASE.find("[task]").unwrap()..];
+    let (ok, err) = run_config(&text);
+    assert!(!ok);
+    assert!(
+        err.contains("vocabulary mismatch") && err.contains("420") && err.contains("320"),
+        "{err}"
+    );
+}

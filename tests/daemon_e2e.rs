@@ -358,7 +358,7 @@ fn crash_restart_rollback_and_bad_input() {
         assert_eq!(r["ok"], false, "{frame}");
         assert_eq!(r["error"]["code"], code, "{frame} -> {r}");
     }
-    let r = c.req(json!({"op": "rollback", "run": run, "step": 3}));
+    let r = c.req(json!({"op": "rollback", "run": run, "step": 999}));
     assert_eq!(r["error"]["code"], "no_checkpoint", "{r}");
     let r = c.raw(&format!(
         r#"{{"id": 9, "op": "runs", "pad": "{}"}}"#,

@@ -56,6 +56,8 @@ fn run_writes_metrics_and_a_loadable_model() {
 }
 
 fn run_config(text: &str) -> (bool, String) {
+    let tok = repo().join("configs/tiny-arith.tokenizer.json");
+    let text = &text.replace("\"tiny-arith.tokenizer.json\"", &format!("{tok:?}"));
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("bad.toml");
     std::fs::write(&p, text).unwrap();

@@ -512,6 +512,14 @@ impl RunConfig {
                 "more mini-batches than samples per step",
             ));
         }
+        if let Some(r) = &self.model.random {
+            if !["llama", "qwen2", "qwen3"].contains(&r.arch.as_str()) {
+                return Err(self.invalid(
+                    "model.random.arch",
+                    format!("unknown architecture '{}' (llama, qwen2, qwen3)", r.arch),
+                ));
+            }
+        }
         if self.run.device != "cpu" && self.run.device != "cuda" {
             return Err(self.invalid(
                 "run.device",
@@ -523,5 +531,12 @@ impl RunConfig {
 }
 
 fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or("").trim().to_string()
+    // toml's messages span several lines: "TOML parse error at line L, column C",
+    // a source excerpt, then the reason. Keep the reason and the position.
+    let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let reason = lines.last().copied().unwrap_or("");
+    match lines.first().and_then(|l| l.strip_prefix("TOML parse error at ")) {
+        Some(pos) if lines.len() > 1 => format!("{reason} ({pos})"),
+        _ => reason.to_string(),
+    }
 }

@@ -15,11 +15,11 @@ const BASE: &str = include_str!("../configs/tiny-arith.toml");
 /// The tiny config, shortened for tests.
 fn config(rl_steps: u64, extra: &str) -> String {
     let c = BASE
-        .replace("steps = 60 ", &format!("steps = {rl_steps} "))
+        .replace("steps = 100 ", &format!("steps = {rl_steps} "))
         .replace("eval_size = 200", "eval_size = 16")
         .replace("prompts_per_step = 16", "prompts_per_step = 6")
         .replace("group_size = 8", "group_size = 4")
-        .replace("steps = 150", "steps = 12")
+        .replace("steps = 500", "steps = 12")
         .replace(
             "tokenizer = \"tiny-arith.tokenizer.json\"",
             &format!(

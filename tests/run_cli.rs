@@ -79,7 +79,7 @@ const BASE: &str = include_str!("../configs/tiny-arith.toml");
 fn bad_configs_name_the_field() {
     let cases = [
         (
-            BASE.replace("lr = 2e-3", "lr = 2e-3\nlrr = 1"),
+            BASE.replace("lr = 1e-4", "lr = 1e-4\nlrr = 1"),
             "train",
             "lrr",
         ),

@@ -535,7 +535,10 @@ fn first_line(s: &str) -> String {
     // a source excerpt, then the reason. Keep the reason and the position.
     let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     let reason = lines.last().copied().unwrap_or("");
-    match lines.first().and_then(|l| l.strip_prefix("TOML parse error at ")) {
+    match lines
+        .first()
+        .and_then(|l| l.strip_prefix("TOML parse error at "))
+    {
         Some(pos) if lines.len() > 1 => format!("{reason} ({pos})"),
         _ => reason.to_string(),
     }

@@ -1,0 +1,195 @@
+//! End to end: a real `jetd serve`, the tiny config submitted, and `jetctl`'s
+//! console driven in tmux (send-keys, capture-pane): the dashboard shows, space
+//! pauses the run, b rolls it back after a confirmation, q quits.
+//! Skips with a message when tmux or the jetctl binary is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BASE: &str = include_str!("../configs/tiny-arith.toml");
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// jetctl is built next to jetd by `cargo test --workspace`.
+fn jetctl() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_jetd")).with_file_name("jetctl")
+}
+
+struct Guard(Child, String);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.1])
+            .status();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux").args(args).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_screen(session: &str, what: &str, f: impl Fn(&str) -> bool) -> String {
+    let t0 = Instant::now();
+    loop {
+        let s = tmux(&["capture-pane", "-p", "-t", session]);
+        if f(&s) {
+            return s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "timed out waiting for {what}; screen:\n{s}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn status(data: &Path) -> serde_json::Value {
+    let out = Command::new(jetctl())
+        .arg("--data-dir")
+        .arg(data)
+        .args(["status", "r0001", "--json"])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+#[test]
+fn console_pauses_and_rolls_back_a_real_run() {
+    if Command::new("tmux").arg("-V").output().is_err() || !jetctl().exists() {
+        eprintln!("skipping: needs tmux and the jetctl binary (cargo test --workspace builds it)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let daemon = Command::new(env!("CARGO_BIN_EXE_jetd"))
+        .args(["serve", "--data-dir"])
+        .arg(&data)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let session = format!("jet-e2e-{}", std::process::id());
+    let _g = Guard(daemon, session.clone());
+    let t0 = Instant::now();
+    while !data.join("jetd.sock").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "jetd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cfg = BASE
+        .replace("steps = 100 ", "steps = 400 ")
+        .replace("steps = 500", "steps = 10")
+        .replace("eval_size = 200", "eval_size = 16")
+        .replace(
+            "\"tiny-arith.tokenizer.json\"",
+            &format!("{:?}", repo().join("configs/tiny-arith.tokenizer.json")),
+        )
+        + "\n[checkpoint]\nevery = 2\n";
+    let cfg_path = tmp.path().join("tiny.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let out = Command::new(jetctl())
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("submit")
+        .arg(&cfg_path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let cmd = format!(
+        "TERM=xterm-256color {} --data-dir {}",
+        jetctl().display(),
+        data.display()
+    );
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "160",
+        "-y",
+        "48",
+        &cmd,
+    ]);
+    wait_screen(&session, "the runs view", |s| s.contains("r0001"));
+    // Open the run once it has RL steps and a checkpoint beyond step 0.
+    let t0 = Instant::now();
+    while status(&data)["step"].as_u64().unwrap_or(0) < 5 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "run made no progress"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    tmux(&["send-keys", "-t", &session, "Enter"]);
+    let dash = wait_screen(&session, "the dashboard", |s| {
+        s.contains("mismatch") && s.contains("reward")
+    });
+    std::fs::write(repo().join("target").join("dashboard-capture.txt"), &dash).ok();
+
+    // space: pause at the next step boundary.
+    tmux(&["send-keys", "-t", &session, "Space"]);
+    let t0 = Instant::now();
+    while status(&data)["state"] != "paused" {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "space did not pause: {}",
+            status(&data)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // b: to the checkpoints view; b again: the dialog; y: confirm.
+    tmux(&["send-keys", "-t", &session, "b"]);
+    wait_screen(&session, "the checkpoints view", |s| {
+        s.contains("pick a checkpoint") || s.contains("health")
+    });
+    tmux(&["send-keys", "-t", &session, "b"]);
+    std::thread::sleep(Duration::from_millis(500));
+    tmux(&["send-keys", "-t", &session, "y"]);
+    let t0 = Instant::now();
+    loop {
+        let ev = Command::new(jetctl())
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["events", "r0001", "--json"])
+            .output()
+            .unwrap();
+        let ev: serde_json::Value = serde_json::from_slice(&ev.stdout).unwrap_or_default();
+        if ev
+            .as_array()
+            .is_some_and(|a| a.iter().any(|e| e["kind"] == "rollback"))
+        {
+            break;
+        }
+        let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "b/y did not roll back; screen:\n{screen}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // q: quit; the session ends.
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let t0 = Instant::now();
+    while Command::new("tmux")
+        .args(["has-session", "-t", &session])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        assert!(t0.elapsed() < Duration::from_secs(20), "q did not quit");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -44,9 +44,13 @@ struct Daemon {
 
 impl Daemon {
     fn start(dir: &Path) -> Daemon {
+        Self::start_with(dir, &[])
+    }
+    fn start_with(dir: &Path, extra: &[&str]) -> Daemon {
         let child = Command::new(env!("CARGO_BIN_EXE_jetd"))
             .args(["serve", "--data-dir"])
             .arg(dir)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -488,4 +492,81 @@ fn refuses_a_world_writable_data_dir() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("world-writable"));
+}
+
+#[test]
+fn tcp_needs_the_token_and_several_subscribers_all_get_pushes() {
+    use std::net::TcpStream;
+    let tmp = tempfile::tempdir().unwrap();
+    let token_file = tmp.path().join("token");
+    std::fs::write(&token_file, "s3cret-token-0123456789\n").unwrap();
+    let port = 40000 + (std::process::id() % 20000) as u16;
+    let addr = format!("127.0.0.1:{port}");
+    let d = Daemon::start_with(
+        &tmp.path().join("data"),
+        &["--tcp", &addr, "--token-file", token_file.to_str().unwrap()],
+    );
+
+    // TCP: hello says auth is required; nothing works before the right token.
+    let t0 = Instant::now();
+    let tcp = loop {
+        match TcpStream::connect(&addr) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "no TCP listener: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut rd = BufReader::new(tcp.try_clone().unwrap());
+    let mut wr = tcp;
+    let mut first = String::new();
+    rd.read_line(&mut first).unwrap();
+    let hello: Value = serde_json::from_str(&first).unwrap();
+    let mut ask = |line: &str| -> Value {
+        wr.write_all(format!("{line}\n").as_bytes()).unwrap();
+        let mut l = String::new();
+        rd.read_line(&mut l).unwrap();
+        serde_json::from_str(&l).unwrap()
+    };
+    assert_eq!(hello["hello"]["auth_required"], true, "{hello}");
+    assert_eq!(
+        ask(r#"{"id":1,"op":"runs"}"#)["error"]["code"],
+        "unauthorized"
+    );
+    assert_eq!(
+        ask(r#"{"id":2,"op":"auth","token":"wrong"}"#)["error"]["code"],
+        "unauthorized"
+    );
+    assert_eq!(
+        ask(r#"{"id":3,"op":"auth","token":"s3cret-token-0123456789"}"#)["ok"],
+        true
+    );
+    assert_eq!(ask(r#"{"id":4,"op":"runs"}"#)["ok"], true);
+
+    // Three Unix clients subscribe at once; all of them see the run's metrics.
+    let mut subs: Vec<Client> = (0..3).map(|_| Client::connect(&d)).collect();
+    let mut c = Client::connect(&d);
+    let run = c.ok(json!({"op": "submit", "config": config(4, "")}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for s in &mut subs {
+        s.ok(json!({"op": "subscribe", "run": run}));
+    }
+    c.wait_for(&run, "finished", |s| s["state"] == "finished");
+    for (i, s) in subs.iter_mut().enumerate() {
+        let mut rl = 0;
+        while rl < 4 {
+            let v = s.line();
+            if v["push"] == "metrics" && v["metrics"]["phase"] == "rl" {
+                rl += 1;
+            }
+        }
+        assert_eq!(rl, 4, "subscriber {i}");
+    }
 }

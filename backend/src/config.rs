@@ -136,6 +136,16 @@ pub struct RandomModel {
     pub rope_theta: f64,
 }
 
+impl RandomModel {
+    /// The architecture named by `arch` (an HF `model_type`), if supported.
+    pub fn arch(&self) -> Option<crate::model::Arch> {
+        use crate::model::Arch;
+        [Arch::Llama, Arch::Qwen2, Arch::Qwen3]
+            .into_iter()
+            .find(|a| a.model_type() == self.arch)
+    }
+}
+
 fn default_true() -> bool {
     true
 }
@@ -513,7 +523,7 @@ impl RunConfig {
             ));
         }
         if let Some(r) = &self.model.random {
-            if !["llama", "qwen2", "qwen3"].contains(&r.arch.as_str()) {
+            if r.arch().is_none() {
                 return Err(self.invalid(
                     "model.random.arch",
                     format!("unknown architecture '{}' (llama, qwen2, qwen3)", r.arch),

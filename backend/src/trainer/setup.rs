@@ -28,15 +28,6 @@ pub enum SetupError {
     },
 }
 
-fn parse_arch(s: &str) -> Option<Arch> {
-    match s {
-        "llama" => Some(Arch::Llama),
-        "qwen2" => Some(Arch::Qwen2),
-        "qwen3" => Some(Arch::Qwen3),
-        _ => None,
-    }
-}
-
 impl Trainer {
     /// Load or initialise the model, the tokenizer and the task of `cfg`.
     /// `flow` overrides the config's flow when given.
@@ -69,7 +60,7 @@ impl Trainer {
         let (model_cfg, weights) = match (&cfg.model.path, &cfg.model.random) {
             (Some(p), _) => load_model(&cfg.resolve(p))?,
             (None, Some(r)) => {
-                let arch = parse_arch(&r.arch).ok_or_else(|| {
+                let arch = r.arch().ok_or_else(|| {
                     bad(
                         "model.random.arch",
                         format!("unknown architecture '{}' (llama, qwen2, qwen3)", r.arch),

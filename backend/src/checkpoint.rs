@@ -92,7 +92,11 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 
 /// Write the trainer's checkpoint to `dir` (which must not exist yet) and
 /// return the hashes of its files.
-pub fn save(dir: &Path, t: &Trainer) -> Result<Vec<FileHash>, CheckpointError> {
+pub fn save(dir: &Path, t: &mut Trainer) -> Result<Vec<FileHash>, CheckpointError> {
+    t.sync_host().map_err(|e| CheckpointError::Invalid {
+        dir: dir.into(),
+        message: format!("copying the weights from the device: {e}"),
+    })?;
     let parent = dir.parent().ok_or_else(|| CheckpointError::Invalid {
         dir: dir.into(),
         message: "no parent".into(),
@@ -243,5 +247,7 @@ pub fn restore(dir: &Path, files: &[FileHash], t: &mut Trainer) -> Result<(), Ch
     t.opt = opt;
     t.progress = state.progress;
     t.last_heldout = state.last_heldout;
+    t.host_changed()
+        .map_err(|e| bad(format!("copying the weights to the device: {e}")))?;
     Ok(())
 }

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use jet_kernels::cuda::{
-    self, attention as gatt, gemm, gemv, linear as glin, logsoftmax as glsm, ops as gops,
-    quantize as gq, Gpu,
+    self, adamw as gadam, attention as gatt, gemm, gemv, linear as glin, logsoftmax as glsm,
+    ops as gops, quantize as gq, sample as gsam, tensor as gten, Gpu,
 };
 use jet_kernels::fp8::{decode, fp8_gemm, Fp8Matrix, Fp8Operand, Grouping};
 use jet_kernels::ops::{attention, embedding, linear, logsoftmax, rmsnorm, rope, swiglu};
@@ -732,6 +732,204 @@ fn logsoftmax_matches_cpu() {
             .filter(|&r| full[r * vocab + tg[r] as usize].to_bits() == lp[r].to_bits())
             .count();
         report_exact("log_softmax_rows[target] == logp", &shape, rows - same);
+    }
+    done();
+}
+
+/// Values whose bits differ; any two NaNs count as equal (the GPU writes its own
+/// canonical NaN, x86 keeps the operand's payload).
+fn bits_differ(a: &[f32], b: &[f32]) -> usize {
+    assert_eq!(a.len(), b.len(), "lengths");
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()))
+        .count()
+}
+
+/// Element-wise ops, gather/scatter: bit-exact with the Rust expressions; the f64
+/// sum of squares within 1e-12 of a compensated f64 sum and the same bits twice.
+#[test]
+fn tensor_ops_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let n = 1_000_003;
+    let sh = format!("[{n}]");
+    let mut x = nasty(1, n, 70);
+    x[17] = f32::NAN;
+    x[18] = f32::INFINITY;
+    x[19] = 1e-40; // subnormal
+    let y = rnd(n, 71, 3.0);
+    let mut d = up(&g, &x);
+    gten::add_into(&g, &mut d, &up(&g, &y), n).unwrap();
+    let want: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+    report_exact("tensor add_into", &sh, bits_differ(&dl(&g, &d, n), &want));
+    for s in [3.0f32, 0.1, 7.3e-5] {
+        let mut d = up(&g, &x);
+        gten::div_scalar(&g, &mut d, n, s).unwrap();
+        let want: Vec<f32> = x.iter().map(|a| a / s).collect();
+        report_exact(
+            &format!("tensor div_scalar {s}"),
+            &sh,
+            bits_differ(&dl(&g, &d, n), &want),
+        );
+        let mut d = up(&g, &x);
+        gten::mul_scalar(&g, &mut d, n, s).unwrap();
+        let want: Vec<f32> = x.iter().map(|a| a * s).collect();
+        report_exact(
+            &format!("tensor mul_scalar {s}"),
+            &sh,
+            bits_differ(&dl(&g, &d, n), &want),
+        );
+    }
+    let mut d = up(&g, &x);
+    gten::round_bf16(&g, &mut d, n).unwrap();
+    let mut want = x.clone();
+    bf16::round_slice(&mut want);
+    report_exact("tensor round_bf16", &sh, bits_differ(&dl(&g, &d, n), &want));
+    // Only the first n - 3 values: the tail must stay untouched.
+    let mut d = up(&g, &x);
+    gten::fill(&g, &mut d, n - 3, -2.5).unwrap();
+    let mut want = vec![-2.5f32; n - 3];
+    want.extend_from_slice(&x[n - 3..]);
+    report_exact(
+        "tensor fill (n - 3)",
+        &sh,
+        bits_differ(&dl(&g, &d, n), &want),
+    );
+
+    let (rows, cols) = (300, 136);
+    let src = rnd(rows * cols, 72, 1.0);
+    let idx: Vec<usize> = (0..97).map(|j| (j * 131 + 7) % rows).collect();
+    let ds = up(&g, &src);
+    let got = gten::gather_rows(&g, &ds, cols, &idx).unwrap();
+    let want: Vec<f32> = idx
+        .iter()
+        .flat_map(|&r| src[r * cols..(r + 1) * cols].iter().copied())
+        .collect();
+    let shape = format!("97 of [{rows}, {cols}]");
+    report_exact(
+        "tensor gather_rows",
+        &shape,
+        bits_differ(&dl(&g, &got, want.len()), &want),
+    );
+    let mut dst = vec![0.5f32; rows * cols];
+    let mut dd = up(&g, &dst);
+    gten::scatter_rows(&g, &mut dd, cols, &idx, &got).unwrap();
+    for (j, &r) in idx.iter().enumerate() {
+        dst[r * cols..(r + 1) * cols].copy_from_slice(&want[j * cols..(j + 1) * cols]);
+    }
+    report_exact(
+        "tensor scatter_rows",
+        &shape,
+        bits_differ(&dl(&g, &dd, rows * cols), &dst),
+    );
+    assert!(gten::gather_rows(&g, &ds, cols, &[rows]).is_err());
+    assert!(gten::scatter_rows(&g, &mut dd, cols, &[1, 1], &got).is_err());
+
+    for n in [1, 1000, 1_000_003, 5_000_000] {
+        let x = rnd(n, 73 + n as u64, 2.0);
+        // A compensated (Neumaier) f64 sum: the sequential f64 sum is itself off by
+        // up to ~1e-11 relative at these lengths (printed below for reference).
+        let (mut want, mut comp, mut seq) = (0f64, 0f64, 0f64);
+        for &v in &x {
+            let t = v as f64 * v as f64;
+            let s = want + t;
+            comp += if want.abs() >= t {
+                (want - s) + t
+            } else {
+                (t - s) + want
+            };
+            want = s;
+            seq += t;
+        }
+        want += comp;
+        let dx = up(&g, &x);
+        let mut acc = g.upload(&[1.0f64, 0.0, 0.0]).unwrap();
+        gten::sum_squares_into(&g, &dx, n, &mut acc, 1).unwrap();
+        gten::sum_squares_into(&g, &dx, n, &mut acc, 2).unwrap();
+        gten::sum_squares_into(&g, &dx, n, &mut acc, 2).unwrap();
+        let a = g.download(&acc).unwrap();
+        let sh = format!("[{n}]");
+        report(
+            "tensor sum_squares vs Kahan f64",
+            &sh,
+            (a[1] - want).abs() / want,
+            1e-12,
+        );
+        println!(
+            "         (sequential f64 sum vs compensated: {:.2e})",
+            (seq - want).abs() / want
+        );
+        report_exact(
+            "tensor sum_squares_into twice",
+            &sh,
+            (a[0] != 1.0) as usize + (a[2].to_bits() != (a[1] + a[1]).to_bits()) as usize,
+        );
+    }
+    done();
+}
+
+/// AdamW on the device against `adamw_reference`, every bit of p, m and v.
+#[test]
+fn adamw_is_bit_exact() {
+    let Some(g) = gpu() else { return };
+    let n = 1_000_003;
+    let (b1, b2) = (0.9f32, 0.95f32);
+    for (t, decay, grad_scale) in [(1, true, 0.37f32), (10, false, 0.37), (10, true, 1.0)] {
+        let s = gadam::AdamStep {
+            lr: 3e-4,
+            beta1: b1,
+            beta2: b2,
+            eps: 1e-8,
+            bc1: 1.0 - (b1 as f64).powi(t),
+            bc2: 1.0 - (b2 as f64).powi(t),
+            wd_factor: 1.0 - 3e-4 * 0.1,
+            decay,
+            grad_scale,
+        };
+        let mut p = nasty(1, n, 80 + t as u64);
+        let gr = nasty(1, n, 81);
+        let mut m = rnd(n, 82, 1e-2);
+        let mut v: Vec<f32> = rnd(n, 83, 1e-2).iter().map(|x| x * x).collect();
+        if t == 1 {
+            m.iter_mut().for_each(|x| *x = 0.0);
+            v.iter_mut().for_each(|x| *x = 0.0);
+        }
+        let (mut dp, dg, mut dm, mut dv) = (up(&g, &p), up(&g, &gr), up(&g, &m), up(&g, &v));
+        gadam::adamw_step(&g, &mut dp, &dg, &mut dm, &mut dv, n, &s).unwrap();
+        gadam::adamw_reference(&mut p, &gr, &mut m, &mut v, &s);
+        let sh = format!("[{n}] t={t} decay={decay} gs={grad_scale}");
+        report_exact("adamw p", &sh, bits_differ(&dl(&g, &dp, n), &p));
+        report_exact("adamw m", &sh, bits_differ(&dl(&g, &dm, n), &m));
+        report_exact("adamw v", &sh, bits_differ(&dl(&g, &dv, n), &v));
+    }
+    done();
+}
+
+/// Sampling on the device picks the reference's tokens and returns the stored logp.
+#[test]
+fn sample_rows_matches_reference() {
+    let Some(g) = gpu() else { return };
+    for (rows, vocab) in [(37, 151_936), (300, 17)] {
+        let z = rnd(rows * vocab, 90 + vocab as u64, 6.0);
+        let dz = up(&g, &z);
+        let dlp = glsm::log_softmax_rows(&g, &dz, rows, vocab).unwrap();
+        let lp = dl(&g, &dlp, rows * vocab);
+        let seeds: Vec<u64> = (0..rows as u64).map(|r| 0xdead_beef ^ (r << 20)).collect();
+        for greedy in [true, false] {
+            let got = gsam::sample_rows(&g, &dlp, rows, vocab, greedy, &seeds).unwrap();
+            let toks = g.download(&got.tokens).unwrap();
+            let glp = dl(&g, &got.logp, rows);
+            let want = gsam::sample_reference(&lp, vocab, greedy, &seeds);
+            let bad = (0..rows)
+                .filter(|&r| toks[r] as u32 != want[r].0 || glp[r].to_bits() != want[r].1.to_bits())
+                .count();
+            let what = if greedy { "greedy" } else { "gumbel" };
+            report_exact(
+                &format!("sample_rows {what} (token+logp)"),
+                &format!("[{rows}, {vocab}]"),
+                bad,
+            );
+        }
     }
     done();
 }

@@ -27,6 +27,8 @@ pub enum Command {
     Compare(CompareArgs),
     /// The daemon: runs submitted jobs, persists them, serves jetctl.
     Serve(ServeArgs),
+    /// Measure the CUDA path on random weights of a model shape.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -89,6 +91,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Command::Run(a) => run::run(a),
         Command::Compare(a) => compare::compare(a),
+        Command::Bench(a) => crate::bench::bench(a),
         Command::Serve(a) => crate::daemon::serve(crate::daemon::ServeOptions {
             data_dir: a.data_dir,
             socket: a.socket,

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use jet_kernels::Flow;
 
 use super::{Common, RunArgs};
@@ -28,9 +28,6 @@ pub(super) fn load_config(c: &Common) -> anyhow::Result<RunConfig> {
     if let Some(d) = &c.device {
         cfg.run.device = d.clone();
         cfg.validate()?;
-    }
-    if cfg.run.device == "cuda" {
-        bail!("{}: run.device = \"cuda\": the CUDA path is not built yet in this version of jetd; use --device cpu", cfg.source);
     }
     Ok(cfg)
 }
@@ -76,7 +73,7 @@ pub(super) fn run(a: RunArgs) -> anyhow::Result<()> {
         "jetd run: {} ({} flow, seed {}, device {})",
         cfg.source, flow, cfg.run.seed, cfg.run.device
     );
-    let t = drive(cfg, Some(flow), |t, m| {
+    let mut t = drive(cfg, Some(flow), |t, m| {
         let total = if m.phase == "sft" {
             t.sft_total()
         } else {
@@ -100,6 +97,7 @@ pub(super) fn run(a: RunArgs) -> anyhow::Result<()> {
         Ok(())
     })?;
     let dir: PathBuf = a.common.data_dir.join(&name).join("final");
+    t.sync_host()?;
     save_model(&dir, &t.model_cfg, &t.weights)
         .with_context(|| format!("saving the final model to {}", dir.display()))?;
     t.tokenizer

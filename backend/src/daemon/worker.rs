@@ -137,7 +137,7 @@ impl Active<'_> {
             // Left by a crash before the catalog entry: not trusted, replaced.
             std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        let files = checkpoint::save(&dir, &self.t).map_err(|e| e.to_string())?;
+        let files = checkpoint::save(&dir, &mut self.t).map_err(|e| e.to_string())?;
         let bytes = files.iter().map(|f| f.bytes).sum();
         let rec = CheckpointRecord {
             info: CheckpointInfo {

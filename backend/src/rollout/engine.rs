@@ -1,17 +1,20 @@
-//! Batched autoregressive generation with a KV cache.
+//! Batched autoregressive generation with a KV cache, on any device.
 //!
 //! All samples of a step are generated together: the prompts are prefilled,
 //! then every decode step appends one token to each unfinished sequence.
 //! Sequences finish on a stop token (EOS), on a stop string, or at
 //! `max_new_tokens`, and drop out of the batch. Sampling draws from one seeded
 //! RNG in a fixed order, so a step's rollouts are a function of (weights, seed).
+//! The device does prefill, decode and sampling behind [`Decoder`]; this loop
+//! owns the stop conditions (the only thing that needs the tokens on the host).
 
+use jet_kernels::cuda::CudaError;
 use jet_kernels::GemmRole;
-use rand::Rng;
+use rand::RngCore;
 use serde::Serialize;
 
 use super::sampler::{sample, SamplingParams};
-use crate::transformer::{decode_step, prefill, PreparedModel};
+use crate::transformer::{decode_step, prefill, KvCache, PreparedModel};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenConfig {
@@ -40,18 +43,108 @@ pub struct Sample {
     pub finish: Finish,
 }
 
-/// Generate `n` samples for each prompt. `decode` turns response tokens into
-/// text for stop-string checks (only called when there are stop strings).
+/// A device's side of generation.
+pub trait Decoder {
+    /// Prefill the sequences (prompt after prompt); `max_len` is the longest a
+    /// sequence can grow (prompt plus response).
+    fn prefill(&mut self, seqs: &[&[u32]], max_len: usize) -> Result<(), CudaError>;
+    /// Sample the next token of each sequence stepped last (all of them after
+    /// prefill), in order: (token, logprob under log_softmax(logits / T)).
+    fn sample(
+        &mut self,
+        p: &SamplingParams,
+        rng: &mut dyn RngCore,
+    ) -> Result<Vec<(u32, f32)>, CudaError>;
+    /// Sequence `seq` finished: its cache may go.
+    fn release(&mut self, seq: usize);
+    /// Append `tokens[i]` to sequence `seqs[i]`.
+    fn step(&mut self, seqs: &[usize], tokens: &[u32]) -> Result<(), CudaError>;
+}
+
+/// The CPU reference decoder.
+pub struct CpuDecoder<'m, 'w> {
+    model: &'m PreparedModel<'w>,
+    cache: Option<KvCache>,
+    logits: Vec<f32>,
+}
+
+impl<'m, 'w> CpuDecoder<'m, 'w> {
+    pub fn new(model: &'m PreparedModel<'w>) -> Self {
+        CpuDecoder {
+            model,
+            cache: None,
+            logits: Vec::new(),
+        }
+    }
+}
+
+impl Decoder for CpuDecoder<'_, '_> {
+    fn prefill(&mut self, seqs: &[&[u32]], _max_len: usize) -> Result<(), CudaError> {
+        let (cache, logits) = prefill(self.model, seqs, GemmRole::RolloutForward);
+        self.cache = Some(cache);
+        self.logits = logits;
+        Ok(())
+    }
+    fn sample(
+        &mut self,
+        p: &SamplingParams,
+        mut rng: &mut dyn RngCore,
+    ) -> Result<Vec<(u32, f32)>, CudaError> {
+        let vocab = self.model.cfg.vocab_size;
+        Ok(self
+            .logits
+            .chunks(vocab)
+            .map(|row| sample(row, p, &mut rng))
+            .collect())
+    }
+    fn release(&mut self, seq: usize) {
+        if let Some(c) = self.cache.as_mut() {
+            c.release(seq);
+        }
+    }
+    fn step(&mut self, seqs: &[usize], tokens: &[u32]) -> Result<(), CudaError> {
+        let cache = self
+            .cache
+            .as_mut()
+            .ok_or_else(|| CudaError::Invalid("decode step before prefill".into()))?;
+        self.logits = decode_step(self.model, cache, seqs, tokens, GemmRole::RolloutForward);
+        Ok(())
+    }
+}
+
+/// Generate `n` samples for each prompt on the CPU.
 pub fn generate(
     model: &PreparedModel,
     prompts: &[Vec<u32>],
     n: usize,
     cfg: &GenConfig,
     decode: &dyn Fn(&[u32]) -> String,
-    rng: &mut impl Rng,
+    rng: &mut dyn RngCore,
 ) -> Vec<Sample> {
-    let vocab = model.cfg.vocab_size;
-    let max_pos = model.cfg.max_position_embeddings;
+    generate_with(
+        &mut CpuDecoder::new(model),
+        model.cfg.max_position_embeddings,
+        prompts,
+        n,
+        cfg,
+        decode,
+        rng,
+    )
+    .expect("the CPU decoder does not fail")
+}
+
+/// Generate `n` samples for each prompt with `dec`. `decode` turns response
+/// tokens into text for stop-string checks (only called when there are stop
+/// strings); `max_pos` is the model's context length.
+pub fn generate_with(
+    dec: &mut dyn Decoder,
+    max_pos: usize,
+    prompts: &[Vec<u32>],
+    n: usize,
+    cfg: &GenConfig,
+    decode: &dyn Fn(&[u32]) -> String,
+    rng: &mut dyn RngCore,
+) -> Result<Vec<Sample>, CudaError> {
     let mut samples: Vec<Sample> = (0..prompts.len() * n)
         .map(|i| Sample {
             prompt_index: i / n,
@@ -61,20 +154,21 @@ pub fn generate(
         })
         .collect();
     if samples.is_empty() || cfg.max_new_tokens == 0 {
-        return samples;
+        return Ok(samples);
     }
     let seqs: Vec<&[u32]> = samples
         .iter()
         .map(|s| prompts[s.prompt_index].as_slice())
         .collect();
-    let (mut cache, mut logits) = prefill(model, &seqs, GemmRole::RolloutForward);
+    let longest = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
+    dec.prefill(&seqs, (longest + cfg.max_new_tokens).min(max_pos))?;
     let mut active: Vec<usize> = (0..samples.len()).collect();
     loop {
-        // Sample one token for each active sequence, in order.
+        // One token for each active sequence, in order.
+        let drawn = dec.sample(&cfg.sampling, rng)?;
         let mut next_active = Vec::with_capacity(active.len());
         let mut next_tokens = Vec::with_capacity(active.len());
-        for (r, &s) in active.iter().enumerate() {
-            let (tok, lp) = sample(&logits[r * vocab..(r + 1) * vocab], &cfg.sampling, rng);
+        for (&s, &(tok, lp)) in active.iter().zip(&drawn) {
             let smp = &mut samples[s];
             smp.tokens.push(tok);
             smp.logprobs.push(lp);
@@ -93,18 +187,12 @@ pub fn generate(
                 next_tokens.push(tok);
                 continue;
             }
-            cache.release(s);
+            dec.release(s);
         }
         if next_active.is_empty() {
-            return samples;
+            return Ok(samples);
         }
-        logits = decode_step(
-            model,
-            &mut cache,
-            &next_active,
-            &next_tokens,
-            GemmRole::RolloutForward,
-        );
+        dec.step(&next_active, &next_tokens)?;
         active = next_active;
     }
 }

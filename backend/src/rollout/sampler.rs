@@ -41,7 +41,19 @@ pub fn temper(logits: &[f32], temperature: f64) -> Vec<f32> {
 
 /// Sample one token from `logits [vocab]`; returns the token and its logprob.
 pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut impl Rng) -> (u32, f32) {
-    let lp = log_softmax_row(&temper(logits, p.temperature));
+    sample_logprobs(&log_softmax_row(&temper(logits, p.temperature)), p, rng)
+}
+
+impl SamplingParams {
+    /// Plain tempered sampling or greedy: no top-k/top-p truncation (what the
+    /// GPU samples on the device).
+    pub fn untruncated(&self) -> bool {
+        self.temperature <= 0.0 || (self.top_k == 0 && self.top_p >= 1.0)
+    }
+}
+
+/// Sample one token from `lp [vocab] = log_softmax(logits / T)`.
+pub fn sample_logprobs(lp: &[f32], p: &SamplingParams, rng: &mut impl Rng) -> (u32, f32) {
     if p.temperature <= 0.0 {
         let mut best = 0;
         for (i, &v) in lp.iter().enumerate() {

@@ -1,5 +1,6 @@
 //! The trainer: a run's state and its SFT warm-up, RL and evaluation steps.
 
+mod device;
 pub mod metrics;
 pub mod pass;
 mod rl_step;
@@ -58,6 +59,8 @@ pub struct Trainer {
     pub stop_tokens: Vec<u32>,
     /// The most recent held-out accuracy.
     pub last_heldout: Option<f64>,
+    /// The run's tensors on the GPU (`run.device = "cuda"`); `None` on the CPU.
+    pub device: Option<crate::gpu::GpuState>,
 }
 
 /// Independent RNG stream for (seed, purpose, step).

@@ -3,16 +3,15 @@
 
 use std::time::Instant;
 
+use super::device::Which;
+use super::pass::{Scored, TrainSeq};
+use super::{stream, SetupError, StepMetrics, Trainer};
 use crate::rl::advantage::group_advantages;
 use crate::rl::loss::{token_loss, LossConfig, TokenInput};
 use crate::rl::mismatch::mismatch;
-use crate::rollout::engine::{generate, GenConfig};
+use crate::rollout::engine::GenConfig;
 use crate::rollout::sampler::SamplingParams;
 use crate::tasks::reward;
-use crate::transformer::PreparedModel;
-
-use super::pass::{run_pass, Scored, TrainSeq};
-use super::{stream, SetupError, StepMetrics, Trainer};
 
 const ROLLOUT_STREAM: u64 = 1;
 
@@ -43,7 +42,6 @@ impl Trainer {
         if n == 0 {
             return Ok(0.0);
         }
-        let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
         let greedy = SamplingParams {
             temperature: 0.0,
             top_p: 1.0,
@@ -51,7 +49,6 @@ impl Trainer {
         };
         let gen = self.gen_config(greedy);
         let mut correct = 0usize;
-        let decode = |t: &[u32]| self.tokenizer.decode(t, true).unwrap_or_default();
         let mut rng = stream(self.cfg.run.seed, 99, 0);
         for start in (0..n).step_by(64) {
             let problems: Vec<_> = (start..(start + 64).min(n))
@@ -61,7 +58,7 @@ impl Trainer {
                 .iter()
                 .map(|p| self.prompt_tokens(p))
                 .collect::<Result<Vec<_>, _>>()?;
-            let samples = generate(&model, &prompts, 1, &gen, &decode, &mut rng);
+            let samples = self.rollout(&prompts, 1, &gen, &mut rng)?;
             for s in &samples {
                 let v = self
                     .task
@@ -84,7 +81,6 @@ impl Trainer {
         let temperature = self.cfg.rollout.temperature;
 
         // 1-2. Quantize once; roll out.
-        let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
         let problems: Vec<_> = (0..np as u64)
             .map(|i| self.task.train_problem(pos * np as u64 + i))
             .collect();
@@ -92,16 +88,13 @@ impl Trainer {
             .iter()
             .map(|p| self.prompt_tokens(p))
             .collect::<Result<Vec<_>, _>>()?;
-        let decode = |t: &[u32]| self.tokenizer.decode(t, true).unwrap_or_default();
         let mut rng = stream(self.cfg.run.seed, ROLLOUT_STREAM, pos);
-        let samples = generate(
-            &model,
+        let samples = self.rollout(
             &prompts,
             g,
             &self.gen_config(self.cfg.rollout.sampling()),
-            &decode,
             &mut rng,
-        );
+        )?;
         let rollout_s = t0.elapsed().as_secs_f64();
         let gen_tokens: usize = samples.iter().map(|s| s.tokens.len()).sum();
 
@@ -131,11 +124,14 @@ impl Trainer {
         let n_resp: usize = seqs.iter().map(|s| s.response_len()).sum();
 
         // Reference logprobs for the KL penalty.
-        let micro = self.cfg.train.micro_batch;
-        let ref_lp = self.reference.as_ref().map(|rw| {
-            let rm = PreparedModel::new(&self.model_cfg, rw, self.flow);
-            run_pass(&rm, &seqs, temperature, micro, None).0.logp
-        });
+        let ref_lp = match self.reference.is_some() {
+            true => Some(
+                self.pass(Which::Reference, &seqs, temperature, None)?
+                    .0
+                    .logp,
+            ),
+            false => None,
+        };
 
         // 4. Train. With one mini-batch, the forward at the rollout weights is
         // also the gradient pass (ratio 1); with more, it is a separate pass and
@@ -145,10 +141,9 @@ impl Trainer {
         let mut total_tokens = 0usize;
         let mut old: Option<Scored> = None;
         if mb > 1 {
-            old = Some(run_pass(&model, &seqs, temperature, micro, None).0);
+            old = Some(self.pass(Which::Policy, &seqs, temperature, None)?.0);
             total_tokens += seqs.iter().map(|s| s.tokens.len()).sum::<usize>();
         }
-        drop(model);
         let (mut loss, mut clipped, mut kl_sum, mut grad_norm, mut lr) =
             (0.0, 0usize, 0.0, 0.0, 0.0);
         let mut first: Option<Scored> = None;
@@ -157,7 +152,6 @@ impl Trainer {
         for (j, part) in seqs.chunks(per).enumerate() {
             let base = j * per;
             let part_tokens: usize = part.iter().map(|s| s.response_len()).sum();
-            let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
             let mut gfn = |i: usize, t: usize, logp: f64, ent: f64| {
                 let si = base + i;
                 let logp_old = old.as_ref().map_or(logp, |o| o.logp[si][t]);
@@ -174,21 +168,22 @@ impl Trainer {
                 kl_sum += l.kl;
                 (l.dlogp, l.dentropy)
             };
-            let (scored, grads) = run_pass(&model, part, temperature, micro, Some(&mut gfn));
-            drop(model);
+            let (scored, grads) = self.pass(Which::Policy, part, temperature, Some(&mut gfn))?;
             total_tokens += part.iter().map(|s| s.tokens.len()).sum::<usize>();
             if j == 0 && mb == 1 {
                 first = Some(scored);
             }
             lr = opt_cfg.lr_at(step * mb as u64 + j as u64, self.rl_total() * mb as u64)
                 * self.progress.lr_scale;
-            let mut grads = grads.expect("gradients");
-            if self.cfg.debug.inject_nan_at_step == Some(step) && self.progress.data_offset == 0 {
-                // Fault injection: this batch "explodes" and poisons the weights.
+            let grads =
+                grads.ok_or_else(|| SetupError::Device("the pass returned no gradients".into()))?;
+            // Fault injection: this batch "explodes" and poisons the weights.
+            let poison =
+                self.cfg.debug.inject_nan_at_step == Some(step) && self.progress.data_offset == 0;
+            if poison {
                 loss = f64::NAN;
-                grads.norm[0] = f32::NAN;
             }
-            grad_norm = self.opt.step(&mut self.weights, &grads, &opt_cfg, lr);
+            grad_norm = self.apply(grads, &opt_cfg, lr, poison)?;
         }
         let at_rollout = old.or(first).expect("a pass at the rollout weights");
         let flat = |v: &[Vec<f64>]| v.iter().flatten().copied().collect::<Vec<f64>>();

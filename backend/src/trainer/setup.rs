@@ -20,6 +20,8 @@ pub enum SetupError {
     Task(#[from] TaskError),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error("CUDA: {0}")]
+    Device(String),
     #[error("{file}: {field}: {message}")]
     Config {
         file: String,
@@ -117,8 +119,23 @@ impl Trainer {
         }
         let task = build_task(&cfg.task, &cfg.base_dir)?;
         let reference = (cfg.train.kl_coef > 0.0).then(|| weights.clone());
+        let opt = AdamW::new(&model_cfg);
+        let device = match cfg.run.device.as_str() {
+            "cuda" => {
+                let gpu = crate::gpu::open_gpu()
+                    .map_err(|e| bad("run.device", format!("\"cuda\" asked for, but {e}")))?;
+                Some(crate::gpu::GpuState::new(
+                    gpu,
+                    &weights,
+                    &opt,
+                    reference.as_ref(),
+                )?)
+            }
+            _ => None,
+        };
         Ok(Trainer {
-            opt: AdamW::new(&model_cfg),
+            opt,
+            device,
             model_cfg,
             tokenizer,
             task,

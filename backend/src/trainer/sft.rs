@@ -3,11 +3,10 @@
 
 use std::time::Instant;
 
-use crate::rl::optim::{OptimConfig, Schedule};
-use crate::transformer::PreparedModel;
-
-use super::pass::{run_pass, TrainSeq};
+use super::device::Which;
+use super::pass::TrainSeq;
 use super::{SetupError, StepMetrics, Trainer};
+use crate::rl::optim::{OptimConfig, Schedule};
 
 /// SFT draws its problems from this far into the training stream, so RL sees
 /// fresh prompts.
@@ -47,13 +46,11 @@ impl Trainer {
         let total_tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         let mut loss = 0.0;
         let inv = 1.0 / n_tokens as f64;
-        let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
         let mut g = |_: usize, _: usize, lp: f64, _: f64| {
             loss -= lp * inv;
             (-inv, 0.0)
         };
-        let (_, grads) = run_pass(&model, &seqs, 1.0, self.cfg.train.micro_batch, Some(&mut g));
-        drop(model);
+        let (_, grads) = self.pass(Which::Policy, &seqs, 1.0, Some(&mut g))?;
         let oc = OptimConfig {
             lr: self.cfg.sft.lr,
             warmup_steps: self.cfg.sft.warmup_steps,
@@ -61,16 +58,19 @@ impl Trainer {
             ..self.cfg.train.optim()
         };
         let lr = oc.lr_at(step, self.sft_total());
-        let grads = grads.expect("gradients");
-        let grad_norm = self.opt.step(&mut self.weights, &grads, &oc, lr);
+        let grads =
+            grads.ok_or_else(|| SetupError::Device("the pass returned no gradients".into()))?;
+        let grad_norm = self.apply(grads, &oc, lr, false)?;
         self.progress.sft_steps_done += 1;
         if self.progress.sft_steps_done == self.sft_total() {
             // RL starts with fresh optimizer moments, and the reference policy is
             // the warmed-up model.
+            self.sync_host()?;
             self.opt = crate::rl::optim::AdamW::new(&self.model_cfg);
             if self.reference.is_some() {
                 self.reference = Some(self.weights.clone());
             }
+            self.host_changed()?;
         }
         let dt = t0.elapsed().as_secs_f64();
         Ok(StepMetrics {

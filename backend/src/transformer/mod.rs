@@ -17,7 +17,7 @@ mod prepared;
 pub use backward::backward;
 pub use forward::{forward, Activations, ForwardOut};
 pub use kv_cache::{decode_step, prefill, KvCache};
-pub use prepared::PreparedModel;
+pub use prepared::{rope_table, PreparedModel};
 
 #[cfg(test)]
 mod tests;

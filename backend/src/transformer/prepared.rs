@@ -29,6 +29,22 @@ pub struct PreparedModel<'w> {
     pub rope: RopeTable,
 }
 
+/// The RoPE table of `cfg` (the GPU path copies this one, so both rotate alike).
+pub fn rope_table(cfg: &ModelConfig) -> RopeTable {
+    let scaling = cfg.rope_scaling.map(|s| Llama3Scaling {
+        factor: s.factor,
+        low_freq_factor: s.low_freq_factor,
+        high_freq_factor: s.high_freq_factor,
+        original_max_position_embeddings: s.original_max_position_embeddings,
+    });
+    RopeTable::new(
+        cfg.head_dim,
+        cfg.max_position_embeddings,
+        cfg.rope_theta,
+        scaling,
+    )
+}
+
 impl<'w> PreparedModel<'w> {
     pub fn new(cfg: &'w ModelConfig, w: &'w ModelWeights, flow: Flow) -> Self {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
@@ -51,24 +67,13 @@ impl<'w> PreparedModel<'w> {
             })
             .collect();
         let head = w.lm_head.as_deref().unwrap_or(&w.embed_tokens);
-        let scaling = cfg.rope_scaling.map(|s| Llama3Scaling {
-            factor: s.factor,
-            low_freq_factor: s.low_freq_factor,
-            high_freq_factor: s.high_freq_factor,
-            original_max_position_embeddings: s.original_max_position_embeddings,
-        });
         PreparedModel {
             cfg,
             w,
             flow,
             layers,
             lm_head: prep(head, cfg.vocab_size, h),
-            rope: RopeTable::new(
-                cfg.head_dim,
-                cfg.max_position_embeddings,
-                cfg.rope_theta,
-                scaling,
-            ),
+            rope: rope_table(cfg),
         }
     }
 

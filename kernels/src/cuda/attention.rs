@@ -248,24 +248,46 @@ pub fn attention_decode(
     lens: &[usize],
     shape: AttnShape,
 ) -> Result<CudaSlice<f32>> {
+    let slots: Vec<usize> = (0..lens.len()).collect();
+    attention_decode_at(gpu, q, k_cache, v_cache, capacity, &slots, lens, shape)
+}
+
+/// [`attention_decode`] where query row b reads cache slot `slots[b]` of
+/// `k_cache, v_cache [S, capacity, nkv*hd]` (a rollout's unfinished sequences are
+/// a subset of the slots).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_at(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    k_cache: &CudaSlice<f32>,
+    v_cache: &CudaSlice<f32>,
+    capacity: usize,
+    slots: &[usize],
+    lens: &[usize],
+    shape: AttnShape,
+) -> Result<CudaSlice<f32>> {
     check_shape(shape)?;
     let b = lens.len();
     let (qw, kvw) = (
         shape.n_heads * shape.head_dim,
         shape.n_kv_heads * shape.head_dim,
     );
+    ensure(slots.len() == b, || {
+        format!("decode: {} slots for {b} rows", slots.len())
+    })?;
+    let n_slots = slots.iter().map(|&s| s + 1).max().unwrap_or(0);
     check_len("decode q", q, b * qw, format!("[{b}, {qw}]"))?;
     check_len(
         "k cache",
         k_cache,
-        b * capacity * kvw,
-        format!("[{b}, {capacity}, {kvw}]"),
+        n_slots * capacity * kvw,
+        format!("[{n_slots}, {capacity}, {kvw}]"),
     )?;
     check_len(
         "v cache",
         v_cache,
-        b * capacity * kvw,
-        format!("[{b}, {capacity}, {kvw}]"),
+        n_slots * capacity * kvw,
+        format!("[{n_slots}, {capacity}, {kvw}]"),
     )?;
     ensure(
         lens.iter()
@@ -277,7 +299,7 @@ pub fn attention_decode(
             )
         },
     )?;
-    let kv0: Vec<i32> = (0..b).map(|i| (i * capacity) as i32).collect();
+    let kv0: Vec<i32> = slots.iter().map(|&s| (s * capacity) as i32).collect();
     let len: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
     let rows = Rows {
         n: b,

@@ -45,7 +45,28 @@ pub(crate) const LOGSOFTMAX: Source = Source {
     name: "logsoftmax",
     code: include_str!("kernels/logsoftmax.cu"),
 };
-const SOURCES: [&Source; 5] = [&QUANTIZE, &GEMV, &OPS, &ATTENTION, &LOGSOFTMAX];
+pub(crate) const TENSOR: Source = Source {
+    name: "tensor",
+    code: include_str!("kernels/tensor.cu"),
+};
+pub(crate) const ADAMW: Source = Source {
+    name: "adamw",
+    code: include_str!("kernels/adamw.cu"),
+};
+pub(crate) const SAMPLE: Source = Source {
+    name: "sample",
+    code: include_str!("kernels/sample.cu"),
+};
+const SOURCES: [&Source; 8] = [
+    &QUANTIZE,
+    &GEMV,
+    &OPS,
+    &ATTENTION,
+    &LOGSOFTMAX,
+    &TENSOR,
+    &ADAMW,
+    &SAMPLE,
+];
 
 /// Somewhere to keep compiled kernel images between runs (the daemon keeps them in
 /// sled). Keys are hex sha256 of source, architecture, NVRTC version and options.
@@ -78,6 +99,7 @@ pub(crate) enum Arg {
     I(i32),
     L(i64),
     F(f32),
+    D(f64),
 }
 
 /// One CUDA device with its stream, compiled modules and cuBLASLt state.
@@ -401,6 +423,7 @@ impl Gpu {
                 Arg::I(i) => b.arg(i),
                 Arg::L(l) => b.arg(l),
                 Arg::F(x) => b.arg(x),
+                Arg::D(x) => b.arg(x),
             };
         }
         let cfg = LaunchConfig {

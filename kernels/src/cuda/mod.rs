@@ -17,7 +17,11 @@
 //! - [`gemv`]: the decode-sized FP8 GEMM that reads the weight bytes directly.
 //! - [`linear`]: the linear layer per [`crate::GemmPrecision`], forward and backward.
 //! - [`ops`], [`attention`], [`logsoftmax`]: the other ops, forward and backward.
+//! - [`tensor`]: element-wise glue, row gather/scatter, deterministic sum of squares.
+//! - [`adamw`]: the AdamW step, bit-exact with [`adamw::adamw_reference`].
+//! - [`sample`]: greedy and Gumbel-max token sampling, as [`sample::sample_reference`].
 
+pub mod adamw;
 pub mod attention;
 mod context;
 pub mod gemm;
@@ -26,6 +30,8 @@ pub mod linear;
 pub mod logsoftmax;
 pub mod ops;
 pub mod quantize;
+pub mod sample;
+pub mod tensor;
 
 pub use context::{compile_all_sources, cuda_available, DirKernelStore, Gpu, KernelStore};
 

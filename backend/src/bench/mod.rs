@@ -1,0 +1,265 @@
+//! `jetd bench`: the CUDA path measured on random weights of a model shape.
+//!
+//! Reports GEMM TFLOP/s (BF16 vs FP8 at M = 8192 on the model's projections),
+//! the quantizers in GB/s against a device copy, rollout tokens/s per flow at
+//! each batch size, training tokens/s per flow, the split of one GRPO-shaped
+//! step into rollout / train / other, and peak device memory. Timings are
+//! device events (kernels) or wall clock around a synchronized phase (phases).
+
+mod kernels;
+mod phases;
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use jet_kernels::cuda::Gpu;
+use jet_kernels::Flow;
+use serde::Serialize;
+
+use crate::model::{Arch, ModelConfig};
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// cuda (the benchmark measures the GPU path).
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// Model shape: qwen3-0.6b, qwen3-1.7b or qwen3-8b.
+    #[arg(long, default_value = "qwen3-0.6b")]
+    pub preset: String,
+    /// Number of layers (default: the preset's).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// all, or one flow: bf16, bf16-fp8rollout, fp8.
+    #[arg(long, default_value = "all")]
+    pub flow: String,
+    /// Rollout batch sizes, comma-separated.
+    #[arg(long, default_value = "64,256", value_delimiter = ',')]
+    pub batch: Vec<usize>,
+    /// Prompt tokens per rollout sequence.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_len: usize,
+    /// Generated tokens per rollout sequence.
+    #[arg(long, default_value_t = 128)]
+    pub gen_len: usize,
+    /// Sequences per training micro-batch.
+    #[arg(long, default_value_t = 8)]
+    pub train_seqs: usize,
+    /// Tokens per training sequence.
+    #[arg(long, default_value_t = 512)]
+    pub train_len: usize,
+    /// Timed training steps per flow (after one warm-up step).
+    #[arg(long, default_value_t = 3)]
+    pub train_steps: usize,
+    /// Skip the kernel section (GEMMs, quantizers).
+    #[arg(long)]
+    pub no_kernels: bool,
+    /// Print one JSON object instead of the tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A Qwen3 shape by name.
+pub fn preset(name: &str) -> anyhow::Result<ModelConfig> {
+    let (h, i, l, nh, tied) = match name {
+        "qwen3-0.6b" => (1024, 3072, 28, 16, true),
+        "qwen3-1.7b" => (2048, 6144, 28, 16, true),
+        "qwen3-8b" => (4096, 12288, 36, 32, false),
+        _ => bail!("--preset {name}: unknown (qwen3-0.6b, qwen3-1.7b, qwen3-8b)"),
+    };
+    Ok(ModelConfig {
+        arch: Arch::Qwen3,
+        vocab_size: 151936,
+        hidden_size: h,
+        intermediate_size: i,
+        num_hidden_layers: l,
+        num_attention_heads: nh,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e6,
+        rope_scaling: None,
+        max_position_embeddings: 40960,
+        tie_word_embeddings: tied,
+        attention_bias: false,
+        qk_norm: true,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+    })
+}
+
+#[derive(Serialize, Default)]
+pub struct Report {
+    pub device: String,
+    pub preset: String,
+    pub layers: usize,
+    pub params: usize,
+    pub gemm: Vec<kernels::GemmRow>,
+    pub quant: Vec<kernels::QuantRow>,
+    pub ops: Vec<kernels::OpRow>,
+    pub rollout: Vec<phases::RolloutRow>,
+    pub train: Vec<phases::TrainRow>,
+    pub step: Vec<phases::StepRow>,
+    /// Most device memory in use (cuMemGetInfo), sampled after each phase.
+    pub peak_mem_gib: f64,
+}
+
+fn flows(arg: &str) -> anyhow::Result<Vec<Flow>> {
+    if arg == "all" {
+        return Ok(vec![Flow::Bf16, Flow::Bf16Fp8Rollout, Flow::Fp8]);
+    }
+    Ok(vec![arg
+        .parse::<Flow>()
+        .map_err(|e| anyhow::anyhow!("--flow {arg}: {e}"))?])
+}
+
+/// Device memory in use now, GiB.
+pub(crate) fn mem_used_gib() -> f64 {
+    cudarc::driver::result::mem_get_info()
+        .map(|(free, total)| (total - free) as f64 / (1u64 << 30) as f64)
+        .unwrap_or(0.0)
+}
+
+pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    if a.device != "cuda" {
+        bail!(
+            "--device {}: jetd bench measures the CUDA path; use --device cuda",
+            a.device
+        );
+    }
+    let mut cfg = preset(&a.preset)?;
+    if let Some(l) = a.layers {
+        if l == 0 {
+            bail!("--layers 0: a model needs at least one layer");
+        }
+        cfg.num_hidden_layers = l;
+    }
+    if a.batch.is_empty() || a.batch.contains(&0) || a.gen_len == 0 || a.prompt_len == 0 {
+        bail!("--batch, --prompt-len and --gen-len must be positive");
+    }
+    if a.train_seqs == 0 || a.train_len < 2 || a.train_steps == 0 {
+        bail!("--train-seqs and --train-steps must be positive and --train-len at least 2");
+    }
+    let flows = flows(&a.flow)?;
+    let gpu: Arc<Gpu> = crate::gpu::open_gpu().context("jetd bench --device cuda")?;
+    gpu.warm_up()?;
+    let mut r = Report {
+        device: gpu.name().to_string(),
+        preset: a.preset.clone(),
+        layers: cfg.num_hidden_layers,
+        params: cfg.param_count(),
+        ..Default::default()
+    };
+    let say = |s: &str| {
+        if !a.json {
+            eprintln!("{s}");
+        }
+    };
+    if !a.no_kernels {
+        say("bench: GEMMs and quantizers ...");
+        r.gemm = kernels::gemms(&gpu, &cfg)?;
+        r.quant = kernels::quantizers(&gpu, &cfg)?;
+        r.ops = kernels::attention(
+            &gpu,
+            &cfg,
+            a.train_seqs,
+            a.train_len,
+            a.batch[0],
+            a.prompt_len + a.gen_len,
+        )?;
+    }
+    say("bench: rollout, training, steps ...");
+    phases::run(&gpu, &cfg, &a, &flows, &mut r, &say)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        print!("{}", render(&r, &a));
+    }
+    Ok(())
+}
+
+fn render(r: &Report, a: &BenchArgs) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "jetd bench: {} on {}, {} layers, {:.2}B params; prompt {} + gen {} tokens; train {}x{} tokens",
+        r.preset, r.device, r.layers, r.params as f64 / 1e9, a.prompt_len, a.gen_len, a.train_seqs, a.train_len
+    );
+    if !r.gemm.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nGEMM (M = 8192)      K      N   BF16 TFLOP/s  FP8 TFLOP/s  FP8/BF16"
+        );
+        for g in &r.gemm {
+            let _ = writeln!(
+                s,
+                "{:<16} {:>6} {:>6} {:>14.0} {:>12.0} {:>8.2}x",
+                g.name, g.k, g.n, g.bf16_tflops, g.fp8_tflops, g.speedup
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nquantizer                  shape          GB/s   % of copy"
+        );
+        for q in &r.quant {
+            let _ = writeln!(
+                s,
+                "{:<26} {:<14} {:>6.0} {:>9.0}%",
+                q.name,
+                q.shape,
+                q.gb_per_s,
+                q.of_copy * 100.0
+            );
+        }
+    }
+    if !r.ops.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nop (one layer)         shape                         us"
+        );
+        for o in &r.ops {
+            let _ = writeln!(s, "{:<22} {:<26} {:>8.0}", o.name, o.shape, o.us);
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nrollout            batch   tokens/s   vs bf16   peak GiB"
+    );
+    for x in &r.rollout {
+        let _ = writeln!(
+            s,
+            "{:<18} {:>5} {:>10.0} {:>8.2}x {:>10.1}",
+            x.flow, x.batch, x.tokens_per_s, x.vs_bf16, x.peak_gib
+        );
+    }
+    let _ = writeln!(s, "\ntrain              tokens/s   vs bf16   step s  prepare  forward  loss+bwd  AdamW   peak GiB");
+    for x in &r.train {
+        let _ = writeln!(
+            s,
+            "{:<18} {:>8.0} {:>8.2}x {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>6.3} {:>10.1}",
+            x.flow,
+            x.tokens_per_s,
+            x.vs_bf16,
+            x.step_s,
+            x.prepare_s,
+            x.forward_s,
+            x.step_s - x.prepare_s - x.forward_s - x.optimizer_s,
+            x.optimizer_s,
+            x.peak_gib
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nGRPO-shaped step   total s  rollout s  train s  other s  vs bf16"
+    );
+    for x in &r.step {
+        let _ = writeln!(
+            s,
+            "{:<18} {:>7.3} {:>10.3} {:>8.3} {:>8.3} {:>7.2}x",
+            x.flow, x.total_s, x.rollout_s, x.train_s, x.other_s, x.vs_bf16
+        );
+    }
+    let _ = writeln!(s, "\npeak device memory in use: {:.1} GiB", r.peak_mem_gib);
+    s
+}

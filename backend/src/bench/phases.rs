@@ -1,0 +1,307 @@
+//! The RL phases on random weights: rollout tokens/s per flow and batch size,
+//! training tokens/s per flow, and one GRPO-shaped step split into rollout /
+//! train / other. Wall clock around synchronized phases, as a run sees them.
+
+use std::time::Instant;
+
+use jet_kernels::cuda::{Gpu, Result};
+use jet_kernels::Flow;
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::{mem_used_gib, BenchArgs, Report};
+use crate::gpu::{run_pass_gpu, GpuAdam, GpuDecoder, GpuModel, GpuWeights};
+use crate::model::ModelConfig;
+use crate::rl::optim::{OptimConfig, Schedule};
+use crate::rollout::engine::{generate_with, GenConfig, Sample};
+use crate::rollout::sampler::SamplingParams;
+use crate::trainer::pass::TrainSeq;
+
+#[derive(Serialize)]
+pub struct RolloutRow {
+    pub flow: String,
+    pub batch: usize,
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+    pub vs_bf16: f64,
+    pub peak_gib: f64,
+}
+
+#[derive(Serialize)]
+pub struct TrainRow {
+    pub flow: String,
+    pub tokens_per_s: f64,
+    pub step_s: f64,
+    /// Parts of a step, each timed alone after a sync: weight preparation
+    /// (BF16 copies / FP8 blocks), the forward with activations kept, AdamW.
+    /// The rest of `step_s` is the loss and the backward.
+    pub prepare_s: f64,
+    pub forward_s: f64,
+    pub optimizer_s: f64,
+    pub vs_bf16: f64,
+    pub peak_gib: f64,
+}
+
+#[derive(Serialize)]
+pub struct StepRow {
+    pub flow: String,
+    pub batch: usize,
+    pub total_s: f64,
+    pub rollout_s: f64,
+    pub train_s: f64,
+    pub other_s: f64,
+    pub vs_bf16: f64,
+}
+
+fn opt_cfg() -> OptimConfig {
+    OptimConfig {
+        lr: 1e-6,
+        warmup_steps: 0,
+        schedule: Schedule::Constant,
+        min_lr_ratio: 1.0,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        grad_clip: 1.0,
+    }
+}
+
+fn prompts(cfg: &ModelConfig, n: usize, len: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            (0..len)
+                .map(|_| r.random_range(0..cfg.vocab_size as u32))
+                .collect()
+        })
+        .collect()
+}
+
+/// Generate `gen_len` tokens for each prompt (no stop tokens), timed.
+fn rollout(
+    model: &GpuModel,
+    prompts: &[Vec<u32>],
+    gen_len: usize,
+    rng: &mut dyn RngCore,
+) -> Result<(Vec<Sample>, f64)> {
+    let gen = GenConfig {
+        max_new_tokens: gen_len,
+        sampling: SamplingParams::default(),
+        stop_token_ids: vec![],
+        stop_strings: vec![],
+    };
+    let t = Instant::now();
+    let s = generate_with(
+        &mut GpuDecoder::new(model),
+        model.cfg.max_position_embeddings,
+        prompts,
+        1,
+        &gen,
+        &|_| String::new(),
+        rng,
+    )?;
+    model.gpu.sync()?;
+    Ok((s, t.elapsed().as_secs_f64()))
+}
+
+/// One update over `seqs` (forward, a loss of -mean logp, backward, AdamW), timed.
+#[allow(clippy::too_many_arguments)]
+fn train(
+    g: &std::sync::Arc<Gpu>,
+    cfg: &ModelConfig,
+    w: &mut GpuWeights,
+    grads: &mut GpuWeights,
+    adam: &mut GpuAdam,
+    flow: Flow,
+    seqs: &[TrainSeq],
+    micro: usize,
+) -> Result<f64> {
+    let t = Instant::now();
+    for b in &mut grads.bufs {
+        let n = b.len();
+        jet_kernels::cuda::tensor::fill(g, b, n, 0.0)?;
+    }
+    let n: usize = seqs.iter().map(|s| s.response_len()).sum();
+    let inv = 1.0 / n.max(1) as f64;
+    let mut gf = |_: usize, _: usize, _: f64, _: f64| (-inv, 0.0);
+    {
+        let model = GpuModel::new(g, cfg, w, flow)?;
+        run_pass_gpu(&model, seqs, 1.0, micro, Some((&mut gf, &mut *grads)))?;
+    }
+    adam.step(g, w, grads, &opt_cfg(), 1e-6)?;
+    g.sync()?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Seconds of the weight preparation, the training forward and one AdamW step, each alone.
+fn parts(
+    g: &std::sync::Arc<Gpu>,
+    cfg: &ModelConfig,
+    w: &mut GpuWeights,
+    grads: &GpuWeights,
+    adam: &mut GpuAdam,
+    flow: Flow,
+    seqs: &[TrainSeq],
+) -> Result<(f64, f64, f64)> {
+    g.sync()?;
+    let t = Instant::now();
+    let model = GpuModel::new(g, cfg, w, flow)?;
+    g.sync()?;
+    let prepare = t.elapsed().as_secs_f64();
+    let refs: Vec<&[u32]> = seqs.iter().map(|s| s.tokens.as_slice()).collect();
+    let t = Instant::now();
+    let out =
+        crate::gpu::forward::forward(&model, &refs, jet_kernels::GemmRole::TrainForward, true)?;
+    g.sync()?;
+    let fwd = t.elapsed().as_secs_f64();
+    drop((out, model));
+    let t = Instant::now();
+    adam.step(g, w, grads, &opt_cfg(), 1e-6)?;
+    g.sync()?;
+    Ok((prepare, fwd, t.elapsed().as_secs_f64()))
+}
+
+pub fn run(
+    g: &std::sync::Arc<Gpu>,
+    cfg: &ModelConfig,
+    a: &BenchArgs,
+    flows: &[Flow],
+    r: &mut Report,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<()> {
+    let mut w = GpuWeights::random(g, cfg, 7)?;
+    let mut grads = GpuWeights::zeros_like(g, &w)?;
+    let mut adam = GpuAdam {
+        m: GpuWeights::zeros_like(g, &w)?,
+        v: GpuWeights::zeros_like(g, &w)?,
+        t: 0,
+    };
+    let mut peak = mem_used_gib();
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+
+    // Rollout throughput.
+    let mut base_roll = std::collections::HashMap::new();
+    for &flow in flows {
+        let model = GpuModel::new(g, cfg, &w, flow)?;
+        // Warm-up: compiles nothing new, but lets cuBLASLt pick its algorithms.
+        rollout(&model, &prompts(cfg, 2, a.prompt_len, 0), 4, &mut rng)?;
+        for &b in &a.batch {
+            say(&format!("  rollout {} batch {b}", flow.name()));
+            let ps = prompts(cfg, b, a.prompt_len, b as u64);
+            let (_, s) = rollout(&model, &ps, a.gen_len, &mut rng)?;
+            let used = mem_used_gib();
+            peak = peak.max(used);
+            let tps = (b * a.gen_len) as f64 / s;
+            if flow == Flow::Bf16 {
+                base_roll.insert(b, tps);
+            }
+            r.rollout.push(RolloutRow {
+                flow: flow.name().into(),
+                batch: b,
+                seconds: s,
+                tokens_per_s: tps,
+                vs_bf16: base_roll.get(&b).map_or(f64::NAN, |x| tps / x),
+                peak_gib: used,
+            });
+        }
+    }
+
+    // Training throughput.
+    let seqs: Vec<TrainSeq> = prompts(cfg, a.train_seqs, a.train_len, 99)
+        .into_iter()
+        .map(|tokens| TrainSeq {
+            tokens,
+            prompt_len: 1,
+        })
+        .collect();
+    let mut base_train = None;
+    for &flow in flows {
+        say(&format!("  train {}", flow.name()));
+        train(
+            g,
+            cfg,
+            &mut w,
+            &mut grads,
+            &mut adam,
+            flow,
+            &seqs,
+            a.train_seqs,
+        )?;
+        let mut total = 0.0;
+        for _ in 0..a.train_steps {
+            total += train(
+                g,
+                cfg,
+                &mut w,
+                &mut grads,
+                &mut adam,
+                flow,
+                &seqs,
+                a.train_seqs,
+            )?;
+        }
+        let used = mem_used_gib();
+        peak = peak.max(used);
+        let (prepare_s, forward_s, optimizer_s) =
+            parts(g, cfg, &mut w, &grads, &mut adam, flow, &seqs)?;
+        let step_s = total / a.train_steps as f64;
+        let tps = (a.train_seqs * a.train_len) as f64 / step_s;
+        let base = *base_train.get_or_insert(if flow == Flow::Bf16 { tps } else { f64::NAN });
+        r.train.push(TrainRow {
+            flow: flow.name().into(),
+            tokens_per_s: tps,
+            step_s,
+            prepare_s,
+            forward_s,
+            optimizer_s,
+            vs_bf16: tps / base,
+            peak_gib: used,
+        });
+    }
+
+    // One GRPO-shaped step: quantize, roll out the first batch size, train on
+    // the samples in micro-batches of --train-seqs, optimizer step.
+    let b = a.batch[0];
+    let mut base_step = None;
+    for &flow in flows {
+        say(&format!("  step {}", flow.name()));
+        let ps = prompts(cfg, b, a.prompt_len, 5);
+        let t0 = Instant::now();
+        let model = GpuModel::new(g, cfg, &w, flow)?;
+        let (samples, roll_s) = rollout(&model, &ps, a.gen_len, &mut rng)?;
+        drop(model);
+        let seqs: Vec<TrainSeq> = samples
+            .iter()
+            .map(|s| TrainSeq {
+                tokens: [ps[s.prompt_index].as_slice(), &s.tokens].concat(),
+                prompt_len: a.prompt_len,
+            })
+            .collect();
+        let train_s = train(
+            g,
+            cfg,
+            &mut w,
+            &mut grads,
+            &mut adam,
+            flow,
+            &seqs,
+            a.train_seqs,
+        )?;
+        let total = t0.elapsed().as_secs_f64();
+        peak = peak.max(mem_used_gib());
+        let base = *base_step.get_or_insert(if flow == Flow::Bf16 { total } else { f64::NAN });
+        r.step.push(StepRow {
+            flow: flow.name().into(),
+            batch: b,
+            total_s: total,
+            rollout_s: roll_s,
+            train_s,
+            other_s: total - roll_s - train_s,
+            vs_bf16: base / total,
+        });
+    }
+    r.peak_mem_gib = peak;
+    Ok(())
+}

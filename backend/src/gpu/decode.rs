@@ -1,0 +1,179 @@
+//! The KV cache on the GPU and the rollout's prefill and decode steps.
+//!
+//! One slot per sequence, `capacity` rows each: per layer k and v
+//! `[slots, capacity, nkv*hd]`. Prefill writes a prompt's rows, each decode
+//! step one row per unfinished sequence; finished sequences are not stepped.
+
+use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::attention::attention_decode_at;
+use jet_kernels::cuda::tensor::{gather_rows, scatter_rows};
+use jet_kernels::cuda::{CudaError, Result};
+use jet_kernels::GemmRole;
+
+use super::forward::{pack, PackedCausal};
+use super::layers::{head, run_layers, GpuAttention};
+use super::model::GpuModel;
+
+pub struct GpuKvCache {
+    capacity: usize,
+    kvd: usize,
+    layers: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
+    lens: Vec<usize>,
+}
+
+impl GpuKvCache {
+    /// Cached positions of sequence `slot`.
+    pub fn len(&self, slot: usize) -> usize {
+        self.lens[slot]
+    }
+    pub fn is_empty(&self) -> bool {
+        self.lens.is_empty()
+    }
+    /// Device bytes held.
+    pub fn bytes(&self) -> usize {
+        self.layers.len() * 2 * self.lens.len() * self.capacity * self.kvd * 4
+    }
+}
+
+/// Cache rows of `(slot, position)` pairs: `slot * capacity + position`.
+fn cache_rows(capacity: usize, it: impl Iterator<Item = (usize, usize)>) -> Vec<usize> {
+    it.map(|(s, p)| s * capacity + p).collect()
+}
+
+/// Run the prompts through the model into a new cache of `capacity` rows per
+/// sequence; returns the cache and the logits of each prompt's last position
+/// `[B, vocab]`.
+pub fn prefill(
+    model: &GpuModel,
+    prompts: &[&[u32]],
+    capacity: usize,
+    role: GemmRole,
+) -> Result<(GpuKvCache, CudaSlice<f32>)> {
+    let g = &*model.gpu;
+    let cfg = model.cfg;
+    let kvd = cfg.num_key_value_heads * cfg.head_dim;
+    if let Some(p) = prompts.iter().find(|p| p.is_empty() || p.len() > capacity) {
+        return Err(CudaError::Invalid(format!(
+            "prefill: a prompt of {} tokens does not fit a cache of {capacity} rows",
+            p.len()
+        )));
+    }
+    let n = prompts.len();
+    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+    for _ in 0..cfg.num_hidden_layers {
+        layers.push((
+            g.zeros::<f32>(n * capacity * kvd)?,
+            g.zeros::<f32>(n * capacity * kvd)?,
+        ));
+    }
+    let (tokens, seq_lens, positions) = pack(prompts);
+    let rows = cache_rows(
+        capacity,
+        seq_lens
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &l)| (0..l).map(move |p| (s, p))),
+    );
+    let mut keep = |layer: usize, k: &CudaSlice<f32>, v: &CudaSlice<f32>| -> Result<()> {
+        let (kc, vc) = &mut layers[layer];
+        scatter_rows(g, kc, kvd, &rows, k)?;
+        scatter_rows(g, vc, kvd, &rows, v)
+    };
+    let mut attn = PackedCausal {
+        seq_lens: &seq_lens,
+        shape: model.attn_shape(),
+        gpu: g,
+        keep_probs: false,
+        keep_kv: Some(&mut keep),
+    };
+    let h = run_layers(model, &tokens, &positions, role, &mut attn, None)?;
+    // Only each prompt's last row goes through the head.
+    let mut last = Vec::with_capacity(n);
+    let mut start = 0;
+    for &l in &seq_lens {
+        last.push(start + l - 1);
+        start += l;
+    }
+    let h_last = gather_rows(g, &h, cfg.hidden_size, &last)?;
+    let logits = head(model, &h_last, n, role)?.2;
+    let cache = GpuKvCache {
+        capacity,
+        kvd,
+        layers,
+        lens: seq_lens,
+    };
+    Ok((cache, logits))
+}
+
+struct Decode<'a> {
+    cache: &'a mut GpuKvCache,
+    slots: &'a [usize],
+    model: &'a GpuModel<'a>,
+}
+
+impl GpuAttention for Decode<'_> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: &CudaSlice<f32>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+    ) -> Result<(CudaSlice<f32>, Option<CudaSlice<f32>>)> {
+        let g = &*self.model.gpu;
+        let c = &mut *self.cache;
+        let rows = cache_rows(c.capacity, self.slots.iter().map(|&s| (s, c.lens[s])));
+        let lens: Vec<usize> = self.slots.iter().map(|&s| c.lens[s] + 1).collect();
+        let (kc, vc) = &mut c.layers[layer];
+        scatter_rows(g, kc, c.kvd, &rows, k)?;
+        scatter_rows(g, vc, c.kvd, &rows, v)?;
+        let o = attention_decode_at(
+            g,
+            q,
+            kc,
+            vc,
+            c.capacity,
+            self.slots,
+            &lens,
+            self.model.attn_shape(),
+        )?;
+        Ok((o, None))
+    }
+}
+
+/// Append `tokens[i]` to sequence `slots[i]` and return their next-token logits
+/// `[B, vocab]`.
+pub fn decode_step(
+    model: &GpuModel,
+    cache: &mut GpuKvCache,
+    slots: &[usize],
+    tokens: &[u32],
+    role: GemmRole,
+) -> Result<CudaSlice<f32>> {
+    if slots.len() != tokens.len() {
+        return Err(CudaError::Invalid(format!(
+            "decode: {} tokens for {} sequences",
+            tokens.len(),
+            slots.len()
+        )));
+    }
+    if let Some(&s) = slots
+        .iter()
+        .find(|&&s| s >= cache.lens.len() || cache.lens[s] >= cache.capacity)
+    {
+        return Err(CudaError::Invalid(format!(
+            "decode: sequence {s} is unknown or its cache of {} rows is full",
+            cache.capacity
+        )));
+    }
+    let positions: Vec<usize> = slots.iter().map(|&s| cache.lens[s]).collect();
+    let mut attn = Decode {
+        cache,
+        slots,
+        model,
+    };
+    let h = run_layers(model, tokens, &positions, role, &mut attn, None)?;
+    for &s in slots {
+        cache.lens[s] += 1;
+    }
+    Ok(head(model, &h, tokens.len(), role)?.2)
+}

@@ -1,0 +1,106 @@
+//! The full-sequence forward on the GPU (training, scoring, rollout prefill).
+
+use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::attention::attention_forward;
+use jet_kernels::cuda::Result;
+use jet_kernels::GemmRole;
+
+use super::layers::{head, run_layers, GpuAttention, GpuLayerActs};
+use super::model::GpuModel;
+
+/// Everything the backward needs, sequences packed one after another.
+pub struct GpuActivations {
+    pub tokens: Vec<u32>,
+    pub seq_lens: Vec<usize>,
+    pub positions: Vec<usize>,
+    pub layers: Vec<GpuLayerActs>,
+    /// Residual entering the final norm `[M, hidden]`, the normed rows and rstd.
+    pub h_final: CudaSlice<f32>,
+    pub normed: CudaSlice<f32>,
+    pub rstd_final: CudaSlice<f32>,
+}
+
+pub struct GpuForwardOut {
+    /// `[M, vocab]`, sequence after sequence.
+    pub logits: CudaSlice<f32>,
+    pub acts: Option<GpuActivations>,
+}
+
+/// Receives each layer's k, v `[M, nkv*hd]` after RoPE (to fill a KV cache).
+pub(super) type KeepKv<'a> = dyn FnMut(usize, &CudaSlice<f32>, &CudaSlice<f32>) -> Result<()> + 'a;
+
+/// Causal attention within each sequence of a packed batch; hands each layer's
+/// k, v (after RoPE) to `keep` when prefilling a KV cache.
+pub(super) struct PackedCausal<'a> {
+    pub seq_lens: &'a [usize],
+    pub shape: jet_kernels::ops::attention::AttnShape,
+    pub gpu: &'a jet_kernels::cuda::Gpu,
+    pub keep_probs: bool,
+    pub keep_kv: Option<&'a mut KeepKv<'a>>,
+}
+
+impl GpuAttention for PackedCausal<'_> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: &CudaSlice<f32>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+    ) -> Result<(CudaSlice<f32>, Option<CudaSlice<f32>>)> {
+        if let Some(keep) = self.keep_kv.as_mut() {
+            keep(layer, k, v)?;
+        }
+        let (o, p) = attention_forward(self.gpu, q, k, v, self.seq_lens, self.shape)?;
+        Ok((o, self.keep_probs.then_some(p)))
+    }
+}
+
+/// Pack `seqs` (each from position 0): tokens, lengths, positions.
+pub(super) fn pack(seqs: &[&[u32]]) -> (Vec<u32>, Vec<usize>, Vec<usize>) {
+    let mut tokens = Vec::new();
+    let mut lens = Vec::new();
+    let mut positions = Vec::new();
+    for s in seqs {
+        lens.push(s.len());
+        tokens.extend_from_slice(s);
+        positions.extend(0..s.len());
+    }
+    (tokens, lens, positions)
+}
+
+/// Run `seqs` through the model; `keep_acts` keeps what the backward needs.
+pub fn forward(
+    model: &GpuModel,
+    seqs: &[&[u32]],
+    role: GemmRole,
+    keep_acts: bool,
+) -> Result<GpuForwardOut> {
+    let (tokens, seq_lens, positions) = pack(seqs);
+    let mut attn = PackedCausal {
+        seq_lens: &seq_lens,
+        shape: model.attn_shape(),
+        gpu: &model.gpu,
+        keep_probs: keep_acts,
+        keep_kv: None,
+    };
+    let mut layers = Vec::new();
+    let h = run_layers(
+        model,
+        &tokens,
+        &positions,
+        role,
+        &mut attn,
+        keep_acts.then_some(&mut layers),
+    )?;
+    let (normed, rstd_final, logits) = head(model, &h, tokens.len(), role)?;
+    let acts = keep_acts.then_some(GpuActivations {
+        tokens,
+        seq_lens,
+        positions,
+        layers,
+        h_final: h,
+        normed,
+        rstd_final,
+    });
+    Ok(GpuForwardOut { logits, acts })
+}

@@ -1,0 +1,91 @@
+//! The rollout on the GPU: prefill, decode steps and sampling on the device.
+//!
+//! Per decode step only the sampled tokens and their logprobs come back to the
+//! host (the stop conditions need them). Plain tempered sampling and greedy run
+//! on the device (Gumbel-max from one u64 seed per row drawn from the run's RNG
+//! stream, so a step's rollouts stay a function of (weights, seed)); top-k and
+//! top-p bring the log-probability rows to the host and use the CPU sampler.
+
+use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::logsoftmax::log_softmax_rows;
+use jet_kernels::cuda::sample::sample_rows;
+use jet_kernels::cuda::tensor::div_scalar;
+use jet_kernels::cuda::{CudaError, Result};
+use jet_kernels::GemmRole;
+use rand::RngCore;
+
+use super::decode::{decode_step, prefill, GpuKvCache};
+use super::model::GpuModel;
+use crate::rollout::engine::Decoder;
+use crate::rollout::sampler::{sample_logprobs, SamplingParams};
+
+pub struct GpuDecoder<'m, 'w> {
+    model: &'m GpuModel<'w>,
+    cache: Option<GpuKvCache>,
+    /// Next-token logits of the rows stepped last `[rows, vocab]`.
+    logits: Option<(CudaSlice<f32>, usize)>,
+}
+
+impl<'m, 'w> GpuDecoder<'m, 'w> {
+    pub fn new(model: &'m GpuModel<'w>) -> Self {
+        GpuDecoder {
+            model,
+            cache: None,
+            logits: None,
+        }
+    }
+
+    /// Device bytes of the KV cache.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.as_ref().map_or(0, |c| c.bytes())
+    }
+}
+
+impl Decoder for GpuDecoder<'_, '_> {
+    fn prefill(&mut self, seqs: &[&[u32]], max_len: usize) -> Result<()> {
+        let (cache, logits) = prefill(self.model, seqs, max_len, GemmRole::RolloutForward)?;
+        self.cache = Some(cache);
+        self.logits = Some((logits, seqs.len()));
+        Ok(())
+    }
+
+    fn sample(&mut self, p: &SamplingParams, mut rng: &mut dyn RngCore) -> Result<Vec<(u32, f32)>> {
+        let g = &*self.model.gpu;
+        let vocab = self.model.cfg.vocab_size;
+        let (logits, rows) = self
+            .logits
+            .as_mut()
+            .ok_or_else(|| CudaError::Invalid("sampling before prefill".into()))?;
+        let rows = *rows;
+        if p.temperature > 0.0 && p.temperature != 1.0 {
+            div_scalar(g, logits, rows * vocab, p.temperature as f32)?;
+        }
+        let lp = log_softmax_rows(g, logits, rows, vocab)?;
+        if !p.untruncated() {
+            let host = g.download_n(&lp, rows * vocab)?;
+            return Ok(host
+                .chunks(vocab)
+                .map(|row| sample_logprobs(row, p, &mut rng))
+                .collect());
+        }
+        let seeds: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
+        let s = sample_rows(g, &lp, rows, vocab, p.temperature <= 0.0, &seeds)?;
+        let toks = g.download_n(&s.tokens, rows)?;
+        let logp = g.download_n(&s.logp, rows)?;
+        Ok(toks.into_iter().map(|t| t as u32).zip(logp).collect())
+    }
+
+    fn release(&mut self, _seq: usize) {
+        // Slots are fixed for the whole generation; the cache goes as a whole.
+    }
+
+    fn step(&mut self, seqs: &[usize], tokens: &[u32]) -> Result<()> {
+        let cache = self
+            .cache
+            .as_mut()
+            .ok_or_else(|| CudaError::Invalid("decode step before prefill".into()))?;
+        let logits = decode_step(self.model, cache, seqs, tokens, GemmRole::RolloutForward)?;
+        self.logits = Some((logits, seqs.len()));
+        Ok(())
+    }
+}

@@ -1,0 +1,147 @@
+//! The layer stack on the GPU, shared by training, prefill and decode (as
+//! `transformer::layers` on the CPU): norms, projections, RoPE and the MLP for
+//! any set of rows, with the attention itself left to a strategy.
+
+use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::linear::linear_forward;
+use jet_kernels::cuda::ops::{embedding_forward, rmsnorm_forward, rope_forward, swiglu_forward};
+use jet_kernels::cuda::tensor::add_into;
+use jet_kernels::cuda::{CudaError, Result};
+use jet_kernels::GemmRole;
+
+use super::model::GpuModel;
+
+/// Qwen3's q, k before the per-head norm and the norms' rstd.
+pub type QkPre = (
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+);
+
+/// What one layer's backward needs; M rows.
+pub struct GpuLayerActs {
+    /// Residual entering the layer `[M, hidden]`, input norm output and rstd.
+    pub x_in: CudaSlice<f32>,
+    pub a: CudaSlice<f32>,
+    pub rstd1: CudaSlice<f32>,
+    /// q, k before the per-head norm and its rstd (Qwen3 only).
+    pub qk_pre: Option<QkPre>,
+    /// Attention inputs after norm and RoPE: q `[M, nh*hd]`, k, v `[M, nkv*hd]`.
+    pub q: CudaSlice<f32>,
+    pub k: CudaSlice<f32>,
+    pub v: CudaSlice<f32>,
+    /// Softmax probabilities of the packed sequences.
+    pub probs: CudaSlice<f32>,
+    /// Attention output `[M, nh*hd]`, residual after attention, its norm and rstd.
+    pub attn: CudaSlice<f32>,
+    pub h_mid: CudaSlice<f32>,
+    pub b: CudaSlice<f32>,
+    pub rstd2: CudaSlice<f32>,
+    /// MLP gate, up `[M, inter]` and the swiglu output.
+    pub gate: CudaSlice<f32>,
+    pub up: CudaSlice<f32>,
+    pub m: CudaSlice<f32>,
+}
+
+/// The attention of one layer for all M rows: q `[M, nh*hd]`, k, v `[M, nkv*hd]`
+/// after norm and RoPE -> output `[M, nh*hd]` and, when training, the probabilities.
+pub trait GpuAttention {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: &CudaSlice<f32>,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+    ) -> Result<(CudaSlice<f32>, Option<CudaSlice<f32>>)>;
+}
+
+/// Embed `tokens`, run every layer; returns the residual before the final norm
+/// `[M, hidden]`. Row r sits at position `positions[r]`.
+pub fn run_layers(
+    model: &GpuModel,
+    tokens: &[u32],
+    positions: &[usize],
+    role: GemmRole,
+    attn: &mut dyn GpuAttention,
+    mut acts: Option<&mut Vec<GpuLayerActs>>,
+) -> Result<CudaSlice<f32>> {
+    let (g, cfg, w) = (&*model.gpu, model.cfg, model.w);
+    let (m, h, hd) = (tokens.len(), cfg.hidden_size, cfg.head_dim);
+    let (nh, nkv, eps) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.rms_norm_eps,
+    );
+    let prec = model.flow.precision(role);
+    let mut x = embedding_forward(g, w.t(w.ix.embed), cfg.vocab_size, h, tokens)?;
+    for (li, (lx, lp)) in w.ix.layers.iter().zip(&model.layers).enumerate() {
+        let (a, rstd1) = rmsnorm_forward(g, &x, w.t(lx.input_layernorm), m, h, eps)?;
+        let mut q = linear_forward(g, &a, m, &lp.q, w.opt(lx.q_bias), prec)?;
+        let mut k = linear_forward(g, &a, m, &lp.k, w.opt(lx.k_bias), prec)?;
+        let v = linear_forward(g, &a, m, &lp.v, w.opt(lx.v_bias), prec)?;
+        let mut qk_pre = None;
+        if let (Some(qn), Some(kn)) = (lx.q_norm, lx.k_norm) {
+            let (qq, qr) = rmsnorm_forward(g, &q, w.t(qn), m * nh, hd, eps)?;
+            let (kk, kr) = rmsnorm_forward(g, &k, w.t(kn), m * nkv, hd, eps)?;
+            let (q_pre, k_pre) = (std::mem::replace(&mut q, qq), std::mem::replace(&mut k, kk));
+            qk_pre = Some((q_pre, k_pre, qr, kr));
+        }
+        rope_forward(g, &mut q, positions, nh, &model.rope)?;
+        rope_forward(g, &mut k, positions, nkv, &model.rope)?;
+        let (o, probs) = attn.attend(li, &q, &k, &v)?;
+        let mut h_mid = linear_forward(g, &o, m, &lp.o, None, prec)?;
+        add_into(g, &mut h_mid, &x, m * h)?;
+        let (b, rstd2) = rmsnorm_forward(g, &h_mid, w.t(lx.post_attention_layernorm), m, h, eps)?;
+        let gate = linear_forward(g, &b, m, &lp.gate, None, prec)?;
+        let up = linear_forward(g, &b, m, &lp.up, None, prec)?;
+        let mm = swiglu_forward(g, &gate, &up, m * cfg.intermediate_size)?;
+        let mut out = linear_forward(g, &mm, m, &lp.down, None, prec)?;
+        add_into(g, &mut out, &h_mid, m * h)?;
+        let x_in = std::mem::replace(&mut x, out);
+        if let Some(acts) = acts.as_deref_mut() {
+            acts.push(GpuLayerActs {
+                x_in,
+                a,
+                rstd1,
+                qk_pre,
+                q,
+                k,
+                v,
+                probs: probs.ok_or_else(|| {
+                    CudaError::Invalid(
+                        "the attention kept no probabilities for the backward".into(),
+                    )
+                })?,
+                attn: o,
+                h_mid,
+                b,
+                rstd2,
+                gate,
+                up,
+                m: mm,
+            });
+        }
+    }
+    Ok(x)
+}
+
+/// Final norm and LM head: `h [M, hidden]` -> (normed, rstd `[M]`, logits `[M, vocab]`).
+pub fn head(
+    model: &GpuModel,
+    h: &CudaSlice<f32>,
+    m: usize,
+    role: GemmRole,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+    let (g, cfg) = (&*model.gpu, model.cfg);
+    let (n, rstd) = rmsnorm_forward(
+        g,
+        h,
+        model.w.t(model.w.ix.norm),
+        m,
+        cfg.hidden_size,
+        cfg.rms_norm_eps,
+    )?;
+    let logits = linear_forward(g, &n, m, &model.lm_head, None, model.flow.precision(role))?;
+    Ok((n, rstd, logits))
+}

@@ -1,0 +1,104 @@
+//! The model, rollout and trainer on an NVIDIA GPU, composed from the CUDA ops
+//! of `jet_kernels::cuda` (as `transformer` composes the CPU reference ops).
+//!
+//! Device state of a run ([`GpuState`]): f32 master weights, AdamW moments and
+//! a gradient buffer, all in the layout of `ModelWeights::tensors`. Each step
+//! prepares the weights once per flow ([`GpuModel`]: BF16 copies or 128x128
+//! FP8 blocks) for the rollout and again after each update for training. The
+//! host copies in the trainer are refreshed only when something reads them
+//! (checkpoints, the final save): see `Trainer::sync_host`.
+
+pub mod backward;
+pub mod decode;
+pub mod forward;
+pub mod generate;
+pub mod layers;
+pub mod model;
+pub mod optim;
+pub mod pass;
+pub mod weights;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use jet_kernels::cuda::{cuda_available, DirKernelStore, Gpu, Result};
+
+pub use generate::GpuDecoder;
+pub use model::GpuModel;
+pub use optim::GpuAdam;
+pub use pass::run_pass_gpu;
+pub use weights::GpuWeights;
+
+use crate::model::ModelWeights;
+use crate::rl::optim::AdamW;
+
+/// A run's tensors on the device.
+pub struct GpuState {
+    pub gpu: Arc<Gpu>,
+    pub weights: GpuWeights,
+    pub adam: GpuAdam,
+    /// Gradients of the current update (zeroed before each).
+    pub grads: GpuWeights,
+    /// Frozen weights for the KL penalty.
+    pub reference: Option<GpuWeights>,
+    /// The trainer's host weights and optimizer are behind these.
+    pub host_stale: bool,
+}
+
+/// Where compiled kernels are kept between runs: `$JET_KERNEL_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/jet/kernels`, else `~/.cache/jet/kernels`.
+pub fn kernel_cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("JET_KERNEL_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("jet").join("kernels"))
+}
+
+/// Open the first GPU with the kernel cache attached. The error names what is
+/// missing (driver library, NVRTC, cuBLASLt, a device).
+pub fn open_gpu() -> Result<Arc<Gpu>> {
+    let gpu = cuda_available()?;
+    if let Some(dir) = kernel_cache_dir() {
+        if std::fs::create_dir_all(&dir).is_ok() {
+            gpu.set_kernel_store(Arc::new(DirKernelStore(dir)));
+        }
+    }
+    Ok(gpu)
+}
+
+impl GpuState {
+    /// Upload a run's weights, optimizer and reference.
+    pub fn new(
+        gpu: Arc<Gpu>,
+        w: &ModelWeights,
+        opt: &AdamW,
+        reference: Option<&ModelWeights>,
+    ) -> Result<GpuState> {
+        let weights = GpuWeights::upload(&gpu, w)?;
+        let grads = GpuWeights::zeros_like(&gpu, &weights)?;
+        Ok(GpuState {
+            adam: GpuAdam::upload(&gpu, opt)?,
+            reference: reference.map(|r| GpuWeights::upload(&gpu, r)).transpose()?,
+            weights,
+            grads,
+            gpu,
+            host_stale: false,
+        })
+    }
+
+    /// Zero the gradient buffer.
+    pub fn zero_grads(&mut self) -> Result<()> {
+        for b in &mut self.grads.bufs {
+            self.gpu.stream().memset_zeros(b).map_err(|e| {
+                jet_kernels::cuda::CudaError::Driver {
+                    what: "zeroing gradients".into(),
+                    err: e.to_string(),
+                }
+            })?;
+        }
+        Ok(())
+    }
+}

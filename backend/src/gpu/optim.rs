@@ -1,0 +1,92 @@
+//! AdamW on the GPU, element for element the CPU's `rl::optim::AdamW` (same
+//! f32/f64 operations), with the global gradient norm from per-tensor f64 sums
+//! of squares (one download of a value per tensor per step).
+
+use jet_kernels::cuda::adamw::{adamw_step, AdamStep};
+use jet_kernels::cuda::tensor::sum_squares_into;
+use jet_kernels::cuda::{Gpu, Result};
+
+use super::weights::GpuWeights;
+use crate::rl::optim::{AdamW, OptimConfig};
+
+pub struct GpuAdam {
+    pub m: GpuWeights,
+    pub v: GpuWeights,
+    /// Optimizer steps taken.
+    pub t: u64,
+}
+
+/// Global L2 norm of `g` (f64 sums per tensor, added on the host in tensor order).
+pub fn global_norm_gpu(gpu: &Gpu, g: &GpuWeights) -> Result<f64> {
+    let mut acc = gpu.zeros::<f64>(g.bufs.len())?;
+    for (i, b) in g.bufs.iter().enumerate() {
+        sum_squares_into(gpu, b, b.len(), &mut acc, i)?;
+    }
+    Ok(gpu.download(&acc)?.iter().sum::<f64>().sqrt())
+}
+
+impl GpuAdam {
+    /// Device moments from the host optimizer state.
+    pub fn upload(gpu: &Gpu, host: &AdamW) -> Result<GpuAdam> {
+        Ok(GpuAdam {
+            m: GpuWeights::upload(gpu, &host.m)?,
+            v: GpuWeights::upload(gpu, &host.v)?,
+            t: host.t,
+        })
+    }
+
+    /// Copy the moments and step count back into `host`.
+    pub fn download_into(&self, gpu: &Gpu, host: &mut AdamW) -> Result<()> {
+        self.m.download_into(gpu, &mut host.m)?;
+        self.v.download_into(gpu, &mut host.v)?;
+        host.t = self.t;
+        Ok(())
+    }
+
+    /// One step with learning rate `lr` (as `AdamW::step`); returns the
+    /// gradient norm before clipping.
+    pub fn step(
+        &mut self,
+        gpu: &Gpu,
+        w: &mut GpuWeights,
+        g: &GpuWeights,
+        cfg: &OptimConfig,
+        lr: f64,
+    ) -> Result<f64> {
+        let norm = global_norm_gpu(gpu, g)?;
+        let scale = if cfg.grad_clip > 0.0 && norm > cfg.grad_clip {
+            cfg.grad_clip / norm
+        } else {
+            1.0
+        };
+        self.t += 1;
+        let base = AdamStep {
+            lr,
+            beta1: cfg.beta1 as f32,
+            beta2: cfg.beta2 as f32,
+            eps: cfg.eps,
+            bc1: 1.0 - cfg.beta1.powi(self.t as i32),
+            bc2: 1.0 - cfg.beta2.powi(self.t as i32),
+            wd_factor: (1.0 - lr * cfg.weight_decay) as f32,
+            decay: true,
+            grad_scale: scale as f32,
+        };
+        for (i, name) in w.names.clone().iter().enumerate() {
+            let s = AdamStep {
+                decay: !(name.contains("norm") || name.ends_with(".bias")),
+                ..base
+            };
+            let n = w.bufs[i].len();
+            adamw_step(
+                gpu,
+                &mut w.bufs[i],
+                &g.bufs[i],
+                &mut self.m.bufs[i],
+                &mut self.v.bufs[i],
+                n,
+                &s,
+            )?;
+        }
+        Ok(norm)
+    }
+}

@@ -1,0 +1,99 @@
+//! One pass of the trainer on the GPU (as `trainer::pass::run_pass`): the
+//! training forward in micro-batches, the logprob and entropy of each response
+//! token under the tempered distribution, and, when asked, the loss gradient
+//! back through the model into a device gradient buffer.
+//!
+//! The per-token loss is the host's (`rl::loss`, shared with the CPU): per
+//! micro-batch the response tokens' logprobs and entropies come down (a few
+//! floats per token) and d loss / d logp, d entropy go back up.
+
+use jet_kernels::cuda::logsoftmax::{token_logprobs_backward, token_logprobs_forward};
+use jet_kernels::cuda::tensor::{div_scalar, gather_rows, mul_scalar, scatter_rows};
+use jet_kernels::cuda::Result;
+use jet_kernels::GemmRole;
+
+use super::backward::backward;
+use super::forward::forward;
+use super::model::GpuModel;
+use super::weights::GpuWeights;
+use crate::trainer::pass::{Scored, TokenGrad, TrainSeq};
+
+/// Run `seqs` through the model in micro-batches of `micro` sequences. When
+/// `grad` is given it is called for every response token as
+/// `(sequence, position, logp, entropy) -> (dloss/dlogp, dloss/dentropy)` and
+/// the weight gradients are added into `grads`.
+pub fn run_pass_gpu(
+    model: &GpuModel,
+    seqs: &[TrainSeq],
+    temperature: f64,
+    micro: usize,
+    mut grad: Option<(TokenGrad, &mut GpuWeights)>,
+) -> Result<Scored> {
+    let g = &*model.gpu;
+    let vocab = model.cfg.vocab_size;
+    let tempered = temperature > 0.0 && temperature != 1.0;
+    let mut scored = Scored::default();
+    let micro = micro.max(1);
+    for (mb, chunk) in seqs.chunks(micro).enumerate() {
+        let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
+        let out = forward(model, &refs, GemmRole::TrainForward, grad.is_some())?;
+        let m: usize = refs.iter().map(|s| s.len()).sum();
+        // Row prompt_len-1+t predicts token prompt_len+t.
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        let mut start = 0;
+        for s in chunk {
+            for t in 0..s.response_len() {
+                rows.push(start + s.prompt_len - 1 + t);
+                targets.push(s.tokens[s.prompt_len + t]);
+            }
+            start += s.tokens.len();
+        }
+        let r = rows.len();
+        if r == 0 {
+            scored.logp.extend(chunk.iter().map(|_| Vec::new()));
+            scored.entropy.extend(chunk.iter().map(|_| Vec::new()));
+            continue;
+        }
+        let mut gathered = gather_rows(g, &out.logits, vocab, &rows)?;
+        drop(out.logits);
+        if tempered {
+            div_scalar(g, &mut gathered, r * vocab, temperature as f32)?;
+        }
+        let tl = token_logprobs_forward(g, &gathered, r, vocab, &targets)?;
+        let logp = g.download_n(&tl.logp, r)?;
+        let ent = g.download_n(&tl.entropy, r)?;
+        let mut k = 0;
+        let (mut dlogp, mut dent) = (vec![0.0f32; r], vec![0.0f32; r]);
+        for (i, s) in chunk.iter().enumerate() {
+            let (mut lp, mut en) = (Vec::new(), Vec::new());
+            for t in 0..s.response_len() {
+                let (l, e) = (logp[k] as f64, ent[k] as f64);
+                if let Some((gf, _)) = grad.as_mut() {
+                    let (a, b) = gf(mb * micro + i, t, l, e);
+                    dlogp[k] = a as f32;
+                    dent[k] = b as f32;
+                }
+                lp.push(l);
+                en.push(e);
+                k += 1;
+            }
+            scored.logp.push(lp);
+            scored.entropy.push(en);
+        }
+        let (Some((_, grads)), Some(acts)) = (grad.as_mut(), out.acts.as_ref()) else {
+            continue;
+        };
+        let (dl, de) = (g.upload(&dlogp)?, g.upload(&dent)?);
+        let mut dg =
+            token_logprobs_backward(g, &gathered, r, vocab, &targets, &tl, &dl, Some(&de))?;
+        if tempered {
+            mul_scalar(g, &mut dg, r * vocab, (1.0 / temperature) as f32)?;
+        }
+        let mut dlogits = g.zeros::<f32>(m * vocab)?;
+        scatter_rows(g, &mut dlogits, vocab, &rows, &dg)?;
+        drop(dg);
+        backward(model, acts, &dlogits, grads)?;
+    }
+    Ok(scored)
+}

@@ -1,0 +1,183 @@
+//! The trainer's work on its device: rollouts, passes and optimizer steps go
+//! to the CPU reference or to the GPU (`run.device`), with one set of step
+//! logic above them.
+
+use jet_kernels::cuda::CudaError;
+use rand::RngCore;
+
+use crate::gpu::{run_pass_gpu, GpuDecoder, GpuModel, GpuState};
+use crate::model::ModelWeights;
+use crate::rl::optim::OptimConfig;
+use crate::rollout::engine::{generate_with, CpuDecoder, GenConfig, Sample};
+use crate::transformer::PreparedModel;
+
+use super::pass::{run_pass, Scored, TokenGrad, TrainSeq};
+use super::{SetupError, Trainer};
+
+impl From<CudaError> for SetupError {
+    fn from(e: CudaError) -> Self {
+        SetupError::Device(e.to_string())
+    }
+}
+
+/// Which weights a pass reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Which {
+    Policy,
+    /// The frozen reference of the KL penalty.
+    Reference,
+}
+
+/// Gradients of one update: on the host, or in the GPU state's buffer.
+pub(super) enum Grads {
+    Host(ModelWeights),
+    Device,
+}
+
+impl Trainer {
+    /// Generate `n` samples per prompt with the current weights.
+    pub(super) fn rollout(
+        &self,
+        prompts: &[Vec<u32>],
+        n: usize,
+        gen: &GenConfig,
+        rng: &mut dyn RngCore,
+    ) -> Result<Vec<Sample>, SetupError> {
+        let decode = |t: &[u32]| self.tokenizer.decode(t, true).unwrap_or_default();
+        let max_pos = self.model_cfg.max_position_embeddings;
+        Ok(match &self.device {
+            None => {
+                let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
+                generate_with(
+                    &mut CpuDecoder::new(&model),
+                    max_pos,
+                    prompts,
+                    n,
+                    gen,
+                    &decode,
+                    rng,
+                )?
+            }
+            Some(d) => {
+                let model = GpuModel::new(&d.gpu, &self.model_cfg, &d.weights, self.flow)?;
+                generate_with(
+                    &mut GpuDecoder::new(&model),
+                    max_pos,
+                    prompts,
+                    n,
+                    gen,
+                    &decode,
+                    rng,
+                )?
+            }
+        })
+    }
+
+    /// Score `seqs` with `which` weights; with `grad`, also the gradients.
+    pub(super) fn pass(
+        &mut self,
+        which: Which,
+        seqs: &[TrainSeq],
+        temperature: f64,
+        grad: Option<TokenGrad>,
+    ) -> Result<(Scored, Option<Grads>), SetupError> {
+        let micro = self.cfg.train.micro_batch;
+        let want = grad.is_some();
+        match self.device.as_mut() {
+            None => {
+                let w = match which {
+                    Which::Policy => &self.weights,
+                    Which::Reference => self.reference.as_ref().unwrap_or(&self.weights),
+                };
+                let model = PreparedModel::new(&self.model_cfg, w, self.flow);
+                let (s, g) = run_pass(&model, seqs, temperature, micro, grad);
+                Ok((s, g.map(Grads::Host)))
+            }
+            Some(d) => {
+                if want {
+                    d.zero_grads()?;
+                }
+                let GpuState {
+                    gpu,
+                    weights,
+                    grads,
+                    reference,
+                    ..
+                } = d;
+                let w = match which {
+                    Which::Policy => &*weights,
+                    Which::Reference => reference.as_ref().unwrap_or(weights),
+                };
+                let model = GpuModel::new(gpu, &self.model_cfg, w, self.flow)?;
+                let s = run_pass_gpu(&model, seqs, temperature, micro, grad.map(|f| (f, grads)))?;
+                Ok((s, want.then_some(Grads::Device)))
+            }
+        }
+    }
+
+    /// One optimizer step; returns the gradient norm before clipping. `poison`
+    /// (fault injection) turns the gradients into NaN first.
+    pub(super) fn apply(
+        &mut self,
+        grads: Grads,
+        oc: &OptimConfig,
+        lr: f64,
+        poison: bool,
+    ) -> Result<f64, SetupError> {
+        match (grads, self.device.as_mut()) {
+            (Grads::Host(mut g), None) => {
+                if poison {
+                    g.norm[0] = f32::NAN;
+                }
+                Ok(self.opt.step(&mut self.weights, &g, oc, lr))
+            }
+            (Grads::Device, Some(d)) => {
+                if poison {
+                    let n = d.grads.ix.norm;
+                    let len = d.grads.bufs[n].len();
+                    jet_kernels::cuda::tensor::fill(&d.gpu, &mut d.grads.bufs[n], len, f32::NAN)?;
+                }
+                let norm = d.adam.step(&d.gpu, &mut d.weights, &d.grads, oc, lr)?;
+                d.host_stale = true;
+                Ok(norm)
+            }
+            _ => Err(SetupError::Device(
+                "gradients and weights are on different devices".into(),
+            )),
+        }
+    }
+
+    /// Bring the host weights and optimizer up to date with the device (before
+    /// anything reads `weights` or `opt`: checkpoints, the final save).
+    pub fn sync_host(&mut self) -> Result<(), SetupError> {
+        if let Some(d) = self.device.as_mut() {
+            if d.host_stale {
+                d.weights.download_into(&d.gpu, &mut self.weights)?;
+                d.adam.download_into(&d.gpu, &mut self.opt)?;
+                d.host_stale = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// The host weights, optimizer or reference were replaced (a restore, the
+    /// end of SFT): copy them to the device.
+    pub fn host_changed(&mut self) -> Result<(), SetupError> {
+        if let Some(d) = self.device.as_mut() {
+            *d = GpuState::new(
+                d.gpu.clone(),
+                &self.weights,
+                &self.opt,
+                self.reference.as_ref(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Device name for logs: "cpu" or the GPU's name.
+    pub fn device_name(&self) -> String {
+        self.device
+            .as_ref()
+            .map_or_else(|| "cpu".to_string(), |d| d.gpu.name().to_string())
+    }
+}

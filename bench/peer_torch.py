@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Same-run PyTorch peer for Jet's `jetd bench` (the "PyTorch" column of BENCHMARKS.md).
+
+Measures plain Hugging Face transformers (eager attention, BF16 weights, no
+compile, no fused kernels) on the same Qwen3 shapes and the same workload as
+`jetd bench`, on the same GPU, so Jet's FP8 numbers sit next to a baseline that
+anyone can reproduce with stock libraries:
+
+  rollout  model.generate() with sampling (temperature 1, no top-k/top-p) over
+           random prompts [B, prompt_len], exactly gen_len new tokens per row
+           (EOS disabled); generated tokens/s, prefill included. Decode-only
+           tokens/s subtracts a max_new_tokens=1 run (prefill + first token).
+  train    forward with labels (HF causal-LM loss), backward, AdamW step on
+           [train_seqs, train_len] random ids; tokens/s and seconds per step.
+           Pure-BF16 AdamW (optimizer state in the parameter dtype, no master
+           weights), no gradient checkpointing.
+
+Peak CUDA memory is reported per phase. Models are built from configs with
+random weights: nothing is downloaded (throughput does not depend on weights).
+"""
+import argparse, gc, json, platform, sys, time
+
+import torch
+import transformers
+
+PRESETS = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+}
+COMMON = dict(head_dim=128, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
+              max_position_embeddings=4096, use_cache=True,
+              bos_token_id=None, eos_token_id=None)
+OOM = (getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError,)
+
+
+def build_model(args):
+    kw = dict(COMMON, **PRESETS[args.preset])
+    if args.layers:
+        kw["num_hidden_layers"] = args.layers
+    cfg = transformers.Qwen3Config(**kw)  # rope_theta -> rope_parameters in transformers 5
+    auto = transformers.AutoModelForCausalLM
+    try:  # transformers >= 4.56 / 5.x spell it dtype=
+        model = auto.from_config(cfg, attn_implementation="eager", dtype=torch.bfloat16)
+    except TypeError:
+        model = auto.from_config(cfg, attn_implementation="eager", torch_dtype=torch.bfloat16)
+    model = model.to(device=args.device, dtype=torch.bfloat16)
+    gc_ = model.generation_config  # never stop early, never pad
+    gc_.eos_token_id, gc_.bos_token_id, gc_.pad_token_id = None, None, 0
+    return model, cfg
+
+
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def reset_peak(dev):
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+
+
+def peak_gib(dev):
+    if dev.type != "cuda":
+        return None
+    return round(torch.cuda.max_memory_allocated(dev) / 2**30, 3)
+
+
+def generate(model, ids, new_tokens):
+    return model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+        use_cache=True, eos_token_id=None, pad_token_id=0)
+
+
+def timed(dev, fn):
+    sync(dev)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(dev)
+    return time.perf_counter() - t0, out
+
+
+def bench_rollout(model, cfg, args, dev, batch):
+    model.eval()
+    reset_peak(dev)
+    try:
+        ids = torch.randint(1, cfg.vocab_size, (batch, args.prompt_len), device=dev)
+        for _ in range(max(args.warmup, 1)):
+            generate(model, ids, min(8, args.gen_len))
+        t_first, _ = timed(dev, lambda: generate(model, ids, 1))
+        secs, out = timed(dev, lambda: generate(model, ids, args.gen_len))
+        assert out.shape == (batch, args.prompt_len + args.gen_len), tuple(out.shape)
+        res = dict(batch=batch, prompt_len=args.prompt_len, gen_len=args.gen_len,
+                   tokens_per_s=round(batch * args.gen_len / secs, 2), seconds=round(secs, 4),
+                   peak_gib=peak_gib(dev))
+        if args.gen_len > 1 and secs > t_first:
+            res["decode_tokens_per_s"] = round(batch * (args.gen_len - 1) / (secs - t_first), 2)
+            res["prefill_s"] = round(t_first, 4)
+        return res
+    except OOM:
+        return dict(batch=batch, prompt_len=args.prompt_len, gen_len=args.gen_len,
+                    error="out of memory")
+    finally:
+        reset_peak(dev)
+
+
+def bench_train(model, cfg, args, dev):
+    model.train()
+    reset_peak(dev)
+    res = dict(seqs=args.train_seqs, len=args.train_len, steps=args.train_steps)
+    opt = None
+    try:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        ids = torch.randint(1, cfg.vocab_size, (args.train_seqs, args.train_len), device=dev)
+
+        def step():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        for _ in range(args.warmup):
+            step()
+        secs, loss = timed(dev, lambda: [step() for _ in range(args.train_steps)][-1])
+        toks = args.train_seqs * args.train_len * args.train_steps
+        res.update(tokens_per_s=round(toks / secs, 2), step_s=round(secs / args.train_steps, 4),
+                   loss=round(float(loss), 4), peak_gib=peak_gib(dev))
+    except OOM:
+        res["error"] = "out of memory"
+    finally:
+        model.zero_grad(set_to_none=True)
+        del opt
+        reset_peak(dev)
+    return res
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-0.6b")
+    p.add_argument("--layers", type=int, default=0, help="override layer count")
+    p.add_argument("--batch", default="64,256", help="comma list of rollout batch sizes")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--gen-len", type=int, default=128)
+    p.add_argument("--train-seqs", type=int, default=8)
+    p.add_argument("--train-len", type=int, default=512)
+    p.add_argument("--train-steps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    batches = [int(b) for b in args.batch.split(",") if b.strip()]
+    transformers.logging.set_verbosity_error()
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+    torch.manual_seed(args.seed)
+
+    model, cfg = build_model(args)
+    rollout = [bench_rollout(model, cfg, args, dev, b) for b in batches]
+    train = bench_train(model, cfg, args, dev)
+
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or "cpu")
+    result = {"peer": "pytorch-eager-bf16", "torch": torch.__version__,
+              "transformers": transformers.__version__, "device": name, "preset": args.preset,
+              "layers": cfg.num_hidden_layers, "rollout": rollout, "train": train}
+
+    f = lambda v: "-" if v is None else (f"{v:,.1f}" if isinstance(v, float) else str(v))
+    print(f"# PyTorch peer: {args.preset} ({cfg.num_hidden_layers} layers), eager BF16, "
+          f"torch {torch.__version__}, transformers {transformers.__version__}, {name}")
+    print(f"{'phase':<8} {'batch':>6} {'shape':>10} {'tok/s':>12} {'decode tok/s':>13} "
+          f"{'seconds':>9} {'peak GiB':>9}")
+    for r in rollout:
+        shape = f"{r['prompt_len']}+{r['gen_len']}"
+        if "error" in r:
+            print(f"{'rollout':<8} {r['batch']:>6} {shape:>10} {r['error']:>12}")
+            continue
+        print(f"{'rollout':<8} {r['batch']:>6} {shape:>10} {f(r['tokens_per_s']):>12} "
+              f"{f(r.get('decode_tokens_per_s')):>13} {r['seconds']:>9.3f} {f(r['peak_gib']):>9}")
+    shape = f"x{train['len']}"
+    if "error" in train:
+        print(f"{'train':<8} {train['seqs']:>6} {shape:>10} {train['error']:>12}")
+    else:
+        print(f"{'train':<8} {train['seqs']:>6} {shape:>10} {f(train['tokens_per_s']):>12} "
+              f"{'-':>13} {train['step_s']:>9.3f} {f(train['peak_gib']):>9}  (s/step)")
+    if args.json:
+        print(json.dumps(result))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

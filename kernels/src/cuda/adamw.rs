@@ -1,0 +1,97 @@
+//! The AdamW update on the device (`adamw.cu`), bit-exact with [`adamw_reference`],
+//! the CPU loop the backend's optimizer runs: f32 moments and parameters, the step
+//! itself in f64, rounded to f32 once. The kernel spells every operation as a
+//! round-to-nearest intrinsic, so no multiply-add is ever fused.
+
+use cudarc::driver::CudaSlice;
+
+use super::context::{Arg, ADAMW};
+use super::{check_len, Gpu, Result};
+
+/// The scalars of one AdamW step for one tensor.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamStep {
+    /// Learning rate.
+    pub lr: f64,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f64,
+    /// Bias corrections `1 - beta1^t` and `1 - beta2^t` (t counts from 1).
+    pub bc1: f64,
+    pub bc2: f64,
+    /// Decoupled weight decay: `p *= wd_factor` (e.g. `1 - lr * wd`) when `decay`.
+    pub wd_factor: f32,
+    pub decay: bool,
+    /// The gradient is multiplied by this first (gradient clipping, loss scaling).
+    pub grad_scale: f32,
+}
+
+/// The specification: one AdamW step on every element of `p`, `g`, `m`, `v` (equal
+/// lengths), in exactly this order of f32 and f64 operations.
+#[allow(clippy::needless_range_loop)] // the loop is the spec, index by index
+pub fn adamw_reference(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamStep) {
+    let n = p.len();
+    assert!(
+        g.len() == n && m.len() == n && v.len() == n,
+        "adamw_reference: lengths p {n}, g {}, m {}, v {}",
+        g.len(),
+        m.len(),
+        v.len()
+    );
+    let (b1, b2) = (s.beta1, s.beta2);
+    for i in 0..n {
+        let gi = g[i] * s.grad_scale;
+        m[i] = b1 * m[i] + (1.0 - b1) * gi;
+        v[i] = b2 * v[i] + (1.0 - b2) * gi * gi;
+        let mhat = m[i] as f64 / s.bc1;
+        let vhat = v[i] as f64 / s.bc2;
+        if s.decay {
+            p[i] *= s.wd_factor;
+        }
+        p[i] -= (s.lr * mhat / (vhat.sqrt() + s.eps)) as f32;
+    }
+}
+
+/// One AdamW step in place on the first `n` values of `p`, `m`, `v` from gradient
+/// `g` (all `[n]`, f32); grid `ceil(n / 256)` blocks of 256 threads, no scratch.
+pub fn adamw_step(
+    gpu: &Gpu,
+    p: &mut CudaSlice<f32>,
+    g: &CudaSlice<f32>,
+    m: &mut CudaSlice<f32>,
+    v: &mut CudaSlice<f32>,
+    n: usize,
+    s: &AdamStep,
+) -> Result<()> {
+    for (what, b) in [
+        ("adamw p", &*p),
+        ("adamw g", g),
+        ("adamw m", &*m),
+        ("adamw v", &*v),
+    ] {
+        check_len(what, b, n, format!("[{n}]"))?;
+    }
+    gpu.launch(
+        &ADAMW,
+        "adamw_step",
+        (n.div_ceil(256) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(p)),
+            Arg::P(gpu.ptr(g)),
+            Arg::P(gpu.ptr(m)),
+            Arg::P(gpu.ptr(v)),
+            Arg::L(n as i64),
+            Arg::D(s.lr),
+            Arg::F(s.beta1),
+            Arg::F(s.beta2),
+            Arg::D(s.eps),
+            Arg::D(s.bc1),
+            Arg::D(s.bc2),
+            Arg::F(s.wd_factor),
+            Arg::I(s.decay as i32),
+            Arg::F(s.grad_scale),
+        ],
+    )
+}

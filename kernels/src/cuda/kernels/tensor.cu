@@ -1,0 +1,80 @@
+// Plain f32 tensor ops for the GPU trainer (tensor.rs): element-wise updates, row
+// gather/scatter, and a deterministic sum of squares. Intrinsics (__fadd_rn, ...)
+// make each op one IEEE operation, the same as the Rust `a + b` it replaces.
+
+// ---- element-wise (grid ceil(n / 256) x 256) -------------------------------------
+extern "C" __global__ void add_into(float* acc, const float* x, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) acc[i] = __fadd_rn(acc[i], x[i]);
+}
+extern "C" __global__ void div_scalar(float* x, long n, float s) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fdiv_rn(x[i], s);
+}
+extern "C" __global__ void mul_scalar(float* x, long n, float s) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fmul_rn(x[i], s);
+}
+// Round to BF16 (nearest even) and back, as bf16::round_slice.
+extern "C" __global__ void round_bf16_inplace(float* x, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = round_bf16(x[i]);
+}
+extern "C" __global__ void fill_f32(float* x, long n, float v) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = v;
+}
+
+// ---- rows (indices checked on the host) -------------------------------------------
+// out [nrows, cols] = x rows at rows[j].
+extern "C" __global__ void gather_rows(const float* x, const long* rows, long nrows, long cols, float* out) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nrows * cols) return;
+    long j = i / cols, c = i % cols;
+    out[i] = x[rows[j] * cols + c];
+}
+// dst rows at rows[j] = src [nrows, cols] row j (indices distinct, checked on the host).
+extern "C" __global__ void scatter_rows(float* dst, const long* rows, long nrows, long cols, const float* src) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nrows * cols) return;
+    long j = i / cols, c = i % cols;
+    dst[rows[j] * cols + c] = src[i];
+}
+
+// ---- sum of squares in f64, fixed order --------------------------------------------
+// Pass 1: block b of a grid of `blocks` (a function of n only) sums x[i]^2 over
+// i = b*256 + t + k*blocks*256 per thread, then a fixed tree over the block, into
+// part[b]. Pass 2: one block of 1024 sums part[0 .. blocks) the same way and adds the
+// total to acc[slot]. No atomics: the result is the same bits on every run.
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// blockDim.x a multiple of 32, at most 1024; `sh` holds 32 doubles.
+__device__ double block_sum_d(double v, double* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0;
+    return warp_sum_d(v);
+}
+extern "C" __global__ void sumsq_partial(const float* x, long n, double* part) {
+    __shared__ double sh[32];
+    long stride = (long)gridDim.x * blockDim.x;
+    double s = 0.0;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        double d = (double)x[i];
+        s = __dadd_rn(s, __dmul_rn(d, d));
+    }
+    s = block_sum_d(s, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+extern "C" __global__ void sumsq_final(const double* part, int blocks, double* acc, long slot) {
+    __shared__ double sh[32];
+    double s = 0.0;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) s = __dadd_rn(s, part[b]);
+    s = block_sum_d(s, sh);
+    if (threadIdx.x == 0) acc[slot] = __dadd_rn(acc[slot], s);
+}

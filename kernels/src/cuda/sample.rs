@@ -1,0 +1,232 @@
+//! Token sampling on the device (`sample.cu`) from log-probability rows, and its
+//! CPU specification [`sample_reference`].
+//!
+//! Sampling is Gumbel-max: the token is `argmax_j (logp_j + G_j)` with standard
+//! Gumbel noise `G_j = -ln(-ln u_j)`, which draws `j` with probability
+//! `softmax(logp)_j` exactly. `u_j` comes from a counter-based hash of
+//! `(seeds[row], j)` (splitmix64), so a row's draw depends on its seed alone, not on
+//! the thread layout, and the CPU and the GPU agree. The noise is f64, so ties
+//! between perturbed scores are vanishingly rare; exact ties go to the lowest index.
+//! The one possible CPU/GPU difference: CUDA's f64 `log` may differ from Rust's `ln`
+//! in the last bit, which changes a token only when the top two scores are within
+//! about 1e-16 relative.
+
+use cudarc::driver::CudaSlice;
+
+use super::context::{Arg, SAMPLE};
+use super::{check_len, ensure, Gpu, Result};
+
+/// Tokens and their logprobs, `[rows]` each, on the device.
+pub struct GpuSampled {
+    pub tokens: CudaSlice<i32>,
+    pub logp: CudaSlice<f32>,
+}
+
+/// The splitmix64 finalizer.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+const SEED_SALT: u64 = 0x6a09_e667_f3bc_c909;
+
+/// A row's hash key: its seed mixed once, so that nearby seeds give unrelated rows.
+fn row_key(seed: u64) -> u64 {
+    mix64(seed ^ SEED_SALT)
+}
+
+/// The Gumbel noise of entry `j`: `u = (top 53 bits + 1/2) * 2^-53`, strictly inside
+/// (0, 1) and exact in f64; then `-ln(-ln u)`.
+fn gumbel(key: u64, j: usize) -> f64 {
+    let h = mix64(key.wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN_GAMMA)));
+    let u = ((h >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
+    -(-u.ln()).ln()
+}
+
+/// The specification of [`sample_rows`]: `logp [rows, vocab]` with
+/// `rows = logp.len() / vocab`; `seeds [rows]` (ignored, and may be empty, when
+/// `greedy`). Per row the token (argmax of `logp_j`, or of `logp_j + G_j`; lowest
+/// index on ties; NaN and -inf never win, a row of nothing else gives token 0) and
+/// its stored logp.
+pub fn sample_reference(
+    logp: &[f32],
+    vocab: usize,
+    greedy: bool,
+    seeds: &[u64],
+) -> Vec<(u32, f32)> {
+    assert!(vocab > 0, "sample_reference: vocab must be positive");
+    let rows = logp.len() / vocab;
+    assert!(
+        greedy || seeds.len() == rows,
+        "sample_reference: {} seeds for {rows} rows",
+        seeds.len()
+    );
+    (0..rows)
+        .map(|r| {
+            let row = &logp[r * vocab..(r + 1) * vocab];
+            let key = if greedy { 0 } else { row_key(seeds[r]) };
+            let (mut best, mut tok) = (f64::NEG_INFINITY, None);
+            for (j, &lp) in row.iter().enumerate() {
+                let mut s = lp as f64;
+                if !greedy {
+                    s += gumbel(key, j);
+                }
+                if s > best {
+                    best = s;
+                    tok = Some(j);
+                }
+            }
+            let t = tok.unwrap_or(0);
+            (t as u32, row[t])
+        })
+        .collect()
+}
+
+/// Threads per row: 1024 threads cover a 151936-entry vocabulary in 149 steps each.
+const THREADS: u32 = 1024;
+
+/// `logp [rows, vocab]` holds log_softmax rows (already tempered). Greedy when
+/// `greedy` (argmax, lowest index on ties); otherwise Gumbel-max with noise from
+/// `seeds [rows]` (ignored, may be empty, when greedy), as [`sample_reference`].
+/// Returns the chosen token and `logp[row, token]` (the exact stored value, so it
+/// equals what `log_softmax_rows` gives at that index bit for bit). One block of
+/// 1024 threads per row; `vocab` below 2^31.
+pub fn sample_rows(
+    gpu: &Gpu,
+    logp: &CudaSlice<f32>,
+    rows: usize,
+    vocab: usize,
+    greedy: bool,
+    seeds: &[u64],
+) -> Result<GpuSampled> {
+    ensure(vocab > 0 && vocab <= i32::MAX as usize, || {
+        format!("sample_rows: vocabulary of {vocab} (must be 1 ..= 2^31 - 1)")
+    })?;
+    check_len(
+        "sample_rows logp",
+        logp,
+        rows * vocab,
+        format!("[{rows}, {vocab}]"),
+    )?;
+    ensure(greedy || seeds.len() == rows, || {
+        format!("sample_rows: {} seeds for {rows} rows", seeds.len())
+    })?;
+    // Greedy rows never read their seed: no upload, a null pointer.
+    let dseeds = if greedy {
+        None
+    } else {
+        Some(gpu.upload(seeds)?)
+    };
+    let out = GpuSampled {
+        tokens: gpu.uninit(rows)?,
+        logp: gpu.uninit(rows)?,
+    };
+    gpu.launch(
+        &SAMPLE,
+        "sample_rows",
+        (rows as u32, 1, 1),
+        (THREADS, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(logp)),
+            Arg::I(rows as i32),
+            Arg::I(vocab as i32),
+            Arg::I(greedy as i32),
+            Arg::P(dseeds.as_ref().map_or(0, |d| gpu.ptr(d))),
+            Arg::P(gpu.ptr(&out.tokens)),
+            Arg::P(gpu.ptr(&out.logp)),
+        ],
+    )?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_softmax(z: &[f64]) -> Vec<f32> {
+        let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + z.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+        z.iter().map(|v| (v - lse) as f32).collect()
+    }
+
+    /// Gumbel-max over 20000 rows with consecutive seeds draws from softmax: every
+    /// bin within 4 sigma, chi-square (4 dof) below 25 (p ~ 5e-5), and the pairs of
+    /// rows (2k, 2k+1) independent (chi-square over 25 cells, 24 dof, below 55).
+    #[test]
+    fn gumbel_max_samples_softmax() {
+        let p = [0.5, 0.2, 0.15, 0.1, 0.05];
+        let lp = log_softmax(&p.map(f64::ln));
+        let n = 20_000;
+        let logp: Vec<f32> = (0..n).flat_map(|_| lp.iter().copied()).collect();
+        let seeds: Vec<u64> = (0..n as u64).collect();
+        let got = sample_reference(&logp, 5, false, &seeds);
+        let mut count = [0usize; 5];
+        for &(t, l) in &got {
+            count[t as usize] += 1;
+            assert_eq!(l.to_bits(), lp[t as usize].to_bits());
+        }
+        let mut chi2 = 0.0;
+        for (c, &pi) in count.iter().zip(&p) {
+            let (e, sd) = (n as f64 * pi, (n as f64 * pi * (1.0 - pi)).sqrt());
+            assert!(
+                (*c as f64 - e).abs() <= 4.0 * sd,
+                "counts {count:?} for p {p:?}"
+            );
+            chi2 += (*c as f64 - e).powi(2) / e;
+        }
+        assert!(chi2 < 25.0, "chi-square {chi2} for counts {count:?}");
+        let mut pairs = [[0usize; 5]; 5];
+        for k in 0..n / 2 {
+            pairs[got[2 * k].0 as usize][got[2 * k + 1].0 as usize] += 1;
+        }
+        let mut chi2 = 0.0;
+        for a in 0..5 {
+            for b in 0..5 {
+                let e = (n / 2) as f64 * p[a] * p[b];
+                chi2 += (pairs[a][b] as f64 - e).powi(2) / e;
+            }
+        }
+        assert!(chi2 < 55.0, "pair chi-square {chi2}: {pairs:?}");
+    }
+
+    #[test]
+    fn greedy_ties_nan_and_neg_inf() {
+        let ninf = f32::NEG_INFINITY;
+        let logp = [
+            -1.0,
+            -0.5,
+            -0.5,
+            -2.0, // tie: lowest index
+            f32::NAN,
+            -3.0,
+            ninf,
+            -4.0, // NaN never wins
+            ninf,
+            ninf,
+            f32::NAN,
+            ninf, // nothing valid: token 0
+        ];
+        let got = sample_reference(&logp, 4, true, &[]);
+        assert_eq!(got[0], (1, -0.5));
+        assert_eq!(got[1], (1, -3.0));
+        assert_eq!(got[2].0, 0);
+        // Sampling never picks a NaN or -inf entry either.
+        let got = sample_reference(&logp, 4, false, &[1, 2, 3]);
+        assert!(got[1].0 == 1 || got[1].0 == 3, "{got:?}");
+        assert_eq!(got[2].0, 0);
+    }
+
+    #[test]
+    fn same_seed_same_draw_different_seed_differs() {
+        let lp = log_softmax(&[0.0; 1000]);
+        let a = sample_reference(&lp, 1000, false, &[42]);
+        assert_eq!(a, sample_reference(&lp, 1000, false, &[42]));
+        let distinct: std::collections::HashSet<u32> = (0..50)
+            .map(|s| sample_reference(&lp, 1000, false, &[s])[0].0)
+            .collect();
+        assert!(distinct.len() > 40, "{distinct:?}");
+    }
+}

@@ -165,3 +165,42 @@ fn tokenizer_larger_than_the_model_is_refused() {
         "{err}"
     );
 }
+
+/// Without CUDA (CI), asking for it fails with a message naming the field and
+/// what is missing; bench refuses the CPU and bad presets by name. With CUDA
+/// the run is exercised by `backend/tests/gpu_parity.rs` instead.
+#[test]
+fn device_errors_are_clear() {
+    if jet_backend::gpu::open_gpu().is_ok() {
+        println!("skipping: a CUDA device is present (gpu_parity covers --device cuda)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = jetd()
+        .args([
+            "run",
+            "configs/tiny-arith.toml",
+            "--steps",
+            "1",
+            "--device",
+            "cuda",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("run.device") && err.contains("cuda"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for (args, want) in [
+        (vec!["bench", "--device", "cpu"], "--device cpu"),
+        (vec!["bench", "--preset", "qwen9"], "--preset qwen9"),
+    ] {
+        let out = jetd().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

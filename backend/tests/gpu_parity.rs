@@ -5,8 +5,11 @@
 //!
 //! Errors are norm-wise relative, ||gpu - cpu|| / ||cpu||, unless stated.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
+
+use common::{expected, fixture};
 
 use jet_backend::config::RunConfig;
 use jet_backend::gpu::forward::forward as gpu_forward;
@@ -47,35 +50,6 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
 fn report(what: &str, err: f64, bound: f64) {
     println!("PARITY | {what:<52} | {err:.2e} | <= {bound:.0e}");
     assert!(err <= bound, "{what}: {err:.3e} above {bound:.0e}");
-}
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures")
-        .join(name)
-}
-
-/// (tokens, HF logits) of a fixture's sequences.
-fn expected(name: &str) -> Vec<(Vec<u32>, Vec<f32>)> {
-    let bytes = std::fs::read(fixture(name).join("expected.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let f32s = |b: &[u8]| {
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect::<Vec<f32>>()
-    };
-    (0..)
-        .map_while(|i| {
-            let t = st.tensor(&format!("tokens_{i}")).ok()?;
-            let l = st.tensor(&format!("logits_{i}")).ok()?;
-            let toks = t
-                .data()
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32)
-                .collect();
-            Some((toks, f32s(l.data())))
-        })
-        .collect()
 }
 
 /// The HF fixtures on the GPU, with the CPU test's bounds (max |ours - HF| / max |HF|).

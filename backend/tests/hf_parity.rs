@@ -7,43 +7,13 @@
 //! - bf16 flow: 3e-2 (BF16 GEMM operands and outputs, 8-bit mantissa).
 //! - fp8 flow: 0.25 (E4M3, 4-bit mantissa; a sanity bound, reported not tuned).
 
-use std::path::PathBuf;
+mod common;
 
+use common::{expected, fixture};
 use jet_backend::model::load_model;
 use jet_backend::tokenizer::Tokenizer;
 use jet_backend::transformer::{forward, PreparedModel};
 use jet_kernels::{Flow, GemmRole};
-use safetensors::SafeTensors;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures")
-        .join(name)
-}
-
-fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-/// (tokens, HF logits) for each sequence of a fixture.
-fn expected(name: &str) -> Vec<(Vec<u32>, Vec<f32>)> {
-    let bytes = std::fs::read(fixture(name).join("expected.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    (0..)
-        .map_while(|i| {
-            let t = st.tensor(&format!("tokens_{i}")).ok()?;
-            let l = st.tensor(&format!("logits_{i}")).ok()?;
-            let toks = t
-                .data()
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32)
-                .collect();
-            Some((toks, f32s(l.data())))
-        })
-        .collect()
-}
 
 fn rel_err(name: &str, flow: Flow) -> f64 {
     let (cfg, w) = load_model(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));

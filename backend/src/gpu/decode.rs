@@ -21,20 +21,6 @@ pub struct GpuKvCache {
     lens: Vec<usize>,
 }
 
-impl GpuKvCache {
-    /// Cached positions of sequence `slot`.
-    pub fn len(&self, slot: usize) -> usize {
-        self.lens[slot]
-    }
-    pub fn is_empty(&self) -> bool {
-        self.lens.is_empty()
-    }
-    /// Device bytes held.
-    pub fn bytes(&self) -> usize {
-        self.layers.len() * 2 * self.lens.len() * self.capacity * self.kvd * 4
-    }
-}
-
 /// Cache rows of `(slot, position)` pairs: `slot * capacity + position`.
 fn cache_rows(capacity: usize, it: impl Iterator<Item = (usize, usize)>) -> Vec<usize> {
     it.map(|(s, p)| s * capacity + p).collect()

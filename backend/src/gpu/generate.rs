@@ -34,11 +34,6 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
             logits: None,
         }
     }
-
-    /// Device bytes of the KV cache.
-    pub fn cache_bytes(&self) -> usize {
-        self.cache.as_ref().map_or(0, |c| c.bytes())
-    }
 }
 
 impl Decoder for GpuDecoder<'_, '_> {

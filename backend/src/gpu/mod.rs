@@ -88,17 +88,4 @@ impl GpuState {
             host_stale: false,
         })
     }
-
-    /// Zero the gradient buffer.
-    pub fn zero_grads(&mut self) -> Result<()> {
-        for b in &mut self.grads.bufs {
-            self.gpu.stream().memset_zeros(b).map_err(|e| {
-                jet_kernels::cuda::CudaError::Driver {
-                    what: "zeroing gradients".into(),
-                    err: e.to_string(),
-                }
-            })?;
-        }
-        Ok(())
-    }
 }

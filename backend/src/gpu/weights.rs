@@ -123,26 +123,6 @@ impl GpuWeights {
         Ok(())
     }
 
-    /// Overwrite the device tensors with host values (same layout).
-    pub fn copy_from_host(&mut self, gpu: &Gpu, w: &ModelWeights) -> Result<()> {
-        for ((name, t), b) in w.tensors().into_iter().zip(self.bufs.iter_mut()) {
-            if t.len() != b.len() {
-                return Err(CudaError::Invalid(format!(
-                    "{name}: host holds {} values, device copy {}",
-                    t.len(),
-                    b.len()
-                )));
-            }
-            gpu.stream()
-                .memcpy_htod(t, b)
-                .map_err(|e| CudaError::Driver {
-                    what: format!("uploading {name}"),
-                    err: e.to_string(),
-                })?;
-        }
-        Ok(())
-    }
-
     /// The output projection `[vocab, hidden]`: lm_head, or the embedding when tied.
     pub fn lm_head(&self) -> &CudaSlice<f32> {
         &self.bufs[self.ix.lm_head.unwrap_or(self.ix.embed)]
@@ -156,9 +136,17 @@ impl GpuWeights {
         i.map(|i| &self.bufs[i])
     }
 
-    /// Total bytes held on the device.
-    pub fn bytes(&self) -> usize {
-        self.bufs.iter().map(|b| b.len() * 4).sum()
+    /// Set every tensor to zero (a gradient buffer before an update).
+    pub fn zero(&mut self, gpu: &Gpu) -> Result<()> {
+        for b in &mut self.bufs {
+            gpu.stream()
+                .memset_zeros(b)
+                .map_err(|e| CudaError::Driver {
+                    what: "zeroing device tensors".into(),
+                    err: e.to_string(),
+                })?;
+        }
+        Ok(())
     }
 }
 

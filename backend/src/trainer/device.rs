@@ -8,7 +8,7 @@ use rand::RngCore;
 use crate::gpu::{run_pass_gpu, GpuDecoder, GpuModel, GpuState};
 use crate::model::ModelWeights;
 use crate::rl::optim::OptimConfig;
-use crate::rollout::engine::{generate_with, CpuDecoder, GenConfig, Sample};
+use crate::rollout::engine::{generate_with, CpuDecoder, Decoder, GenConfig, Sample};
 use crate::transformer::PreparedModel;
 
 use super::pass::{run_pass, Scored, TokenGrad, TrainSeq};
@@ -45,32 +45,27 @@ impl Trainer {
     ) -> Result<Vec<Sample>, SetupError> {
         let decode = |t: &[u32]| self.tokenizer.decode(t, true).unwrap_or_default();
         let max_pos = self.model_cfg.max_position_embeddings;
-        Ok(match &self.device {
+        // The prepared model lives here; the decoder borrows it.
+        let (cpu_model, gpu_model);
+        let mut dec: Box<dyn Decoder + '_> = match &self.device {
             None => {
-                let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
-                generate_with(
-                    &mut CpuDecoder::new(&model),
-                    max_pos,
-                    prompts,
-                    n,
-                    gen,
-                    &decode,
-                    rng,
-                )?
+                cpu_model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
+                Box::new(CpuDecoder::new(&cpu_model))
             }
             Some(d) => {
-                let model = GpuModel::new(&d.gpu, &self.model_cfg, &d.weights, self.flow)?;
-                generate_with(
-                    &mut GpuDecoder::new(&model),
-                    max_pos,
-                    prompts,
-                    n,
-                    gen,
-                    &decode,
-                    rng,
-                )?
+                gpu_model = GpuModel::new(&d.gpu, &self.model_cfg, &d.weights, self.flow)?;
+                Box::new(GpuDecoder::new(&gpu_model))
             }
-        })
+        };
+        Ok(generate_with(
+            dec.as_mut(),
+            max_pos,
+            prompts,
+            n,
+            gen,
+            &decode,
+            rng,
+        )?)
     }
 
     /// Score `seqs` with `which` weights; with `grad`, also the gradients.
@@ -95,7 +90,7 @@ impl Trainer {
             }
             Some(d) => {
                 if want {
-                    d.zero_grads()?;
+                    d.grads.zero(&d.gpu)?;
                 }
                 let GpuState {
                     gpu,

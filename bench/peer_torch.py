@@ -15,6 +15,11 @@ anyone can reproduce with stock libraries:
            Pure-BF16 AdamW (optimizer state in the parameter dtype, no master
            weights), no gradient checkpointing.
 
+Peers (--peer): `eager` is the above; `sdpa` uses PyTorch's scaled_dot_product_attention
+(the transformers default) and fused AdamW; `compile` is `sdpa` with the training
+step's model under torch.compile (rollout stays uncompiled). `--attn-bench` times
+causal SDPA alone (FlashAttention-2 and cuDNN backends) at B x 16 x L, d 128.
+
 Peak CUDA memory is reported per phase. Models are built from configs with
 random weights: nothing is downloaded (throughput does not depend on weights).
 """
@@ -43,10 +48,11 @@ def build_model(args):
         kw["num_hidden_layers"] = args.layers
     cfg = transformers.Qwen3Config(**kw)  # rope_theta -> rope_parameters in transformers 5
     auto = transformers.AutoModelForCausalLM
+    attn = "eager" if args.peer == "eager" else "sdpa"
     try:  # transformers >= 4.56 / 5.x spell it dtype=
-        model = auto.from_config(cfg, attn_implementation="eager", dtype=torch.bfloat16)
+        model = auto.from_config(cfg, attn_implementation=attn, dtype=torch.bfloat16)
     except TypeError:
-        model = auto.from_config(cfg, attn_implementation="eager", torch_dtype=torch.bfloat16)
+        model = auto.from_config(cfg, attn_implementation=attn, torch_dtype=torch.bfloat16)
     model = model.to(device=args.device, dtype=torch.bfloat16)
     gc_ = model.generation_config  # never stop early, never pad
     gc_.eos_token_id, gc_.bos_token_id, gc_.pad_token_id = None, None, 0
@@ -116,11 +122,13 @@ def bench_train(model, cfg, args, dev):
     res = dict(seqs=args.train_seqs, len=args.train_len, steps=args.train_steps)
     opt = None
     try:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        fused = args.peer != "eager" and dev.type == "cuda"
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused or None)
         ids = torch.randint(1, cfg.vocab_size, (args.train_seqs, args.train_len), device=dev)
+        fwd = torch.compile(model) if args.peer == "compile" else model
 
         def step():
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = fwd(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -141,6 +149,49 @@ def bench_train(model, cfg, args, dev):
     return res
 
 
+def attn_bench(args):
+    """Causal SDPA, B x 16 heads x L, d 128, BF16: forward and forward+backward
+    TFLOP/s (4 B H L^2 d / 2 forward, 3.5x that forward+backward), median of 20."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    dev = torch.device(args.device)
+    rows = []
+    for (b, l) in [(8, 512), (4, 2048)]:
+        q, k, v = (torch.randn(b, 16, l, 128, device=dev, dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        g = torch.randn_like(q)
+        flops = 2.0 * b * 16 * l * l * 128
+        for name, be in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]:
+            try:
+                with sdpa_kernel(be):
+                    fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    both = lambda: torch.autograd.grad(fwd(), (q, k, v), g)
+                    ts = []
+                    for fn in (fwd, both):
+                        for _ in range(3):
+                            fn()
+                        t = []
+                        for _ in range(20):
+                            a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                            a.record(); fn(); e.record(); e.synchronize()
+                            t.append(a.elapsed_time(e) / 1e3)
+                        ts.append(sorted(t)[len(t) // 2])
+                rows.append(dict(shape=f"{b}x16x{l}", backend=name, fwd_s=ts[0], fwd_bwd_s=ts[1],
+                                 fwd_tflops=round(flops / ts[0] / 1e12, 1),
+                                 fwd_bwd_tflops=round(3.5 * flops / ts[1] / 1e12, 1)))
+            except RuntimeError as e:
+                rows.append(dict(shape=f"{b}x16x{l}", backend=name, error=str(e)[:80]))
+    print(f"# causal SDPA, d 128, BF16, torch {torch.__version__}, {torch.cuda.get_device_name(dev)}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['shape']:<12} {r['backend']:<6} {r['error']}")
+        else:
+            print(f"{r['shape']:<12} {r['backend']:<6} fwd {r['fwd_tflops']:>6} TFLOP/s  "
+                  f"fwd+bwd {r['fwd_bwd_tflops']:>6} TFLOP/s")
+    if args.json:
+        print(json.dumps({"peer": "sdpa-attention", "rows": rows}))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-0.6b")
@@ -155,7 +206,13 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peer", choices=["eager", "sdpa", "compile"], default="eager")
+    p.add_argument("--no-rollout", action="store_true", help="time training only")
+    p.add_argument("--attn-bench", action="store_true",
+                   help="time causal SDPA alone (FA2 and cuDNN backends) and exit")
     args = p.parse_args()
+    if args.attn_bench:
+        return attn_bench(args)
     batches = [int(b) for b in args.batch.split(",") if b.strip()]
     transformers.logging.set_verbosity_error()
     dev = torch.device(args.device)
@@ -164,16 +221,16 @@ def main():
     torch.manual_seed(args.seed)
 
     model, cfg = build_model(args)
-    rollout = [bench_rollout(model, cfg, args, dev, b) for b in batches]
+    rollout = [] if args.no_rollout else [bench_rollout(model, cfg, args, dev, b) for b in batches]
     train = bench_train(model, cfg, args, dev)
 
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or "cpu")
-    result = {"peer": "pytorch-eager-bf16", "torch": torch.__version__,
+    result = {"peer": f"pytorch-{args.peer}-bf16", "torch": torch.__version__,
               "transformers": transformers.__version__, "device": name, "preset": args.preset,
               "layers": cfg.num_hidden_layers, "rollout": rollout, "train": train}
 
     f = lambda v: "-" if v is None else (f"{v:,.1f}" if isinstance(v, float) else str(v))
-    print(f"# PyTorch peer: {args.preset} ({cfg.num_hidden_layers} layers), eager BF16, "
+    print(f"# PyTorch peer: {args.preset} ({cfg.num_hidden_layers} layers), {args.peer} BF16, "
           f"torch {torch.__version__}, transformers {transformers.__version__}, {name}")
     print(f"{'phase':<8} {'batch':>6} {'shape':>10} {'tok/s':>12} {'decode tok/s':>13} "
           f"{'seconds':>9} {'peak GiB':>9}")

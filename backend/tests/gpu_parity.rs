@@ -146,7 +146,10 @@ fn whole_step_matches_cpu() {
         (Flow::Bf16, 2e-2, 2e-2, 5e-2, 5e-2, 0.2),
         // FP8 gradients of the norm weights are sums of many small, cancelling
         // terms: cuBLASLt's accumulation moves them most (input_layernorm 5.3e-2).
-        (Flow::Fp8, 2e-2, 2e-2, 0.15, 5e-2, 0.3),
+        // The update bound is loose because AdamW's first step is ~lr * sign(g):
+        // every small gradient component that changes sign moves a whole lr (with
+        // the BF16-operand attention of this flow: 0.302 measured on an H200).
+        (Flow::Fp8, 2e-2, 2e-2, 0.15, 5e-2, 0.4),
     ];
     for (flow, b_lp, b_loss, b_g, b_norm, b_upd) in bounds {
         let f = flow.name();
@@ -250,14 +253,16 @@ fn rollout_vs_training_mismatch_on_gpu() {
         stop_token_ids: vec![0],
         stop_strings: vec![],
     };
-    // Bounds on max |dlogp|: f32 and bf16 share kernels between decode and
-    // training up to summation order; fp8 decode reads the weight bytes with
-    // f32 accumulation (gemv) while training uses cuBLASLt's block-scaled GEMM,
-    // whose tensor-core accumulation is narrower (kernels/src/cuda/NOTES.md).
+    // Bounds on max |dlogp|: f32 shares kernels between decode and training up
+    // to summation order; bf16 is bit-identical (the tensor-core attention gives
+    // a decoded row the training forward's bits, and the BF16 GEMMs are row-
+    // independent); fp8 decode reads the weight bytes with f32 accumulation
+    // (gemv) while training uses cuBLASLt's block-scaled GEMM, whose
+    // tensor-core accumulation is narrower (kernels/src/cuda/NOTES.md).
     let mut kl = Vec::new();
     for (flow, bound) in [
         (Flow::F32, 1e-4),
-        (Flow::Bf16, 1e-4),
+        (Flow::Bf16, 0.0),
         (Flow::Fp8, 1e-1),
         (Flow::Bf16Fp8Rollout, 10.0),
     ] {

@@ -6,82 +6,17 @@
 //!
 //! Errors are norm-wise relative, ||gpu - cpu|| / ||cpu||, unless "bit-exact".
 
-use std::sync::Arc;
-
 use jet_kernels::cuda::{
     self, adamw as gadam, attention as gatt, gemm, gemv, linear as glin, logsoftmax as glsm,
-    ops as gops, quantize as gq, sample as gsam, tensor as gten, Gpu,
+    ops as gops, quantize as gq, sample as gsam, tensor as gten,
 };
 use jet_kernels::fp8::{decode, fp8_gemm, Fp8Matrix, Fp8Operand, Grouping};
 use jet_kernels::ops::{attention, embedding, linear, logsoftmax, rmsnorm, rope, swiglu};
 use jet_kernels::{bf16, Flow, GemmPrecision};
 use rand::{Rng, SeedableRng};
 
-fn gpu() -> Option<Arc<Gpu>> {
-    match cuda::cuda_available() {
-        Ok(g) => Some(g),
-        Err(e) => {
-            println!("skipping: no CUDA device: {e}");
-            None
-        }
-    }
-}
-
-fn rnd(n: usize, seed: u64, amp: f32) -> Vec<f32> {
-    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| r.random_range(-amp..amp)).collect()
-}
-
-fn rel(gpu: &[f32], cpu: &[f32]) -> f64 {
-    assert_eq!(gpu.len(), cpu.len(), "lengths");
-    let (mut num, mut den) = (0f64, 0f64);
-    for (a, b) in gpu.iter().zip(cpu) {
-        assert!(
-            a.is_finite() == b.is_finite(),
-            "finite mismatch: gpu {a} cpu {b}"
-        );
-        if b.is_finite() {
-            num += ((a - b) as f64).powi(2);
-            den += (*b as f64).powi(2);
-        }
-    }
-    (num / den.max(1e-300)).sqrt()
-}
-
-thread_local! {
-    static FAILS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Print the PARITY line; a miss is recorded and fails the test at [`done`], so
-/// that every line of a test gets printed first.
-fn report(op: &str, shape: &str, err: f64, bound: f64) {
-    println!("PARITY | {op:<34} | {shape:<24} | {err:.2e} | <= {bound:.0e}");
-    if err.is_nan() || err > bound {
-        let msg = format!("{op} {shape}: error {err:.3e} above {bound:.0e}");
-        FAILS.with(|f| f.borrow_mut().push(msg));
-    }
-}
-
-fn report_exact(op: &str, shape: &str, mismatches: usize) {
-    println!("PARITY | {op:<34} | {shape:<24} | {mismatches} differing | bit-exact");
-    if mismatches > 0 {
-        let msg = format!("{op} {shape}: {mismatches} values differ");
-        FAILS.with(|f| f.borrow_mut().push(msg));
-    }
-}
-
-fn done() {
-    let fails = FAILS.with(|f| std::mem::take(&mut *f.borrow_mut()));
-    assert!(fails.is_empty(), "{}", fails.join("\n"));
-}
-
-fn dl(g: &Gpu, x: &cudarc::driver::CudaSlice<f32>, n: usize) -> Vec<f32> {
-    g.download_n(x, n).unwrap()
-}
-
-fn up(g: &Gpu, x: &[f32]) -> cudarc::driver::CudaSlice<f32> {
-    g.upload(x).unwrap()
-}
+mod common;
+use common::*;
 
 /// Codes and scale bits, GPU against CPU.
 fn diff_q(gq: &Fp8Matrix, cq: &Fp8Matrix) -> usize {

@@ -66,7 +66,7 @@ pub(crate) fn time_us(g: &Gpu, reps: usize, mut f: impl FnMut() -> Result<()>) -
     Ok(a.elapsed_ms(&b).map_err(drv)? as f64 * 1e3 / reps as f64)
 }
 
-fn rand_dev(g: &Gpu, n: usize, seed: u32, amp: f32) -> Result<CudaSlice<f32>> {
+pub(crate) fn rand_dev(g: &Gpu, n: usize, seed: u32, amp: f32) -> Result<CudaSlice<f32>> {
     let mut x = g.zeros::<f32>(n)?;
     fill_random(g, &mut x, seed, amp)?;
     Ok(x)
@@ -192,75 +192,4 @@ pub fn quantizers(g: &Gpu, cfg: &ModelConfig) -> Result<Vec<QuantRow>> {
         of_copy: wb / t / 1e3 / copy_gbs,
     });
     Ok(out)
-}
-
-#[derive(Serialize)]
-pub struct OpRow {
-    pub name: String,
-    pub shape: String,
-    /// Device time of one call (one layer).
-    pub us: f64,
-}
-
-/// Attention of one layer at the training shape (forward, backward) and at
-/// the decode shape: what the phases spend outside the GEMMs.
-pub fn attention(
-    g: &Gpu,
-    cfg: &ModelConfig,
-    seqs: usize,
-    len: usize,
-    batch: usize,
-    ctx: usize,
-) -> Result<Vec<OpRow>> {
-    use jet_kernels::cuda::attention::{attention_backward, attention_decode, attention_forward};
-    let shape = jet_kernels::ops::attention::AttnShape {
-        n_heads: cfg.num_attention_heads,
-        n_kv_heads: cfg.num_key_value_heads,
-        head_dim: cfg.head_dim,
-    };
-    let (qd, kvd) = (
-        shape.n_heads * shape.head_dim,
-        shape.n_kv_heads * shape.head_dim,
-    );
-    let rows = seqs * len;
-    let lens = vec![len; seqs];
-    let (q, k, v) = (
-        rand_dev(g, rows * qd, 5, 1.0)?,
-        rand_dev(g, rows * kvd, 6, 1.0)?,
-        rand_dev(g, rows * kvd, 7, 1.0)?,
-    );
-    let fwd = time_us(g, 3, || {
-        attention_forward(g, &q, &k, &v, &lens, shape).map(drop)
-    })?;
-    let (o, p) = attention_forward(g, &q, &k, &v, &lens, shape)?;
-    let bwd = time_us(g, 3, || {
-        attention_backward(g, &o, &q, &k, &v, &p, &lens, shape).map(drop)
-    })?;
-    drop((q, k, v, o, p));
-    let qb = rand_dev(g, batch * qd, 8, 1.0)?;
-    let (kc, vc) = (
-        rand_dev(g, batch * ctx * kvd, 9, 1.0)?,
-        rand_dev(g, batch * ctx * kvd, 10, 1.0)?,
-    );
-    let dlens = vec![ctx; batch];
-    let dec = time_us(g, 10, || {
-        attention_decode(g, &qb, &kc, &vc, ctx, &dlens, shape).map(drop)
-    })?;
-    Ok(vec![
-        OpRow {
-            name: "attention forward".into(),
-            shape: format!("{seqs} x {len} tokens"),
-            us: fwd,
-        },
-        OpRow {
-            name: "attention backward".into(),
-            shape: format!("{seqs} x {len} tokens"),
-            us: bwd,
-        },
-        OpRow {
-            name: "attention decode".into(),
-            shape: format!("batch {batch}, {ctx} cached"),
-            us: dec,
-        },
-    ])
 }

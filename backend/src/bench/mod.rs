@@ -6,6 +6,7 @@
 //! step into rollout / train / other, and peak device memory. Timings are
 //! device events (kernels) or wall clock around a synchronized phase (phases).
 
+mod attention;
 mod kernels;
 mod phases;
 
@@ -96,7 +97,7 @@ pub struct Report {
     pub params: usize,
     pub gemm: Vec<kernels::GemmRow>,
     pub quant: Vec<kernels::QuantRow>,
-    pub ops: Vec<kernels::OpRow>,
+    pub ops: Vec<attention::OpRow>,
     pub rollout: Vec<phases::RolloutRow>,
     pub train: Vec<phases::TrainRow>,
     pub step: Vec<phases::StepRow>,
@@ -159,7 +160,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         say("bench: GEMMs and quantizers ...");
         r.gemm = kernels::gemms(&gpu, &cfg)?;
         r.quant = kernels::quantizers(&gpu, &cfg)?;
-        r.ops = kernels::attention(
+        r.ops = attention::attention(
             &gpu,
             &cfg,
             a.train_seqs,
@@ -170,12 +171,38 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     }
     say("bench: rollout, training, steps ...");
     phases::run(&gpu, &cfg, &a, &flows, &mut r, &say)?;
+    set_floors(&mut r, (a.train_seqs * a.train_len) as f64);
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
         print!("{}", render(&r, &a));
     }
     Ok(())
+}
+
+/// Fill each training row's floor from the measured GEMM rates and copy bandwidth.
+fn set_floors(r: &mut Report, tokens: f64) {
+    let best = |fp8: bool| {
+        r.gemm
+            .iter()
+            .map(|g| if fp8 { g.fp8_tflops } else { g.bf16_tflops })
+            .fold(0.0f64, f64::max)
+    };
+    let copy = r
+        .quant
+        .iter()
+        .find(|q| q.name.starts_with("copy"))
+        .map(|q| q.gb_per_s);
+    let (Some(copy), false) = (copy, r.gemm.is_empty()) else {
+        return;
+    };
+    let params = r.params as f64;
+    for t in &mut r.train {
+        let tflops = best(t.flow == Flow::Fp8.name());
+        let floor = 6.0 * params * tokens / (tflops * 1e12) + 28.0 * params / (copy * 1e9);
+        t.floor_s = Some(floor);
+        t.of_floor = Some(floor / t.step_s);
+    }
 }
 
 fn render(r: &Report, a: &BenchArgs) -> String {
@@ -216,10 +243,19 @@ fn render(r: &Report, a: &BenchArgs) -> String {
     if !r.ops.is_empty() {
         let _ = writeln!(
             s,
-            "\nop (one layer)         shape                         us"
+            "\nattention (one layer)          shape                       us   TFLOP/s    GB/s"
         );
+        let opt = |x: Option<f64>| x.map(|v| format!("{v:.0}")).unwrap_or_default();
         for o in &r.ops {
-            let _ = writeln!(s, "{:<22} {:<26} {:>8.0}", o.name, o.shape, o.us);
+            let _ = writeln!(
+                s,
+                "{:<30} {:<24} {:>8.0} {:>9} {:>7}",
+                o.name,
+                o.shape,
+                o.us,
+                opt(o.tflops),
+                opt(o.gb_per_s)
+            );
         }
     }
     let _ = writeln!(
@@ -233,11 +269,11 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             x.flow, x.batch, x.tokens_per_s, x.vs_bf16, x.peak_gib
         );
     }
-    let _ = writeln!(s, "\ntrain              tokens/s   vs bf16   step s  prepare  forward  loss+bwd  AdamW   peak GiB");
+    let _ = writeln!(s, "\ntrain              tokens/s   vs bf16   step s  prepare  forward  loss+bwd  AdamW   peak GiB  floor s  of floor");
     for x in &r.train {
         let _ = writeln!(
             s,
-            "{:<18} {:>8.0} {:>8.2}x {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>6.3} {:>10.1}",
+            "{:<18} {:>8.0} {:>8.2}x {:>8.3} {:>8.3} {:>8.3} {:>9.3} {:>6.3} {:>10.1} {:>8} {:>8}",
             x.flow,
             x.tokens_per_s,
             x.vs_bf16,
@@ -246,7 +282,11 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             x.forward_s,
             x.step_s - x.prepare_s - x.forward_s - x.optimizer_s,
             x.optimizer_s,
-            x.peak_gib
+            x.peak_gib,
+            x.floor_s.map(|f| format!("{f:.3}")).unwrap_or_default(),
+            x.of_floor
+                .map(|f| format!("{:.0}%", f * 100.0))
+                .unwrap_or_default()
         );
     }
     let _ = writeln!(

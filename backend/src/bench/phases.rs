@@ -2,8 +2,10 @@
 //! training tokens/s per flow, and one GRPO-shaped step split into rollout /
 //! train / other. Wall clock around synchronized phases, as a run sees them.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use jet_kernels::cuda::ops::GpuRope;
 use jet_kernels::cuda::{Gpu, Result};
 use jet_kernels::Flow;
 use rand::{Rng, RngCore, SeedableRng};
@@ -11,12 +13,13 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 use super::{mem_used_gib, BenchArgs, Report};
-use crate::gpu::{run_pass_gpu, GpuAdam, GpuDecoder, GpuModel, GpuWeights};
+use crate::gpu::{run_pass_gpu, GpuAdam, GpuDecoder, GpuModel, GpuWeights, PreparedParts};
 use crate::model::ModelConfig;
 use crate::rl::optim::{OptimConfig, Schedule};
 use crate::rollout::engine::{generate_with, GenConfig, Sample};
 use crate::rollout::sampler::SamplingParams;
 use crate::trainer::pass::TrainSeq;
+use crate::transformer::rope_table;
 
 #[derive(Serialize)]
 pub struct RolloutRow {
@@ -41,6 +44,13 @@ pub struct TrainRow {
     pub optimizer_s: f64,
     pub vs_bf16: f64,
     pub peak_gib: f64,
+    /// The step's floor: 6 x params x tokens FLOPs at the best GEMM rate
+    /// measured for the flow's training precision, plus AdamW's bytes (28 per
+    /// parameter: w, g, m, v read; w, m, v written) at the measured copy
+    /// bandwidth. None when the GEMMs were not measured (--no-kernels).
+    pub floor_s: Option<f64>,
+    /// floor_s / step_s.
+    pub of_floor: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -117,6 +127,8 @@ fn train(
     flow: Flow,
     seqs: &[TrainSeq],
     micro: usize,
+    rope: &Arc<GpuRope>,
+    prepared: Option<PreparedParts>,
 ) -> Result<f64> {
     let t = Instant::now();
     grads.zero(g)?;
@@ -124,7 +136,11 @@ fn train(
     let inv = 1.0 / n.max(1) as f64;
     let mut gf = |_: usize, _: usize, _: f64, _: f64| (-inv, 0.0);
     {
-        let model = GpuModel::new(g, cfg, w, flow)?;
+        // As the trainer: the rollout's prepared weights serve the first update.
+        let model = match prepared {
+            Some(p) => GpuModel::reuse(g, cfg, w, p),
+            None => GpuModel::with_rope(g, cfg, w, flow, rope.clone())?,
+        };
         run_pass_gpu(&model, seqs, 1.0, micro, Some((&mut gf, &mut *grads)))?;
     }
     adam.step(g, w, grads, &opt_cfg(), 1e-6)?;
@@ -133,6 +149,7 @@ fn train(
 }
 
 /// Seconds of the weight preparation, the training forward and one AdamW step, each alone.
+#[allow(clippy::too_many_arguments)]
 fn parts(
     g: &std::sync::Arc<Gpu>,
     cfg: &ModelConfig,
@@ -141,10 +158,11 @@ fn parts(
     adam: &mut GpuAdam,
     flow: Flow,
     seqs: &[TrainSeq],
+    rope: &Arc<GpuRope>,
 ) -> Result<(f64, f64, f64)> {
     g.sync()?;
     let t = Instant::now();
-    let model = GpuModel::new(g, cfg, w, flow)?;
+    let model = GpuModel::with_rope(g, cfg, w, flow, rope.clone())?;
     g.sync()?;
     let prepare = t.elapsed().as_secs_f64();
     let refs: Vec<&[u32]> = seqs.iter().map(|s| s.tokens.as_slice()).collect();
@@ -177,11 +195,12 @@ pub fn run(
     };
     let mut peak = mem_used_gib();
     let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let rope = Arc::new(GpuRope::new(g, &rope_table(cfg))?);
 
     // Rollout throughput.
     let mut base_roll = std::collections::HashMap::new();
     for &flow in flows {
-        let model = GpuModel::new(g, cfg, &w, flow)?;
+        let model = GpuModel::with_rope(g, cfg, &w, flow, rope.clone())?;
         // Warm-up: compiles nothing new, but lets cuBLASLt pick its algorithms.
         rollout(&model, &prompts(cfg, 2, a.prompt_len, 0), 4, &mut rng)?;
         for &b in &a.batch {
@@ -228,6 +247,8 @@ pub fn run(
                 flow,
                 &seqs,
                 a.train_seqs,
+                &rope,
+                None,
             )?;
             if i > 0 {
                 total += s;
@@ -236,7 +257,7 @@ pub fn run(
         let used = mem_used_gib();
         peak = peak.max(used);
         let (prepare_s, forward_s, optimizer_s) =
-            parts(g, cfg, &mut w, &grads, &mut adam, flow, &seqs)?;
+            parts(g, cfg, &mut w, &grads, &mut adam, flow, &seqs, &rope)?;
         let step_s = total / a.train_steps as f64;
         let tps = (a.train_seqs * a.train_len) as f64 / step_s;
         let base = *base_train.get_or_insert(if flow == Flow::Bf16 { tps } else { f64::NAN });
@@ -249,6 +270,8 @@ pub fn run(
             optimizer_s,
             vs_bf16: tps / base,
             peak_gib: used,
+            floor_s: None,
+            of_floor: None,
         });
     }
 
@@ -260,9 +283,9 @@ pub fn run(
         say(&format!("  step {}", flow.name()));
         let ps = prompts(cfg, b, a.prompt_len, 5);
         let t0 = Instant::now();
-        let model = GpuModel::new(g, cfg, &w, flow)?;
+        let model = GpuModel::with_rope(g, cfg, &w, flow, rope.clone())?;
         let (samples, roll_s) = rollout(&model, &ps, a.gen_len, &mut rng)?;
-        drop(model);
+        let prepared = model.into_parts();
         let seqs: Vec<TrainSeq> = samples
             .iter()
             .map(|s| TrainSeq {
@@ -279,6 +302,8 @@ pub fn run(
             flow,
             &seqs,
             a.train_seqs,
+            &rope,
+            Some(prepared),
         )?;
         let total = t0.elapsed().as_secs_f64();
         peak = peak.max(mem_used_gib());

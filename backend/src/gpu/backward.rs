@@ -6,15 +6,17 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
+use jet_kernels::cuda::flash::flash_backward;
 use jet_kernels::cuda::linear::{linear_backward, GpuWeight};
 use jet_kernels::cuda::ops::{
     embedding_backward, rmsnorm_backward, rope_backward, swiglu_backward,
 };
 use jet_kernels::cuda::tensor::{add_into, round_bf16};
-use jet_kernels::cuda::{Gpu, Result};
+use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
 
 use super::forward::GpuActivations;
+use super::layers::AttnSaved;
 use super::model::GpuModel;
 use super::weights::GpuWeights;
 
@@ -121,16 +123,20 @@ pub fn backward(
 
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
         let dattn = cx.linear(&dh_mid, &a.attn, &lp.o, grads, lx.o, None)?;
-        let (mut dq, mut dk, dv) = attention_backward(
-            g,
-            &dattn,
-            &a.q,
-            &a.k,
-            &a.v,
-            &a.probs,
-            &acts.seq_lens,
-            model.attn_shape(),
-        )?;
+        let shape = model.attn_shape();
+        let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
+            (AttnSaved::Lse(lse), Some(plan)) => {
+                flash_backward(g, plan, &dattn, &a.q, &a.k, &a.v, &a.attn, lse, shape)?
+            }
+            (AttnSaved::Probs(p), _) => {
+                attention_backward(g, &dattn, &a.q, &a.k, &a.v, p, &acts.seq_lens, shape)?
+            }
+            (AttnSaved::Lse(_), None) => {
+                return Err(CudaError::Invalid(
+                    "attention backward: log-sum-exp kept but no tile plan".into(),
+                ))
+            }
+        };
         rope_backward(g, &mut dq, &acts.positions, nh, &model.rope)?;
         rope_backward(g, &mut dk, &acts.positions, nkv, &model.rope)?;
         let (mut dq, mut dk, dv) = (cx.lp(dq)?, cx.lp(dk)?, cx.lp(dv)?);

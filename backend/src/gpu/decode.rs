@@ -6,12 +6,13 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_decode_at;
+use jet_kernels::cuda::flash::flash_decode_at;
 use jet_kernels::cuda::tensor::{gather_rows, scatter_rows};
 use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::GemmRole;
 
 use super::forward::{pack, PackedCausal};
-use super::layers::{head, run_layers, GpuAttention};
+use super::layers::{head, run_layers, AttnSaved, GpuAttention};
 use super::model::GpuModel;
 
 pub struct GpuKvCache {
@@ -65,13 +66,7 @@ pub fn prefill(
         scatter_rows(g, kc, kvd, &rows, k)?;
         scatter_rows(g, vc, kvd, &rows, v)
     };
-    let mut attn = PackedCausal {
-        seq_lens: &seq_lens,
-        shape: model.attn_shape(),
-        gpu: g,
-        keep_probs: false,
-        keep_kv: Some(&mut keep),
-    };
+    let mut attn = PackedCausal::new(model, &seq_lens, false, Some(&mut keep))?;
     let h = run_layers(model, &tokens, &positions, role, &mut attn, None)?;
     // Only each prompt's last row goes through the head.
     let mut last = Vec::with_capacity(n);
@@ -104,7 +99,7 @@ impl GpuAttention for Decode<'_> {
         q: &CudaSlice<f32>,
         k: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
-    ) -> Result<(CudaSlice<f32>, Option<CudaSlice<f32>>)> {
+    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)> {
         let g = &*self.model.gpu;
         let c = &mut *self.cache;
         let rows = cache_rows(c.capacity, self.slots.iter().map(|&s| (s, c.lens[s])));
@@ -112,7 +107,12 @@ impl GpuAttention for Decode<'_> {
         let (kc, vc) = &mut c.layers[layer];
         scatter_rows(g, kc, c.kvd, &rows, k)?;
         scatter_rows(g, vc, c.kvd, &rows, v)?;
-        let o = attention_decode_at(
+        // The same kernel family as the training forward (see GpuModel::flash_attention).
+        let decode = match self.model.flash_attention() {
+            true => flash_decode_at,
+            false => attention_decode_at,
+        };
+        let o = decode(
             g,
             q,
             kc,

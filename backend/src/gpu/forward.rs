@@ -2,10 +2,11 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_forward;
+use jet_kernels::cuda::flash::{flash_forward, FlashPlan};
 use jet_kernels::cuda::Result;
 use jet_kernels::GemmRole;
 
-use super::layers::{head, run_layers, GpuAttention, GpuLayerActs};
+use super::layers::{head, run_layers, AttnSaved, GpuAttention, GpuLayerActs};
 use super::model::GpuModel;
 
 /// Everything the backward needs, sequences packed one after another.
@@ -14,6 +15,8 @@ pub struct GpuActivations {
     pub seq_lens: Vec<usize>,
     pub positions: Vec<usize>,
     pub layers: Vec<GpuLayerActs>,
+    /// The tensor-core attention's tiles of this batch (None: per-row kernels).
+    pub flash: Option<FlashPlan>,
     /// Residual entering the final norm `[M, hidden]`, the normed rows and rstd.
     pub h_final: CudaSlice<f32>,
     pub normed: CudaSlice<f32>,
@@ -37,6 +40,32 @@ pub(super) struct PackedCausal<'a> {
     pub gpu: &'a jet_kernels::cuda::Gpu,
     pub keep_probs: bool,
     pub keep_kv: Option<&'a mut KeepKv<'a>>,
+    /// Set when the model runs the tensor-core attention (one plan for all layers).
+    pub flash: Option<FlashPlan>,
+}
+
+impl<'a> PackedCausal<'a> {
+    /// The attention of `model` over `seq_lens`, keeping what the backward needs
+    /// when `keep`.
+    pub fn new(
+        model: &'a GpuModel,
+        seq_lens: &'a [usize],
+        keep: bool,
+        keep_kv: Option<&'a mut KeepKv<'a>>,
+    ) -> Result<PackedCausal<'a>> {
+        let flash = match model.flash_attention() {
+            true => Some(FlashPlan::new(&model.gpu, seq_lens)?),
+            false => None,
+        };
+        Ok(PackedCausal {
+            seq_lens,
+            shape: model.attn_shape(),
+            gpu: &model.gpu,
+            keep_probs: keep,
+            keep_kv,
+            flash,
+        })
+    }
 }
 
 impl GpuAttention for PackedCausal<'_> {
@@ -46,12 +75,16 @@ impl GpuAttention for PackedCausal<'_> {
         q: &CudaSlice<f32>,
         k: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
-    ) -> Result<(CudaSlice<f32>, Option<CudaSlice<f32>>)> {
+    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)> {
         if let Some(keep) = self.keep_kv.as_mut() {
             keep(layer, k, v)?;
         }
+        if let Some(plan) = &self.flash {
+            let (o, lse) = flash_forward(self.gpu, plan, q, k, v, self.shape)?;
+            return Ok((o, self.keep_probs.then_some(AttnSaved::Lse(lse))));
+        }
         let (o, p) = attention_forward(self.gpu, q, k, v, self.seq_lens, self.shape)?;
-        Ok((o, self.keep_probs.then_some(p)))
+        Ok((o, self.keep_probs.then_some(AttnSaved::Probs(p))))
     }
 }
 
@@ -76,13 +109,7 @@ pub fn forward(
     keep_acts: bool,
 ) -> Result<GpuForwardOut> {
     let (tokens, seq_lens, positions) = pack(seqs);
-    let mut attn = PackedCausal {
-        seq_lens: &seq_lens,
-        shape: model.attn_shape(),
-        gpu: &model.gpu,
-        keep_probs: keep_acts,
-        keep_kv: None,
-    };
+    let mut attn = PackedCausal::new(model, &seq_lens, keep_acts, None)?;
     let mut layers = Vec::new();
     let h = run_layers(
         model,
@@ -93,11 +120,13 @@ pub fn forward(
         keep_acts.then_some(&mut layers),
     )?;
     let (normed, rstd_final, logits) = head(model, &h, tokens.len(), role)?;
+    let flash = attn.flash.take();
     let acts = keep_acts.then_some(GpuActivations {
         tokens,
         seq_lens,
         positions,
         layers,
+        flash,
         h_final: h,
         normed,
         rstd_final,

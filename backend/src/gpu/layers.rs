@@ -31,8 +31,8 @@ pub struct GpuLayerActs {
     pub q: CudaSlice<f32>,
     pub k: CudaSlice<f32>,
     pub v: CudaSlice<f32>,
-    /// Softmax probabilities of the packed sequences.
-    pub probs: CudaSlice<f32>,
+    /// What the attention backward needs beyond q, k, v and its output.
+    pub saved: AttnSaved,
     /// Attention output `[M, nh*hd]`, residual after attention, its norm and rstd.
     pub attn: CudaSlice<f32>,
     pub h_mid: CudaSlice<f32>,
@@ -44,8 +44,17 @@ pub struct GpuLayerActs {
     pub m: CudaSlice<f32>,
 }
 
+/// What one layer's attention keeps for its backward.
+pub enum AttnSaved {
+    /// Per-row kernels (f32 flow): the softmax probabilities of the packed sequences.
+    Probs(CudaSlice<f32>),
+    /// Tensor-core kernels: each row's log2-sum-exp `[M, nh]`.
+    Lse(CudaSlice<f32>),
+}
+
 /// The attention of one layer for all M rows: q `[M, nh*hd]`, k, v `[M, nkv*hd]`
-/// after norm and RoPE -> output `[M, nh*hd]` and, when training, the probabilities.
+/// after norm and RoPE -> output `[M, nh*hd]` and, when training, what the
+/// backward needs.
 pub trait GpuAttention {
     fn attend(
         &mut self,
@@ -53,7 +62,7 @@ pub trait GpuAttention {
         q: &CudaSlice<f32>,
         k: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
-    ) -> Result<(CudaSlice<f32>, Option<CudaSlice<f32>>)>;
+    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)>;
 }
 
 /// Embed `tokens`, run every layer; returns the residual before the final norm
@@ -89,7 +98,7 @@ pub fn run_layers(
         }
         rope_forward(g, &mut q, positions, nh, &model.rope)?;
         rope_forward(g, &mut k, positions, nkv, &model.rope)?;
-        let (o, probs) = attn.attend(li, &q, &k, &v)?;
+        let (o, saved) = attn.attend(li, &q, &k, &v)?;
         let mut h_mid = linear_forward(g, &o, m, &lp.o, None, prec)?;
         add_into(g, &mut h_mid, &x, m * h)?;
         let (b, rstd2) = rmsnorm_forward(g, &h_mid, w.t(lx.post_attention_layernorm), m, h, eps)?;
@@ -108,10 +117,8 @@ pub fn run_layers(
                 q,
                 k,
                 v,
-                probs: probs.ok_or_else(|| {
-                    CudaError::Invalid(
-                        "the attention kept no probabilities for the backward".into(),
-                    )
+                saved: saved.ok_or_else(|| {
+                    CudaError::Invalid("the attention kept nothing for the backward".into())
                 })?,
                 attn: o,
                 h_mid,

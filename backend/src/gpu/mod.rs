@@ -19,18 +19,19 @@ pub mod pass;
 pub mod weights;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use jet_kernels::cuda::{cuda_available, DirKernelStore, Gpu, Result};
 
 pub use generate::GpuDecoder;
-pub use model::GpuModel;
+pub use model::{GpuModel, PreparedParts};
 pub use optim::GpuAdam;
 pub use pass::run_pass_gpu;
 pub use weights::GpuWeights;
 
-use crate::model::ModelWeights;
+use crate::model::{ModelConfig, ModelWeights};
 use crate::rl::optim::AdamW;
+use jet_kernels::Flow;
 
 /// A run's tensors on the device.
 pub struct GpuState {
@@ -43,6 +44,12 @@ pub struct GpuState {
     pub reference: Option<GpuWeights>,
     /// The trainer's host weights and optimizer are behind these.
     pub host_stale: bool,
+    /// Bumped by every change of `weights` (each optimizer step).
+    pub version: u64,
+    /// Prepared copies of `weights` (slot 0, with the version they were made
+    /// at) and of `reference` (slot 1): a step's rollout and its passes before
+    /// the first update share one preparation.
+    pub prepared: Mutex<[Option<(u64, PreparedParts)>; 2]>,
 }
 
 /// Where compiled kernels are kept between runs: `$JET_KERNEL_CACHE_DIR`, else
@@ -86,6 +93,44 @@ impl GpuState {
             grads,
             gpu,
             host_stale: false,
+            version: 0,
+            prepared: Mutex::new([None, None]),
         })
     }
+}
+
+/// Which prepared copy a model uses: the policy's weights or the frozen reference.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    Policy = 0,
+    Reference = 1,
+}
+
+/// A model over `w` in `flow`, reusing the copies kept in `prepared[slot]` when
+/// they were made from the same weight `version` (see [`GpuState::prepared`]).
+pub fn cached_model<'a>(
+    gpu: &Arc<Gpu>,
+    prepared: &Mutex<[Option<(u64, PreparedParts)>; 2]>,
+    slot: Slot,
+    version: u64,
+    cfg: &'a ModelConfig,
+    w: &'a GpuWeights,
+    flow: Flow,
+) -> Result<GpuModel<'a>> {
+    let kept = prepared.lock().unwrap()[slot as usize].take();
+    match kept {
+        Some((v, p)) if v == version && p.flow() == flow => Ok(GpuModel::reuse(gpu, cfg, w, p)),
+        Some((_, p)) => GpuModel::with_rope(gpu, cfg, w, flow, p.rope().clone()),
+        None => GpuModel::new(gpu, cfg, w, flow),
+    }
+}
+
+/// Keep `model`'s prepared copies for the next [`cached_model`] of `slot`.
+pub fn keep_model(
+    prepared: &Mutex<[Option<(u64, PreparedParts)>; 2]>,
+    slot: Slot,
+    version: u64,
+    model: GpuModel,
+) {
+    prepared.lock().unwrap()[slot as usize] = Some((version, model.into_parts()));
 }

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use jet_kernels::cuda::flash::flash_supported;
 use jet_kernels::cuda::linear::GpuWeight;
 use jet_kernels::cuda::ops::GpuRope;
 use jet_kernels::cuda::{Gpu, Result};
@@ -34,15 +35,77 @@ pub struct GpuModel<'w> {
     pub layers: Vec<GpuLayer>,
     /// `[vocab, hidden]`: lm_head, or the embedding table when tied.
     pub lm_head: GpuWeight,
-    pub rope: GpuRope,
+    /// cos/sin for every position (depends on the config only: shared by every
+    /// preparation of a run's weights).
+    pub rope: Arc<GpuRope>,
+}
+
+/// The parts of a [`GpuModel`] computed from the weights' values (what
+/// "preparing" costs): kept between passes while the weights do not change.
+pub struct PreparedParts {
+    flow: Flow,
+    layers: Vec<GpuLayer>,
+    lm_head: GpuWeight,
+    rope: Arc<GpuRope>,
+}
+
+impl PreparedParts {
+    pub fn flow(&self) -> Flow {
+        self.flow
+    }
+    pub fn rope(&self) -> &Arc<GpuRope> {
+        &self.rope
+    }
 }
 
 impl<'w> GpuModel<'w> {
+    /// A model over `w` from parts prepared earlier from the same weight values.
+    pub fn reuse(
+        gpu: &Arc<Gpu>,
+        cfg: &'w ModelConfig,
+        w: &'w GpuWeights,
+        p: PreparedParts,
+    ) -> GpuModel<'w> {
+        GpuModel {
+            gpu: gpu.clone(),
+            cfg,
+            w,
+            flow: p.flow,
+            layers: p.layers,
+            lm_head: p.lm_head,
+            rope: p.rope,
+        }
+    }
+
+    /// Give the prepared parts back for a later [`GpuModel::reuse`].
+    pub fn into_parts(self) -> PreparedParts {
+        PreparedParts {
+            flow: self.flow,
+            layers: self.layers,
+            lm_head: self.lm_head,
+            rope: self.rope,
+        }
+    }
+
     pub fn new(
         gpu: &Arc<Gpu>,
         cfg: &'w ModelConfig,
         w: &'w GpuWeights,
         flow: Flow,
+    ) -> Result<GpuModel<'w>> {
+        let rope = Arc::new(GpuRope::new(gpu, &rope_table(cfg))?);
+        Self::with_rope(gpu, cfg, w, flow, rope)
+    }
+
+    /// [`GpuModel::new`] with a RoPE table made earlier for the same config (the
+    /// table covers max_position_embeddings positions: 40960 x 64 pairs for
+    /// Qwen3, tens of milliseconds on the host).
+    pub fn with_rope(
+        gpu: &Arc<Gpu>,
+        cfg: &'w ModelConfig,
+        w: &'w GpuWeights,
+        flow: Flow,
+        rope: Arc<GpuRope>,
     ) -> Result<GpuModel<'w>> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let (qd, kvd) = (
@@ -73,8 +136,16 @@ impl<'w> GpuModel<'w> {
             flow,
             layers,
             lm_head,
-            rope: GpuRope::new(gpu, &rope_table(cfg))?,
+            rope,
         })
+    }
+
+    /// Whether attention runs on the tensor-core kernels (`cuda::flash`, BF16
+    /// operands): every flow but `f32`, which keeps the exact per-row kernels as
+    /// the parity path. Training, prefill and decode all follow this one choice,
+    /// so a decoded row equals the training forward's row bit for bit.
+    pub fn flash_attention(&self) -> bool {
+        self.flow != Flow::F32 && flash_supported(self.attn_shape())
     }
 
     pub fn attn_shape(&self) -> AttnShape {

@@ -5,7 +5,7 @@
 use jet_kernels::cuda::CudaError;
 use rand::RngCore;
 
-use crate::gpu::{run_pass_gpu, GpuDecoder, GpuModel, GpuState};
+use crate::gpu::{cached_model, keep_model, run_pass_gpu, GpuDecoder, GpuState, Slot};
 use crate::model::ModelWeights;
 use crate::rl::optim::OptimConfig;
 use crate::rollout::engine::{generate_with, CpuDecoder, Decoder, GenConfig, Sample};
@@ -45,27 +45,29 @@ impl Trainer {
     ) -> Result<Vec<Sample>, SetupError> {
         let decode = |t: &[u32]| self.tokenizer.decode(t, true).unwrap_or_default();
         let max_pos = self.model_cfg.max_position_embeddings;
-        // The prepared model lives here; the decoder borrows it.
-        let (cpu_model, gpu_model);
-        let mut dec: Box<dyn Decoder + '_> = match &self.device {
+        let mut run =
+            |dec: &mut dyn Decoder| generate_with(dec, max_pos, prompts, n, gen, &decode, rng);
+        match &self.device {
             None => {
-                cpu_model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
-                Box::new(CpuDecoder::new(&cpu_model))
+                let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
+                Ok(run(&mut CpuDecoder::new(&model))?)
             }
             Some(d) => {
-                gpu_model = GpuModel::new(&d.gpu, &self.model_cfg, &d.weights, self.flow)?;
-                Box::new(GpuDecoder::new(&gpu_model))
+                // The step's first passes reuse these copies (until the update).
+                let model = cached_model(
+                    &d.gpu,
+                    &d.prepared,
+                    Slot::Policy,
+                    d.version,
+                    &self.model_cfg,
+                    &d.weights,
+                    self.flow,
+                )?;
+                let out = run(&mut GpuDecoder::new(&model));
+                keep_model(&d.prepared, Slot::Policy, d.version, model);
+                Ok(out?)
             }
-        };
-        Ok(generate_with(
-            dec.as_mut(),
-            max_pos,
-            prompts,
-            n,
-            gen,
-            &decode,
-            rng,
-        )?)
+        }
     }
 
     /// Score `seqs` with `which` weights; with `grad`, also the gradients.
@@ -97,15 +99,19 @@ impl Trainer {
                     weights,
                     grads,
                     reference,
+                    version,
+                    prepared,
                     ..
                 } = d;
-                let w = match which {
-                    Which::Policy => &*weights,
-                    Which::Reference => reference.as_ref().unwrap_or(weights),
+                let (slot, w) = match (which, reference.as_ref()) {
+                    (Which::Reference, Some(r)) => (Slot::Reference, r),
+                    _ => (Slot::Policy, &*weights),
                 };
-                let model = GpuModel::new(gpu, &self.model_cfg, w, self.flow)?;
-                let s = run_pass_gpu(&model, seqs, temperature, micro, grad.map(|f| (f, grads)))?;
-                Ok((s, want.then_some(Grads::Device)))
+                let model =
+                    cached_model(gpu, prepared, slot, *version, &self.model_cfg, w, self.flow)?;
+                let s = run_pass_gpu(&model, seqs, temperature, micro, grad.map(|f| (f, grads)));
+                keep_model(prepared, slot, *version, model);
+                Ok((s?, want.then_some(Grads::Device)))
             }
         }
     }
@@ -134,6 +140,7 @@ impl Trainer {
                 }
                 let norm = d.adam.step(&d.gpu, &mut d.weights, &d.grads, oc, lr)?;
                 d.host_stale = true;
+                d.version += 1;
                 Ok(norm)
             }
             _ => Err(SetupError::Device(

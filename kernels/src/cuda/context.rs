@@ -57,7 +57,11 @@ pub(crate) const SAMPLE: Source = Source {
     name: "sample",
     code: include_str!("kernels/sample.cu"),
 };
-const SOURCES: [&Source; 8] = [
+pub(crate) const FLASH: Source = Source {
+    name: "flash",
+    code: include_str!("kernels/flash.cu"),
+};
+const SOURCES: [&Source; 9] = [
     &QUANTIZE,
     &GEMV,
     &OPS,
@@ -66,6 +70,7 @@ const SOURCES: [&Source; 8] = [
     &TENSOR,
     &ADAMW,
     &SAMPLE,
+    &FLASH,
 ];
 
 /// Somewhere to keep compiled kernel images between runs (the daemon keeps them in
@@ -113,6 +118,8 @@ pub struct Gpu {
     include: Option<String>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     funcs: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
+    /// Dynamic shared memory each function was allowed beyond the default 48 KiB.
+    smem_opt_in: Mutex<HashMap<(&'static str, &'static str), u32>>,
     store: Mutex<Option<Arc<dyn KernelStore>>>,
     pub(crate) lt: LtState,
 }
@@ -305,6 +312,7 @@ impl Gpu {
                 include: include_dir(),
                 modules: Mutex::new(HashMap::new()),
                 funcs: Mutex::new(HashMap::new()),
+                smem_opt_in: Mutex::new(HashMap::new()),
                 store: Mutex::new(store),
                 lt,
             })
@@ -416,6 +424,17 @@ impl Gpu {
             return Ok(());
         }
         let f = self.function(src, name)?;
+        if smem > 48 * 1024 {
+            let mut opted = self.smem_opt_in.lock().unwrap();
+            if opted.get(&(src.name, name)).is_none_or(|&s| s < smem) {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )
+                .ctx(&format!("allowing {name} {smem} bytes of shared memory"))?;
+                opted.insert((src.name, name), smem);
+            }
+        }
         let mut b = self.stream.launch_builder(&f);
         for a in args {
             match a {

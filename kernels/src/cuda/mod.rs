@@ -24,6 +24,7 @@
 pub mod adamw;
 pub mod attention;
 mod context;
+pub mod flash;
 pub mod gemm;
 pub mod gemv;
 pub mod linear;

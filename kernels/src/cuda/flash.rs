@@ -1,0 +1,288 @@
+//! Causal GQA attention on tensor cores (`flash.cu`, FlashAttention-2 style) for
+//! the BF16 and FP8 flows: the training forward over packed sequences, its
+//! backward, and the decode step against a KV cache. The f32 flow keeps the
+//! exact per-row kernels of [`super::attention`].
+//!
+//! Same function as `ops::attention` (the CPU reference), with q, k, v, dout and
+//! the probabilities rounded to BF16 at the tensor-core products (f32
+//! accumulation, f32 softmax): parity with the reference is that of BF16 operands.
+//! A decode row equals the training forward's row at the same position bit for
+//! bit (see the header of `flash.cu`), so rollout and training agree exactly when
+//! their q, k, v do. No atomics: results are identical run to run.
+//!
+//! Packed batch: sequence s occupies rows `start_s .. start_s + len_s` of q, out
+//! `[rows, nh*hd]` and k, v `[rows, nkv*hd]`; `lse [rows, nh]` is each row's
+//! log2-sum-exp of the scaled scores, kept for the backward.
+
+use cudarc::driver::CudaSlice;
+
+use super::context::{Arg, FLASH};
+use super::{check_len, ensure, Gpu, Result};
+use crate::ops::attention::AttnShape;
+
+/// Query rows of a forward tile and keys of a key tile (`FA_BR`, `FA_BC`).
+const TILE: usize = 64;
+/// Query rows of one step of the dK/dV kernel (`FA_BQ`).
+const BWD_Q_STEP: usize = 32;
+
+/// Whether the tensor-core kernels take this shape: head_dim 64 or 128, and at
+/// most 16 query heads per kv head (decode puts a group's heads in one warp tile).
+pub fn flash_supported(shape: AttnShape) -> bool {
+    matches!(shape.head_dim, 64 | 128)
+        && shape.n_kv_heads > 0
+        && shape.n_heads.is_multiple_of(shape.n_kv_heads)
+        && shape.n_heads / shape.n_kv_heads <= 16
+}
+
+/// The 64-row tiles of a packed batch on the device, built once per batch and
+/// shared by every layer's forward and backward.
+pub struct FlashPlan {
+    /// `[tiles, 3]`: first row of the sequence, first position of the tile, length.
+    tiles: CudaSlice<i32>,
+    n_tiles: usize,
+    rows: usize,
+}
+
+impl FlashPlan {
+    pub fn new(gpu: &Gpu, seq_lens: &[usize]) -> Result<FlashPlan> {
+        let mut t = Vec::new();
+        let mut start = 0usize;
+        for &len in seq_lens {
+            ensure(len <= i32::MAX as usize / 2, || {
+                format!("attention: a sequence of {len} rows is too long")
+            })?;
+            for p0 in (0..len).step_by(TILE) {
+                t.extend([start as i32, p0 as i32, len as i32]);
+            }
+            start += len;
+        }
+        Ok(FlashPlan {
+            n_tiles: t.len() / 3,
+            rows: start,
+            tiles: gpu.upload(&t)?,
+        })
+    }
+
+    /// Rows of the packed batch.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+fn kernel(kind: &str, hd: usize) -> Result<&'static str> {
+    Ok(match (kind, hd) {
+        ("fwd", 64) => "fa_fwd_64",
+        ("fwd", 128) => "fa_fwd_128",
+        ("dec", 64) => "fa_dec_64",
+        ("dec", 128) => "fa_dec_128",
+        ("kv", 64) => "fa_bwd_kv_64",
+        ("kv", 128) => "fa_bwd_kv_128",
+        ("q", 64) => "fa_bwd_q_64",
+        ("q", 128) => "fa_bwd_q_128",
+        _ => {
+            return Err(super::CudaError::Invalid(format!(
+                "tensor-core attention: head_dim {hd} (only 64 and 128)"
+            )))
+        }
+    })
+}
+
+fn check(shape: AttnShape) -> Result<()> {
+    ensure(flash_supported(shape), || {
+        format!(
+            "tensor-core attention: {} query heads over {} kv heads of {} (needs head_dim 64 or 128, at most 16 heads a group)",
+            shape.n_heads, shape.n_kv_heads, shape.head_dim
+        )
+    })
+}
+
+/// Staged tiles in shared memory: `n` tiles of 64 rows of head_dim + 8 BF16 values.
+fn tile_bytes(hd: usize, rows: usize) -> u32 {
+    (rows * (hd + 8) * 2) as u32
+}
+
+/// Scale of the scores and the same in the log2 domain.
+fn scales(hd: usize) -> (f32, f32) {
+    let s = 1.0 / (hd as f64).sqrt();
+    (s as f32, (s * std::f64::consts::LOG2_E) as f32)
+}
+
+fn check_rows(what: &str, b: &CudaSlice<f32>, rows: usize, width: usize) -> Result<()> {
+    check_len(
+        &format!("attention {what}"),
+        b,
+        rows * width,
+        format!("[{rows}, {width}]"),
+    )
+}
+
+/// Forward: `(out [rows, nh*hd], lse [rows, nh])`.
+pub fn flash_forward(
+    gpu: &Gpu,
+    plan: &FlashPlan,
+    q: &CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v: &CudaSlice<f32>,
+    shape: AttnShape,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+    check(shape)?;
+    let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
+    check_rows("q", q, n, nh * hd)?;
+    check_rows("k", k, n, nkv * hd)?;
+    check_rows("v", v, n, nkv * hd)?;
+    let out = gpu.uninit::<f32>(n * nh * hd)?;
+    let lse = gpu.uninit::<f32>(n * nh)?;
+    gpu.launch(
+        &FLASH,
+        kernel("fwd", hd)?,
+        (plan.n_tiles as u32, nh as u32, 1),
+        (128, 1, 1),
+        2 * tile_bytes(hd, TILE),
+        &[
+            Arg::P(gpu.ptr(q)),
+            Arg::P(gpu.ptr(k)),
+            Arg::P(gpu.ptr(v)),
+            Arg::P(gpu.ptr(&plan.tiles)),
+            Arg::I(nh as i32),
+            Arg::I(nkv as i32),
+            Arg::F(scales(hd).1),
+            Arg::P(gpu.ptr(&out)),
+            Arg::P(gpu.ptr(&lse)),
+        ],
+    )?;
+    Ok((out, lse))
+}
+
+/// Backward: `(dq, dk, dv)` from `dout` and the forward's q, k, v, out and lse.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_backward(
+    gpu: &Gpu,
+    plan: &FlashPlan,
+    dout: &CudaSlice<f32>,
+    q: &CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v: &CudaSlice<f32>,
+    out: &CudaSlice<f32>,
+    lse: &CudaSlice<f32>,
+    shape: AttnShape,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+    check(shape)?;
+    let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
+    for (what, b, w) in [
+        ("dout", dout, nh * hd),
+        ("q", q, nh * hd),
+        ("out", out, nh * hd),
+        ("k", k, nkv * hd),
+        ("v", v, nkv * hd),
+        ("lse", lse, nh),
+    ] {
+        check_rows(what, b, n, w)?;
+    }
+    let delta = gpu.uninit::<f32>(n * nh)?;
+    gpu.launch(
+        &FLASH,
+        "fa_bwd_delta",
+        (n as u32, 1, 1),
+        (128, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(dout)),
+            Arg::P(gpu.ptr(out)),
+            Arg::I(nh as i32),
+            Arg::I(hd as i32),
+            Arg::P(gpu.ptr(&delta)),
+        ],
+    )?;
+    let dq = gpu.uninit::<f32>(n * nh * hd)?;
+    let dk = gpu.uninit::<f32>(n * nkv * hd)?;
+    let dv = gpu.uninit::<f32>(n * nkv * hd)?;
+    let (scale, sl2) = scales(hd);
+    let common = [
+        Arg::P(gpu.ptr(dout)),
+        Arg::P(gpu.ptr(q)),
+        Arg::P(gpu.ptr(k)),
+        Arg::P(gpu.ptr(v)),
+        Arg::P(gpu.ptr(lse)),
+        Arg::P(gpu.ptr(&delta)),
+        Arg::P(gpu.ptr(&plan.tiles)),
+        Arg::I(nh as i32),
+        Arg::I(nkv as i32),
+        Arg::F(sl2),
+        Arg::F(scale),
+    ];
+    let mut args = common.to_vec();
+    args.extend([Arg::P(gpu.ptr(&dk)), Arg::P(gpu.ptr(&dv))]);
+    gpu.launch(
+        &FLASH,
+        kernel("kv", hd)?,
+        (plan.n_tiles as u32, nkv as u32, 1),
+        (128, 1, 1),
+        2 * tile_bytes(hd, TILE) + 2 * tile_bytes(hd, BWD_Q_STEP) + (2 * BWD_Q_STEP * 4) as u32,
+        &args,
+    )?;
+    let mut args = common.to_vec();
+    args.push(Arg::P(gpu.ptr(&dq)));
+    gpu.launch(
+        &FLASH,
+        kernel("q", hd)?,
+        (plan.n_tiles as u32, nh as u32, 1),
+        (128, 1, 1),
+        4 * tile_bytes(hd, TILE),
+        &args,
+    )?;
+    Ok((dq, dk, dv))
+}
+
+/// Decode: query row b `q [B, nh*hd]` at position `lens[b] - 1` against rows
+/// `0..lens[b]` of cache slot `slots[b]` of `k_cache, v_cache [S, capacity, nkv*hd]`
+/// -> `out [B, nh*hd]`, equal bit for bit to [`flash_forward`]'s row at that position.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_decode_at(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    k_cache: &CudaSlice<f32>,
+    v_cache: &CudaSlice<f32>,
+    capacity: usize,
+    slots: &[usize],
+    lens: &[usize],
+    shape: AttnShape,
+) -> Result<CudaSlice<f32>> {
+    check(shape)?;
+    let (hd, nh, nkv, b) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, lens.len());
+    ensure(slots.len() == b, || {
+        format!("decode: {} slots for {b} rows", slots.len())
+    })?;
+    ensure(lens.iter().all(|&l| l >= 1 && l <= capacity), || {
+        format!("decode: lengths {lens:?} must lie in 1..={capacity}")
+    })?;
+    let n_slots = slots.iter().map(|&s| s + 1).max().unwrap_or(0);
+    check_rows("decode q", q, b, nh * hd)?;
+    check_rows("k cache", k_cache, n_slots * capacity, nkv * hd)?;
+    check_rows("v cache", v_cache, n_slots * capacity, nkv * hd)?;
+    ensure(n_slots * capacity <= i32::MAX as usize, || {
+        format!("decode: a cache of {n_slots} x {capacity} rows is too large")
+    })?;
+    let kv0: Vec<i32> = slots.iter().map(|&s| (s * capacity) as i32).collect();
+    let len: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+    let (kv0, len) = (gpu.upload(&kv0)?, gpu.upload(&len)?);
+    let out = gpu.uninit::<f32>(b * nh * hd)?;
+    gpu.launch(
+        &FLASH,
+        kernel("dec", hd)?,
+        (b as u32, nkv as u32, 1),
+        (128, 1, 1),
+        2 * tile_bytes(hd, TILE),
+        &[
+            Arg::P(gpu.ptr(q)),
+            Arg::P(gpu.ptr(k_cache)),
+            Arg::P(gpu.ptr(v_cache)),
+            Arg::P(gpu.ptr(&kv0)),
+            Arg::P(gpu.ptr(&len)),
+            Arg::I(nh as i32),
+            Arg::I(nkv as i32),
+            Arg::F(scales(hd).1),
+            Arg::P(gpu.ptr(&out)),
+        ],
+    )?;
+    Ok(out)
+}

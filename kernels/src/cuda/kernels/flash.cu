@@ -1,0 +1,511 @@
+// Causal GQA attention on tensor cores (FlashAttention-2 style), head_dim 64 or 128:
+// the training forward over packed sequences, its backward, and the decode step
+// against a KV cache. Reference: ops/attention.rs (attend_row, attention_backward).
+//
+// Numerics: q, k, v, dout arrive as f32 and are rounded to BF16 (RNE) when a tile
+// is staged in shared memory; products run on mma.sync m16n8k16 (BF16 in, f32
+// accumulate); the softmax runs in f32 in the log2 domain with an online max;
+// P is rounded to BF16 for the P.V product. Outputs and gradients are f32.
+//
+// Batch invariance (why decode equals training bit for bit): a query row's result
+// is a function of its own q, its position and the key/value tiles 0..pos/64 only.
+// mma.sync computes each output element from its own row and column, so which
+// other rows share the warp's 16-row tile does not matter; every tile of 64 keys
+// is processed by the one device function fa_tile, in the same order, with keys
+// past the row's position masked to p = 0 exactly. A tile that is masked whole
+// for a row (the training forward runs a warp's tiles up to its last row) is an
+// exact no-op: alpha = 2^0 = 1, p = 0, and the staged values are finite.
+//
+// Backward without atomics: dK, dV per 64-key tile (looping over the group's query
+// heads, then query sub-tiles, in order) in one kernel; dQ per 64-row tile
+// (looping over key tiles) in another. Deterministic run to run.
+
+#define FA_BR 64     // query rows per CTA (4 warps x 16)
+#define FA_BC 64     // keys per tile
+#define FA_BQ 32     // query rows per step of the dK/dV kernel
+#define FA_NEG_INF (-__int_as_float(0x7f800000))
+
+// Two f32 -> packed BF16x2, round to nearest even (lo in the low half).
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+
+__device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const bf16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(u32& r0, u32& r1, u32& r2, u32& r3, const bf16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(smem_addr(p)));
+}
+
+// c[16x8] += a[16x16] b[16x8]
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Stage rows [0, nrows) of a f32 matrix (row stride `ld` floats, D columns) as
+// BF16 in shared memory [nrows][D + 8]; rows >= nvalid are zero. All threads.
+template <int D>
+__device__ __forceinline__ void stage(bf16_t* s, const float* g, long ld, int nrows, int nvalid) {
+    const int V4 = D / 4;
+    for (int i = threadIdx.x; i < nrows * V4; i += blockDim.x) {
+        int r = i / V4, c = (i % V4) * 4;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < nvalid) x = *(const float4*)(g + (long)r * ld + c);
+        u32* d = (u32*)(s + r * (D + 8) + c);
+        d[0] = pack_bf16x2(x.x, x.y);
+        d[1] = pack_bf16x2(x.z, x.w);
+    }
+}
+
+// A-operand fragment of rows [r0, r0+16), columns [k0, k0+16) of a staged matrix.
+template <int D>
+__device__ __forceinline__ void frag_a(u32 (&a)[4], const bf16_t* s, int r0, int k0, int lane) {
+    int mi = lane >> 3;
+    ldsm_x4(a[0], a[1], a[2], a[3], s + (r0 + (lane & 7) + (mi & 1) * 8) * (D + 8) + k0 + (mi >> 1) * 8);
+}
+
+// B-operand fragments for n-blocks nb, nb+1 (rows n0 + 8nb.. of the staged matrix
+// are the columns of B) at k-step k0: B[k][n] = s[n][k].
+template <int D>
+__device__ __forceinline__ void frag_b(u32& b0, u32& b1, u32& b2, u32& b3, const bf16_t* s, int n0,
+                                       int k0, int lane) {
+    int mi = lane >> 3;
+    ldsm_x4(b0, b1, b2, b3, s + (n0 + (mi >> 1) * 8 + (lane & 7)) * (D + 8) + k0 + (mi & 1) * 8);
+}
+
+// B-operand fragments for n-blocks at columns d0, d0+8, k-step rows [k0, k0+16):
+// B[k][n] = s[k][n] (transposed load).
+template <int D>
+__device__ __forceinline__ void frag_bt(u32& b0, u32& b1, u32& b2, u32& b3, const bf16_t* s, int k0,
+                                        int d0, int lane) {
+    int mi = lane >> 3;
+    ldsm_x4_t(b0, b1, b2, b3, s + (k0 + (mi & 1) * 8 + (lane & 7)) * (D + 8) + d0 + (mi >> 1) * 8);
+}
+
+// acc[16 x 8*NB] = A[16 x D] . S[n0.., :]^T, A from registers (D/16 fragments).
+template <int D, int NB>
+__device__ __forceinline__ void mma_abt(float (&acc)[NB][4], const u32 (&a)[D / 16][4], const bf16_t* s,
+                                        int n0, int lane) {
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nb][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb += 2) {
+            u32 b0, b1, b2, b3;
+            frag_b<D>(b0, b1, b2, b3, s, n0 + nb * 8, ks * 16, lane);
+            mma_bf16(acc[nb], a[ks], b0, b1);
+            mma_bf16(acc[nb + 1], a[ks], b2, b3);
+        }
+    }
+}
+
+// acc[16 x D] += P[16 x 16*KS] . S[k0.., :], P given as f32 accumulators
+// p[2*KS][4] (n-blocks of 8 columns), rounded to BF16 here.
+template <int D, int KS>
+__device__ __forceinline__ void mma_pv(float (&acc)[D / 8][4], const float (&p)[2 * KS][4], const bf16_t* s,
+                                       int k0, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        u32 a[4] = {pack_bf16x2(p[2 * ks][0], p[2 * ks][1]), pack_bf16x2(p[2 * ks][2], p[2 * ks][3]),
+                    pack_bf16x2(p[2 * ks + 1][0], p[2 * ks + 1][1]),
+                    pack_bf16x2(p[2 * ks + 1][2], p[2 * ks + 1][3])};
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd += 2) {
+            u32 b0, b1, b2, b3;
+            frag_bt<D>(b0, b1, b2, b3, s, k0 + ks * 16, nd * 8, lane);
+            mma_bf16(acc[nd], a, b0, b1);
+            mma_bf16(acc[nd + 1], a, b2, b3);
+        }
+    }
+}
+
+// One warp, one tile of FA_BC keys starting at position key0, for the warp's 16
+// query rows (this thread holds rows lane/4 and lane/4 + 8, at positions pos[0],
+// pos[1]). The online-softmax state: o[16 x D] unnormalised, m (log2 domain,
+// scaled) and this thread's partial row sums l. The only place the forward math
+// lives, so training and decode share it.
+template <int D>
+__device__ __forceinline__ void fa_tile(const u32 (&qf)[D / 16][4], const bf16_t* sK, const bf16_t* sV,
+                                        int key0, const int (&pos)[2], float sl2, float (&o)[D / 8][4],
+                                        float (&m)[2], float (&l)[2], int lane) {
+    float s[FA_BC / 8][4];
+    mma_abt<D, FA_BC / 8>(s, qf, sK, 0, lane);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nb = 0; nb < FA_BC / 8; nb++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int c = key0 + nb * 8 + 2 * (lane & 3) + (e & 1);
+            float x = c <= pos[e >> 1] ? s[nb][e] * sl2 : FA_NEG_INF;
+            s[nb][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+    float alpha[2], ps[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        alpha[i] = exp2f(m[i] - mx[i]);
+        m[i] = mx[i];
+    }
+#pragma unroll
+    for (int nb = 0; nb < FA_BC / 8; nb++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = exp2f(s[nb][e] - m[e >> 1]);
+            s[nb][e] = p;
+            ps[e >> 1] += p;
+        }
+#pragma unroll
+    for (int i = 0; i < 2; i++) l[i] = l[i] * alpha[i] + ps[i];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++) {
+        o[nd][0] *= alpha[0];
+        o[nd][1] *= alpha[0];
+        o[nd][2] *= alpha[1];
+        o[nd][3] *= alpha[1];
+    }
+    mma_pv<D, FA_BC / 16>(o, s, sV, 0, lane);
+}
+
+// Normalise and store the warp's rows: row i of the tile goes to out + orow[i]
+// (negative: not stored); lse (log2 domain, scaled scores) to lse[lrow[i]].
+template <int D>
+__device__ __forceinline__ void fa_finish(float (&o)[D / 8][4], const float (&m)[2], float (&l)[2], float* out,
+                                          const long (&orow)[2], float* lse, const long (&lrow)[2],
+                                          int lane) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (orow[i] < 0) continue;
+        float inv = 1.0f / l[i];
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) {
+            float2 v = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+            *(float2*)(out + orow[i] + nd * 8 + 2 * (lane & 3)) = v;
+        }
+        if (lse && (lane & 3) == 0) lse[lrow[i]] = m[i] + log2f(l[i]);
+    }
+}
+
+// Training forward. tiles[3t..3t+3] = (first row of the sequence in the packed
+// batch, first query position of the tile, sequence length). Grid (tiles, nh),
+// 128 threads. q, out [rows, nh*D]; k, v [rows, nkv*D]; lse [rows, nh].
+template <int D>
+__device__ void fa_fwd(const float* q, const float* k, const float* v, const int* tiles, int nh, int nkv,
+                       float sl2, float* out, float* lse) {
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    bf16_t* sK = (bf16_t*)fa_sm;
+    bf16_t* sV = sK + FA_BC * (D + 8);
+    int h = blockIdx.y, kvh = h / (nh / nkv);
+    int seq0 = tiles[3 * blockIdx.x], q0 = tiles[3 * blockIdx.x + 1], L = tiles[3 * blockIdx.x + 2];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    long qw = (long)nh * D, kvw = (long)nkv * D;
+    int nq = min(FA_BR, L - q0);
+    // Q goes through the K buffer into registers.
+    stage<D>(sK, q + (seq0 + q0) * qw + h * D, qw, FA_BR, nq);
+    __syncthreads();
+    u32 qf[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) frag_a<D>(qf[ks], sK, warp * 16, ks * 16, lane);
+    __syncthreads();
+    int r = q0 + warp * 16 + (lane >> 2);
+    int pos[2] = {min(r, L - 1), min(r + 8, L - 1)};
+    int warp_last = min(q0 + warp * 16 + 15, L - 1);
+    float o[D / 8][4], m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nd][e] = 0.f;
+    int ntiles = (q0 + nq - 1) / FA_BC + 1;
+    for (int j = 0; j < ntiles; j++) {
+        int nk = min(FA_BC, L - j * FA_BC);
+        stage<D>(sK, k + (seq0 + (long)j * FA_BC) * kvw + kvh * D, kvw, FA_BC, nk);
+        stage<D>(sV, v + (seq0 + (long)j * FA_BC) * kvw + kvh * D, kvw, FA_BC, nk);
+        __syncthreads();
+        if (j * FA_BC <= warp_last) fa_tile<D>(qf, sK, sV, j * FA_BC, pos, sl2, o, m, l, lane);
+        __syncthreads();
+    }
+    long orow[2], lrow[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int ri = r + 8 * i;
+        bool ok = ri < L;
+        orow[i] = ok ? (seq0 + ri) * qw + h * D : -1;
+        lrow[i] = (long)(seq0 + ri) * nh + h;
+    }
+    fa_finish<D>(o, m, l, out, orow, lse, lrow, lane);
+}
+
+// Decode: query row b (heads of kv head blockIdx.y, `group` of them, as the rows of
+// one warp's tile) at position len[b] - 1 against cache rows kv0[b] ..
+// kv0[b] + len[b] of k_cache, v_cache [*, nkv*D]. Grid (B, nkv), 128 threads
+// (all stage, warp 0 computes). q, out [B, nh*D].
+template <int D>
+__device__ void fa_dec(const float* q, const float* kc, const float* vc, const int* kv0, const int* len, int nh,
+                       int nkv, float sl2, float* out) {
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    bf16_t* sK = (bf16_t*)fa_sm;
+    bf16_t* sV = sK + FA_BC * (D + 8);
+    int b = blockIdx.x, kvh = blockIdx.y, group = nh / nkv, n = len[b];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    long qw = (long)nh * D, kvw = (long)nkv * D;
+    stage<D>(sK, q + b * qw + (long)kvh * group * D, D, 16, group);
+    __syncthreads();
+    u32 qf[D / 16][4];
+    if (warp == 0) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) frag_a<D>(qf[ks], sK, 0, ks * 16, lane);
+    }
+    __syncthreads();
+    int pos[2] = {n - 1, n - 1};
+    float o[D / 8][4], m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nd][e] = 0.f;
+    const float* kb = kc + (long)kv0[b] * kvw + kvh * D;
+    const float* vb = vc + (long)kv0[b] * kvw + kvh * D;
+    int ntiles = (n - 1) / FA_BC + 1;
+    for (int j = 0; j < ntiles; j++) {
+        int nk = min(FA_BC, n - j * FA_BC);
+        stage<D>(sK, kb + (long)j * FA_BC * kvw, kvw, FA_BC, nk);
+        stage<D>(sV, vb + (long)j * FA_BC * kvw, kvw, FA_BC, nk);
+        __syncthreads();
+        if (warp == 0) fa_tile<D>(qf, sK, sV, j * FA_BC, pos, sl2, o, m, l, lane);
+        __syncthreads();
+    }
+    if (warp == 0) {
+        long orow[2], lrow[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int hr = (lane >> 2) + 8 * i;
+            orow[i] = hr < group ? b * qw + (long)(kvh * group + hr) * D : -1;
+        }
+        fa_finish<D>(o, m, l, out, orow, (float*)0, lrow, lane);
+    }
+}
+
+// delta[r, h] = dout[r, h, :] . out[r, h, :] (the softmax backward's row term).
+// Grid rows, 128 threads: warp w takes heads w, w+4, ..; lanes split d.
+extern "C" __global__ void fa_bwd_delta(const float* dout, const float* out, int nh, int hd, float* delta) {
+    int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int h = warp; h < nh; h += 4) {
+        const float* a = dout + ((long)r * nh + h) * hd;
+        const float* b = out + ((long)r * nh + h) * hd;
+        float s = 0.f;
+        for (int d = lane; d < hd; d += 32) s += a[d] * b[d];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) delta[(long)r * nh + h] = s;
+    }
+}
+
+// dK, dV of one 64-key tile (tiles as in fa_fwd, q0 read as the tile's first key)
+// for kv head blockIdx.y. Each warp owns 16 keys: S^T = K Q^T, P^T from lse,
+// dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
+// Summed over the group's query heads, then query rows, in order.
+template <int D>
+__device__ void fa_bwd_kv(const float* dout, const float* q, const float* k, const float* v, const float* lse,
+                          const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,
+                          float* dk, float* dv) {
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    bf16_t* sK = (bf16_t*)fa_sm;
+    bf16_t* sV = sK + FA_BC * (D + 8);
+    bf16_t* sQ = sV + FA_BC * (D + 8);
+    bf16_t* sO = sQ + FA_BQ * (D + 8);
+    float* sL = (float*)(sO + FA_BQ * (D + 8));
+    float* sD = sL + FA_BQ;
+    int kvh = blockIdx.y, group = nh / nkv;
+    int seq0 = tiles[3 * blockIdx.x], k0 = tiles[3 * blockIdx.x + 1], L = tiles[3 * blockIdx.x + 2];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    long qw = (long)nh * D, kvw = (long)nkv * D;
+    int nk = min(FA_BC, L - k0);
+    stage<D>(sK, k + (seq0 + k0) * kvw + kvh * D, kvw, FA_BC, nk);
+    stage<D>(sV, v + (seq0 + k0) * kvw + kvh * D, kvw, FA_BC, nk);
+    float ak[D / 8][4], av[D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ak[nd][e] = av[nd][e] = 0.f;
+    int kw0 = k0 + warp * 16;                 // the warp's first key position
+    int key[2] = {kw0 + (lane >> 2), kw0 + (lane >> 2) + 8};
+    for (int hi = 0; hi < group; hi++) {
+        int h = kvh * group + hi;
+        for (int qs = (k0 / FA_BQ) * FA_BQ; qs < L; qs += FA_BQ) {
+            int nq = min(FA_BQ, L - qs);
+            __syncthreads();
+            stage<D>(sQ, q + (seq0 + qs) * qw + h * D, qw, FA_BQ, nq);
+            stage<D>(sO, dout + (seq0 + qs) * qw + h * D, qw, FA_BQ, nq);
+            for (int i = threadIdx.x; i < FA_BQ; i += blockDim.x) {
+                bool ok = i < nq;
+                sL[i] = ok ? lse[(long)(seq0 + qs + i) * nh + h] : 0.f;
+                sD[i] = ok ? delta[(long)(seq0 + qs + i) * nh + h] : 0.f;
+            }
+            __syncthreads();
+            if (qs + nq - 1 < kw0) continue;  // every query row before the warp's keys
+            u32 kf[D / 16][4];
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) frag_a<D>(kf[ks], sK, warp * 16, ks * 16, lane);
+            float p[FA_BQ / 8][4];
+            mma_abt<D, FA_BQ / 8>(p, kf, sQ, 0, lane);
+#pragma unroll
+            for (int nb = 0; nb < FA_BQ / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int c = nb * 8 + 2 * (lane & 3) + (e & 1);  // query row in the step
+                    bool ok = c < nq && qs + c >= key[e >> 1];
+                    p[nb][e] = ok ? exp2f(p[nb][e] * sl2 - sL[c]) : 0.f;
+                }
+            mma_pv<D, FA_BQ / 16>(av, p, sO, 0, lane);
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) frag_a<D>(kf[ks], sV, warp * 16, ks * 16, lane);
+            float dp[FA_BQ / 8][4];
+            mma_abt<D, FA_BQ / 8>(dp, kf, sO, 0, lane);
+#pragma unroll
+            for (int nb = 0; nb < FA_BQ / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int c = nb * 8 + 2 * (lane & 3) + (e & 1);
+                    dp[nb][e] = p[nb][e] * (dp[nb][e] - sD[c]);
+                }
+            mma_pv<D, FA_BQ / 16>(ak, dp, sQ, 0, lane);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (key[i] >= L) continue;
+        long row = (seq0 + key[i]) * kvw + kvh * D;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) {
+            int d = nd * 8 + 2 * (lane & 3);
+            *(float2*)(dk + row + d) = make_float2(ak[nd][2 * i] * scale, ak[nd][2 * i + 1] * scale);
+            *(float2*)(dv + row + d) = make_float2(av[nd][2 * i], av[nd][2 * i + 1]);
+        }
+    }
+}
+
+// dQ of one 64-row tile for head blockIdx.y: S = Q K^T, P from lse,
+// dP = dO V^T, dS = P (dP - delta), dQ += dS K, over key tiles in order.
+template <int D>
+__device__ void fa_bwd_q(const float* dout, const float* q, const float* k, const float* v, const float* lse,
+                         const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,
+                         float* dq) {
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    bf16_t* sK = (bf16_t*)fa_sm;
+    bf16_t* sV = sK + FA_BC * (D + 8);
+    bf16_t* sQ = sV + FA_BC * (D + 8);
+    bf16_t* sO = sQ + FA_BR * (D + 8);
+    int h = blockIdx.y, kvh = h / (nh / nkv);
+    int seq0 = tiles[3 * blockIdx.x], q0 = tiles[3 * blockIdx.x + 1], L = tiles[3 * blockIdx.x + 2];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    long qw = (long)nh * D, kvw = (long)nkv * D;
+    int nq = min(FA_BR, L - q0);
+    stage<D>(sQ, q + (seq0 + q0) * qw + h * D, qw, FA_BR, nq);
+    stage<D>(sO, dout + (seq0 + q0) * qw + h * D, qw, FA_BR, nq);
+    int r = q0 + warp * 16 + (lane >> 2);
+    float lr[2], dr[2];
+    int pos[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int ri = min(r + 8 * i, L - 1);
+        pos[i] = r + 8 * i < L ? ri : -1;  // invalid rows: every key masked
+        lr[i] = lse[(long)(seq0 + ri) * nh + h];
+        dr[i] = delta[(long)(seq0 + ri) * nh + h];
+    }
+    int warp_last = min(q0 + warp * 16 + 15, L - 1);
+    float a[D / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 8; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) a[nd][e] = 0.f;
+    int ntiles = (q0 + nq - 1) / FA_BC + 1;
+    for (int j = 0; j < ntiles; j++) {
+        int nk = min(FA_BC, L - j * FA_BC);
+        __syncthreads();
+        stage<D>(sK, k + (seq0 + (long)j * FA_BC) * kvw + kvh * D, kvw, FA_BC, nk);
+        stage<D>(sV, v + (seq0 + (long)j * FA_BC) * kvw + kvh * D, kvw, FA_BC, nk);
+        __syncthreads();
+        if (j * FA_BC > warp_last) continue;
+        u32 f[D / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) frag_a<D>(f[ks], sQ, warp * 16, ks * 16, lane);
+        float p[FA_BC / 8][4];
+        mma_abt<D, FA_BC / 8>(p, f, sK, 0, lane);
+#pragma unroll
+        for (int nb = 0; nb < FA_BC / 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = j * FA_BC + nb * 8 + 2 * (lane & 3) + (e & 1);
+                p[nb][e] = c <= pos[e >> 1] ? exp2f(p[nb][e] * sl2 - lr[e >> 1]) : 0.f;
+            }
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) frag_a<D>(f[ks], sO, warp * 16, ks * 16, lane);
+        float dp[FA_BC / 8][4];
+        mma_abt<D, FA_BC / 8>(dp, f, sV, 0, lane);
+#pragma unroll
+        for (int nb = 0; nb < FA_BC / 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dp[nb][e] = p[nb][e] * (dp[nb][e] - dr[e >> 1]);
+        mma_pv<D, FA_BC / 16>(a, dp, sK, 0, lane);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (pos[i] < 0) continue;
+        long row = (seq0 + r + 8 * i) * qw + h * D;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++)
+            *(float2*)(dq + row + nd * 8 + 2 * (lane & 3)) =
+                make_float2(a[nd][2 * i] * scale, a[nd][2 * i + 1] * scale);
+    }
+}
+
+#define FA_INSTANTIATE(D)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) fa_fwd_##D(const float* q, const float* k,           \
+                                                                 const float* v, const int* tiles, int nh, \
+                                                                 int nkv, float sl2, float* out, float* lse) { \
+        fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse);                                                 \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(128)                                                       \
+        fa_dec_##D(const float* q, const float* kc, const float* vc, const int* kv0, const int* len, int nh, \
+                   int nkv, float sl2, float* out) {                                                        \
+        fa_dec<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out);                                                  \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(128)                                                       \
+        fa_bwd_kv_##D(const float* dout, const float* q, const float* k, const float* v, const float* lse,  \
+                      const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,        \
+                      float* dk, float* dv) {                                                               \
+        fa_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv);                        \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(128)                                                       \
+        fa_bwd_q_##D(const float* dout, const float* q, const float* k, const float* v, const float* lse,   \
+                     const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,         \
+                     float* dq) {                                                                           \
+        fa_bwd_q<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dq);                             \
+    }
+
+FA_INSTANTIATE(64)
+FA_INSTANTIATE(128)

@@ -1,0 +1,238 @@
+//! The tensor-core attention (`cuda::flash`) against the CPU reference
+//! (`ops::attention`), decode against the training forward bit for bit, and run-to-run
+//! determinism. Without CUDA every test prints "skipping: ..." and passes. Run on a
+//! GPU machine with `--test-threads=1 --nocapture`.
+//!
+//! Bounds: the kernels round q, k, v, dout and the probabilities to BF16 at the
+//! tensor-core products (f32 accumulation); the reference is all f32. BF16 has a
+//! relative step of 2^-8, so errors of a few 1e-3 norm-wise are expected.
+
+use jet_kernels::cuda::flash::{self, FlashPlan};
+use jet_kernels::ops::attention::{self, AttnShape};
+
+mod common;
+use common::*;
+
+struct Case {
+    shape: AttnShape,
+    seqs: &'static [usize],
+}
+
+const CASES: [Case; 3] = [
+    Case {
+        shape: AttnShape {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 64,
+        },
+        seqs: &[5, 70, 130],
+    },
+    Case {
+        shape: AttnShape {
+            n_heads: 16,
+            n_kv_heads: 8,
+            head_dim: 128,
+        },
+        seqs: &[200, 64, 1],
+    },
+    Case {
+        shape: AttnShape {
+            n_heads: 8,
+            n_kv_heads: 2,
+            head_dim: 128,
+        },
+        seqs: &[129, 33],
+    },
+];
+
+fn label(c: &Case) -> String {
+    let s: Vec<String> = c.seqs.iter().map(|x| x.to_string()).collect();
+    format!(
+        "{}q/{}kv x {}, seqs {}",
+        c.shape.n_heads,
+        c.shape.n_kv_heads,
+        c.shape.head_dim,
+        s.join("+")
+    )
+}
+
+fn bits_differ(a: &[f32], b: &[f32]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
+#[test]
+fn flash_matches_cpu_reference() {
+    let Some(g) = gpu() else { return };
+    for (ci, c) in CASES.iter().enumerate() {
+        let sh = c.shape;
+        let rows: usize = c.seqs.iter().sum();
+        let (qw, kvw) = (sh.n_heads * sh.head_dim, sh.n_kv_heads * sh.head_dim);
+        let seed = 100 + 10 * ci as u64;
+        let (q, k, v, dout) = (
+            rnd(rows * qw, seed, 1.5),
+            rnd(rows * kvw, seed + 1, 1.5),
+            rnd(rows * kvw, seed + 2, 1.5),
+            rnd(rows * qw, seed + 3, 1.0),
+        );
+        let plan = FlashPlan::new(&g, c.seqs).unwrap();
+        let (gq, gk, gv) = (up(&g, &q), up(&g, &k), up(&g, &v));
+        let (out, lse) = flash::flash_forward(&g, &plan, &gq, &gk, &gv, sh).unwrap();
+        let (dq, dk, dv) =
+            flash::flash_backward(&g, &plan, &up(&g, &dout), &gq, &gk, &gv, &out, &lse, sh)
+                .unwrap();
+        let (mut co, mut cdq, mut cdk, mut cdv) = (vec![], vec![], vec![], vec![]);
+        let mut r0 = 0;
+        for &s in c.seqs {
+            let (qs, ks, vs, ds) = (
+                &q[r0 * qw..(r0 + s) * qw],
+                &k[r0 * kvw..(r0 + s) * kvw],
+                &v[r0 * kvw..(r0 + s) * kvw],
+                &dout[r0 * qw..(r0 + s) * qw],
+            );
+            let (o, p) = attention::attention_forward(qs, ks, vs, s, sh);
+            let (a, b, d) = attention::attention_backward(ds, qs, ks, vs, &p, s, sh);
+            co.extend(o);
+            cdq.extend(a);
+            cdk.extend(b);
+            cdv.extend(d);
+            r0 += s;
+        }
+        let l = label(c);
+        report(
+            "flash fwd out",
+            &l,
+            rel(&dl(&g, &out, rows * qw), &co),
+            1e-2,
+        );
+        report("flash bwd dq", &l, rel(&dl(&g, &dq, rows * qw), &cdq), 2e-2);
+        report(
+            "flash bwd dk",
+            &l,
+            rel(&dl(&g, &dk, rows * kvw), &cdk),
+            2e-2,
+        );
+        report(
+            "flash bwd dv",
+            &l,
+            rel(&dl(&g, &dv, rows * kvw), &cdv),
+            2e-2,
+        );
+    }
+    done();
+}
+
+/// Every row of every sequence, decoded against a cache that holds only the keys
+/// up to that row (NaN past them), equals the training forward's row bit for bit.
+#[test]
+fn flash_decode_equals_forward_rows() {
+    let Some(g) = gpu() else { return };
+    for (ci, c) in CASES.iter().enumerate() {
+        let sh = c.shape;
+        let rows: usize = c.seqs.iter().sum();
+        let (qw, kvw) = (sh.n_heads * sh.head_dim, sh.n_kv_heads * sh.head_dim);
+        let seed = 200 + 10 * ci as u64;
+        let (q, k, v) = (
+            rnd(rows * qw, seed, 2.0),
+            rnd(rows * kvw, seed + 1, 2.0),
+            rnd(rows * kvw, seed + 2, 2.0),
+        );
+        let plan = FlashPlan::new(&g, c.seqs).unwrap();
+        let (out, _) =
+            flash::flash_forward(&g, &plan, &up(&g, &q), &up(&g, &k), &up(&g, &v), sh).unwrap();
+        let out = dl(&g, &out, rows * qw);
+        // One cache slot per decoded row: keys 0..=t of its sequence, NaN after.
+        let cap = c.seqs.iter().copied().max().unwrap() + 3;
+        let (mut kc, mut vc) = (
+            vec![f32::NAN; rows * cap * kvw],
+            vec![f32::NAN; rows * cap * kvw],
+        );
+        let (mut slots, mut lens) = (vec![], vec![]);
+        let mut r0 = 0;
+        for &s in c.seqs {
+            for t in 0..s {
+                let slot = r0 + t;
+                let dst = slot * cap * kvw;
+                kc[dst..dst + (t + 1) * kvw].copy_from_slice(&k[r0 * kvw..(r0 + t + 1) * kvw]);
+                vc[dst..dst + (t + 1) * kvw].copy_from_slice(&v[r0 * kvw..(r0 + t + 1) * kvw]);
+                slots.push(slot);
+                lens.push(t + 1);
+            }
+            r0 += s;
+        }
+        let od = flash::flash_decode_at(
+            &g,
+            &up(&g, &q),
+            &up(&g, &kc),
+            &up(&g, &vc),
+            cap,
+            &slots,
+            &lens,
+            sh,
+        )
+        .unwrap();
+        report_exact(
+            "flash decode == forward row",
+            &label(c),
+            bits_differ(&dl(&g, &od, rows * qw), &out),
+        );
+    }
+    done();
+}
+
+/// No atomics: the forward and backward give the same bits twice.
+#[test]
+fn flash_is_deterministic() {
+    let Some(g) = gpu() else { return };
+    let c = &CASES[1];
+    let sh = c.shape;
+    let rows: usize = c.seqs.iter().sum();
+    let (qw, kvw) = (sh.n_heads * sh.head_dim, sh.n_kv_heads * sh.head_dim);
+    let (q, k, v, dout) = (
+        up(&g, &rnd(rows * qw, 300, 1.5)),
+        up(&g, &rnd(rows * kvw, 301, 1.5)),
+        up(&g, &rnd(rows * kvw, 302, 1.5)),
+        up(&g, &rnd(rows * qw, 303, 1.0)),
+    );
+    let plan = FlashPlan::new(&g, c.seqs).unwrap();
+    let run = || {
+        let (o, lse) = flash::flash_forward(&g, &plan, &q, &k, &v, sh).unwrap();
+        let (a, b, d) = flash::flash_backward(&g, &plan, &dout, &q, &k, &v, &o, &lse, sh).unwrap();
+        [o, a, b, d].map(|x| g.download(&x).unwrap())
+    };
+    let (first, second) = (run(), run());
+    let n: usize = first
+        .iter()
+        .zip(&second)
+        .map(|(a, b)| bits_differ(a, b))
+        .sum();
+    report_exact("flash fwd+bwd twice", &label(c), n);
+    done();
+}
+
+/// Shapes the kernels do not take are refused with a message, never launched.
+#[test]
+fn flash_refuses_other_head_dims() {
+    let bad = AttnShape {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 32,
+    };
+    assert!(!flash::flash_supported(bad));
+    assert!(!flash::flash_supported(AttnShape {
+        n_heads: 34,
+        n_kv_heads: 2,
+        head_dim: 128
+    }));
+    assert!(flash::flash_supported(CASES[1].shape));
+    let Some(g) = gpu() else { return };
+    let plan = FlashPlan::new(&g, &[3]).unwrap();
+    let x = up(&g, &[0.0; 3 * 4 * 32]);
+    let Err(e) = flash::flash_forward(&g, &plan, &x, &x, &x, bad) else {
+        panic!("head_dim 32 was accepted");
+    };
+    assert!(e.to_string().contains("head_dim 64 or 128"), "{e}");
+}

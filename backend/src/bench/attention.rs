@@ -6,7 +6,8 @@
 
 use jet_kernels::cuda::attention::{attention_backward, attention_decode, attention_forward};
 use jet_kernels::cuda::flash::{
-    flash_backward, flash_decode_at, flash_forward, flash_supported, FlashPlan,
+    flash_backward, flash_decode_at, flash_forward, flash_forward_with, flash_supported, FlashPlan,
+    FwdKernel,
 };
 use jet_kernels::cuda::{Gpu, Result};
 use jet_kernels::ops::attention::AttnShape;
@@ -33,7 +34,7 @@ fn causal_flops(shape: AttnShape, seqs: usize, len: usize) -> f64 {
 }
 
 /// Forward and backward of the tensor-core kernels over `seqs` x `len` tokens.
-fn flash_rows(g: &Gpu, shape: AttnShape, seqs: usize, len: usize) -> Result<[OpRow; 2]> {
+fn flash_rows(g: &Gpu, shape: AttnShape, seqs: usize, len: usize) -> Result<[OpRow; 3]> {
     let (qd, kvd) = (
         shape.n_heads * shape.head_dim,
         shape.n_kv_heads * shape.head_dim,
@@ -49,9 +50,12 @@ fn flash_rows(g: &Gpu, shape: AttnShape, seqs: usize, len: usize) -> Result<[OpR
     let fwd = time_us(g, 20, || {
         flash_forward(g, &plan, &q, &k, &v, shape).map(drop)
     })?;
-    let (o, lse) = flash_forward(g, &plan, &q, &k, &v, shape)?;
+    let fwd3 = time_us(g, 20, || {
+        flash_forward_with(g, &plan, &q, &k, &v, shape, FwdKernel::Occupancy3).map(drop)
+    })?;
+    let (o, saved) = flash_forward(g, &plan, &q, &k, &v, shape)?;
     let bwd = time_us(g, 20, || {
-        flash_backward(g, &plan, &dout, &q, &k, &v, &o, &lse, shape).map(drop)
+        flash_backward(g, &plan, &dout, &o, &saved, shape).map(drop)
     })?;
     let f = causal_flops(shape, seqs, len);
     let desc = format!("{seqs} x {} x {len}, d {}", shape.n_heads, shape.head_dim);
@@ -61,6 +65,13 @@ fn flash_rows(g: &Gpu, shape: AttnShape, seqs: usize, len: usize) -> Result<[OpR
             shape: desc.clone(),
             us: fwd,
             tflops: Some(f / fwd / 1e6),
+            gb_per_s: None,
+        },
+        OpRow {
+            name: "  the same, 3 CTAs an SM".into(),
+            shape: desc.clone(),
+            us: fwd3,
+            tflops: Some(f / fwd3 / 1e6),
             gb_per_s: None,
         },
         OpRow {

@@ -95,6 +95,8 @@ pub struct Report {
     pub preset: String,
     pub layers: usize,
     pub params: usize,
+    /// Parameters of the embedding table when it is not the LM head.
+    pub untied_embedding: usize,
     pub gemm: Vec<kernels::GemmRow>,
     pub quant: Vec<kernels::QuantRow>,
     pub ops: Vec<attention::OpRow>,
@@ -149,6 +151,11 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         preset: a.preset.clone(),
         layers: cfg.num_hidden_layers,
         params: cfg.param_count(),
+        untied_embedding: if cfg.tie_word_embeddings {
+            0
+        } else {
+            cfg.vocab_size * cfg.hidden_size
+        },
         ..Default::default()
     };
     let say = |s: &str| {
@@ -197,9 +204,11 @@ fn set_floors(r: &mut Report, tokens: f64) {
         return;
     };
     let params = r.params as f64;
+    // An untied embedding table is a lookup, not a GEMM: no FLOPs, but AdamW bytes.
+    let gemm_params = params - r.untied_embedding as f64;
     for t in &mut r.train {
         let tflops = best(t.flow == Flow::Fp8.name());
-        let floor = 6.0 * params * tokens / (tflops * 1e12) + 28.0 * params / (copy * 1e9);
+        let floor = 6.0 * gemm_params * tokens / (tflops * 1e12) + 28.0 * params / (copy * 1e9);
         t.floor_s = Some(floor);
         t.of_floor = Some(floor / t.step_s);
     }

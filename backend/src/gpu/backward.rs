@@ -125,13 +125,13 @@ pub fn backward(
         let dattn = cx.linear(&dh_mid, &a.attn, &lp.o, grads, lx.o, None)?;
         let shape = model.attn_shape();
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
-            (AttnSaved::Lse(lse), Some(plan)) => {
-                flash_backward(g, plan, &dattn, &a.q, &a.k, &a.v, &a.attn, lse, shape)?
+            (AttnSaved::Flash(saved), Some(plan)) => {
+                flash_backward(g, plan, &dattn, &a.attn, saved, shape)?
             }
             (AttnSaved::Probs(p), _) => {
                 attention_backward(g, &dattn, &a.q, &a.k, &a.v, p, &acts.seq_lens, shape)?
             }
-            (AttnSaved::Lse(_), None) => {
+            (AttnSaved::Flash(_), None) => {
                 return Err(CudaError::Invalid(
                     "attention backward: log-sum-exp kept but no tile plan".into(),
                 ))

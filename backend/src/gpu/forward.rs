@@ -80,8 +80,8 @@ impl GpuAttention for PackedCausal<'_> {
             keep(layer, k, v)?;
         }
         if let Some(plan) = &self.flash {
-            let (o, lse) = flash_forward(self.gpu, plan, q, k, v, self.shape)?;
-            return Ok((o, self.keep_probs.then_some(AttnSaved::Lse(lse))));
+            let (o, saved) = flash_forward(self.gpu, plan, q, k, v, self.shape)?;
+            return Ok((o, self.keep_probs.then_some(AttnSaved::Flash(saved))));
         }
         let (o, p) = attention_forward(self.gpu, q, k, v, self.seq_lens, self.shape)?;
         Ok((o, self.keep_probs.then_some(AttnSaved::Probs(p))))

@@ -3,6 +3,7 @@
 //! any set of rows, with the attention itself left to a strategy.
 
 use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::flash::FlashSaved;
 use jet_kernels::cuda::linear::linear_forward;
 use jet_kernels::cuda::ops::{embedding_forward, rmsnorm_forward, rope_forward, swiglu_forward};
 use jet_kernels::cuda::tensor::add_into;
@@ -48,8 +49,8 @@ pub struct GpuLayerActs {
 pub enum AttnSaved {
     /// Per-row kernels (f32 flow): the softmax probabilities of the packed sequences.
     Probs(CudaSlice<f32>),
-    /// Tensor-core kernels: each row's log2-sum-exp `[M, nh]`.
-    Lse(CudaSlice<f32>),
+    /// Tensor-core kernels: each row's log2-sum-exp and the BF16 operands.
+    Flash(FlashSaved),
 }
 
 /// The attention of one layer for all M rows: q `[M, nh*hd]`, k, v `[M, nkv*hd]`

@@ -12,7 +12,12 @@
 //!
 //! Packed batch: sequence s occupies rows `start_s .. start_s + len_s` of q, out
 //! `[rows, nh*hd]` and k, v `[rows, nkv*hd]`; `lse [rows, nh]` is each row's
-//! log2-sum-exp of the scaled scores, kept for the backward.
+//! log2-sum-exp of the scaled scores, kept for the backward with the BF16
+//! operand copies of q, k, v ([`FlashSaved`]).
+//!
+//! The training kernels read BF16 copies (one conversion pass each, then 16-byte
+//! asynchronous copies into double-buffered shared-memory tiles); decode stages
+//! the f32 cache rows itself with the same rounding.
 
 use cudarc::driver::CudaSlice;
 
@@ -69,10 +74,30 @@ impl FlashPlan {
     }
 }
 
+/// What the backward needs from the forward besides its output.
+pub struct FlashSaved {
+    /// `[rows, nh]`, log2 domain of the scaled scores.
+    pub lse: CudaSlice<f32>,
+    /// BF16 copies of q, k, v (the forward's tensor-core operands).
+    pub q16: CudaSlice<u16>,
+    pub k16: CudaSlice<u16>,
+    pub v16: CudaSlice<u16>,
+}
+
+/// Which build of the forward kernel: all registers it wants (2 CTAs an SM at
+/// head_dim 128), or capped for 3 CTAs an SM (a few spills). `jetd bench` times both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FwdKernel {
+    Regs,
+    Occupancy3,
+}
+
 fn kernel(kind: &str, hd: usize) -> Result<&'static str> {
     Ok(match (kind, hd) {
         ("fwd", 64) => "fa_fwd_64",
         ("fwd", 128) => "fa_fwd_128",
+        ("fwd3", 64) => "fa_fwd_occ3_64",
+        ("fwd3", 128) => "fa_fwd_occ3_128",
         ("dec", 64) => "fa_dec_64",
         ("dec", 128) => "fa_dec_128",
         ("kv", 64) => "fa_bwd_kv_64",
@@ -116,7 +141,22 @@ fn check_rows(what: &str, b: &CudaSlice<f32>, rows: usize, width: usize) -> Resu
     )
 }
 
-/// Forward: `(out [rows, nh*hd], lse [rows, nh])`.
+/// A BF16 (RNE) copy of the first `n` values of `x` (`n` a multiple of 4).
+fn to_bf16(gpu: &Gpu, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<u16>> {
+    let y = gpu.uninit::<u16>(n)?;
+    let blocks = n.div_ceil(4 * 256).clamp(1, 4 * gpu.sm_count().max(1)) as u32;
+    gpu.launch(
+        &FLASH,
+        "fa_to_bf16",
+        (blocks, 1, 1),
+        (256, 1, 1),
+        0,
+        &[Arg::P(gpu.ptr(x)), Arg::P(gpu.ptr(&y)), Arg::L(n as i64)],
+    )?;
+    Ok(y)
+}
+
+/// Forward: `out [rows, nh*hd]` and what the backward needs.
 pub fn flash_forward(
     gpu: &Gpu,
     plan: &FlashPlan,
@@ -124,60 +164,89 @@ pub fn flash_forward(
     k: &CudaSlice<f32>,
     v: &CudaSlice<f32>,
     shape: AttnShape,
-) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+) -> Result<(CudaSlice<f32>, FlashSaved)> {
+    flash_forward_with(gpu, plan, q, k, v, shape, FwdKernel::Regs)
+}
+
+/// [`flash_forward`] with a chosen build of the kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_forward_with(
+    gpu: &Gpu,
+    plan: &FlashPlan,
+    q: &CudaSlice<f32>,
+    k: &CudaSlice<f32>,
+    v: &CudaSlice<f32>,
+    shape: AttnShape,
+    which: FwdKernel,
+) -> Result<(CudaSlice<f32>, FlashSaved)> {
     check(shape)?;
     let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
     check_rows("q", q, n, nh * hd)?;
     check_rows("k", k, n, nkv * hd)?;
     check_rows("v", v, n, nkv * hd)?;
+    let saved = FlashSaved {
+        lse: gpu.uninit::<f32>(n * nh)?,
+        q16: to_bf16(gpu, q, n * nh * hd)?,
+        k16: to_bf16(gpu, k, n * nkv * hd)?,
+        v16: to_bf16(gpu, v, n * nkv * hd)?,
+    };
     let out = gpu.uninit::<f32>(n * nh * hd)?;
-    let lse = gpu.uninit::<f32>(n * nh)?;
+    let name = match which {
+        FwdKernel::Regs => kernel("fwd", hd)?,
+        FwdKernel::Occupancy3 => kernel("fwd3", hd)?,
+    };
     gpu.launch(
         &FLASH,
-        kernel("fwd", hd)?,
+        name,
         (plan.n_tiles as u32, nh as u32, 1),
         (128, 1, 1),
-        2 * tile_bytes(hd, TILE),
+        4 * tile_bytes(hd, TILE),
         &[
-            Arg::P(gpu.ptr(q)),
-            Arg::P(gpu.ptr(k)),
-            Arg::P(gpu.ptr(v)),
+            Arg::P(gpu.ptr(&saved.q16)),
+            Arg::P(gpu.ptr(&saved.k16)),
+            Arg::P(gpu.ptr(&saved.v16)),
             Arg::P(gpu.ptr(&plan.tiles)),
             Arg::I(nh as i32),
             Arg::I(nkv as i32),
             Arg::F(scales(hd).1),
             Arg::P(gpu.ptr(&out)),
-            Arg::P(gpu.ptr(&lse)),
+            Arg::P(gpu.ptr(&saved.lse)),
         ],
     )?;
-    Ok((out, lse))
+    Ok((out, saved))
 }
 
-/// Backward: `(dq, dk, dv)` from `dout` and the forward's q, k, v, out and lse.
-#[allow(clippy::too_many_arguments)]
+/// Backward: `(dq, dk, dv)` from `dout` and the forward's output and saved state.
 pub fn flash_backward(
     gpu: &Gpu,
     plan: &FlashPlan,
     dout: &CudaSlice<f32>,
-    q: &CudaSlice<f32>,
-    k: &CudaSlice<f32>,
-    v: &CudaSlice<f32>,
     out: &CudaSlice<f32>,
-    lse: &CudaSlice<f32>,
+    saved: &FlashSaved,
     shape: AttnShape,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
     check(shape)?;
     let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
     for (what, b, w) in [
         ("dout", dout, nh * hd),
-        ("q", q, nh * hd),
         ("out", out, nh * hd),
-        ("k", k, nkv * hd),
-        ("v", v, nkv * hd),
-        ("lse", lse, nh),
+        ("lse", &saved.lse, nh),
     ] {
         check_rows(what, b, n, w)?;
     }
+    for (what, b, w) in [
+        ("q", &saved.q16, nh * hd),
+        ("k", &saved.k16, nkv * hd),
+        ("v", &saved.v16, nkv * hd),
+    ] {
+        check_len(
+            &format!("attention saved {what}"),
+            b,
+            n * w,
+            format!("[{n}, {w}]"),
+        )?;
+    }
+    let dout16 = to_bf16(gpu, dout, n * nh * hd)?;
     let delta = gpu.uninit::<f32>(n * nh)?;
     gpu.launch(
         &FLASH,
@@ -198,11 +267,11 @@ pub fn flash_backward(
     let dv = gpu.uninit::<f32>(n * nkv * hd)?;
     let (scale, sl2) = scales(hd);
     let common = [
-        Arg::P(gpu.ptr(dout)),
-        Arg::P(gpu.ptr(q)),
-        Arg::P(gpu.ptr(k)),
-        Arg::P(gpu.ptr(v)),
-        Arg::P(gpu.ptr(lse)),
+        Arg::P(gpu.ptr(&dout16)),
+        Arg::P(gpu.ptr(&saved.q16)),
+        Arg::P(gpu.ptr(&saved.k16)),
+        Arg::P(gpu.ptr(&saved.v16)),
+        Arg::P(gpu.ptr(&saved.lse)),
         Arg::P(gpu.ptr(&delta)),
         Arg::P(gpu.ptr(&plan.tiles)),
         Arg::I(nh as i32),
@@ -217,7 +286,7 @@ pub fn flash_backward(
         kernel("kv", hd)?,
         (plan.n_tiles as u32, nkv as u32, 1),
         (128, 1, 1),
-        2 * tile_bytes(hd, TILE) + 2 * tile_bytes(hd, BWD_Q_STEP) + (2 * BWD_Q_STEP * 4) as u32,
+        2 * tile_bytes(hd, TILE) + 4 * tile_bytes(hd, BWD_Q_STEP) + (4 * BWD_Q_STEP * 4) as u32,
         &args,
     )?;
     let mut args = common.to_vec();
@@ -227,7 +296,7 @@ pub fn flash_backward(
         kernel("q", hd)?,
         (plan.n_tiles as u32, nh as u32, 1),
         (128, 1, 1),
-        4 * tile_bytes(hd, TILE),
+        6 * tile_bytes(hd, TILE),
         &args,
     )?;
     Ok((dq, dk, dv))

@@ -74,6 +74,40 @@ __device__ __forceinline__ void stage(bf16_t* s, const float* g, long ld, int nr
     }
 }
 
+// 16-byte asynchronous copy global -> shared; zero-filled when !valid.
+__device__ __forceinline__ void cp16(bf16_t* s, const bf16_t* g, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(s)), "l"(g),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// Start copying rows [0, NROWS) of a BF16 matrix (row stride `ld` values, D
+// columns) into shared memory [NROWS][D + 8]; rows >= nvalid become zero. The same
+// values stage() makes from the f32 originals. All 128 threads; then cp_commit.
+template <int D, int NROWS>
+__device__ __forceinline__ void stage16(bf16_t* s, const bf16_t* g, long ld, int nvalid) {
+    const int C = D / 8;  // 16-byte chunks per row
+#pragma unroll
+    for (int it = 0; it < NROWS * C / 128; it++) {
+        int i = threadIdx.x + it * 128, r = i / C, c = (i % C) * 8;
+        bool ok = r < nvalid;
+        cp16(s + r * (D + 8) + c, g + (ok ? (long)r * ld + c : 0), ok);
+    }
+}
+
+// x (f32) -> y (BF16, RNE), n a multiple of 4: the operand copies of the
+// tensor-core attention, the same rounding stage() applies.
+extern "C" __global__ void fa_to_bf16(const float* x, bf16_t* y, long n) {
+    for (long i = (blockIdx.x * (long)blockDim.x + threadIdx.x) * 4; i < n; i += (long)gridDim.x * blockDim.x * 4) {
+        float4 v = *(const float4*)(x + i);
+        *(uint2*)(y + i) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    }
+}
+
 // A-operand fragment of rows [r0, r0+16), columns [k0, k0+16) of a staged matrix.
 template <int D>
 __device__ __forceinline__ void frag_a(u32 (&a)[4], const bf16_t* s, int r0, int k0, int lane) {
@@ -214,24 +248,33 @@ __device__ __forceinline__ void fa_finish(float (&o)[D / 8][4], const float (&m)
 
 // Training forward. tiles[3t..3t+3] = (first row of the sequence in the packed
 // batch, first query position of the tile, sequence length). Grid (tiles, nh),
-// 128 threads. q, out [rows, nh*D]; k, v [rows, nkv*D]; lse [rows, nh].
+// 128 threads. q [rows, nh*D], k, v [rows, nkv*D] in BF16 (fa_to_bf16); out
+// [rows, nh*D] f32; lse [rows, nh]. Key/value tiles are double-buffered: tile j+1
+// is in flight while tile j is computed.
 template <int D>
-__device__ void fa_fwd(const float* q, const float* k, const float* v, const int* tiles, int nh, int nkv,
+__device__ void fa_fwd(const bf16_t* q, const bf16_t* k, const bf16_t* v, const int* tiles, int nh, int nkv,
                        float sl2, float* out, float* lse) {
     extern __shared__ __align__(16) unsigned char fa_sm[];
-    bf16_t* sK = (bf16_t*)fa_sm;
-    bf16_t* sV = sK + FA_BC * (D + 8);
+    const int T = FA_BC * (D + 8);
+    bf16_t* sb = (bf16_t*)fa_sm;  // [2][K, V]
     int h = blockIdx.y, kvh = h / (nh / nkv);
     int seq0 = tiles[3 * blockIdx.x], q0 = tiles[3 * blockIdx.x + 1], L = tiles[3 * blockIdx.x + 2];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     long qw = (long)nh * D, kvw = (long)nkv * D;
     int nq = min(FA_BR, L - q0);
-    // Q goes through the K buffer into registers.
-    stage<D>(sK, q + (seq0 + q0) * qw + h * D, qw, FA_BR, nq);
+    // Q goes through the second buffer into registers.
+    stage16<D, FA_BR>(sb + 2 * T, q + (seq0 + q0) * qw + h * D, qw, nq);
+    cp_commit();
+    const bf16_t* kb = k + (long)seq0 * kvw + kvh * D;
+    const bf16_t* vb = v + (long)seq0 * kvw + kvh * D;
+    stage16<D, FA_BC>(sb, kb, kvw, min(FA_BC, L));
+    stage16<D, FA_BC>(sb + T, vb, kvw, min(FA_BC, L));
+    cp_commit();
+    cp_wait<1>();
     __syncthreads();
     u32 qf[D / 16][4];
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) frag_a<D>(qf[ks], sK, warp * 16, ks * 16, lane);
+    for (int ks = 0; ks < D / 16; ks++) frag_a<D>(qf[ks], sb + 2 * T, warp * 16, ks * 16, lane);
     __syncthreads();
     int r = q0 + warp * 16 + (lane >> 2);
     int pos[2] = {min(r, L - 1), min(r + 8, L - 1)};
@@ -243,11 +286,20 @@ __device__ void fa_fwd(const float* q, const float* k, const float* v, const int
         for (int e = 0; e < 4; e++) o[nd][e] = 0.f;
     int ntiles = (q0 + nq - 1) / FA_BC + 1;
     for (int j = 0; j < ntiles; j++) {
-        int nk = min(FA_BC, L - j * FA_BC);
-        stage<D>(sK, k + (seq0 + (long)j * FA_BC) * kvw + kvh * D, kvw, FA_BC, nk);
-        stage<D>(sV, v + (seq0 + (long)j * FA_BC) * kvw + kvh * D, kvw, FA_BC, nk);
+        bf16_t* cur = sb + (j & 1) * 2 * T;
+        if (j + 1 < ntiles) {
+            bf16_t* nxt = sb + ((j + 1) & 1) * 2 * T;
+            long off = (long)(j + 1) * FA_BC * kvw;
+            int nk = min(FA_BC, L - (j + 1) * FA_BC);
+            stage16<D, FA_BC>(nxt, kb + off, kvw, nk);
+            stage16<D, FA_BC>(nxt + T, vb + off, kvw, nk);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
-        if (j * FA_BC <= warp_last) fa_tile<D>(qf, sK, sV, j * FA_BC, pos, sl2, o, m, l, lane);
+        if (j * FA_BC <= warp_last) fa_tile<D>(qf, cur, cur + T, j * FA_BC, pos, sl2, o, m, l, lane);
         __syncthreads();
     }
     long orow[2], lrow[2];
@@ -327,46 +379,65 @@ extern "C" __global__ void fa_bwd_delta(const float* dout, const float* out, int
 // dK, dV of one 64-key tile (tiles as in fa_fwd, q0 read as the tile's first key)
 // for kv head blockIdx.y. Each warp owns 16 keys: S^T = K Q^T, P^T from lse,
 // dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
-// Summed over the group's query heads, then query rows, in order.
+// Summed over the group's query heads, then query rows, in order. q, k, v, dout
+// in BF16; steps of FA_BQ query rows double-buffered.
 template <int D>
-__device__ void fa_bwd_kv(const float* dout, const float* q, const float* k, const float* v, const float* lse,
-                          const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,
-                          float* dk, float* dv) {
+__device__ void fa_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                          const float* lse, const float* delta, const int* tiles, int nh, int nkv, float sl2,
+                          float scale, float* dk, float* dv) {
     extern __shared__ __align__(16) unsigned char fa_sm[];
+    const int T = FA_BC * (D + 8), S = FA_BQ * (D + 8);
     bf16_t* sK = (bf16_t*)fa_sm;
-    bf16_t* sV = sK + FA_BC * (D + 8);
-    bf16_t* sQ = sV + FA_BC * (D + 8);
-    bf16_t* sO = sQ + FA_BQ * (D + 8);
-    float* sL = (float*)(sO + FA_BQ * (D + 8));
-    float* sD = sL + FA_BQ;
+    bf16_t* sV = sK + T;
+    bf16_t* sQO = sV + T;                      // [2][Q, dO] of one step
+    float* sLD = (float*)(sQO + 4 * S);        // [2][lse, delta] of one step
     int kvh = blockIdx.y, group = nh / nkv;
     int seq0 = tiles[3 * blockIdx.x], k0 = tiles[3 * blockIdx.x + 1], L = tiles[3 * blockIdx.x + 2];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     long qw = (long)nh * D, kvw = (long)nkv * D;
     int nk = min(FA_BC, L - k0);
-    stage<D>(sK, k + (seq0 + k0) * kvw + kvh * D, kvw, FA_BC, nk);
-    stage<D>(sV, v + (seq0 + k0) * kvw + kvh * D, kvw, FA_BC, nk);
+    stage16<D, FA_BC>(sK, k + (seq0 + k0) * kvw + kvh * D, kvw, nk);
+    stage16<D, FA_BC>(sV, v + (seq0 + k0) * kvw + kvh * D, kvw, nk);
+    cp_commit();
     float ak[D / 8][4], av[D / 8][4];
 #pragma unroll
     for (int nd = 0; nd < D / 8; nd++)
 #pragma unroll
         for (int e = 0; e < 4; e++) ak[nd][e] = av[nd][e] = 0.f;
-    int kw0 = k0 + warp * 16;                 // the warp's first key position
+    int kw0 = k0 + warp * 16;  // the warp's first key position
     int key[2] = {kw0 + (lane >> 2), kw0 + (lane >> 2) + 8};
-    for (int hi = 0; hi < group; hi++) {
-        int h = kvh * group + hi;
-        for (int qs = (k0 / FA_BQ) * FA_BQ; qs < L; qs += FA_BQ) {
-            int nq = min(FA_BQ, L - qs);
-            __syncthreads();
-            stage<D>(sQ, q + (seq0 + qs) * qw + h * D, qw, FA_BQ, nq);
-            stage<D>(sO, dout + (seq0 + qs) * qw + h * D, qw, FA_BQ, nq);
-            for (int i = threadIdx.x; i < FA_BQ; i += blockDim.x) {
-                bool ok = i < nq;
-                sL[i] = ok ? lse[(long)(seq0 + qs + i) * nh + h] : 0.f;
-                sD[i] = ok ? delta[(long)(seq0 + qs + i) * nh + h] : 0.f;
-            }
-            __syncthreads();
-            if (qs + nq - 1 < kw0) continue;  // every query row before the warp's keys
+    // Steps: (head hi, query rows qs) for hi in the group, qs from k0 to L.
+    int per_head = (L - k0 + FA_BQ - 1) / FA_BQ, nsteps = group * per_head;
+    auto issue = [&](int st) {
+        int h = kvh * group + st / per_head, qs = k0 + (st % per_head) * FA_BQ;
+        int nq = min(FA_BQ, L - qs);
+        bf16_t* b = sQO + (st & 1) * 2 * S;
+        stage16<D, FA_BQ>(b, q + (seq0 + qs) * qw + h * D, qw, nq);
+        stage16<D, FA_BQ>(b + S, dout + (seq0 + qs) * qw + h * D, qw, nq);
+        float* ld = sLD + (st & 1) * 2 * FA_BQ;
+        if (threadIdx.x < FA_BQ) {
+            int i = threadIdx.x;
+            bool ok = i < nq;
+            ld[i] = ok ? lse[(long)(seq0 + qs + i) * nh + h] : 0.f;
+            ld[FA_BQ + i] = ok ? delta[(long)(seq0 + qs + i) * nh + h] : 0.f;
+        }
+        cp_commit();
+    };
+    issue(0);
+    for (int st = 0; st < nsteps; st++) {
+        if (st + 1 < nsteps) {
+            issue(st + 1);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        int qs = k0 + (st % per_head) * FA_BQ, nq = min(FA_BQ, L - qs);
+        const bf16_t* sQ = sQO + (st & 1) * 2 * S;
+        const bf16_t* sO = sQ + S;
+        const float* sL = sLD + (st & 1) * 2 * FA_BQ;
+        const float* sD = sL + FA_BQ;
+        if (qs + nq - 1 >= kw0) {  // else every query row is before the warp's keys
             u32 kf[D / 16][4];
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++) frag_a<D>(kf[ks], sK, warp * 16, ks * 16, lane);
@@ -394,6 +465,7 @@ __device__ void fa_bwd_kv(const float* dout, const float* q, const float* k, con
                 }
             mma_pv<D, FA_BQ / 16>(ak, dp, sQ, 0, lane);
         }
+        __syncthreads();
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -409,23 +481,29 @@ __device__ void fa_bwd_kv(const float* dout, const float* q, const float* k, con
 }
 
 // dQ of one 64-row tile for head blockIdx.y: S = Q K^T, P from lse,
-// dP = dO V^T, dS = P (dP - delta), dQ += dS K, over key tiles in order.
+// dP = dO V^T, dS = P (dP - delta), dQ += dS K, over key tiles in order (double-
+// buffered). q, k, v, dout in BF16.
 template <int D>
-__device__ void fa_bwd_q(const float* dout, const float* q, const float* k, const float* v, const float* lse,
-                         const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,
-                         float* dq) {
+__device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                         const float* lse, const float* delta, const int* tiles, int nh, int nkv, float sl2,
+                         float scale, float* dq) {
     extern __shared__ __align__(16) unsigned char fa_sm[];
-    bf16_t* sK = (bf16_t*)fa_sm;
-    bf16_t* sV = sK + FA_BC * (D + 8);
-    bf16_t* sQ = sV + FA_BC * (D + 8);
-    bf16_t* sO = sQ + FA_BR * (D + 8);
+    const int T = FA_BC * (D + 8);
+    bf16_t* sQ = (bf16_t*)fa_sm;
+    bf16_t* sO = sQ + T;
+    bf16_t* sb = sO + T;  // [2][K, V]
     int h = blockIdx.y, kvh = h / (nh / nkv);
     int seq0 = tiles[3 * blockIdx.x], q0 = tiles[3 * blockIdx.x + 1], L = tiles[3 * blockIdx.x + 2];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     long qw = (long)nh * D, kvw = (long)nkv * D;
     int nq = min(FA_BR, L - q0);
-    stage<D>(sQ, q + (seq0 + q0) * qw + h * D, qw, FA_BR, nq);
-    stage<D>(sO, dout + (seq0 + q0) * qw + h * D, qw, FA_BR, nq);
+    stage16<D, FA_BR>(sQ, q + (seq0 + q0) * qw + h * D, qw, nq);
+    stage16<D, FA_BR>(sO, dout + (seq0 + q0) * qw + h * D, qw, nq);
+    const bf16_t* kb = k + (long)seq0 * kvw + kvh * D;
+    const bf16_t* vb = v + (long)seq0 * kvw + kvh * D;
+    stage16<D, FA_BC>(sb, kb, kvw, min(FA_BC, L));
+    stage16<D, FA_BC>(sb + T, vb, kvw, min(FA_BC, L));
+    cp_commit();
     int r = q0 + warp * 16 + (lane >> 2);
     float lr[2], dr[2];
     int pos[2];
@@ -444,33 +522,45 @@ __device__ void fa_bwd_q(const float* dout, const float* q, const float* k, cons
         for (int e = 0; e < 4; e++) a[nd][e] = 0.f;
     int ntiles = (q0 + nq - 1) / FA_BC + 1;
     for (int j = 0; j < ntiles; j++) {
-        int nk = min(FA_BC, L - j * FA_BC);
+        bf16_t* cur = sb + (j & 1) * 2 * T;
+        if (j + 1 < ntiles) {
+            bf16_t* nxt = sb + ((j + 1) & 1) * 2 * T;
+            long off = (long)(j + 1) * FA_BC * kvw;
+            int nk = min(FA_BC, L - (j + 1) * FA_BC);
+            stage16<D, FA_BC>(nxt, kb + off, kvw, nk);
+            stage16<D, FA_BC>(nxt + T, vb + off, kvw, nk);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
-        stage<D>(sK, k + (seq0 + (long)j * FA_BC) * kvw + kvh * D, kvw, FA_BC, nk);
-        stage<D>(sV, v + (seq0 + (long)j * FA_BC) * kvw + kvh * D, kvw, FA_BC, nk);
+        if (j * FA_BC <= warp_last) {
+            const bf16_t* sK = cur;
+            const bf16_t* sV = cur + T;
+            u32 f[D / 16][4];
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) frag_a<D>(f[ks], sQ, warp * 16, ks * 16, lane);
+            float p[FA_BC / 8][4];
+            mma_abt<D, FA_BC / 8>(p, f, sK, 0, lane);
+#pragma unroll
+            for (int nb = 0; nb < FA_BC / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int c = j * FA_BC + nb * 8 + 2 * (lane & 3) + (e & 1);
+                    p[nb][e] = c <= pos[e >> 1] ? exp2f(p[nb][e] * sl2 - lr[e >> 1]) : 0.f;
+                }
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) frag_a<D>(f[ks], sO, warp * 16, ks * 16, lane);
+            float dp[FA_BC / 8][4];
+            mma_abt<D, FA_BC / 8>(dp, f, sV, 0, lane);
+#pragma unroll
+            for (int nb = 0; nb < FA_BC / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dp[nb][e] = p[nb][e] * (dp[nb][e] - dr[e >> 1]);
+            mma_pv<D, FA_BC / 16>(a, dp, sK, 0, lane);
+        }
         __syncthreads();
-        if (j * FA_BC > warp_last) continue;
-        u32 f[D / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) frag_a<D>(f[ks], sQ, warp * 16, ks * 16, lane);
-        float p[FA_BC / 8][4];
-        mma_abt<D, FA_BC / 8>(p, f, sK, 0, lane);
-#pragma unroll
-        for (int nb = 0; nb < FA_BC / 8; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int c = j * FA_BC + nb * 8 + 2 * (lane & 3) + (e & 1);
-                p[nb][e] = c <= pos[e >> 1] ? exp2f(p[nb][e] * sl2 - lr[e >> 1]) : 0.f;
-            }
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) frag_a<D>(f[ks], sO, warp * 16, ks * 16, lane);
-        float dp[FA_BC / 8][4];
-        mma_abt<D, FA_BC / 8>(dp, f, sV, 0, lane);
-#pragma unroll
-        for (int nb = 0; nb < FA_BC / 8; nb++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) dp[nb][e] = p[nb][e] * (dp[nb][e] - dr[e >> 1]);
-        mma_pv<D, FA_BC / 16>(a, dp, sK, 0, lane);
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -484,8 +574,14 @@ __device__ void fa_bwd_q(const float* dout, const float* q, const float* k, cons
 }
 
 #define FA_INSTANTIATE(D)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(128) fa_fwd_##D(const float* q, const float* k,           \
-                                                                 const float* v, const int* tiles, int nh, \
+    extern "C" __global__ void __launch_bounds__(128) fa_fwd_##D(const bf16_t* q, const bf16_t* k,         \
+                                                                 const bf16_t* v, const int* tiles, int nh, \
+                                                                 int nkv, float sl2, float* out, float* lse) { \
+        fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse);                                                 \
+    }                                                                                                       \
+    /* The same, capped at 168 registers for 3 CTAs an SM (spills a little at D = 128). */                 \
+    extern "C" __global__ void __launch_bounds__(128, 3) fa_fwd_occ3_##D(const bf16_t* q, const bf16_t* k, \
+                                                                 const bf16_t* v, const int* tiles, int nh, \
                                                                  int nkv, float sl2, float* out, float* lse) { \
         fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse);                                                 \
     }                                                                                                       \
@@ -495,13 +591,13 @@ __device__ void fa_bwd_q(const float* dout, const float* q, const float* k, cons
         fa_dec<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out);                                                  \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
-        fa_bwd_kv_##D(const float* dout, const float* q, const float* k, const float* v, const float* lse,  \
+        fa_bwd_kv_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse, \
                       const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,        \
                       float* dk, float* dv) {                                                               \
         fa_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv);                        \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
-        fa_bwd_q_##D(const float* dout, const float* q, const float* k, const float* v, const float* lse,   \
+        fa_bwd_q_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,  \
                      const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,         \
                      float* dq) {                                                                           \
         fa_bwd_q<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dq);                             \

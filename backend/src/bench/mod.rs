@@ -278,6 +278,20 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             x.flow, x.batch, x.tokens_per_s, x.vs_bf16, x.peak_gib
         );
     }
+    for x in &r.rollout {
+        let parts: Vec<String> = x
+            .breakdown
+            .iter()
+            .map(|(c, t)| format!("{c} {:.1}", t * 1e3))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  {:<16} {:>4} ms: {}",
+            x.flow,
+            x.batch,
+            parts.join(", ")
+        );
+    }
     let _ = writeln!(s, "\ntrain              tokens/s   vs bf16   step s  prepare  forward  loss+bwd  AdamW   peak GiB  floor s  of floor");
     for x in &r.train {
         let _ = writeln!(
@@ -297,6 +311,14 @@ fn render(r: &Report, a: &BenchArgs) -> String {
                 .map(|f| format!("{:.0}%", f * 100.0))
                 .unwrap_or_default()
         );
+    }
+    for x in &r.train {
+        let parts: Vec<String> = x
+            .breakdown
+            .iter()
+            .map(|(c, t)| format!("{c} {:.1}", t * 1e3))
+            .collect();
+        let _ = writeln!(s, "  {:<16} ms: {}", x.flow, parts.join(", "));
     }
     let _ = writeln!(
         s,

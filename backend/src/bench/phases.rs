@@ -29,6 +29,8 @@ pub struct RolloutRow {
     pub tokens_per_s: f64,
     pub vs_bf16: f64,
     pub peak_gib: f64,
+    /// The same rollout again with device time per category (see TrainRow).
+    pub breakdown: Vec<(String, f64)>,
 }
 
 #[derive(Serialize)]
@@ -51,6 +53,11 @@ pub struct TrainRow {
     pub floor_s: Option<f64>,
     /// floor_s / step_s.
     pub of_floor: Option<f64>,
+    /// One more update with every launch bracketed by events (`cuda::profile`):
+    /// device seconds per category ("gemm", "attention", "elementwise", "loss",
+    /// "quantize", "optimizer"), then "other" = that update's wall time minus
+    /// their sum (copies, host work, synchronisation).
+    pub breakdown: Vec<(String, f64)>,
 }
 
 #[derive(Serialize)]
@@ -178,6 +185,14 @@ fn parts(
     Ok((prepare, fwd, t.elapsed().as_secs_f64()))
 }
 
+/// A profile in seconds per category, with "other": `wall` minus their sum.
+fn with_other(p: jet_kernels::cuda::profile::Profile, wall: f64) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = p.into_iter().map(|(c, ms)| (c, ms / 1e3)).collect();
+    let covered: f64 = out.iter().map(|x| x.1).sum();
+    out.push(("other".into(), (wall - covered).max(0.0)));
+    out
+}
+
 pub fn run(
     g: &std::sync::Arc<Gpu>,
     cfg: &ModelConfig,
@@ -213,6 +228,9 @@ pub fn run(
             if flow == Flow::Bf16 {
                 base_roll.insert(b, tps);
             }
+            g.profile_start();
+            let (_, wall) = rollout(&model, &ps, a.gen_len, &mut rng)?;
+            let breakdown = with_other(g.profile_stop()?, wall);
             r.rollout.push(RolloutRow {
                 flow: flow.name().into(),
                 batch: b,
@@ -220,6 +238,7 @@ pub fn run(
                 tokens_per_s: tps,
                 vs_bf16: base_roll.get(&b).map_or(f64::NAN, |x| tps / x),
                 peak_gib: used,
+                breakdown,
             });
         }
     }
@@ -258,6 +277,20 @@ pub fn run(
         peak = peak.max(used);
         let (prepare_s, forward_s, optimizer_s) =
             parts(g, cfg, &mut w, &grads, &mut adam, flow, &seqs, &rope)?;
+        g.profile_start();
+        let wall = train(
+            g,
+            cfg,
+            &mut w,
+            &mut grads,
+            &mut adam,
+            flow,
+            &seqs,
+            a.train_seqs,
+            &rope,
+            None,
+        )?;
+        let breakdown = with_other(g.profile_stop()?, wall);
         let step_s = total / a.train_steps as f64;
         let tps = (a.train_seqs * a.train_len) as f64 / step_s;
         let base = *base_train.get_or_insert(if flow == Flow::Bf16 { tps } else { f64::NAN });
@@ -272,6 +305,7 @@ pub fn run(
             peak_gib: used,
             floor_s: None,
             of_floor: None,
+            breakdown,
         });
     }
 

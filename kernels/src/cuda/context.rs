@@ -122,6 +122,7 @@ pub struct Gpu {
     smem_opt_in: Mutex<HashMap<(&'static str, &'static str), u32>>,
     store: Mutex<Option<Arc<dyn KernelStore>>>,
     pub(crate) lt: LtState,
+    pub(crate) prof: Mutex<super::profile::ProfState>,
 }
 
 /// The shared device 0, or why there is none. Probed once per process.
@@ -315,6 +316,7 @@ impl Gpu {
                 smem_opt_in: Mutex::new(HashMap::new()),
                 store: Mutex::new(store),
                 lt,
+                prof: Mutex::new(Default::default()),
             })
         })
     }
@@ -452,9 +454,11 @@ impl Gpu {
         };
         // SAFETY: each caller passes the arguments its kernel declares, with buffer
         // lengths checked against the shapes first.
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .ctx(&format!("launching {name}"))
+        self.span(super::profile::category(src.name), || {
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .ctx(&format!("launching {name}"))
+        })
     }
 
     /// The device address of a buffer (one stream, so no events to record).

@@ -247,7 +247,7 @@ pub fn lt_matmul(
     let ws_ptr = lt.workspace.device_ptr(gpu.stream()).0;
     // SAFETY: pointers are device buffers whose lengths the callers checked against
     // these shapes; the stream is the Gpu's.
-    unsafe {
+    gpu.span("gemm", || unsafe {
         result::matmul(
             lt.handle,
             desc,
@@ -266,8 +266,8 @@ pub fn lt_matmul(
             WORKSPACE,
             gpu.stream().cu_stream() as sys::cudaStream_t,
         )
-    }
-    .ctx(&format!("running a {m}x{n}x{k} matmul"))
+        .ctx(&format!("running a {m}x{n}x{k} matmul"))
+    })
 }
 
 /// The VEC128 or BLK128x128 operand of a quantized matrix, K-contiguous and

@@ -30,6 +30,7 @@ pub mod gemv;
 pub mod linear;
 pub mod logsoftmax;
 pub mod ops;
+pub mod profile;
 pub mod quantize;
 pub mod sample;
 pub mod tensor;

@@ -319,6 +319,13 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             .map(|(c, t)| format!("{c} {:.1}", t * 1e3))
             .collect();
         let _ = writeln!(s, "  {:<16} ms: {}", x.flow, parts.join(", "));
+        let top: Vec<String> = x
+            .top_kernels
+            .iter()
+            .take(6)
+            .map(|(n, t, c)| format!("{n} {:.1} ({c})", t * 1e3))
+            .collect();
+        let _ = writeln!(s, "  {:<16} top: {}", "", top.join(", "));
     }
     let _ = writeln!(
         s,

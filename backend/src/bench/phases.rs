@@ -31,6 +31,7 @@ pub struct RolloutRow {
     pub peak_gib: f64,
     /// The same rollout again with device time per category (see TrainRow).
     pub breakdown: Vec<(String, f64)>,
+    pub top_kernels: Vec<(String, f64, usize)>,
 }
 
 #[derive(Serialize)]
@@ -58,6 +59,8 @@ pub struct TrainRow {
     /// "quantize", "optimizer"), then "other" = that update's wall time minus
     /// their sum (copies, host work, synchronisation).
     pub breakdown: Vec<(String, f64)>,
+    /// The ten kernels of that update with the most device time: (name, s, calls).
+    pub top_kernels: Vec<(String, f64, usize)>,
 }
 
 #[derive(Serialize)]
@@ -193,6 +196,13 @@ fn with_other(p: jet_kernels::cuda::profile::Profile, wall: f64) -> Vec<(String,
     out
 }
 
+/// The ten kernels with the most device time in the last profile, in seconds.
+fn top(g: &Gpu) -> Vec<(String, f64, usize)> {
+    let mut k = g.profile_kernels();
+    k.truncate(10);
+    k.into_iter().map(|(n, ms, c)| (n, ms / 1e3, c)).collect()
+}
+
 pub fn run(
     g: &std::sync::Arc<Gpu>,
     cfg: &ModelConfig,
@@ -231,6 +241,7 @@ pub fn run(
             g.profile_start();
             let (_, wall) = rollout(&model, &ps, a.gen_len, &mut rng)?;
             let breakdown = with_other(g.profile_stop()?, wall);
+            let top_kernels = top(g);
             r.rollout.push(RolloutRow {
                 flow: flow.name().into(),
                 batch: b,
@@ -239,6 +250,7 @@ pub fn run(
                 vs_bf16: base_roll.get(&b).map_or(f64::NAN, |x| tps / x),
                 peak_gib: used,
                 breakdown,
+                top_kernels,
             });
         }
     }
@@ -291,6 +303,7 @@ pub fn run(
             None,
         )?;
         let breakdown = with_other(g.profile_stop()?, wall);
+        let top_kernels = top(g);
         let step_s = total / a.train_steps as f64;
         let tps = (a.train_seqs * a.train_len) as f64 / step_s;
         let base = *base_train.get_or_insert(if flow == Flow::Bf16 { tps } else { f64::NAN });
@@ -306,6 +319,7 @@ pub fn run(
             floor_s: None,
             of_floor: None,
             breakdown,
+            top_kernels,
         });
     }
 

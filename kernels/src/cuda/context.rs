@@ -454,7 +454,7 @@ impl Gpu {
         };
         // SAFETY: each caller passes the arguments its kernel declares, with buffer
         // lengths checked against the shapes first.
-        self.span(super::profile::category(src.name), || {
+        self.span(super::profile::category(src.name), name, || {
             unsafe { b.launch(cfg) }
                 .map(|_| ())
                 .ctx(&format!("launching {name}"))

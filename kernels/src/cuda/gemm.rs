@@ -247,7 +247,7 @@ pub fn lt_matmul(
     let ws_ptr = lt.workspace.device_ptr(gpu.stream()).0;
     // SAFETY: pointers are device buffers whose lengths the callers checked against
     // these shapes; the stream is the Gpu's.
-    gpu.span("gemm", || unsafe {
+    gpu.span("gemm", "cublasLt matmul", || unsafe {
         result::matmul(
             lt.handle,
             desc,

@@ -17,9 +17,11 @@ use super::{Ctx, Gpu, Result};
 #[derive(Default)]
 pub(crate) struct ProfState {
     pool: Vec<CudaEvent>,
-    /// (category, index of the start event; the end event follows it).
-    spans: Vec<(&'static str, usize)>,
+    /// (category, kernel, index of the start event; the end event follows it).
+    spans: Vec<(&'static str, &'static str, usize)>,
     on: bool,
+    /// Per-kernel sums of the last profile.
+    kernels: Vec<(String, f64, usize)>,
 }
 
 /// Per-category device time of one profile, in milliseconds, largest first.
@@ -58,7 +60,8 @@ impl Gpu {
             .synchronize()
             .ctx("waiting for the profiled work")?;
         let mut sums: Vec<(String, f64)> = Vec::new();
-        for &(cat, i) in &p.spans {
+        let mut kernels: Vec<(String, f64, usize)> = Vec::new();
+        for &(cat, name, i) in &p.spans {
             let ms = p.pool[i]
                 .elapsed_ms(&p.pool[i + 1])
                 .ctx("reading profile events")? as f64;
@@ -66,15 +69,34 @@ impl Gpu {
                 Some(s) => s.1 += ms,
                 None => sums.push((cat.to_string(), ms)),
             }
+            match kernels.iter_mut().find(|(k, _, _)| k == name) {
+                Some(k) => {
+                    k.1 += ms;
+                    k.2 += 1;
+                }
+                None => kernels.push((name.to_string(), ms, 1)),
+            }
         }
         p.spans.clear();
         sums.sort_by(|a, b| b.1.total_cmp(&a.1));
+        kernels.sort_by(|a, b| b.1.total_cmp(&a.1));
+        p.kernels = kernels;
         Ok(sums)
+    }
+
+    /// The last profile per kernel: (name, milliseconds, calls), largest first.
+    pub fn profile_kernels(&self) -> Vec<(String, f64, usize)> {
+        self.prof().lock().unwrap().kernels.clone()
     }
 
     /// Run `f` (which queues work on the stream) inside a span of `cat` when a
     /// profile is on.
-    pub(crate) fn span<T>(&self, cat: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub(crate) fn span<T>(
+        &self,
+        cat: &'static str,
+        name: &'static str,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
         let start = {
             let mut p = self.prof().lock().unwrap();
             if !p.on {
@@ -92,7 +114,7 @@ impl Gpu {
             p.pool[i]
                 .record(&self.stream)
                 .ctx("recording a profile event")?;
-            p.spans.push((cat, i));
+            p.spans.push((cat, name, i));
             i
         };
         let out = f();

@@ -153,6 +153,7 @@ fn flash_decode_equals_forward_rows() {
             flash::flash_forward(&g, &plan, &up(&g, &q), &up(&g, &k), &up(&g, &v), sh).unwrap();
         let out = dl(&g, &out, rows * qw);
         // One cache slot per decoded row: keys 0..=t of its sequence, NaN after.
+        // The f32 caches go to the device as BF16 through flash_scatter_rows.
         let cap = c.seqs.iter().copied().max().unwrap() + 3;
         let (mut kc, mut vc) = (
             vec![f32::NAN; rows * cap * kvw],
@@ -171,17 +172,15 @@ fn flash_decode_equals_forward_rows() {
             }
             r0 += s;
         }
-        let od = flash::flash_decode_at(
-            &g,
-            &up(&g, &q),
-            &up(&g, &kc),
-            &up(&g, &vc),
-            cap,
-            &slots,
-            &lens,
-            sh,
-        )
-        .unwrap();
+        let all: Vec<usize> = (0..rows * cap).collect();
+        let (mut kc16, mut vc16) = (
+            g.zeros::<u16>(rows * cap * kvw).unwrap(),
+            g.zeros::<u16>(rows * cap * kvw).unwrap(),
+        );
+        flash::flash_scatter_rows(&g, &mut kc16, kvw, &all, &up(&g, &kc)).unwrap();
+        flash::flash_scatter_rows(&g, &mut vc16, kvw, &all, &up(&g, &vc)).unwrap();
+        let od =
+            flash::flash_decode_at(&g, &up(&g, &q), &kc16, &vc16, cap, &slots, &lens, sh).unwrap();
         report_exact(
             "flash decode == forward row",
             &label(c),

@@ -1,12 +1,14 @@
 //! The KV cache on the GPU and the rollout's prefill and decode steps.
 //!
 //! One slot per sequence, `capacity` rows each: per layer k and v
-//! `[slots, capacity, nkv*hd]`. Prefill writes a prompt's rows, each decode
-//! step one row per unfinished sequence; finished sequences are not stepped.
+//! `[slots, capacity, nkv*hd]`, in BF16 for the tensor-core attention (the values
+//! its training forward rounds k, v to) and in f32 for the per-row kernels of the
+//! f32 flow. Prefill writes a prompt's rows, each decode step one row per
+//! unfinished sequence; finished sequences are not stepped.
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_decode_at;
-use jet_kernels::cuda::flash::flash_decode_at;
+use jet_kernels::cuda::flash::{flash_decode_at, flash_scatter_rows};
 use jet_kernels::cuda::tensor::{gather_rows, scatter_rows};
 use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::GemmRole;
@@ -15,10 +17,61 @@ use super::forward::{pack, PackedCausal};
 use super::layers::{head, run_layers, AttnSaved, GpuAttention};
 use super::model::GpuModel;
 
+/// Each layer's k and v caches, in the precision the model's attention reads.
+enum KvLayers {
+    F32(Vec<(CudaSlice<f32>, CudaSlice<f32>)>),
+    Bf16(Vec<(CudaSlice<u16>, CudaSlice<u16>)>),
+}
+
+impl KvLayers {
+    fn new(model: &GpuModel, rows: usize) -> Result<KvLayers> {
+        let (g, cfg) = (&*model.gpu, model.cfg);
+        let n = rows * cfg.num_key_value_heads * cfg.head_dim;
+        let l = cfg.num_hidden_layers;
+        Ok(match model.flash_attention() {
+            true => KvLayers::Bf16(
+                (0..l)
+                    .map(|_| Ok((g.zeros::<u16>(n)?, g.zeros::<u16>(n)?)))
+                    .collect::<Result<_>>()?,
+            ),
+            false => KvLayers::F32(
+                (0..l)
+                    .map(|_| Ok((g.zeros::<f32>(n)?, g.zeros::<f32>(n)?)))
+                    .collect::<Result<_>>()?,
+            ),
+        })
+    }
+
+    /// Write k, v `[rows.len(), kvd]` into cache rows `rows` of `layer`.
+    fn write(
+        &mut self,
+        model: &GpuModel,
+        layer: usize,
+        kvd: usize,
+        rows: &[usize],
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+    ) -> Result<()> {
+        let g = &*model.gpu;
+        match self {
+            KvLayers::F32(l) => {
+                let (kc, vc) = &mut l[layer];
+                scatter_rows(g, kc, kvd, rows, k)?;
+                scatter_rows(g, vc, kvd, rows, v)
+            }
+            KvLayers::Bf16(l) => {
+                let (kc, vc) = &mut l[layer];
+                flash_scatter_rows(g, kc, kvd, rows, k)?;
+                flash_scatter_rows(g, vc, kvd, rows, v)
+            }
+        }
+    }
+}
+
 pub struct GpuKvCache {
     capacity: usize,
     kvd: usize,
-    layers: Vec<(CudaSlice<f32>, CudaSlice<f32>)>,
+    layers: KvLayers,
     lens: Vec<usize>,
 }
 
@@ -46,13 +99,7 @@ pub fn prefill(
         )));
     }
     let n = prompts.len();
-    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-    for _ in 0..cfg.num_hidden_layers {
-        layers.push((
-            g.zeros::<f32>(n * capacity * kvd)?,
-            g.zeros::<f32>(n * capacity * kvd)?,
-        ));
-    }
+    let mut layers = KvLayers::new(model, n * capacity)?;
     let (tokens, seq_lens, positions) = pack(prompts);
     let rows = cache_rows(
         capacity,
@@ -62,9 +109,7 @@ pub fn prefill(
             .flat_map(|(s, &l)| (0..l).map(move |p| (s, p))),
     );
     let mut keep = |layer: usize, k: &CudaSlice<f32>, v: &CudaSlice<f32>| -> Result<()> {
-        let (kc, vc) = &mut layers[layer];
-        scatter_rows(g, kc, kvd, &rows, k)?;
-        scatter_rows(g, vc, kvd, &rows, v)
+        layers.write(model, layer, kvd, &rows, k, v)
     };
     let mut attn = PackedCausal::new(model, &seq_lens, false, Some(&mut keep))?;
     let h = run_layers(model, &tokens, &positions, role, &mut attn, None)?;
@@ -104,24 +149,31 @@ impl GpuAttention for Decode<'_> {
         let c = &mut *self.cache;
         let rows = cache_rows(c.capacity, self.slots.iter().map(|&s| (s, c.lens[s])));
         let lens: Vec<usize> = self.slots.iter().map(|&s| c.lens[s] + 1).collect();
-        let (kc, vc) = &mut c.layers[layer];
-        scatter_rows(g, kc, c.kvd, &rows, k)?;
-        scatter_rows(g, vc, c.kvd, &rows, v)?;
+        c.layers.write(self.model, layer, c.kvd, &rows, k, v)?;
         // The same kernel family as the training forward (see GpuModel::flash_attention).
-        let decode = match self.model.flash_attention() {
-            true => flash_decode_at,
-            false => attention_decode_at,
+        let (cap, shape) = (c.capacity, self.model.attn_shape());
+        let o = match &c.layers {
+            KvLayers::Bf16(l) => flash_decode_at(
+                g,
+                q,
+                &l[layer].0,
+                &l[layer].1,
+                cap,
+                self.slots,
+                &lens,
+                shape,
+            )?,
+            KvLayers::F32(l) => attention_decode_at(
+                g,
+                q,
+                &l[layer].0,
+                &l[layer].1,
+                cap,
+                self.slots,
+                &lens,
+                shape,
+            )?,
         };
-        let o = decode(
-            g,
-            q,
-            kc,
-            vc,
-            c.capacity,
-            self.slots,
-            &lens,
-            self.model.attn_shape(),
-        )?;
         Ok((o, None))
     }
 }

@@ -302,15 +302,60 @@ pub fn flash_backward(
     Ok((dq, dk, dv))
 }
 
+/// Write f32 rows `src [rows.len(), cols]` into rows `rows` of a BF16 cache
+/// `dst [*, cols]`, rounded as the training forward rounds its k, v.
+pub fn flash_scatter_rows(
+    gpu: &Gpu,
+    dst: &mut CudaSlice<u16>,
+    cols: usize,
+    rows: &[usize],
+    src: &CudaSlice<f32>,
+) -> Result<()> {
+    let n = rows.len();
+    ensure(cols > 0 && cols.is_multiple_of(2), || {
+        format!("cache rows of {cols} values (needs an even count)")
+    })?;
+    check_len("cache scatter src", src, n * cols, format!("[{n}, {cols}]"))?;
+    let have = dst.len() / cols;
+    if let Some(&r) = rows.iter().find(|&&r| r >= have) {
+        return Err(super::CudaError::Invalid(format!(
+            "cache scatter: row {r} outside a cache of {have} rows"
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(n);
+    if let Some(&r) = rows.iter().find(|&&r| !seen.insert(r)) {
+        return Err(super::CudaError::Invalid(format!(
+            "cache scatter: row {r} appears more than once"
+        )));
+    }
+    let idx = gpu.upload(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())?;
+    let pairs = (n * cols / 2) as u32;
+    gpu.launch(
+        &FLASH,
+        "fa_scatter_bf16",
+        (pairs.div_ceil(256), 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(dst)),
+            Arg::P(gpu.ptr(&idx)),
+            Arg::L(n as i64),
+            Arg::L(cols as i64),
+            Arg::P(gpu.ptr(src)),
+        ],
+    )
+}
+
 /// Decode: query row b `q [B, nh*hd]` at position `lens[b] - 1` against rows
-/// `0..lens[b]` of cache slot `slots[b]` of `k_cache, v_cache [S, capacity, nkv*hd]`
+/// `0..lens[b]` of cache slot `slots[b]` of the BF16 caches
+/// `k_cache, v_cache [S, capacity, nkv*hd]` (written by [`flash_scatter_rows`])
 /// -> `out [B, nh*hd]`, equal bit for bit to [`flash_forward`]'s row at that position.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_decode_at(
     gpu: &Gpu,
     q: &CudaSlice<f32>,
-    k_cache: &CudaSlice<f32>,
-    v_cache: &CudaSlice<f32>,
+    k_cache: &CudaSlice<u16>,
+    v_cache: &CudaSlice<u16>,
     capacity: usize,
     slots: &[usize],
     lens: &[usize],
@@ -326,8 +371,10 @@ pub fn flash_decode_at(
     })?;
     let n_slots = slots.iter().map(|&s| s + 1).max().unwrap_or(0);
     check_rows("decode q", q, b, nh * hd)?;
-    check_rows("k cache", k_cache, n_slots * capacity, nkv * hd)?;
-    check_rows("v cache", v_cache, n_slots * capacity, nkv * hd)?;
+    for (what, c) in [("k cache", k_cache), ("v cache", v_cache)] {
+        let (r, w) = (n_slots * capacity, nkv * hd);
+        check_len(what, c, r * w, format!("[{r}, {w}]"))?;
+    }
     ensure(n_slots * capacity <= i32::MAX as usize, || {
         format!("decode: a cache of {n_slots} x {capacity} rows is too large")
     })?;
@@ -340,7 +387,7 @@ pub fn flash_decode_at(
         kernel("dec", hd)?,
         (b as u32, nkv as u32, 1),
         (128, 1, 1),
-        2 * tile_bytes(hd, TILE),
+        4 * tile_bytes(hd, TILE),
         &[
             Arg::P(gpu.ptr(q)),
             Arg::P(gpu.ptr(k_cache)),

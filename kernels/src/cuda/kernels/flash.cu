@@ -315,23 +315,30 @@ __device__ void fa_fwd(const bf16_t* q, const bf16_t* k, const bf16_t* v, const 
 
 // Decode: query row b (heads of kv head blockIdx.y, `group` of them, as the rows of
 // one warp's tile) at position len[b] - 1 against cache rows kv0[b] ..
-// kv0[b] + len[b] of k_cache, v_cache [*, nkv*D]. Grid (B, nkv), 128 threads
-// (all stage, warp 0 computes). q, out [B, nh*D].
+// kv0[b] + len[b] of the BF16 caches k_cache, v_cache [*, nkv*D] (fa_scatter_bf16
+// wrote them with the rounding of fa_to_bf16). Grid (B, nkv), 128 threads: all
+// copy, tiles double-buffered; warp 0 computes. q, out [B, nh*D] f32.
 template <int D>
-__device__ void fa_dec(const float* q, const float* kc, const float* vc, const int* kv0, const int* len, int nh,
+__device__ void fa_dec(const float* q, const bf16_t* kc, const bf16_t* vc, const int* kv0, const int* len, int nh,
                        int nkv, float sl2, float* out) {
     extern __shared__ __align__(16) unsigned char fa_sm[];
-    bf16_t* sK = (bf16_t*)fa_sm;
-    bf16_t* sV = sK + FA_BC * (D + 8);
+    const int T = FA_BC * (D + 8);
+    bf16_t* sb = (bf16_t*)fa_sm;  // [2][K, V]
     int b = blockIdx.x, kvh = blockIdx.y, group = nh / nkv, n = len[b];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     long qw = (long)nh * D, kvw = (long)nkv * D;
-    stage<D>(sK, q + b * qw + (long)kvh * group * D, D, 16, group);
+    const bf16_t* kb = kc + (long)kv0[b] * kvw + kvh * D;
+    const bf16_t* vb = vc + (long)kv0[b] * kvw + kvh * D;
+    stage16<D, FA_BC>(sb, kb, kvw, min(FA_BC, n));
+    stage16<D, FA_BC>(sb + T, vb, kvw, min(FA_BC, n));
+    cp_commit();
+    // Q (f32, rounded here as fa_to_bf16 does) goes through the second buffer.
+    stage<D>(sb + 2 * T, q + b * qw + (long)kvh * group * D, D, 16, group);
     __syncthreads();
     u32 qf[D / 16][4];
     if (warp == 0) {
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) frag_a<D>(qf[ks], sK, 0, ks * 16, lane);
+        for (int ks = 0; ks < D / 16; ks++) frag_a<D>(qf[ks], sb + 2 * T, 0, ks * 16, lane);
     }
     __syncthreads();
     int pos[2] = {n - 1, n - 1};
@@ -340,15 +347,22 @@ __device__ void fa_dec(const float* q, const float* kc, const float* vc, const i
     for (int nd = 0; nd < D / 8; nd++)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[nd][e] = 0.f;
-    const float* kb = kc + (long)kv0[b] * kvw + kvh * D;
-    const float* vb = vc + (long)kv0[b] * kvw + kvh * D;
     int ntiles = (n - 1) / FA_BC + 1;
     for (int j = 0; j < ntiles; j++) {
-        int nk = min(FA_BC, n - j * FA_BC);
-        stage<D>(sK, kb + (long)j * FA_BC * kvw, kvw, FA_BC, nk);
-        stage<D>(sV, vb + (long)j * FA_BC * kvw, kvw, FA_BC, nk);
+        bf16_t* cur = sb + (j & 1) * 2 * T;
+        if (j + 1 < ntiles) {
+            bf16_t* nxt = sb + ((j + 1) & 1) * 2 * T;
+            long off = (long)(j + 1) * FA_BC * kvw;
+            int nk = min(FA_BC, n - (j + 1) * FA_BC);
+            stage16<D, FA_BC>(nxt, kb + off, kvw, nk);
+            stage16<D, FA_BC>(nxt + T, vb + off, kvw, nk);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
-        if (warp == 0) fa_tile<D>(qf, sK, sV, j * FA_BC, pos, sl2, o, m, l, lane);
+        if (warp == 0) fa_tile<D>(qf, cur, cur + T, j * FA_BC, pos, sl2, o, m, l, lane);
         __syncthreads();
     }
     if (warp == 0) {
@@ -360,6 +374,16 @@ __device__ void fa_dec(const float* q, const float* kc, const float* vc, const i
         }
         fa_finish<D>(o, m, l, out, orow, (float*)0, lrow, lane);
     }
+}
+
+// dst[rows[j]] = BF16(src[j]) for rows of `cols` values (even): new rows of a
+// BF16 KV cache, rounded as fa_to_bf16 rounds the training forward's k, v.
+extern "C" __global__ void fa_scatter_bf16(bf16_t* dst, const long* rows, long nrows, long cols,
+                                           const float* src) {
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 2;
+    if (i >= nrows * cols) return;
+    long j = i / cols, c = i % cols;
+    *(u32*)(dst + rows[j] * cols + c) = pack_bf16x2(src[i], src[i + 1]);
 }
 
 // delta[r, h] = dout[r, h, :] . out[r, h, :] (the softmax backward's row term).
@@ -586,7 +610,7 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
         fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse);                                                 \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
-        fa_dec_##D(const float* q, const float* kc, const float* vc, const int* kv0, const int* len, int nh, \
+        fa_dec_##D(const float* q, const bf16_t* kc, const bf16_t* vc, const int* kv0, const int* len, int nh, \
                    int nkv, float sl2, float* out) {                                                        \
         fa_dec<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out);                                                  \
     }                                                                                                       \

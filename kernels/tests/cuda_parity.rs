@@ -878,3 +878,34 @@ fn kernel_sources_compile() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// The BF16 operand copies (both builds of the conversion kernel: 4 columns a
+/// thread, and one where a row is not a multiple of 4) round like `bf16::round`,
+/// with zero padding.
+#[test]
+fn bf16_padded_copies_are_bit_exact() {
+    let Some(g) = gpu() else { return };
+    for (rows, cols, rp, cp) in [(130, 896, 144, 896), (7, 300, 16, 304), (5, 13, 16, 16)] {
+        let x = nasty(rows, cols, 77);
+        let y = g
+            .download(&gq::to_bf16_padded(&g, &up(&g, &x), rows, cols, rp, cp).unwrap())
+            .unwrap();
+        let mut want = vec![0u16; rp * cp];
+        for r in 0..rows {
+            for c in 0..cols {
+                want[r * cp + c] = half::bf16::from_f32(x[r * cols + c]).to_bits();
+            }
+        }
+        let differ = y[..rp * cp]
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a != b)
+            .count();
+        report_exact(
+            "BF16 padded copy",
+            &format!("[{rows}, {cols}] -> [{rp}, {cp}]"),
+            differ,
+        );
+    }
+    done();
+}

@@ -318,10 +318,16 @@ pub fn to_bf16_padded(
     })?;
     let n = rows_pad * cols_pad;
     let y = gpu.uninit::<u16>(n)?;
+    // Four columns a thread where rows stay 16-byte aligned (every model shape).
+    let x4 = cols_pad.is_multiple_of(4) && cols.is_multiple_of(4);
+    let (name, threads) = match x4 {
+        true => ("pad_bf16_f32_x4", n / 4),
+        false => ("pad_bf16_f32", n),
+    };
     gpu.launch(
         &QUANTIZE,
-        "pad_bf16_f32",
-        (n.div_ceil(256) as u32, 1, 1),
+        name,
+        (threads.div_ceil(256) as u32, 1, 1),
         (256, 1, 1),
         0,
         &[

@@ -193,6 +193,29 @@ extern "C" __global__ void pad_bf16_f32(const float* x, long ldx, int rows, int 
     y[i] = (r < rows && c < cols) ? f32_to_bf16(x[(long)r * ldx + c]) : (bf16_t)0;
 }
 
+// The same four columns a thread (16-byte loads, 8-byte stores); for cols_pad and
+// ldx multiples of 4 (the caller checks). Same rounding, bit for bit.
+extern "C" __global__ void pad_bf16_f32_x4(const float* x, long ldx, int rows, int cols, int rows_pad,
+                                           int cols_pad, bf16_t* y) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    int q = cols_pad / 4;
+    if (i >= (long)rows_pad * q) return;
+    int r = (int)(i / q), c = (int)(i % q) * 4;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (r < rows) {
+        const float* xr = x + (long)r * ldx + c;
+        if (c + 3 < cols) {
+            float4 t = *(const float4*)xr;
+            v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+        } else {
+            for (int j = 0; j < 4; j++) v[j] = c + j < cols ? xr[j] : 0.f;
+        }
+    }
+    u32 lo = (u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16);
+    u32 hi = (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16);
+    *(uint2*)(y + (long)r * cols_pad + c) = make_uint2(lo, hi);
+}
+
 // Fill with deterministic pseudo-random values in [-amp, amp) (tests and timings).
 extern "C" __global__ void fill_random_f32(float* y, long n, u32 seed, float amp) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -53,12 +53,14 @@ while [[ $# -gt 0 ]]; do
       preset=$2; shift 2
       layers=()
       if [[ "${1:-}" =~ ^[0-9]+$ ]]; then layers=(--layers "$1"); shift; fi
+      # sdpa: HF generate (rollout) and training; compile: training only.
       for p in sdpa compile; do
         name="peer-$p-$preset${layers[1]:+-${layers[1]}l}"
-        python3 bench/peer_torch.py --peer $p --no-rollout --preset "$preset" "${layers[@]}" --json \
+        roll=(); [[ $p == compile ]] && roll=(--no-rollout)
+        python3 bench/peer_torch.py --peer $p "${roll[@]}" --preset "$preset" "${layers[@]}" --json \
           >"$LOG/$name.txt" 2>"$LOG/$name.err"
         SUMMARY+=("$name: rc $?")
-        grep -E '^(#|train)' "$LOG/$name.txt"
+        grep -E '^(#|train|rollout)' "$LOG/$name.txt"
       done
       ;;
     attnpeer)

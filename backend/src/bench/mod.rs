@@ -179,6 +179,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     say("bench: rollout, training, steps ...");
     phases::run(&gpu, &cfg, &a, &flows, &mut r, &say)?;
     set_floors(&mut r, (a.train_seqs * a.train_len) as f64);
+    set_decode_floors(&mut r, &cfg, &a);
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
@@ -211,6 +212,42 @@ fn set_floors(r: &mut Report, tokens: f64) {
         let floor = 6.0 * gemm_params * tokens / (tflops * 1e12) + 28.0 * params / (copy * 1e9);
         t.floor_s = Some(floor);
         t.of_floor = Some(floor / t.step_s);
+    }
+}
+
+/// Fill each rollout row's decode floor (see `RolloutRow::floor_s`).
+fn set_decode_floors(r: &mut Report, cfg: &ModelConfig, a: &BenchArgs) {
+    let Some(copy) = r
+        .quant
+        .iter()
+        .find(|q| q.name.starts_with("copy"))
+        .map(|q| q.gb_per_s * 1e9)
+    else {
+        return;
+    };
+    let read = (r.params - r.untied_embedding) as f64;
+    let kvd = (cfg.num_key_value_heads * cfg.head_dim) as f64;
+    let layers = cfg.num_hidden_layers as f64;
+    let flash = cfg.head_dim == 64 || cfg.head_dim == 128;
+    for x in &mut r.rollout {
+        let flow: Flow = match x.flow.parse() {
+            Ok(f) => f,
+            Err(_) => continue,
+        };
+        let wbytes = match flow.precision(jet_kernels::GemmRole::RolloutForward) {
+            jet_kernels::GemmPrecision::Fp8 => 1.0,
+            jet_kernels::GemmPrecision::Bf16 => 2.0,
+            jet_kernels::GemmPrecision::F32 => 4.0,
+        };
+        let kvbytes = if flash && flow != Flow::F32 { 2.0 } else { 4.0 };
+        let mut bytes = 0.0;
+        for t in 0..a.gen_len {
+            let ctx = (a.prompt_len + t + 1) as f64;
+            bytes += read * wbytes + x.batch as f64 * ctx * layers * 2.0 * kvd * kvbytes;
+        }
+        let floor = bytes / copy;
+        x.floor_s = Some(floor);
+        x.of_floor = Some(floor / x.seconds);
     }
 }
 
@@ -269,13 +306,21 @@ fn render(r: &Report, a: &BenchArgs) -> String {
     }
     let _ = writeln!(
         s,
-        "\nrollout            batch   tokens/s   vs bf16   peak GiB"
+        "\nrollout            batch   tokens/s   vs bf16   peak GiB  floor s  of floor"
     );
     for x in &r.rollout {
         let _ = writeln!(
             s,
-            "{:<18} {:>5} {:>10.0} {:>8.2}x {:>10.1}",
-            x.flow, x.batch, x.tokens_per_s, x.vs_bf16, x.peak_gib
+            "{:<18} {:>5} {:>10.0} {:>8.2}x {:>10.1} {:>8} {:>8}",
+            x.flow,
+            x.batch,
+            x.tokens_per_s,
+            x.vs_bf16,
+            x.peak_gib,
+            x.floor_s.map(|f| format!("{f:.3}")).unwrap_or_default(),
+            x.of_floor
+                .map(|f| format!("{:.0}%", f * 100.0))
+                .unwrap_or_default()
         );
     }
     for x in &r.rollout {

@@ -32,6 +32,14 @@ pub struct RolloutRow {
     /// The same rollout again with device time per category (see TrainRow).
     pub breakdown: Vec<(String, f64)>,
     pub top_kernels: Vec<(String, f64, usize)>,
+    /// The decode floor: every step reads the weights once in the flow's rollout
+    /// precision (2 bytes a parameter in BF16, 1 in FP8, the embedding table only
+    /// where it is the LM head) and each sequence's KV cache (BF16 for the
+    /// tensor-core attention, f32 for the per-row kernels), at the measured copy
+    /// bandwidth; prefill not counted. None without --no-kernels' copy figure.
+    pub floor_s: Option<f64>,
+    /// floor_s / seconds.
+    pub of_floor: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -251,6 +259,8 @@ pub fn run(
                 peak_gib: used,
                 breakdown,
                 top_kernels,
+                floor_s: None,
+                of_floor: None,
             });
         }
     }

@@ -121,14 +121,50 @@ pub struct Gpu {
     /// Dynamic shared memory each function was allowed beyond the default 48 KiB.
     smem_opt_in: Mutex<HashMap<(&'static str, &'static str), u32>>,
     store: Mutex<Option<Arc<dyn KernelStore>>>,
+    stats: Mutex<KernelStats>,
     pub(crate) lt: LtState,
     pub(crate) prof: Mutex<super::profile::ProfState>,
 }
 
 /// The shared device 0, or why there is none. Probed once per process.
 pub fn cuda_available() -> Result<Arc<Gpu>> {
-    static GPU: OnceLock<Result<Arc<Gpu>>> = OnceLock::new();
-    GPU.get_or_init(|| Gpu::new(0).map(Arc::new)).clone()
+    cuda_device(0)
+}
+
+/// The shared device `ordinal` (as the driver numbers them, after
+/// `CUDA_VISIBLE_DEVICES`), or why it cannot be used. Opened once per process, so
+/// every run on it shares its compiled modules and cuBLASLt state.
+pub fn cuda_device(ordinal: usize) -> Result<Arc<Gpu>> {
+    static GPUS: OnceLock<Mutex<HashMap<usize, Result<Arc<Gpu>>>>> = OnceLock::new();
+    let mut gpus = GPUS.get_or_init(Default::default).lock().unwrap();
+    gpus.entry(ordinal)
+        .or_insert_with(|| Gpu::new(ordinal).map(Arc::new))
+        .clone()
+}
+
+/// How many CUDA devices the driver sees, or why CUDA cannot be used here (the
+/// error names the missing library or says there is no device). Opens no device.
+pub fn cuda_device_count() -> Result<usize> {
+    probe_libraries()?;
+    no_panic("the CUDA driver could not be used", || {
+        let n = CudaContext::device_count()
+            .map_err(|e| CudaError::Unavailable(format!("no CUDA device: the driver says {e}")))?;
+        if n <= 0 {
+            return Err(CudaError::Unavailable(
+                "no CUDA device: the driver sees none".into(),
+            ));
+        }
+        Ok(n as usize)
+    })
+}
+
+/// Where a device's kernel modules came from since it was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelStats {
+    /// Modules compiled by NVRTC.
+    pub compiled: usize,
+    /// Modules loaded from the [`KernelStore`] without compiling.
+    pub from_store: usize,
 }
 
 /// Check that the three libraries can be opened before cudarc touches them:
@@ -315,6 +351,7 @@ impl Gpu {
                 funcs: Mutex::new(HashMap::new()),
                 smem_opt_in: Mutex::new(HashMap::new()),
                 store: Mutex::new(store),
+                stats: Mutex::new(KernelStats::default()),
                 lt,
                 prof: Mutex::new(Default::default()),
             })
@@ -353,6 +390,23 @@ impl Gpu {
         *self.store.lock().unwrap() = Some(store);
     }
 
+    /// How many modules were compiled and how many came from the kernel store.
+    pub fn kernel_stats(&self) -> KernelStats {
+        *self.stats.lock().unwrap()
+    }
+
+    /// PCI (domain, bus, device) of this GPU: how NVML's numbering is matched
+    /// with the driver's. None if the driver does not say.
+    pub fn pci_location(&self) -> Option<(u32, u32, u32)> {
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let get = |a| self.ctx.attribute(a).ok().map(|v| v as u32);
+        Some((
+            get(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+            get(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+            get(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?,
+        ))
+    }
+
     fn arch(&self) -> String {
         format!("sm_{}{}", self.cc.0, self.cc.1)
     }
@@ -371,20 +425,27 @@ impl Gpu {
         h.update(format!("nvrtc {}.{}", self.nvrtc.0, self.nvrtc.1).as_bytes());
         let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
         let store = self.store.lock().unwrap().clone();
-        let image = match store.as_ref().and_then(|s| s.load(&key)) {
-            Some(img) => img,
+        // A stored image that the driver refuses (truncated, another driver's) is
+        // compiled again and replaced.
+        let cached = store.as_ref().and_then(|s| s.load(&key));
+        let m = match cached.and_then(|img| self.ctx.load_module(Ptx::from_binary(img)).ok()) {
+            Some(m) => {
+                self.stats.lock().unwrap().from_store += 1;
+                m
+            }
             None => {
                 let img = compile_cubin(src, &opts)?;
+                self.stats.lock().unwrap().compiled += 1;
+                let m = self
+                    .ctx
+                    .load_module(Ptx::from_binary(img.clone()))
+                    .ctx(&format!("loading module {}", src.name))?;
                 if let Some(s) = &store {
                     s.save(&key, &img);
                 }
-                img
+                m
             }
         };
-        let m = self
-            .ctx
-            .load_module(Ptx::from_binary(image))
-            .ctx(&format!("loading module {}", src.name))?;
         self.modules.lock().unwrap().insert(src.name, m.clone());
         Ok(m)
     }

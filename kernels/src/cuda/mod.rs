@@ -35,7 +35,10 @@ pub mod quantize;
 pub mod sample;
 pub mod tensor;
 
-pub use context::{compile_all_sources, cuda_available, DirKernelStore, Gpu, KernelStore};
+pub use context::{
+    compile_all_sources, cuda_available, cuda_device, cuda_device_count, DirKernelStore, Gpu,
+    KernelStats, KernelStore,
+};
 
 use std::fmt::Display;
 

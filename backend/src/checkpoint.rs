@@ -1,5 +1,7 @@
 //! Checkpoints: a folder with the model in HF layout (config.json,
-//! model.safetensors), the optimizer state (optimizer.safetensors) and the
+//! model.safetensors), the optimizer state (optimizer.safetensors), the frozen
+//! KL reference when the run has one (reference.safetensors: after an SFT
+//! warm-up it is the warmed-up model, which nothing else could rebuild) and the
 //! trainer state (state.json: progress, data position, RNG position).
 //!
 //! Written under a temporary name, every file fsynced, renamed into place, the
@@ -21,6 +23,7 @@ use crate::rl::optim::AdamW;
 use crate::trainer::{Progress, Trainer};
 
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const REFERENCE_FILE: &str = "reference.safetensors";
 pub const STATE_FILE: &str = "state.json";
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +44,9 @@ pub enum CheckpointError {
     Invalid { dir: PathBuf, message: String },
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
+    /// The checkpoint is fine; copying it to or from the GPU failed.
+    #[error("checkpoint {}: {message}", .dir.display())]
+    Device { dir: PathBuf, message: String },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -93,7 +99,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 /// Write the trainer's checkpoint to `dir` (which must not exist yet) and
 /// return the hashes of its files.
 pub fn save(dir: &Path, t: &mut Trainer) -> Result<Vec<FileHash>, CheckpointError> {
-    t.sync_host().map_err(|e| CheckpointError::Invalid {
+    t.sync_host().map_err(|e| CheckpointError::Device {
         dir: dir.into(),
         message: format!("copying the weights from the device: {e}"),
     })?;
@@ -134,6 +140,22 @@ pub fn save(dir: &Path, t: &mut Trainer) -> Result<Vec<FileHash>, CheckpointErro
             message: e.to_string(),
         })?;
     write_file(&opt_path, &bytes)?;
+    if let Some(r) = &t.reference {
+        let views: Vec<(String, F32View)> = r
+            .tensors()
+            .into_iter()
+            .zip(&layout)
+            .map(|((name, data), spec)| {
+                let shape = spec.shape.clone();
+                (name, F32View { data, shape })
+            })
+            .collect();
+        let bytes = safetensors::serialize(views, None).map_err(|e| CheckpointError::Invalid {
+            dir: tmp.clone(),
+            message: e.to_string(),
+        })?;
+        write_file(&tmp.join(REFERENCE_FILE), &bytes)?;
+    }
     let state = TrainerState {
         format: 1,
         progress: t.progress,
@@ -240,14 +262,46 @@ pub fn restore(dir: &Path, files: &[FileHash], t: &mut Trainer) -> Result<(), Ch
         }
     }
     opt.t = steps;
+    // Checkpoints from before the reference was kept lack the file: the run's
+    // reference then stays as it is.
+    let reference = match (&t.reference, files.iter().any(|f| f.name == REFERENCE_FILE)) {
+        (Some(cur), true) => {
+            let rp = dir.join(REFERENCE_FILE);
+            let bytes = std::fs::read(&rp).map_err(io(&rp))?;
+            let st = SafeTensors::deserialize(&bytes)
+                .map_err(|e| bad(format!("{REFERENCE_FILE}: {e}")))?;
+            let mut r = cur.clone();
+            for (name, data) in r.tensors_mut() {
+                let tv = st
+                    .tensor(&name)
+                    .map_err(|e| bad(format!("{REFERENCE_FILE}: tensor {name}: {e}")))?;
+                let vals = f32_bytes(tv.data());
+                if vals.len() != data.len() {
+                    return Err(bad(format!(
+                        "{REFERENCE_FILE}: tensor {name} has {} values, expected {}",
+                        vals.len(),
+                        data.len()
+                    )));
+                }
+                data.copy_from_slice(&vals);
+            }
+            Some(r)
+        }
+        _ => None,
+    };
     let sp = dir.join(STATE_FILE);
     let state: TrainerState = serde_json::from_slice(&std::fs::read(&sp).map_err(io(&sp))?)
         .map_err(|e| bad(format!("{STATE_FILE}: {e}")))?;
     t.weights = weights;
     t.opt = opt;
+    if reference.is_some() {
+        t.reference = reference;
+    }
     t.progress = state.progress;
     t.last_heldout = state.last_heldout;
-    t.host_changed()
-        .map_err(|e| bad(format!("copying the weights to the device: {e}")))?;
+    t.host_changed().map_err(|e| CheckpointError::Device {
+        dir: dir.into(),
+        message: format!("copying the weights to the device: {e}"),
+    })?;
     Ok(())
 }

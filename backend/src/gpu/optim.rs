@@ -35,6 +35,14 @@ impl GpuAdam {
         })
     }
 
+    /// Overwrite the moments and step count with `host`'s, in place.
+    pub fn copy_from_host(&mut self, gpu: &Gpu, host: &AdamW) -> Result<()> {
+        self.m.copy_from_host(gpu, &host.m)?;
+        self.v.copy_from_host(gpu, &host.v)?;
+        self.t = host.t;
+        Ok(())
+    }
+
     /// Copy the moments and step count back into `host`.
     pub fn download_into(&self, gpu: &Gpu, host: &mut AdamW) -> Result<()> {
         self.m.download_into(gpu, &mut host.m)?;

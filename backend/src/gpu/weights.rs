@@ -107,6 +107,35 @@ impl GpuWeights {
         })
     }
 
+    /// Overwrite every tensor with the host's `w` (same layout), in place: a
+    /// restore must not need a second copy of the model on the device.
+    pub fn copy_from_host(&mut self, gpu: &Gpu, w: &ModelWeights) -> Result<()> {
+        let host = w.tensors();
+        if host.len() != self.bufs.len() {
+            return Err(CudaError::Invalid(format!(
+                "host weights have {} tensors, the device copy {}",
+                host.len(),
+                self.bufs.len()
+            )));
+        }
+        for ((name, t), b) in host.into_iter().zip(&mut self.bufs) {
+            if t.len() != b.len() {
+                return Err(CudaError::Invalid(format!(
+                    "{name}: host holds {} values, the device copy {}",
+                    t.len(),
+                    b.len()
+                )));
+            }
+            gpu.stream()
+                .memcpy_htod(t, b)
+                .map_err(|e| CudaError::Driver {
+                    what: format!("copying {name} to the device"),
+                    err: e.to_string(),
+                })?;
+        }
+        Ok(())
+    }
+
     /// Copy every tensor back into `w` (same layout).
     pub fn download_into(&self, gpu: &Gpu, w: &mut ModelWeights) -> Result<()> {
         for ((name, t), b) in w.tensors_mut().into_iter().zip(&self.bufs) {

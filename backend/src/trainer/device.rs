@@ -5,7 +5,9 @@
 use jet_kernels::cuda::CudaError;
 use rand::RngCore;
 
-use crate::gpu::{cached_model, keep_model, run_pass_gpu, GpuDecoder, GpuState, Slot};
+use crate::gpu::{
+    cached_model, keep_model, run_pass_gpu, GpuDecoder, GpuState, GpuWeights, Slot,
+};
 use crate::model::ModelWeights;
 use crate::rl::optim::OptimConfig;
 use crate::rollout::engine::{generate_with, CpuDecoder, Decoder, GenConfig, Sample};
@@ -163,15 +165,25 @@ impl Trainer {
     }
 
     /// The host weights, optimizer or reference were replaced (a restore, the
-    /// end of SFT): copy them to the device.
+    /// end of SFT): copy them to the device, into the buffers already there (a
+    /// second set could exhaust device memory on a large model).
     pub fn host_changed(&mut self) -> Result<(), SetupError> {
         if let Some(d) = self.device.as_mut() {
-            *d = GpuState::new(
-                d.gpu.clone(),
-                &self.weights,
-                &self.opt,
-                self.reference.as_ref(),
-            )?;
+            d.weights.copy_from_host(&d.gpu, &self.weights)?;
+            d.adam.copy_from_host(&d.gpu, &self.opt)?;
+            match (&mut d.reference, &self.reference) {
+                (Some(dev), Some(host)) => dev.copy_from_host(&d.gpu, host)?,
+                (dev, host) => {
+                    *dev = host
+                        .as_ref()
+                        .map(|r| GpuWeights::upload(&d.gpu, r))
+                        .transpose()?
+                }
+            }
+            d.host_stale = false;
+            // The prepared copies were made from the weights just overwritten.
+            d.version += 1;
+            *d.prepared.lock().unwrap() = [None, None];
         }
         Ok(())
     }

@@ -207,6 +207,17 @@ pub struct RunInfo {
     pub created_unix: u64,
     #[serde(default)]
     pub message: Option<String>,
+    /// `cpu` or `cuda` (the run config's `run.device`); older daemons: `cpu`.
+    #[serde(default = "cpu")]
+    pub device: String,
+    /// The GPU (CUDA device number of this jetd) the run computes on, or last
+    /// computed on; None for CPU runs and GPU runs that have not started.
+    #[serde(default)]
+    pub gpu: Option<u32>,
+}
+
+fn cpu() -> String {
+    "cpu".into()
 }
 
 /// One event of a run (state changes, checkpoints, alarms, rollbacks).
@@ -249,6 +260,13 @@ pub struct GpuSample {
     pub mem_total_mib: u64,
     pub power_w: f64,
     pub temp_c: u32,
+    /// The CUDA device number jetd gives this GPU (`--gpus`, `RunInfo::gpu`);
+    /// None when this jetd does not serve it. NVML's `index` may differ.
+    #[serde(default)]
+    pub ordinal: Option<u32>,
+    /// The run computing on it now, if any.
+    #[serde(default)]
+    pub run: Option<String>,
 }
 
 /// The first answer to `subscribe`: what the store holds now.
@@ -402,6 +420,24 @@ mod tests {
             "x".repeat(MAX_FRAME)
         );
         assert_eq!(parse_request(&big).unwrap_err().1, "too_large");
+    }
+
+    #[test]
+    fn records_of_older_daemons_still_parse() {
+        // A RunInfo and a GpuSample as protocol 1 sent them before the GPU fields.
+        let r: RunInfo = serde_json::from_str(
+            r#"{"id":"r0001","name":"t","state":"running","flow":"fp8","step":1,"steps":2,
+                "sft_step":0,"sft_steps":0,"reward_mean":null,"heldout_accuracy":null,
+                "last_alarm":null,"mismatch_kl_alarm":0.01,"created_unix":0}"#,
+        )
+        .unwrap();
+        assert_eq!((r.device.as_str(), r.gpu), ("cpu", None));
+        let g: GpuSample = serde_json::from_str(
+            r#"{"index":0,"name":"H100","util_pct":1,"mem_used_mib":2,"mem_total_mib":3,
+                "power_w":4.0,"temp_c":5}"#,
+        )
+        .unwrap();
+        assert_eq!((g.ordinal, g.run), (None, None));
     }
 
     #[test]

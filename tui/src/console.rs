@@ -25,7 +25,8 @@ use crate::client::{Conn, Incoming};
 enum Msg {
     Term(TermEvent),
     /// A line of connection number `gen`.
-    Net(u64, Incoming),
+    /// Boxed: a run record makes a line far larger than a key press.
+    Net(u64, Box<Incoming>),
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -57,7 +58,7 @@ impl Link {
         self.sub = None;
         self.retry_at = None;
         match Conn::open(&self.path, self.timeout, tx.clone(), move |m| {
-            Msg::Net(gen, m)
+            Msg::Net(gen, Box::new(m))
         }) {
             Ok(c) => {
                 app.conn = ConnState::Connected {
@@ -236,7 +237,7 @@ fn event_loop(
                     None => {}
                 },
                 Msg::Term(_) => {} // resize and the rest: redraw
-                Msg::Net(gen, m) => link.on_net(app, gen, m),
+                Msg::Net(gen, m) => link.on_net(app, gen, *m),
             }
         }
         if let Some(at) = link.retry_at {

@@ -22,6 +22,15 @@ pub fn step_of(m: &Value) -> Option<u64> {
     m.get("step").and_then(Value::as_u64)
 }
 
+/// Where a run computes: `cpu`, `gpu 1`, or `gpu` for a GPU run not started yet.
+pub fn device(r: &jet_proto::RunInfo) -> String {
+    match (r.device.as_str(), r.gpu) {
+        ("cuda", Some(g)) => format!("gpu {g}"),
+        ("cuda", None) => "gpu".into(),
+        (d, _) => d.into(),
+    }
+}
+
 /// `x` with `d` decimals, or `-`.
 pub fn opt(x: Option<f64>, d: usize) -> String {
     x.map_or_else(|| "-".into(), |x| format!("{x:.d$}"))

@@ -3,7 +3,7 @@
 use jet_proto::{CheckpointInfo, Event, RunInfo};
 use serde_json::Value;
 
-use crate::fmt::{bytes, num, opt, short_opt, utc};
+use crate::fmt::{bytes, device, num, opt, short_opt, utc};
 
 /// A plain text table: columns separated by two spaces, numbers right-aligned.
 struct Table {
@@ -71,6 +71,7 @@ pub fn runs_table(runs: &[RunInfo]) -> String {
         ("NAME", false),
         ("STATE", false),
         ("FLOW", false),
+        ("DEVICE", false),
         ("STEP", true),
         ("REWARD", true),
         ("HELDOUT", true),
@@ -82,6 +83,7 @@ pub fn runs_table(runs: &[RunInfo]) -> String {
             r.name.clone(),
             r.state.name().into(),
             r.flow.clone(),
+            device(r),
             progress(r),
             opt(r.reward_mean, 3),
             opt(r.heldout_accuracy, 3),
@@ -107,6 +109,7 @@ pub fn status_text(r: &RunInfo) -> String {
     kv("name", r.name.clone());
     kv("state", r.state.name().into());
     kv("flow", r.flow.clone());
+    kv("device", device(r));
     kv("rl step", format!("{}/{}", r.step, r.steps));
     kv("sft step", format!("{}/{}", r.sft_step, r.sft_steps));
     kv("reward mean", opt(r.reward_mean, 4));

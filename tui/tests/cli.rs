@@ -57,11 +57,13 @@ fn runs_status_pause_and_unknown_run() {
     let (out, _, code) = text(&jetctl(&["--data-dir", d, "runs"]));
     assert_eq!(code, 0);
     assert!(
-        out.starts_with("ID      NAME       STATE    FLOW    STEP  REWARD  HELDOUT  LAST ALARM\n"),
+        out.starts_with(
+            "ID      NAME       STATE    FLOW  DEVICE    STEP  REWARD  HELDOUT  LAST ALARM\n"
+        ),
         "{out}"
     );
     assert!(
-        out.contains("r-0003  arith-fp8  running  fp8   12/200   0.512        -  -"),
+        out.contains("r-0003  arith-fp8  running  fp8   gpu 1   12/200   0.512        -  -"),
         "{out}"
     );
     let (out, _, code) = text(&jetctl(&["--data-dir", d, "runs", "--json"]));
@@ -85,6 +87,7 @@ fn runs_status_pause_and_unknown_run() {
     );
     let (out, _, _) = text(&jetctl(&["--data-dir", d, "status", "r-0003"]));
     assert!(out.contains("state             running\n"), "{out}");
+    assert!(out.contains("device            gpu 1\n"), "{out}");
 }
 
 #[test]

@@ -71,8 +71,13 @@ fn header(f: &mut Frame, area: Rect, app: &App, id: &str) {
             r.state.name(),
             state_style(r.state).add_modifier(Modifier::BOLD),
         ),
-        Span::raw(format!("  {}  step {}/{}", r.flow, r.step, r.steps)),
+        Span::raw(format!("  {}", r.flow)),
     ];
+    // Where it computes, when the line has room for it (80 columns do not).
+    if area.width >= 100 {
+        spans.push(Span::raw(format!(" on {}", crate::fmt::device(r))));
+    }
+    spans.push(Span::raw(format!("  step {}/{}", r.step, r.steps)));
     if r.sft_steps > 0 {
         spans.push(Span::raw(format!("  sft {}/{}", r.sft_step, r.sft_steps)).dim());
     }
@@ -270,20 +275,30 @@ fn gpus(f: &mut Frame, area: Rect, app: &App, wide: bool) {
         return;
     };
     let hot = |p: u32| if p >= 85 { Color::Red } else { Color::Reset };
+    // Every line drops the power or none does, so the columns stay aligned.
+    let run_w = gs
+        .iter()
+        .map(|g| g.run.as_deref().map_or(4, str::len))
+        .max()
+        .unwrap_or(0);
     let mut lines = vec![];
     for g in gs {
         let mem_pct = (g.mem_used_mib * 100)
             .checked_div(g.mem_total_mib)
             .unwrap_or(0);
+        // NVML numbers the GPUs as nvidia-smi does; jetd's (CUDA's) number, when
+        // it differs, follows in parentheses. Then the run computing on it.
+        let label = match g.ordinal {
+            Some(o) if o != g.index => format!("{} (cuda {o})", g.index),
+            _ => g.index.to_string(),
+        };
+        let run = g.run.as_deref().unwrap_or("idle");
         if wide {
-            lines.push(
-                Line::from(format!(
-                    "{} {}",
-                    g.index,
-                    ellipsize(&g.name, (inner.width as usize).saturating_sub(2))
-                ))
-                .bold(),
-            );
+            let room = (inner.width as usize).saturating_sub(label.len() + run.len() + 3);
+            lines.push(Line::from(vec![
+                Span::raw(format!("{label} {} ", ellipsize(&g.name, room))).bold(),
+                Span::styled(run.to_string(), run_style(g.run.is_some())),
+            ]));
             lines.push(Line::from(format!(
                 "  util {:>3}%  mem {:.1}/{:.1} GiB  {:.0} W  {}°C",
                 g.util_pct,
@@ -293,16 +308,29 @@ fn gpus(f: &mut Frame, area: Rect, app: &App, wide: bool) {
                 g.temp_c
             )));
         } else {
+            // The power goes first when the line is too narrow for the run.
+            let head = format!("{label} util {:>3}% mem {:>2}% ", g.util_pct, mem_pct);
+            let power = format!("{:.0}W ", g.power_w);
+            let temp = format!("{}°C ", g.temp_c);
+            let fits =
+                head.len() + power.len() + temp.chars().count() + run_w <= inner.width as usize;
             lines.push(Line::from(vec![
-                Span::raw(format!(
-                    "{} util {:>3}% mem {:>2}% {:.0}W ",
-                    g.index, g.util_pct, mem_pct, g.power_w
-                )),
-                Span::styled(format!("{}°C", g.temp_c), Style::new().fg(hot(g.temp_c))),
+                Span::raw(head),
+                Span::raw(if fits { power } else { String::new() }),
+                Span::styled(temp, Style::new().fg(hot(g.temp_c))),
+                Span::styled(run.to_string(), run_style(g.run.is_some())),
             ]));
         }
     }
     f.render_widget(Paragraph::new(lines), inner);
+}
+
+fn run_style(busy: bool) -> Style {
+    if busy {
+        Style::new().fg(Color::Green)
+    } else {
+        Style::new().dim()
+    }
 }
 
 /// Latest alarms and warnings, newest first.

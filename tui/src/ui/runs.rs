@@ -9,7 +9,7 @@ use ratatui::Frame;
 
 use super::{filter_line, state_style};
 use crate::app::App;
-use crate::fmt::{opt, utc};
+use crate::fmt::{device, opt, utc};
 use crate::output::progress;
 
 pub fn draw(f: &mut Frame, area: Rect, app: &App) {
@@ -65,12 +65,13 @@ fn progress_bars(f: &mut Frame, area: Rect, app: &App) {
 fn table(f: &mut Frame, area: Rect, app: &App) {
     let runs = app.visible_runs();
     let wide = area.width >= 110;
-    let mut head = vec!["ID", "NAME", "STATE", "FLOW", "STEP", "REWARD"];
+    let mut head = vec!["ID", "NAME", "STATE", "FLOW", "DEVICE", "STEP", "REWARD"];
     let mut widths = vec![
         Constraint::Length(7),
         Constraint::Fill(1),
         Constraint::Length(8),
         Constraint::Length(15),
+        Constraint::Length(6),
         Constraint::Length(9),
         Constraint::Length(6),
     ];
@@ -91,6 +92,7 @@ fn table(f: &mut Frame, area: Rect, app: &App) {
             Cell::from(r.name.clone()),
             Cell::from(r.state.name()).style(state_style(r.state)),
             Cell::from(r.flow.clone()),
+            Cell::from(device(r)),
             Cell::from(Line::from(progress(r)).right_aligned()),
             Cell::from(Line::from(opt(r.reward_mean, 3)).right_aligned()),
         ];
@@ -147,8 +149,9 @@ fn detail(f: &mut Frame, area: Rect, app: &App) {
             key("state"),
             Span::styled(r.state.name(), state_style(r.state)),
             Span::raw(format!(
-                "  flow {}  created {} UTC",
+                "  flow {}  on {}  created {} UTC",
                 r.flow,
+                device(r),
                 &utc(r.created_unix * 1000)[..16]
             )),
         ]),

@@ -33,7 +33,8 @@ pub fn err(id: u64, code: &str, message: &str) -> String {
 pub fn run_info(id: &str, state: &str) -> Value {
     json!({"id": id, "name": "arith-fp8", "state": state, "flow": "fp8", "step": 12, "steps": 200,
            "sft_step": 20, "sft_steps": 20, "reward_mean": 0.5125, "heldout_accuracy": null,
-           "last_alarm": null, "mismatch_kl_alarm": 0.01, "created_unix": 1767225600, "message": null})
+           "last_alarm": null, "mismatch_kl_alarm": 0.01, "created_unix": 1767225600, "message": null,
+           "device": "cuda", "gpu": 1})
 }
 
 pub struct Fake {

@@ -60,6 +60,16 @@ pub struct RunRecord {
     /// A checkpoint to restore before computing again (set by a rollback).
     #[serde(default)]
     pub restore: Option<RestorePlan>,
+    /// `cpu` or `cuda`: which compute threads may take the run.
+    #[serde(default = "cpu")]
+    pub device: String,
+    /// The GPU it computes on (or last computed on).
+    #[serde(default)]
+    pub gpu: Option<u32>,
+}
+
+fn cpu() -> String {
+    "cpu".into()
 }
 
 /// Where a run restarts from, and the remedy to apply after restoring.
@@ -99,6 +109,8 @@ impl RunRecord {
             mismatch_kl_alarm: self.mismatch_kl_alarm,
             created_unix: self.created_unix,
             message: self.message.clone(),
+            device: self.device.clone(),
+            gpu: self.gpu,
         }
     }
 }
@@ -375,14 +387,28 @@ impl Store {
         Ok(())
     }
 
-    /// The compiled-kernel cache (NVRTC output by key).
-    pub fn kernel(&self, k: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.kernels.get(k).map_err(self.err())?.map(|v| v.to_vec()))
+    /// The compiled-kernel cache (NVRTC output by key), as a handle the GPU keeps.
+    pub fn kernel_store(&self) -> SledKernelStore {
+        SledKernelStore(self.kernels.clone())
     }
+}
 
-    pub fn put_kernel(&self, k: &str, v: &[u8]) -> Result<(), StoreError> {
-        self.kernels.insert(k, v).map_err(self.err())?;
-        Ok(())
+/// The compiled-kernel cache in sled: a restarted daemon loads what it compiled
+/// before. Keys come from `jet_kernels::cuda` (sha256 of source, architecture,
+/// NVRTC version and options); values are CUBIN images.
+#[derive(Clone)]
+pub struct SledKernelStore(sled::Tree);
+
+impl jet_kernels::cuda::KernelStore for SledKernelStore {
+    fn load(&self, key: &str) -> Option<Vec<u8>> {
+        self.0.get(key).ok().flatten().map(|v| v.to_vec())
+    }
+    fn save(&self, key: &str, image: &[u8]) {
+        // Flushed at once (a handful of modules, once per GPU architecture), so a
+        // crash soon after cannot lose them. A failed write only costs a compile.
+        if self.0.insert(key, image).is_ok() {
+            let _ = self.0.flush();
+        }
     }
 }
 
@@ -423,6 +449,8 @@ mod tests {
             flow_name: "fp8".into(),
             mismatch_kl_alarm: 0.01,
             restore: None,
+            device: "cpu".into(),
+            gpu: None,
         }
     }
 
@@ -459,6 +487,22 @@ mod tests {
         drop(s);
         let e = Store::open(dir.path()).err().unwrap().to_string();
         assert!(e.contains("schema version 99"), "{e}");
+    }
+
+    #[test]
+    fn kernel_images_survive_a_reopen() {
+        use jet_kernels::cuda::KernelStore;
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let k = s.kernel_store();
+        assert_eq!(k.load("abc"), None);
+        k.save("abc", b"\x7fELF image");
+        drop((k, s));
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            s.kernel_store().load("abc").as_deref(),
+            Some(&b"\x7fELF image"[..])
+        );
     }
 
     #[test]

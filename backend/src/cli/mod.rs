@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// File holding the token every TCP connection must present.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// GPUs for `device = "cuda"` runs: all, none, or CUDA device numbers like
+    /// 0,1. One run computes on each at a time.
+    #[arg(long, default_value = "all")]
+    pub gpus: crate::daemon::GpuChoice,
 }
 
 /// Options shared by `run` and `compare`.
@@ -97,6 +101,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             socket: a.socket,
             tcp: a.tcp,
             token_file: a.token_file,
+            gpus: a.gpus,
         }),
     }
 }

@@ -1,4 +1,5 @@
-//! GPU samples through NVML, once a second, per device.
+//! GPU samples through NVML, once a second, per device, with the run that
+//! computes on each.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -8,13 +9,15 @@ use jet_proto::{GpuSample, Push};
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::Nvml;
 
-use super::shared::Shared;
+use super::shared::{Shared, Slot};
 
-fn sample(nvml: &Nvml) -> Result<Vec<GpuSample>, nvml_wrapper::error::NvmlError> {
+fn sample(nvml: &Nvml, sh: &Shared) -> Result<Vec<GpuSample>, nvml_wrapper::error::NvmlError> {
     let mut out = Vec::new();
     for i in 0..nvml.device_count()? {
         let d = nvml.device_by_index(i)?;
         let mem = d.memory_info()?;
+        let pci = d.pci_info().ok().map(|p| (p.domain, p.bus, p.device));
+        let ordinal = sh.devices.ordinal_of(i, pci);
         out.push(GpuSample {
             index: i,
             name: d.name().unwrap_or_default(),
@@ -23,6 +26,8 @@ fn sample(nvml: &Nvml) -> Result<Vec<GpuSample>, nvml_wrapper::error::NvmlError>
             mem_total_mib: mem.total >> 20,
             power_w: d.power_usage().map(|mw| mw as f64 / 1000.0).unwrap_or(0.0),
             temp_c: d.temperature(TemperatureSensor::Gpu).unwrap_or(0),
+            ordinal,
+            run: ordinal.and_then(|o| sh.run_on(Slot::Gpu(o))),
         });
     }
     Ok(out)
@@ -44,7 +49,7 @@ pub fn run_sampler(sh: Arc<Shared>) {
         }
     };
     while !sh.shutdown.load(Ordering::SeqCst) {
-        match sample(&nvml) {
+        match sample(&nvml, &sh) {
             Ok(g) => {
                 *sh.gpus.lock().unwrap() = Some(g.clone());
                 sh.push(Push::Gpu { gpus: g });

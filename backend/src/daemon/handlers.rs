@@ -184,10 +184,9 @@ fn submit(
             .map_err(|e| err("bad_config", e.to_string()))?;
     }
     if cfg.run.device == "cuda" {
-        return Err(err(
-            "bad_config",
-            format!("{source}: run.device = \"cuda\": this jetd has no CUDA path yet"),
-        ));
+        sh.devices
+            .check_submit(&source)
+            .map_err(|m| err("bad_config", m))?;
     }
     let _g = sh.records.lock().unwrap();
     let id = sh.store.next_run_id().map_err(internal)?;
@@ -221,6 +220,8 @@ fn submit(
         flow_name: String::new(),
         mismatch_kl_alarm: cfg.health.mismatch_kl_alarm,
         restore: None,
+        device: cfg.run.device.clone(),
+        gpu: None,
     };
     let eff = record_config(&rec).map_err(|e| err("bad_config", e))?;
     rec.rl_total = eff.run.steps;

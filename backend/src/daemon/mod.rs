@@ -1,6 +1,7 @@
 //! `jetd serve`: the daemon. Compute runs on its own thread; tokio only does I/O.
 
 mod conn;
+mod devices;
 mod gpu;
 mod handlers;
 mod shared;
@@ -16,6 +17,7 @@ use jet_proto::SOCKET_NAME;
 use tokio::net::{TcpListener, UnixListener};
 
 use crate::store::Store;
+pub use devices::GpuChoice;
 pub use shared::Shared;
 
 /// Options of `jetd serve`.
@@ -25,6 +27,8 @@ pub struct ServeOptions {
     pub socket: Option<PathBuf>,
     pub tcp: Option<String>,
     pub token_file: Option<PathBuf>,
+    /// The GPUs to compute on.
+    pub gpus: GpuChoice,
 }
 
 /// Refuse a data dir that others could tamper with.
@@ -79,7 +83,9 @@ pub fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     check_data_dir(&opts.data_dir)?;
     let store = Store::open(&opts.data_dir)?;
     clean_temporaries(&opts.data_dir);
-    let sh = Arc::new(Shared::new(opts.data_dir.clone(), store));
+    let devices = devices::Devices::open(&opts.gpus, devices::sled_kernels(&store))?;
+    eprintln!("jetd: computing on the CPU and {}", devices.describe());
+    let sh = Arc::new(Shared::new(opts.data_dir.clone(), store, devices));
     let token = match &opts.token_file {
         Some(p) => {
             let t = std::fs::read_to_string(p)
@@ -98,12 +104,21 @@ pub fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     if opts.tcp.is_some() && token.is_none() {
         bail!("--tcp needs --token-file: every TCP connection must present the token");
     }
-    let worker = {
+    // One compute thread for CPU runs and one per GPU: up to one run per GPU at once.
+    let mut workers = vec![{
         let sh = sh.clone();
         std::thread::Builder::new()
             .name("jetd-compute".into())
-            .spawn(move || worker::run_worker(sh))?
-    };
+            .spawn(move || worker::run_worker(sh, shared::Slot::Cpu, None))?
+    }];
+    for g in sh.devices.gpus.clone() {
+        let sh = sh.clone();
+        workers.push(
+            std::thread::Builder::new()
+                .name(format!("jetd-gpu{}", g.ordinal))
+                .spawn(move || worker::run_worker(sh, shared::Slot::Gpu(g.ordinal), Some(g)))?,
+        );
+    }
     {
         let sh = sh.clone();
         std::thread::Builder::new()
@@ -169,7 +184,9 @@ pub fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     eprintln!("jetd: shutting down: finishing the current step");
     sh.shutdown.store(true, Ordering::SeqCst);
     sh.notify();
-    let _ = worker.join();
+    for w in workers {
+        let _ = w.join();
+    }
     sh.store.flush()?;
     let _ = std::fs::remove_file(&socket);
     rt.shutdown_background();

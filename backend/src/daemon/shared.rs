@@ -8,6 +8,7 @@ use std::sync::{Condvar, Mutex};
 use jet_proto::{GpuSample, Push};
 use tokio::sync::{broadcast, oneshot};
 
+use super::devices::Devices;
 use crate::store::Store;
 
 /// Capacity of the push channel: a subscriber further behind than this gets
@@ -25,13 +26,32 @@ pub enum Control {
     ),
 }
 
+/// A compute thread: the CPU one, or the one of a GPU (CUDA device number).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    Cpu,
+    Gpu(u32),
+}
+
+impl Slot {
+    /// Whether this thread computes runs of `device` (the record's `run.device`).
+    pub fn takes(self, device: &str) -> bool {
+        match self {
+            Slot::Cpu => device != "cuda",
+            Slot::Gpu(_) => device == "cuda",
+        }
+    }
+}
+
 pub struct Shared {
     pub data_dir: PathBuf,
     pub store: Store,
+    /// The GPUs served.
+    pub devices: Devices,
     /// Pending commands per run id.
     pub controls: Mutex<HashMap<String, VecDeque<Control>>>,
-    /// The run computing now, if any.
-    pub active: Mutex<Option<String>>,
+    /// The runs computing now and where (at most one per slot).
+    pub active: Mutex<HashMap<String, Slot>>,
     /// Wakes the compute thread (new run, resume, shutdown).
     pub wake: Condvar,
     pub wake_lock: Mutex<()>,
@@ -44,13 +64,14 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(data_dir: PathBuf, store: Store) -> Shared {
+    pub fn new(data_dir: PathBuf, store: Store, devices: Devices) -> Shared {
         let (pushes, _) = broadcast::channel(PUSH_CAPACITY);
         Shared {
             data_dir,
             store,
+            devices,
             controls: Mutex::new(HashMap::new()),
-            active: Mutex::new(None),
+            active: Mutex::new(HashMap::new()),
             wake: Condvar::new(),
             wake_lock: Mutex::new(()),
             shutdown: AtomicBool::new(false),
@@ -90,7 +111,17 @@ impl Shared {
     }
 
     pub fn is_active(&self, run: &str) -> bool {
-        self.active.lock().unwrap().as_deref() == Some(run)
+        self.active.lock().unwrap().contains_key(run)
+    }
+
+    /// The run computing on `slot`, if any.
+    pub fn run_on(&self, slot: Slot) -> Option<String> {
+        self.active
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, s)| **s == slot)
+            .map(|(r, _)| r.clone())
     }
 
     pub fn run_dir(&self, run: &str) -> PathBuf {

@@ -9,7 +9,8 @@ use std::time::Duration;
 use jet_proto::{CheckpointInfo, Push, RunState};
 use serde_json::Value;
 
-use super::shared::{Control, Shared};
+use super::devices::ServedGpu;
+use super::shared::{Control, Shared, Slot};
 use crate::checkpoint;
 use crate::config::{Remedy, RunConfig};
 use crate::health::Health;
@@ -34,16 +35,19 @@ pub fn record_config(rec: &RunRecord) -> Result<RunConfig, String> {
     Ok(cfg)
 }
 
-/// The compute loop; returns when the daemon shuts down.
-pub fn run_worker(sh: Arc<Shared>) {
+/// The compute loop of one slot (the CPU, or one GPU); returns when the daemon
+/// shuts down.
+pub fn run_worker(sh: Arc<Shared>, slot: Slot, gpu: Option<ServedGpu>) {
+    if let Some(g) = &gpu {
+        warm_up(g);
+    }
     while !sh.shutdown.load(Ordering::SeqCst) {
-        match pick_next(&sh) {
+        match claim(&sh, slot) {
             Some(id) => {
-                *sh.active.lock().unwrap() = Some(id.clone());
-                if let Err(e) = run_one(&sh, &id) {
+                if let Err(e) = run_one(&sh, &id, gpu.as_ref()) {
                     eprintln!("jetd: run {id}: {e}");
                 }
-                *sh.active.lock().unwrap() = None;
+                sh.active.lock().unwrap().remove(&id);
             }
             None => {
                 let g = sh.wake_lock.lock().unwrap();
@@ -53,14 +57,47 @@ pub fn run_worker(sh: Arc<Shared>) {
     }
 }
 
-/// Runs that were running when the daemon stopped go first, then the queue in
-/// submission order.
-fn pick_next(sh: &Shared) -> Option<String> {
+/// Compile (or load from the store) every kernel module before the first run,
+/// and say which it was.
+fn warm_up(g: &ServedGpu) {
+    match g.gpu.warm_up() {
+        Ok(()) => eprintln!("jetd: {}", kernels_line(g)),
+        Err(e) => eprintln!("jetd: GPU {}: preparing the kernels failed: {e}", g.ordinal),
+    }
+}
+
+/// `GPU 0 (NVIDIA H100 80GB HBM3): kernels: 0 compiled, 8 from the store`; the
+/// counts are this process's, for this GPU.
+fn kernels_line(g: &ServedGpu) -> String {
+    let k = g.gpu.kernel_stats();
+    format!(
+        "GPU {} ({}): kernels: {} compiled, {} from the store",
+        g.ordinal,
+        g.gpu.name(),
+        k.compiled,
+        k.from_store
+    )
+}
+
+/// Take the next run this slot computes, marking it active: runs that were
+/// running when the daemon stopped go first, then the queue in submission order.
+fn claim(sh: &Shared, slot: Slot) -> Option<String> {
+    let mut active = sh.active.lock().unwrap();
     let runs = sh.store.runs().ok()?;
-    runs.iter()
+    let mine = |r: &&RunRecord| slot.takes(&r.device) && !active.contains_key(&r.id);
+    let id = runs
+        .iter()
+        .filter(mine)
         .find(|r| r.state == RunState::Running)
-        .or_else(|| runs.iter().find(|r| r.state == RunState::Queued))
-        .map(|r| r.id.clone())
+        .or_else(|| {
+            runs.iter()
+                .filter(mine)
+                .find(|r| r.state == RunState::Queued)
+        })?
+        .id
+        .clone();
+    active.insert(id.clone(), slot);
+    Some(id)
 }
 
 struct Active<'a> {
@@ -216,8 +253,11 @@ impl Active<'_> {
             .find(|c| c.info.path == path)
             .ok_or(format!("no checkpoint {path} in the catalog"))?;
         if let Err(e) = checkpoint::restore(Path::new(path), &c.files, &mut self.t) {
-            c.info.health = "bad".into();
-            let _ = self.sh.store.put_checkpoint(&self.rec.id, &c);
+            // A device error (out of memory, say) says nothing about the files.
+            if !matches!(e, checkpoint::CheckpointError::Device { .. }) {
+                c.info.health = "bad".into();
+                let _ = self.sh.store.put_checkpoint(&self.rec.id, &c);
+            }
             self.event(
                 "alarm",
                 "alarm.checkpoint",
@@ -463,15 +503,19 @@ impl Active<'_> {
     }
 }
 
-fn run_one(sh: &Shared, id: &str) -> Result<(), String> {
+fn run_one(sh: &Shared, id: &str, gpu: Option<&ServedGpu>) -> Result<(), String> {
     let mut rec = sh
         .store
         .run(id)
         .map_err(|e| e.to_string())?
         .ok_or("run vanished")?;
     let started = rec.state;
-    let trainer =
-        record_config(&rec).and_then(|cfg| Trainer::new(cfg, None).map_err(|e| e.to_string()));
+    if let Some(g) = gpu {
+        rec.gpu = Some(g.ordinal);
+    }
+    let trainer = record_config(&rec).and_then(|cfg| {
+        Trainer::with_gpu(cfg, None, gpu.map(|g| g.gpu.clone())).map_err(|e| e.to_string())
+    });
     let t = match trainer {
         Ok(t) => t,
         Err(e) => {
@@ -496,6 +540,9 @@ fn run_one(sh: &Shared, id: &str) -> Result<(), String> {
         t,
         health: Health::default(),
     };
+    if let Some(g) = gpu {
+        a.event("info", "device", kernels_line(g), None);
+    }
     let restored = match a.rec.restore.clone() {
         Some(plan) => a.apply_plan(plan),
         None => a.resume(),

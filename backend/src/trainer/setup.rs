@@ -1,7 +1,9 @@
 //! Building a trainer from a run config: model, tokenizer, task.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use jet_kernels::cuda::Gpu;
 use jet_kernels::Flow;
 
 use crate::config::{RunConfig, TINY_ARITH_TOKENIZER};
@@ -32,8 +34,19 @@ pub enum SetupError {
 
 impl Trainer {
     /// Load or initialise the model, the tokenizer and the task of `cfg`.
-    /// `flow` overrides the config's flow when given.
+    /// `flow` overrides the config's flow when given. A `cuda` run opens the
+    /// first GPU.
     pub fn new(cfg: RunConfig, flow: Option<Flow>) -> Result<Trainer, SetupError> {
+        Self::with_gpu(cfg, flow, None)
+    }
+
+    /// As [`Trainer::new`], on `gpu` when the run is a `cuda` run (the daemon
+    /// picks the device and its kernel cache); `None` opens the first GPU.
+    pub fn with_gpu(
+        cfg: RunConfig,
+        flow: Option<Flow>,
+        gpu: Option<Arc<Gpu>>,
+    ) -> Result<Trainer, SetupError> {
         let flow = flow.unwrap_or(cfg.run.flow.0);
         let bad = |field: &str, message: String| SetupError::Config {
             file: cfg.source.clone(),
@@ -122,8 +135,11 @@ impl Trainer {
         let opt = AdamW::new(&model_cfg);
         let device = match cfg.run.device.as_str() {
             "cuda" => {
-                let gpu = crate::gpu::open_gpu()
-                    .map_err(|e| bad("run.device", format!("\"cuda\" asked for, but {e}")))?;
+                let gpu = match gpu {
+                    Some(g) => g,
+                    None => crate::gpu::open_gpu()
+                        .map_err(|e| bad("run.device", format!("\"cuda\" asked for, but {e}")))?,
+                };
                 Some(crate::gpu::GpuState::new(
                     gpu,
                     &weights,

@@ -61,10 +61,14 @@ fn run_config(text: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("bad.toml");
     std::fs::write(&p, text).unwrap();
+    // A config that is accepted by mistake must not leave its run in the source
+    // tree: everything goes under the temporary folder.
     let out = jetd()
         .arg("run")
         .arg(&p)
-        .args(["--steps", "1"])
+        .args(["--steps", "1", "--data-dir"])
+        .arg(dir.path())
+        .current_dir(dir.path())
         .output()
         .unwrap();
     (
@@ -116,6 +120,8 @@ fn bad_configs_name_the_field() {
         (BASE.replace("[train]", "[trian]"), "trian", "unknown field"),
     ];
     for (text, field, word) in cases {
+        // A pattern that no longer matches the config would test a good config.
+        assert_ne!(text, BASE, "the case for {field} changes nothing");
         let (ok, err) = run_config(&text);
         assert!(!ok, "config with a bad {field} was accepted");
         assert!(

@@ -160,13 +160,17 @@ impl Devices {
     /// One line for the log.
     pub fn describe(&self) -> String {
         match &self.none_because {
-            Some(why) if self.gpus.is_empty() => format!("no GPU ({why}): CPU runs only"),
-            _ => self
-                .gpus
-                .iter()
-                .map(|g| format!("GPU {} ({})", g.ordinal, g.gpu.name()))
-                .collect::<Vec<_>>()
-                .join(", "),
+            Some(why) if self.gpus.is_empty() => {
+                format!("CPU runs only; GPU runs are refused: {why}")
+            }
+            _ => format!(
+                "CPU runs on the CPU, GPU runs on {}",
+                self.gpus
+                    .iter()
+                    .map(|g| format!("GPU {} ({})", g.ordinal, g.gpu.name()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         }
     }
 }

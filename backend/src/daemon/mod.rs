@@ -84,7 +84,7 @@ pub fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     let store = Store::open(&opts.data_dir)?;
     clean_temporaries(&opts.data_dir);
     let devices = devices::Devices::open(&opts.gpus, devices::sled_kernels(&store))?;
-    eprintln!("jetd: computing on the CPU and {}", devices.describe());
+    eprintln!("jetd: {}", devices.describe());
     let sh = Arc::new(Shared::new(opts.data_dir.clone(), store, devices));
     let token = match &opts.token_file {
         Some(p) => {

@@ -41,13 +41,48 @@ fn cuda_run_refused_without_a_gpu() {
         Ok(_) => (&["--gpus", "none"], "--gpus none".into()),
         Err(e) => (&[], e.to_string()),
     };
-    let d = Daemon::start(&data, args, &tmp.path().join("jetd.log")).unwrap();
-    let mut c = Client::connect(&d).unwrap();
     let tok = repo().join("configs/tiny-arith.tokenizer.json");
     let cfg = TINY
         .replace("device = \"cpu\"", "device = \"cuda\"")
         .replace("\"tiny-arith.tokenizer.json\"", &format!("{tok:?}"));
     assert_ne!(cfg, TINY);
+    // GPU runs left in the store by a jetd that had a GPU: one queued, one paused.
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    {
+        let store = jet_backend::store::Store::open(&data).unwrap();
+        for (id, state) in [("g0001", "queued"), ("g0002", "paused")] {
+            let rec: jet_backend::store::RunRecord = serde_json::from_value(json!({
+                "id": id, "name": "old", "config_toml": cfg, "config_base": "/",
+                "config_source": "old.toml", "flow": null, "steps": null, "seed": null,
+                "state": state, "created_unix": 0, "progress": {"sft_steps_done": 0,
+                "rl_steps_done": 0, "data_offset": 0, "lr_scale": 1.0}, "branch": 0,
+                "metric_seq": 0, "event_seq": 0, "last_alarm": null, "auto_rollbacks": 0,
+                "message": null, "last_reward": null, "last_heldout": null, "rl_total": 1,
+                "sft_total": 1, "flow_name": "fp8", "mismatch_kl_alarm": 0.01, "device": "cuda"
+            }))
+            .unwrap();
+            store.put_run(&rec).unwrap();
+        }
+        store.flush().unwrap();
+    }
+    let d = Daemon::start(&data, args, &tmp.path().join("jetd.log")).unwrap();
+    assert!(
+        d.wait_log("run g0001 needs a GPU", 10).is_some(),
+        "{}",
+        d.log_text()
+    );
+    let mut c = Client::connect(&d).unwrap();
+    let r = c.req(json!({"op": "resume", "run": "g0002"})).unwrap();
+    assert_eq!(r["error"]["code"], "bad_state", "{r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains(&why),
+        "{r}"
+    );
+    assert_eq!(c.status("g0002").unwrap()["state"], "paused");
+    for id in ["g0001", "g0002"] {
+        c.ok(json!({"op": "delete", "run": id})).unwrap();
+    }
     let r = c
         .req(json!({"op": "submit", "config": cfg, "config_path": "/somewhere/gpu.toml"}))
         .unwrap();

@@ -241,6 +241,16 @@ fn submit(
     Ok(to_value(rec.info()))
 }
 
+/// A GPU run queued again must have a GPU to go to, or it would wait forever.
+fn requeue_ok(sh: &Shared, r: &RunRecord) -> Result<(), (String, String)> {
+    if r.device != "cuda" {
+        return Ok(());
+    }
+    sh.devices
+        .check_submit(&format!("run '{}'", r.id))
+        .map_err(|m| err("bad_state", m))
+}
+
 fn set_state(sh: &Arc<Shared>, id: &str, what: &str) -> Res {
     let _g = sh.records.lock().unwrap();
     let mut r = get_run(sh, id)?;
@@ -252,7 +262,10 @@ fn set_state(sh: &Arc<Shared>, id: &str, what: &str) -> Res {
             return Ok(to_value(r.info()));
         }
         ("pause", RunState::Queued) => RunState::Paused,
-        ("resume", RunState::Paused | RunState::Stopped) => RunState::Queued,
+        ("resume", RunState::Paused | RunState::Stopped) => {
+            requeue_ok(sh, &r)?;
+            RunState::Queued
+        }
         ("stop", RunState::Running) if active => {
             drop(_g);
             sh.control(id, Control::Stop);
@@ -327,6 +340,7 @@ fn rollback(sh: &Arc<Shared>, id: &str, step: u64) -> Res {
             .blocking_recv()
             .unwrap_or_else(|_| Err(err("bad_state", "the run stopped before the rollback")));
     }
+    requeue_ok(sh, &r)?;
     // Not computing: record the plan; the run goes on from there when it computes.
     let _g = sh.records.lock().unwrap();
     let mut r = sh.store.run(id).map_err(internal)?.unwrap_or(r);

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use jet_proto::SOCKET_NAME;
+use jet_proto::{RunState, SOCKET_NAME};
 use tokio::net::{TcpListener, UnixListener};
 
 use crate::store::Store;
@@ -85,6 +85,16 @@ pub fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     clean_temporaries(&opts.data_dir);
     let devices = devices::Devices::open(&opts.gpus, devices::sled_kernels(&store))?;
     eprintln!("jetd: {}", devices.describe());
+    if devices.gpus.is_empty() {
+        for r in store.runs()?.iter().filter(|r| r.device == "cuda") {
+            if matches!(r.state, RunState::Queued | RunState::Running) {
+                eprintln!(
+                    "jetd: run {} needs a GPU and this jetd serves none: it waits in the queue",
+                    r.id
+                );
+            }
+        }
+    }
     let sh = Arc::new(Shared::new(opts.data_dir.clone(), store, devices));
     let token = match &opts.token_file {
         Some(p) => {

@@ -558,12 +558,10 @@ fn check_all(
     let evs = c.ok(json!({"op": "events", "run": run}))?;
     let resumed = evs
         .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["kind"] == "resume")
-        .map(|e| e["message"].as_str().unwrap_or("").to_string())
-        .last()
-        .unwrap_or_default();
+        .and_then(|a| a.iter().rev().find(|e| e["kind"] == "resume"))
+        .and_then(|e| e["message"].as_str())
+        .unwrap_or("")
+        .to_string();
     let all = c.ok(json!({"op": "metrics", "run": run}))?;
     std::fs::write(logs.join("daemon-metrics.json"), all.to_string()).ok();
     rep.check(

@@ -335,6 +335,13 @@ fn check_all(
     gpus: usize,
     dry: bool,
 ) -> Result<(), String> {
+    // A fresh start even in a reused JET_E2E_WORK: the first daemon must compile.
+    for d in ["data", "refdata", "filecache"] {
+        let p = work.join(d);
+        if p.exists() {
+            std::fs::remove_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+    }
     let rl_steps: u64 = env_or("JET_E2E_RL_STEPS", "30")
         .parse()
         .map_err(|e| format!("JET_E2E_RL_STEPS: {e}"))?;

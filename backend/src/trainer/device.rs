@@ -5,9 +5,7 @@
 use jet_kernels::cuda::CudaError;
 use rand::RngCore;
 
-use crate::gpu::{
-    cached_model, keep_model, run_pass_gpu, GpuDecoder, GpuState, GpuWeights, Slot,
-};
+use crate::gpu::{cached_model, keep_model, run_pass_gpu, GpuDecoder, GpuState, GpuWeights, Slot};
 use crate::model::ModelWeights;
 use crate::rl::optim::OptimConfig;
 use crate::rollout::engine::{generate_with, CpuDecoder, Decoder, GenConfig, Sample};

@@ -1,4 +1,5 @@
-//! `jetd serve`: the daemon. Compute runs on its own thread; tokio only does I/O.
+//! `jetd serve`: the daemon. Compute runs on its own threads (one for CPU runs,
+//! one per GPU); tokio only does I/O.
 
 mod conn;
 mod devices;

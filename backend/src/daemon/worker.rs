@@ -66,7 +66,7 @@ fn warm_up(g: &ServedGpu) {
     }
 }
 
-/// `GPU 0 (NVIDIA H100 80GB HBM3): kernels: 0 compiled, 8 from the store`; the
+/// `GPU 0 (NVIDIA H100 80GB HBM3): kernels: 0 compiled, 9 from the store`; the
 /// counts are this process's, for this GPU.
 fn kernels_line(g: &ServedGpu) -> String {
     let k = g.gpu.kernel_stats();

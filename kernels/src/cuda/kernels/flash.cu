@@ -99,6 +99,27 @@ __device__ __forceinline__ void stage16(bf16_t* s, const bf16_t* g, long ld, int
     }
 }
 
+// Double-buffered key/value tiles in sb [2][K, V] ([FA_BC][D + 8] each), rows of
+// kb, vb (stride kvw) up to L: start copying tile j + 1 into its buffer and wait
+// for tile j (on the last tile, for everything). All threads; a __syncthreads must
+// follow before tile j is read.
+template <int D>
+__device__ __forceinline__ void kv_next(bf16_t* sb, const bf16_t* kb, const bf16_t* vb, long kvw, int j,
+                                        int ntiles, int L) {
+    const int T = FA_BC * (D + 8);
+    if (j + 1 < ntiles) {
+        bf16_t* nxt = sb + ((j + 1) & 1) * 2 * T;
+        long off = (long)(j + 1) * FA_BC * kvw;
+        int nk = min(FA_BC, L - (j + 1) * FA_BC);
+        stage16<D, FA_BC>(nxt, kb + off, kvw, nk);
+        stage16<D, FA_BC>(nxt + T, vb + off, kvw, nk);
+        cp_commit();
+        cp_wait<1>();
+    } else {
+        cp_wait<0>();
+    }
+}
+
 // x (f32) -> y (BF16, RNE), n a multiple of 4: the operand copies of the
 // tensor-core attention, the same rounding stage() applies.
 extern "C" __global__ void fa_to_bf16(const float* x, bf16_t* y, long n) {
@@ -287,17 +308,7 @@ __device__ void fa_fwd(const bf16_t* q, const bf16_t* k, const bf16_t* v, const 
     int ntiles = (q0 + nq - 1) / FA_BC + 1;
     for (int j = 0; j < ntiles; j++) {
         bf16_t* cur = sb + (j & 1) * 2 * T;
-        if (j + 1 < ntiles) {
-            bf16_t* nxt = sb + ((j + 1) & 1) * 2 * T;
-            long off = (long)(j + 1) * FA_BC * kvw;
-            int nk = min(FA_BC, L - (j + 1) * FA_BC);
-            stage16<D, FA_BC>(nxt, kb + off, kvw, nk);
-            stage16<D, FA_BC>(nxt + T, vb + off, kvw, nk);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        kv_next<D>(sb, kb, vb, kvw, j, ntiles, L);
         __syncthreads();
         if (j * FA_BC <= warp_last) fa_tile<D>(qf, cur, cur + T, j * FA_BC, pos, sl2, o, m, l, lane);
         __syncthreads();
@@ -350,17 +361,7 @@ __device__ void fa_dec(const float* q, const bf16_t* kc, const bf16_t* vc, const
     int ntiles = (n - 1) / FA_BC + 1;
     for (int j = 0; j < ntiles; j++) {
         bf16_t* cur = sb + (j & 1) * 2 * T;
-        if (j + 1 < ntiles) {
-            bf16_t* nxt = sb + ((j + 1) & 1) * 2 * T;
-            long off = (long)(j + 1) * FA_BC * kvw;
-            int nk = min(FA_BC, n - (j + 1) * FA_BC);
-            stage16<D, FA_BC>(nxt, kb + off, kvw, nk);
-            stage16<D, FA_BC>(nxt + T, vb + off, kvw, nk);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        kv_next<D>(sb, kb, vb, kvw, j, ntiles, n);
         __syncthreads();
         if (warp == 0) fa_tile<D>(qf, cur, cur + T, j * FA_BC, pos, sl2, o, m, l, lane);
         __syncthreads();
@@ -547,17 +548,7 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
     int ntiles = (q0 + nq - 1) / FA_BC + 1;
     for (int j = 0; j < ntiles; j++) {
         bf16_t* cur = sb + (j & 1) * 2 * T;
-        if (j + 1 < ntiles) {
-            bf16_t* nxt = sb + ((j + 1) & 1) * 2 * T;
-            long off = (long)(j + 1) * FA_BC * kvw;
-            int nk = min(FA_BC, L - (j + 1) * FA_BC);
-            stage16<D, FA_BC>(nxt, kb + off, kvw, nk);
-            stage16<D, FA_BC>(nxt + T, vb + off, kvw, nk);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        kv_next<D>(sb, kb, vb, kvw, j, ntiles, L);
         __syncthreads();
         if (j * FA_BC <= warp_last) {
             const bf16_t* sK = cur;

@@ -218,6 +218,17 @@ pub fn verify(dir: &Path, files: &[FileHash]) -> Result<(), CheckpointError> {
     Ok(())
 }
 
+/// The trainer state (progress, data and RNG position) of the checkpoint in `dir`.
+pub fn read_state(dir: &Path) -> Result<TrainerState, CheckpointError> {
+    let sp = dir.join(STATE_FILE);
+    serde_json::from_slice(&std::fs::read(&sp).map_err(io(&sp))?).map_err(|e| {
+        CheckpointError::Invalid {
+            dir: dir.into(),
+            message: format!("{STATE_FILE}: {e}"),
+        }
+    })
+}
+
 /// Restore weights, optimizer and progress from a verified checkpoint.
 pub fn restore(dir: &Path, files: &[FileHash], t: &mut Trainer) -> Result<(), CheckpointError> {
     verify(dir, files)?;
@@ -289,9 +300,7 @@ pub fn restore(dir: &Path, files: &[FileHash], t: &mut Trainer) -> Result<(), Ch
         }
         _ => None,
     };
-    let sp = dir.join(STATE_FILE);
-    let state: TrainerState = serde_json::from_slice(&std::fs::read(&sp).map_err(io(&sp))?)
-        .map_err(|e| bad(format!("{STATE_FILE}: {e}")))?;
+    let state = read_state(dir)?;
     t.weights = weights;
     t.opt = opt;
     if reference.is_some() {

@@ -15,6 +15,8 @@ use crate::checkpoint::FileHash;
 use crate::trainer::Progress;
 
 pub const SCHEMA_VERSION: u64 = 1;
+/// `meta` key of the highest run id ever given.
+const LAST_RUN_KEY: &str = "last_run_id";
 /// sled's page cache, in bytes.
 const CACHE_BYTES: u64 = 64 << 20;
 
@@ -212,16 +214,47 @@ impl Store {
         Ok(())
     }
 
-    /// A fresh run id (r0001, r0002, ...).
-    pub fn next_run_id(&self) -> Result<String, StoreError> {
-        let n = self.db.generate_id().map_err(self.err())?;
-        let mut id = format!("r{:04}", n + 1);
-        let mut k = n + 1;
-        while self.runs.contains_key(&id).map_err(self.err())? {
-            k += 1;
-            id = format!("r{k:04}");
+    /// Enter a new run with its first event, atomically, under the next run
+    /// id: one past the highest ever given (r0001, r0002, ...). The high-water
+    /// mark lives in `meta` and is written in the same transaction as the run,
+    /// so ids stay short and sequential across crashes (sled's own id
+    /// generator jumps ahead by a batch after each crash) and a deleted run's
+    /// id is never handed out again. Callers serialise submits.
+    pub fn create_run(&self, rec: &mut RunRecord, message: String) -> Result<Event, StoreError> {
+        use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+        let mut highest = match self.meta.get(LAST_RUN_KEY).map_err(self.err())? {
+            Some(v) => run_number(&String::from_utf8_lossy(&v)).unwrap_or(0),
+            None => 0,
+        };
+        // Stores written before the high-water mark existed: their registry.
+        for k in self.runs.iter().keys() {
+            let k = k.map_err(self.err())?;
+            highest = highest.max(run_number(&String::from_utf8_lossy(&k)).unwrap_or(0));
         }
-        Ok(id)
+        rec.id = format!("r{:04}", highest + 1);
+        let e = Event {
+            seq: rec.event_seq,
+            unix_ms: now_ms(),
+            level: "info".into(),
+            kind: "state".into(),
+            message,
+            step: None,
+        };
+        rec.event_seq += 1;
+        let run = serde_json::to_vec(&*rec).expect("run serializes");
+        let ev = serde_json::to_vec(&e).expect("json");
+        (&self.runs, &self.events, &self.meta)
+            .transaction(|(runs, events, meta)| {
+                runs.insert(rec.id.as_bytes(), run.as_slice())?;
+                events.insert(key(&rec.id, e.seq), ev.as_slice())?;
+                meta.insert(LAST_RUN_KEY, rec.id.as_bytes())?;
+                Ok::<_, ConflictableTransactionError<std::convert::Infallible>>(())
+            })
+            .map_err(|e| match e {
+                TransactionError::Storage(e) => self.err()(e),
+                TransactionError::Abort(never) => match never {},
+            })?;
+        Ok(e)
     }
 
     pub fn put_run(&self, r: &RunRecord) -> Result<(), StoreError> {
@@ -412,6 +445,11 @@ impl jet_kernels::cuda::KernelStore for SledKernelStore {
     }
 }
 
+/// The number of a run id `rNNNN` (None for other keys).
+fn run_number(id: &str) -> Option<u64> {
+    id.strip_prefix('r')?.parse().ok()
+}
+
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -522,5 +560,33 @@ mod tests {
         assert!(s.metrics("r0001").unwrap().is_empty());
         assert_eq!(s.metrics("r0002").unwrap().len(), 1);
         assert_eq!(s.metrics("r00010").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn run_ids_are_sequential_and_never_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let mut ids = vec![];
+        for _ in 0..3 {
+            let mut r = rec("");
+            let e = s.create_run(&mut r, "queued".into()).unwrap();
+            assert_eq!((e.seq, r.event_seq), (0, 1));
+            assert_eq!(s.events(&r.id, 0).unwrap(), [e]);
+            ids.push(r.id);
+        }
+        assert_eq!(ids, ["r0001", "r0002", "r0003"]);
+        s.delete_run("r0003").unwrap();
+        s.flush().unwrap();
+        drop(s);
+        let s = Store::open(dir.path()).unwrap();
+        let mut r = rec("");
+        s.create_run(&mut r, "queued".into()).unwrap();
+        assert_eq!(r.id, "r0004", "a deleted run's id is not handed out again");
+        // A store from before the high-water mark: the registry's highest id.
+        s.meta.remove(LAST_RUN_KEY).unwrap();
+        s.put_run(&rec("r2000001")).unwrap();
+        let mut r = rec("");
+        s.create_run(&mut r, "queued".into()).unwrap();
+        assert_eq!(r.id, "r2000002");
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use jet_proto::{CheckpointInfo, Event, Op, RunInfo};
+use jet_proto::{CheckpointInfo, Event, Op, RunInfo, RunState};
 use serde_json::Value;
 
 use crate::client::{socket_path, Client, ClientError};
@@ -73,6 +73,10 @@ pub enum Cmd {
     /// Show one run.
     Status(RunArg),
     /// Pause a run at the next step boundary.
+    ///
+    /// Answers once the run is paused, checkpointed and that is durable: an
+    /// acknowledged pause survives a crash of jetd. A step can take a while on
+    /// a large model: raise --timeout if needed (the pause happens anyway).
     Pause(RunArg),
     /// Resume a paused run.
     Resume(RunArg),
@@ -83,6 +87,14 @@ pub enum Cmd {
     /// List the checkpoints of a run.
     Checkpoints(RunArg),
     /// Restore the checkpoint of RL step S and go on from there.
+    ///
+    /// A computing run restores it at the next step boundary and goes on from
+    /// S. A paused run stays paused, at step S: inspect it, then `jetctl
+    /// resume` goes on from S. A queued run stays queued; a stopped, finished
+    /// or failed run is queued again. The answer comes once the rollback and
+    /// its event are durable: from then on `jetctl status` shows step S, even
+    /// across a crash of jetd. The metrics after S stay in the store, marked
+    /// abandoned (an older branch).
     Rollback {
         run: String,
         #[arg(long)]
@@ -210,12 +222,17 @@ pub fn run(cli: &Cli, cmd: &Cmd, out: &mut dyn Write) -> Result<(), CmdError> {
             let v = c.request(Op::Status { run: a.run.clone() })?;
             show::<RunInfo>(&a.out, v, |r| output::status_text(&r))?
         }
-        Cmd::Pause(a) => run_op(
-            &mut c,
-            a,
-            Op::Pause { run: a.run.clone() },
-            "pause requested",
-        )?,
+        Cmd::Pause(a) => {
+            let v = c.request(Op::Pause { run: a.run.clone() })?;
+            show::<RunInfo>(&a.out, v, |r| {
+                format!(
+                    "{}: paused at step {}; state {}\n",
+                    r.id,
+                    r.step,
+                    r.state.name()
+                )
+            })?
+        }
         Cmd::Resume(a) => run_op(&mut c, a, Op::Resume { run: a.run.clone() }, "resumed")?,
         Cmd::Stop(a) => run_op(&mut c, a, Op::Stop { run: a.run.clone() }, "stopped")?,
         Cmd::Delete(a) => run_op(&mut c, a, Op::Delete { run: a.run.clone() }, "deleted")?,
@@ -224,12 +241,12 @@ pub fn run(cli: &Cli, cmd: &Cmd, out: &mut dyn Write) -> Result<(), CmdError> {
                 run: run.clone(),
                 step: *step,
             })?;
-            show::<RunInfo>(j, v, |r| {
-                format!(
-                    "{}: rolled back to step {step}; now {}\n",
-                    r.id,
-                    r.state.name()
-                )
+            show::<RunInfo>(j, v, |r| match r.state {
+                RunState::Paused => format!(
+                    "{}: rolled back to step {step}; paused there (resume goes on from it)\n",
+                    r.id
+                ),
+                s => format!("{}: rolled back to step {step}; now {}\n", r.id, s.name()),
             })?
         }
         Cmd::Checkpoint(a) => {

@@ -78,7 +78,7 @@ fn runs_status_pause_and_unknown_run() {
     ]));
     assert_eq!(
         (out.as_str(), code),
-        ("r-0003: pause requested; state paused\n", 0)
+        ("r-0003: paused at step 12; state paused\n", 0)
     );
     let (out, err, code) = text(&jetctl(&["--data-dir", d, "status", "r-9"]));
     assert_eq!(

@@ -7,13 +7,14 @@ use jet_proto::{Op, Push, RunState};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use super::shared::{Control, Shared};
+use super::lineage;
+use super::shared::{Ack, Control, Reply, Shared};
 use super::worker::record_config;
 use crate::checkpoint;
 use crate::config::RunConfig;
 use crate::store::{RestorePlan, RunRecord};
 
-type Res = Result<Value, (String, String)>;
+type Res = Reply;
 
 fn err(code: &str, msg: impl Into<String>) -> (String, String) {
     (code.into(), msg.into())
@@ -32,6 +33,32 @@ fn get_run(sh: &Shared, id: &str) -> Result<RunRecord, (String, String)> {
 
 fn to_value<T: serde::Serialize>(x: T) -> Value {
     serde_json::to_value(x).expect("serializes")
+}
+
+/// Flush before answering: a mutating request is acknowledged only once its
+/// effect and its event are durable (sled otherwise writes back every 500 ms).
+fn flushed(sh: &Shared) -> Result<(), (String, String)> {
+    sh.store.flush().map_err(internal)
+}
+
+/// Queue a command for the computing run (the caller holds `records` and has
+/// seen the run active) and wait for the compute thread's answer, which comes
+/// once the command's effect is durable.
+fn ask_worker(
+    sh: &Shared,
+    id: &str,
+    g: std::sync::MutexGuard<'_, ()>,
+    c: impl FnOnce(Ack) -> Control,
+) -> Res {
+    let (tx, rx) = oneshot::channel();
+    sh.control(id, c(tx));
+    drop(g);
+    rx.blocking_recv().unwrap_or_else(|_| {
+        Err(err(
+            "bad_state",
+            format!("run '{id}' stopped computing before the command was applied"),
+        ))
+    })
 }
 
 /// Answer one request (blocking work: call from a blocking context).
@@ -55,6 +82,7 @@ pub fn handle(sh: &Arc<Shared>, op: Op) -> Res {
         Op::Resume { run } => set_state(sh, &run, "resume"),
         Op::Stop { run } => set_state(sh, &run, "stop"),
         Op::Checkpoint { run } => {
+            let g = sh.records.lock().unwrap();
             get_run(sh, &run)?;
             if !sh.is_active(&run) {
                 return Err(err(
@@ -64,10 +92,7 @@ pub fn handle(sh: &Arc<Shared>, op: Op) -> Res {
                     ),
                 ));
             }
-            let (tx, rx) = oneshot::channel();
-            sh.control(&run, Control::Checkpoint(tx));
-            rx.blocking_recv()
-                .unwrap_or_else(|_| Err(err("bad_state", "the run stopped before the checkpoint")))
+            ask_worker(sh, &run, g, Control::Checkpoint)
         }
         Op::Checkpoints { run } => {
             get_run(sh, &run)?;
@@ -78,6 +103,7 @@ pub fn handle(sh: &Arc<Shared>, op: Op) -> Res {
         }
         Op::Rollback { run, step } => rollback(sh, &run, step),
         Op::Delete { run } => {
+            let g = sh.records.lock().unwrap();
             let r = get_run(sh, &run)?;
             if sh.is_active(&run) || r.state == RunState::Running {
                 return Err(err(
@@ -86,6 +112,11 @@ pub fn handle(sh: &Arc<Shared>, op: Op) -> Res {
                 ));
             }
             sh.store.delete_run(&run).map_err(internal)?;
+            // Its events go with it: the durable removal is the record of it.
+            // A crash before the folder is gone leaves an orphan that the
+            // next start removes (ids are never reused).
+            flushed(sh)?;
+            drop(g);
             let _ = std::fs::remove_dir_all(sh.run_dir(&run));
             Ok(json!({"deleted": run}))
         }
@@ -189,9 +220,9 @@ fn submit(
             .map_err(|m| err("bad_config", m))?;
     }
     let _g = sh.records.lock().unwrap();
-    let id = sh.store.next_run_id().map_err(internal)?;
     let mut rec = RunRecord {
-        id: id.clone(),
+        // Given by the store when the run is entered.
+        id: String::new(),
         name: name.unwrap_or_else(|| {
             Path::new(&source)
                 .file_stem()
@@ -228,12 +259,11 @@ fn submit(
     rec.flow_name = eff.run.flow.0.name().into();
     let ev = sh
         .store
-        .append_event(&mut rec, "info", "state", "queued: submitted".into(), None)
+        .create_run(&mut rec, "queued: submitted".into())
         .map_err(internal)?;
-    sh.store.put_run(&rec).map_err(internal)?;
-    sh.store.flush().map_err(internal)?;
+    flushed(sh)?;
     sh.push(Push::Event {
-        run: id.clone(),
+        run: rec.id.clone(),
         event: ev,
     });
     sh.push(Push::Run { run: rec.info() });
@@ -252,26 +282,26 @@ fn requeue_ok(sh: &Shared, r: &RunRecord) -> Result<(), (String, String)> {
 }
 
 fn set_state(sh: &Arc<Shared>, id: &str, what: &str) -> Res {
-    let _g = sh.records.lock().unwrap();
+    let g = sh.records.lock().unwrap();
     let mut r = get_run(sh, id)?;
-    let active = sh.is_active(id);
-    let new = match (what, r.state) {
-        ("pause", RunState::Running) if active => {
-            drop(_g);
-            sh.control(id, Control::Pause);
-            return Ok(to_value(r.info()));
+    if sh.is_active(id) {
+        // Claimed by the compute thread (even if its record still says
+        // queued): it pauses or stops at the next step boundary and answers
+        // once the new state is durable.
+        match what {
+            "pause" => return ask_worker(sh, id, g, Control::Pause),
+            "stop" => return ask_worker(sh, id, g, Control::Stop),
+            _ => {}
         }
-        ("pause", RunState::Queued) => RunState::Paused,
+    }
+    let new = match (what, r.state) {
+        // Running but not claimed: left running by a crash, not resumed yet.
+        ("pause", RunState::Queued | RunState::Running) => RunState::Paused,
         ("resume", RunState::Paused | RunState::Stopped) => {
             requeue_ok(sh, &r)?;
             RunState::Queued
         }
-        ("stop", RunState::Running) if active => {
-            drop(_g);
-            sh.control(id, Control::Stop);
-            return Ok(to_value(r.info()));
-        }
-        ("stop", RunState::Queued | RunState::Paused) => RunState::Stopped,
+        ("stop", RunState::Queued | RunState::Running | RunState::Paused) => RunState::Stopped,
         (_, s) => {
             return Err(err(
                 "bad_state",
@@ -280,6 +310,7 @@ fn set_state(sh: &Arc<Shared>, id: &str, what: &str) -> Res {
         }
     };
     r.state = new;
+    let at = r.progress.rl_steps_done;
     let ev = sh
         .store
         .append_event(
@@ -287,10 +318,12 @@ fn set_state(sh: &Arc<Shared>, id: &str, what: &str) -> Res {
             "info",
             "state",
             format!("{}: by request", new.name()),
-            None,
+            Some(at),
         )
         .map_err(internal)?;
     sh.store.put_run(&r).map_err(internal)?;
+    flushed(sh)?;
+    drop(g);
     sh.push(Push::Event {
         run: id.into(),
         event: ev,
@@ -300,15 +333,25 @@ fn set_state(sh: &Arc<Shared>, id: &str, what: &str) -> Res {
     Ok(to_value(r.info()))
 }
 
+/// Roll back to the checkpoint of RL step `step` on the run's live line.
+///
+/// A computing run restores it at the next step boundary and goes on. A run
+/// that is not computing gets the restore recorded now: its step, branch and
+/// abandoned metrics change at once (so `status` shows the restored step as
+/// soon as this is answered) and the weights are loaded when it next
+/// computes. A paused run stays paused at the restored step (the operator
+/// paused to inspect; `resume` goes on from there); a queued run stays
+/// queued; a stopped, finished or failed run is queued again.
 fn rollback(sh: &Arc<Shared>, id: &str, step: u64) -> Res {
     let r = get_run(sh, id)?;
     let cat = sh.store.checkpoints(id).map_err(internal)?;
-    let Some(c) = cat
+    let line = lineage::live(cat, lineage::of_run(&r));
+    let Some(c) = line
         .iter()
         .rev()
         .find(|c| c.info.phase == "rl" && c.info.step == step)
     else {
-        let have: Vec<String> = cat
+        let have: Vec<String> = line
             .iter()
             .filter(|c| c.info.phase == "rl")
             .map(|c| c.info.step.to_string())
@@ -316,7 +359,8 @@ fn rollback(sh: &Arc<Shared>, id: &str, step: u64) -> Res {
         return Err(err(
             "no_checkpoint",
             format!(
-                "run '{id}' has no checkpoint at RL step {step} (have: {})",
+                "run '{id}' has no checkpoint at RL step {step} at or before its step {} (have: {})",
+                r.progress.rl_steps_done,
                 have.join(", ")
             ),
         ));
@@ -327,40 +371,63 @@ fn rollback(sh: &Arc<Shared>, id: &str, step: u64) -> Res {
             format!("checkpoint at step {step} is marked {}", c.info.health),
         ));
     }
-    if let Err(e) = checkpoint::verify(Path::new(&c.info.path), &c.files) {
-        let mut bad = c.clone();
-        bad.info.health = "bad".into();
-        sh.store.put_checkpoint(id, &bad).map_err(internal)?;
-        return Err(err("bad_checkpoint", e.to_string()));
-    }
+    // Hashes first, outside the lock: reading a large checkpoint takes a while.
+    let state = checkpoint::verify(Path::new(&c.info.path), &c.files)
+        .and_then(|()| checkpoint::read_state(Path::new(&c.info.path)));
+    let state = match state {
+        Ok(s) => s,
+        Err(e) => {
+            let mut bad = c.clone();
+            bad.info.health = "bad".into();
+            sh.store.put_checkpoint(id, &bad).map_err(internal)?;
+            flushed(sh)?;
+            return Err(err("bad_checkpoint", e.to_string()));
+        }
+    };
+    let g = sh.records.lock().unwrap();
     if sh.is_active(id) {
-        let (tx, rx) = oneshot::channel();
-        sh.control(id, Control::Rollback(step, tx));
-        return rx
-            .blocking_recv()
-            .unwrap_or_else(|_| Err(err("bad_state", "the run stopped before the rollback")));
+        return ask_worker(sh, id, g, |tx| Control::Rollback(step, tx));
     }
-    requeue_ok(sh, &r)?;
-    // Not computing: record the plan; the run goes on from there when it computes.
-    let _g = sh.records.lock().unwrap();
-    let mut r = sh.store.run(id).map_err(internal)?.unwrap_or(r);
+    let mut r = get_run(sh, id)?;
+    // A paused run stays paused; any other is queued again and needs a place to compute.
+    if r.state != RunState::Paused {
+        requeue_ok(sh, &r)?;
+    }
+    if sh
+        .store
+        .abandon_after(id, &c.info.phase, c.info.step)
+        .map_err(internal)?
+        > 0
+    {
+        r.branch += 1;
+    }
+    r.progress = state.progress;
+    r.last_reward = c.info.reward_mean;
+    r.last_heldout = c.info.heldout_accuracy;
     r.restore = Some(RestorePlan {
         path: c.info.path.clone(),
         skip: 0,
         lr_factor: 1.0,
     });
-    r.state = RunState::Queued;
+    if r.state != RunState::Paused {
+        r.state = RunState::Queued;
+    }
+    let then = if r.state == RunState::Paused {
+        "stays paused: resume to go on"
+    } else {
+        "queued to go on"
+    };
+    let msg = format!(
+        "rolled back to RL step {step} (branch {}); {then}",
+        r.branch
+    );
     let ev = sh
         .store
-        .append_event(
-            &mut r,
-            "warn",
-            "rollback",
-            format!("rollback to RL step {step} requested"),
-            Some(step),
-        )
+        .append_event(&mut r, "warn", "rollback", msg, Some(step))
         .map_err(internal)?;
     sh.store.put_run(&r).map_err(internal)?;
+    flushed(sh)?;
+    drop(g);
     sh.push(Push::Event {
         run: id.into(),
         event: ev,

@@ -5,6 +5,7 @@ mod conn;
 mod devices;
 mod gpu;
 mod handlers;
+mod lineage;
 mod shared;
 mod worker;
 
@@ -80,10 +81,26 @@ fn clean_temporaries(dir: &Path) {
     }
 }
 
+/// Remove run folders whose run is not in the registry: a crash between a
+/// delete's durable removal and removing its folder leaves them. Run ids are
+/// never reused, so no later run can own such a folder.
+fn remove_deleted_runs(dir: &Path, store: &Store) {
+    let Ok(runs) = std::fs::read_dir(dir.join("runs")) else {
+        return;
+    };
+    for r in runs.flatten() {
+        let id = r.file_name().to_string_lossy().into_owned();
+        if matches!(store.run(&id), Ok(None)) {
+            let _ = std::fs::remove_dir_all(r.path());
+        }
+    }
+}
+
 pub fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     check_data_dir(&opts.data_dir)?;
     let store = Store::open(&opts.data_dir)?;
     clean_temporaries(&opts.data_dir);
+    remove_deleted_runs(&opts.data_dir, &store);
     let devices = devices::Devices::open(&opts.gpus, devices::sled_kernels(&store))?;
     eprintln!("jetd: {}", devices.describe());
     if devices.gpus.is_empty() {

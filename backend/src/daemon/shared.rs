@@ -15,15 +15,38 @@ use crate::store::Store;
 /// a resync instead of blocking anyone.
 pub const PUSH_CAPACITY: usize = 1024;
 
+/// The answer to a request: a result, or an error code and message.
+pub type Reply = Result<serde_json::Value, (String, String)>;
+/// Where the compute thread sends a command's answer, once its effect and
+/// event are durable in the store.
+pub type Ack = oneshot::Sender<Reply>;
+
 /// A command for the run that is computing, applied at the next step boundary.
 pub enum Control {
-    Pause,
-    Stop,
-    Checkpoint(oneshot::Sender<Result<serde_json::Value, (String, String)>>),
-    Rollback(
-        u64,
-        oneshot::Sender<Result<serde_json::Value, (String, String)>>,
-    ),
+    Pause(Ack),
+    Stop(Ack),
+    Checkpoint(Ack),
+    Rollback(u64, Ack),
+}
+
+impl Control {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Control::Pause(_) => "pause",
+            Control::Stop(_) => "stop",
+            Control::Checkpoint(_) => "checkpoint",
+            Control::Rollback(..) => "rollback",
+        }
+    }
+
+    pub fn into_ack(self) -> Ack {
+        match self {
+            Control::Pause(a)
+            | Control::Stop(a)
+            | Control::Checkpoint(a)
+            | Control::Rollback(_, a) => a,
+        }
+    }
 }
 
 /// A compute thread: the CPU one, or the one of a GPU (CUDA device number).
@@ -59,7 +82,9 @@ pub struct Shared {
     pub pushes: broadcast::Sender<Push>,
     /// Latest GPU sample; None when the machine has no NVIDIA GPU.
     pub gpus: Mutex<Option<Vec<GpuSample>>>,
-    /// Serialises run-record read-modify-write between handlers and the worker.
+    /// Serialises run-record read-modify-write between handlers and the
+    /// worker, and makes "is it computing? then queue a command" atomic with
+    /// the worker claiming and releasing a run (see `worker::release`).
     pub records: Mutex<()>,
 }
 

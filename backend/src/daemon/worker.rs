@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jet_proto::{CheckpointInfo, Push, RunState};
-use serde_json::Value;
 
 use super::devices::ServedGpu;
-use super::shared::{Control, Shared, Slot};
+use super::lineage;
+use super::shared::{Ack, Control, Reply, Shared, Slot};
 use crate::checkpoint;
 use crate::config::{Remedy, RunConfig};
 use crate::health::Health;
@@ -44,10 +44,18 @@ pub fn run_worker(sh: Arc<Shared>, slot: Slot, gpu: Option<ServedGpu>) {
     while !sh.shutdown.load(Ordering::SeqCst) {
         match claim(&sh, slot) {
             Some(id) => {
-                if let Err(e) = run_one(&sh, &id, gpu.as_ref()) {
+                let acks = run_one(&sh, &id, gpu.as_ref()).unwrap_or_else(|e| {
                     eprintln!("jetd: run {id}: {e}");
+                    vec![]
+                });
+                // run_one released the run already unless it failed early.
+                release(&sh, &id);
+                // Answered only now: the run's final state is durable and the
+                // run is no longer computing, so a command sent right after
+                // the answer (a rollback after a pause) acts on the record.
+                for (tx, r) in acks {
+                    let _ = tx.send(r);
                 }
-                sh.active.lock().unwrap().remove(&id);
             }
             None => {
                 let g = sh.wake_lock.lock().unwrap();
@@ -79,9 +87,37 @@ fn kernels_line(g: &ServedGpu) -> String {
     )
 }
 
+/// The run stops computing. Commands still queued for it are answered with an
+/// error rather than left waiting. Call with `records` held.
+fn release_locked(sh: &Shared, id: &str) {
+    let state = sh
+        .store
+        .run(id)
+        .ok()
+        .flatten()
+        .map_or("gone", |r| r.state.name());
+    for c in sh.take_controls(id) {
+        let what = c.name();
+        let _ = c.into_ack().send(Err((
+            "bad_state".into(),
+            format!("run '{id}' stopped computing (it is {state}) before the {what} was applied"),
+        )));
+    }
+    sh.active.lock().unwrap().remove(id);
+}
+
+fn release(sh: &Shared, id: &str) {
+    let _g = sh.records.lock().unwrap();
+    release_locked(sh, id);
+}
+
 /// Take the next run this slot computes, marking it active: runs that were
 /// running when the daemon stopped go first, then the queue in submission order.
+/// Under `records`: a handler sees a run either as computing (and queues its
+/// command for the worker) or not (and changes the record itself), never in
+/// between.
 fn claim(sh: &Shared, slot: Slot) -> Option<String> {
+    let _g = sh.records.lock().unwrap();
     let mut active = sh.active.lock().unwrap();
     let runs = sh.store.runs().ok()?;
     let mine = |r: &&RunRecord| slot.takes(&r.device) && !active.contains_key(&r.id);
@@ -105,9 +141,9 @@ struct Active<'a> {
     rec: RunRecord,
     t: Trainer,
     health: Health,
+    /// Pause and stop requests, answered once the run has ended its turn.
+    pending: Vec<Ack>,
 }
-
-type Reply = Result<Value, (String, String)>;
 
 impl Active<'_> {
     fn save(&mut self) {
@@ -146,6 +182,38 @@ impl Active<'_> {
             Some(self.t.progress.rl_steps_done),
         );
         self.save();
+    }
+
+    /// End this run's turn: its final state and event durable and the run
+    /// released, together under `records`; then the answers to the pause or
+    /// stop requests that ended it (sent by the caller).
+    fn finish(mut self, end: RunState, why: &str) -> Vec<(Ack, Reply)> {
+        let sh = self.sh;
+        let g = sh.records.lock().unwrap();
+        self.rec.progress = self.t.progress;
+        let step = Some(self.t.progress.rl_steps_done);
+        if end == RunState::Running {
+            // Shutdown: stays "running" so the next jetd resumes it.
+            self.event("info", "state", why.into(), step);
+        } else {
+            self.rec.state = end;
+            self.event("info", "state", format!("{}: {why}", end.name()), step);
+        }
+        let saved = sh
+            .store
+            .put_run(&self.rec)
+            .and_then(|()| sh.store.flush())
+            .map_err(|e| ("internal".to_string(), e.to_string()));
+        sh.push(Push::Run {
+            run: self.rec.info(),
+        });
+        release_locked(sh, &self.rec.id);
+        drop(g);
+        let reply: Reply = saved.map(|()| serde_json::to_value(self.rec.info()).unwrap());
+        self.pending
+            .drain(..)
+            .map(|tx| (tx, reply.clone()))
+            .collect()
     }
 
     fn position(&self) -> (&'static str, u64) {
@@ -311,7 +379,10 @@ impl Active<'_> {
             .store
             .checkpoints(&self.rec.id)
             .map_err(|e| e.to_string())?;
-        for c in cat.iter().rev().filter(|c| c.info.health == "ok") {
+        // The persisted progress is at or after the last durable checkpoint of
+        // the live line (each checkpoint flushes the record written before it).
+        let line = lineage::live(cat, lineage::of_run(&self.rec));
+        for c in line.iter().rev().filter(|c| c.info.health == "ok") {
             if self.restore(&c.info.path).is_ok() {
                 self.event(
                     "info",
@@ -340,24 +411,41 @@ impl Active<'_> {
     }
 
     /// Roll back to the newest healthy RL checkpoint at or before `step`.
-    fn rollback_target(&self, exact: Option<u64>, at_most: u64) -> Option<CheckpointRecord> {
+    fn rollback_target(&mut self, exact: Option<u64>, at_most: u64) -> Option<CheckpointRecord> {
         let cat = self.sh.store.checkpoints(&self.rec.id).ok()?;
-        cat.into_iter()
+        self.rec.progress = self.t.progress;
+        lineage::live(cat, lineage::of_run(&self.rec))
+            .into_iter()
             .rev()
             .filter(|c| c.info.health == "ok" && c.info.phase == "rl")
             .find(|c| exact.map_or(c.info.step <= at_most, |s| c.info.step == s))
     }
 
+    /// Make what was written durable before answering; a failed flush turns
+    /// the answer into an error (nothing is promised that may be lost).
+    fn durable(&self, r: Reply) -> Reply {
+        match self.sh.store.flush() {
+            Ok(()) => r,
+            Err(e) => Err(("internal".into(), e.to_string())),
+        }
+    }
+
     fn handle(&mut self, c: Control) -> Option<RunState> {
         match c {
-            Control::Pause => return Some(RunState::Paused),
-            Control::Stop => return Some(RunState::Stopped),
+            Control::Pause(tx) => {
+                self.pending.push(tx);
+                return Some(RunState::Paused);
+            }
+            Control::Stop(tx) => {
+                self.pending.push(tx);
+                return Some(RunState::Stopped);
+            }
             Control::Checkpoint(tx) => {
                 let r: Reply = self
                     .checkpoint()
                     .map(|c| serde_json::to_value(c.info).unwrap())
                     .map_err(|e| ("internal".into(), e));
-                let _ = tx.send(r);
+                let _ = tx.send(self.durable(r));
             }
             Control::Rollback(step, tx) => {
                 let r: Reply = match self.rollback_target(Some(step), step) {
@@ -377,7 +465,7 @@ impl Active<'_> {
                         .map(|_| serde_json::to_value(self.rec.info()).unwrap())
                         .map_err(|e| ("bad_checkpoint".into(), e)),
                 };
-                let _ = tx.send(r);
+                let _ = tx.send(self.durable(r));
             }
         }
         None
@@ -427,10 +515,26 @@ impl Active<'_> {
 
     /// One step and everything around it; Some(state) ends the run's turn.
     fn step(&mut self) -> Option<RunState> {
+        let mut end = None;
         for c in self.sh.take_controls(&self.rec.id) {
-            if let Some(s) = self.handle(c) {
-                return Some(s);
+            match end {
+                None => end = self.handle(c),
+                // A pause or stop came first: what follows it is not applied.
+                Some(e) => {
+                    let what = c.name();
+                    let _ = c.into_ack().send(Err((
+                        "bad_state".into(),
+                        format!(
+                            "run '{}' is {} at this step boundary: the {what} was not applied",
+                            self.rec.id,
+                            RunState::name(e)
+                        ),
+                    )));
+                }
             }
+        }
+        if end.is_some() {
+            return end;
         }
         if self.sh.shutdown.load(Ordering::SeqCst) {
             return Some(RunState::Running);
@@ -503,7 +607,9 @@ impl Active<'_> {
     }
 }
 
-fn run_one(sh: &Shared, id: &str, gpu: Option<&ServedGpu>) -> Result<(), String> {
+/// Compute one run until its turn ends; the answers to the pause or stop that
+/// ended it, to send once the run is released.
+fn run_one(sh: &Shared, id: &str, gpu: Option<&ServedGpu>) -> Result<Vec<(Ack, Reply)>, String> {
     let mut rec = sh
         .store
         .run(id)
@@ -531,7 +637,8 @@ fn run_one(sh: &Shared, id: &str, gpu: Option<&ServedGpu>) -> Result<(), String>
                 event: ev,
             });
             sh.push(Push::Run { run: rec.info() });
-            return Ok(());
+            sh.store.flush().map_err(|e| e.to_string())?;
+            return Ok(vec![]);
         }
     };
     let mut a = Active {
@@ -539,6 +646,7 @@ fn run_one(sh: &Shared, id: &str, gpu: Option<&ServedGpu>) -> Result<(), String>
         rec,
         t,
         health: Health::default(),
+        pending: vec![],
     };
     if let Some(g) = gpu {
         a.event("info", "device", kernels_line(g), None);
@@ -549,8 +657,7 @@ fn run_one(sh: &Shared, id: &str, gpu: Option<&ServedGpu>) -> Result<(), String>
     };
     if let Err(e) = restored {
         a.rec.message = Some(e.clone());
-        a.set_state(RunState::Failed, &e);
-        return Ok(());
+        return Ok(a.finish(RunState::Failed, &e));
     }
     a.set_state(
         RunState::Running,
@@ -576,22 +683,12 @@ fn run_one(sh: &Shared, id: &str, gpu: Option<&ServedGpu>) -> Result<(), String>
             );
         }
     }
-    match end {
-        RunState::Running => {
-            // Shutdown: stays "running" so the next jetd resumes it.
-            a.event(
-                "info",
-                "state",
-                "daemon shutting down: checkpointed".into(),
-                Some(a.t.progress.rl_steps_done),
-            );
-            a.save();
-        }
-        RunState::Paused => a.set_state(end, "paused at a step boundary"),
-        RunState::Stopped => a.set_state(end, "stopped by request"),
-        RunState::Finished => a.set_state(end, "all steps done"),
-        s => a.set_state(s, "ended"),
-    }
-    sh.store.flush().map_err(|e| e.to_string())?;
-    Ok(())
+    let why = match end {
+        RunState::Running => "daemon shutting down: checkpointed",
+        RunState::Paused => "paused at a step boundary",
+        RunState::Stopped => "stopped by request",
+        RunState::Finished => "all steps done",
+        _ => "ended",
+    };
+    Ok(a.finish(end, why))
 }

@@ -10,6 +10,8 @@
 //!
 //! Frames longer than [`MAX_FRAME`] bytes are refused.
 
+pub mod fields;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -348,25 +350,11 @@ pub fn parse_request(line: &str) -> Result<Request, (Option<u64>, &'static str, 
         Some(_) => return Err((id, "bad_request", "field 'op' must be a string".into())),
         None => return Err((id, "bad_request", "missing field 'op'".into())),
     };
-    const OPS: [&str; 15] = [
-        "auth",
-        "submit",
-        "runs",
-        "status",
-        "pause",
-        "resume",
-        "stop",
-        "checkpoint",
-        "checkpoints",
-        "rollback",
-        "delete",
-        "metrics",
-        "events",
-        "subscribe",
-        "hello",
-    ];
-    if !OPS.contains(&op.as_str()) || op == "hello" {
+    if fields::fields(&op).is_none() {
         return Err((id, "unknown_op", format!("unknown op '{op}'")));
+    }
+    if let Some(m) = fields::wrong_field(&op, obj) {
+        return Err((id, "bad_request", m));
     }
     serde_json::from_value::<Request>(v).map_err(|e| (id, "bad_request", format!("op '{op}': {e}")))
 }
@@ -420,6 +408,74 @@ mod tests {
             "x".repeat(MAX_FRAME)
         );
         assert_eq!(parse_request(&big).unwrap_err().1, "too_large");
+    }
+
+    /// The field table matches the request types: every op with every field
+    /// set parses; each field with a wrong type is named in the error.
+    #[test]
+    fn every_wrong_field_is_named() {
+        for (op, fs) in fields::FIELDS {
+            let mut ok = serde_json::json!({"id": 9, "op": op});
+            for (f, k) in *fs {
+                ok[*f] = match k {
+                    fields::Kind::Str | fields::Kind::OptStr => "x".into(),
+                    fields::Kind::U64 | fields::Kind::OptU64 => 3.into(),
+                };
+            }
+            let r = parse_request(&ok.to_string()).unwrap_or_else(|e| panic!("{ok}: {e:?}"));
+            // Exhaustive: a new op fails to compile here until it is in the table.
+            let name = match r.op {
+                Op::Auth { .. } => "auth",
+                Op::Submit { .. } => "submit",
+                Op::Runs => "runs",
+                Op::Status { .. } => "status",
+                Op::Pause { .. } => "pause",
+                Op::Resume { .. } => "resume",
+                Op::Stop { .. } => "stop",
+                Op::Checkpoint { .. } => "checkpoint",
+                Op::Checkpoints { .. } => "checkpoints",
+                Op::Rollback { .. } => "rollback",
+                Op::Delete { .. } => "delete",
+                Op::Metrics { .. } => "metrics",
+                Op::Events { .. } => "events",
+                Op::Subscribe { .. } => "subscribe",
+            };
+            assert_eq!(name, *op);
+            // Every field the type serializes is in the table.
+            let back = serde_json::to_value(&r).unwrap();
+            for k in back.as_object().unwrap().keys() {
+                assert!(
+                    k == "id" || k == "op" || fs.iter().any(|(f, _)| f == k),
+                    "{op}: field {k} is not in the table"
+                );
+            }
+            for (f, _) in *fs {
+                for bad in [
+                    serde_json::json!(true),
+                    serde_json::json!([1]),
+                    serde_json::json!(-1),
+                ] {
+                    let mut req = ok.clone();
+                    req[*f] = bad;
+                    let e = parse_request(&req.to_string()).unwrap_err();
+                    assert_eq!((e.0, e.1), (Some(9), "bad_request"));
+                    assert!(
+                        e.2.contains(&format!("'{f}'")) && e.2.contains(op),
+                        "{}",
+                        e.2
+                    );
+                }
+            }
+        }
+        let e = parse_request(r#"{"id":1,"op":"rollback","run":"r1","step":"ten"}"#).unwrap_err();
+        assert_eq!(
+            e.2,
+            "op 'rollback': field 'step' must be a non-negative integer, not a string"
+        );
+        // Optional fields take null; required ones do not.
+        assert!(parse_request(r#"{"id":1,"op":"metrics","run":"a","from":null}"#).is_ok());
+        let e = parse_request(r#"{"id":1,"op":"status","run":null}"#).unwrap_err();
+        assert!(e.2.contains("field 'run' must be a string"), "{}", e.2);
     }
 
     #[test]

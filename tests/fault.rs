@@ -514,15 +514,11 @@ fn kill9_at_random_moments_loses_no_acknowledged_command() {
     h.soon();
     h.kill(Moment::AfterSubmit, Some(Promise::Exists));
     // The warm-up: kills mid-SFT, a pause in it, a resume.
-    for m in [
-        Moment::Sft,
-        Moment::Sft,
-        Moment::Sft,
-        Moment::AfterPause,
-        Moment::AfterResume,
-    ] {
-        h.act(m);
+    for _ in 0..(kills / 20).max(3) {
+        h.act(Moment::Sft);
     }
+    h.act(Moment::AfterPause);
+    h.act(Moment::AfterResume);
     // The RL loop, over and over until enough kills.
     let cycle = [
         Moment::Rollout,

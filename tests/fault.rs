@@ -23,32 +23,11 @@ use jet_backend::checkpoint;
 use jet_backend::store::Store;
 use jet_proto::RunState;
 use serde_json::{json, Value};
-use reliability::{config, live, reference_metrics, temp_dirs, Client, Daemon};
+use reliability::{config, live, reference_metrics, temp_dirs, Client, Daemon, Rng};
 
 const SFT: u64 = 12;
 const RL: u64 = 24;
 const EVERY: u64 = 2;
-
-/// SplitMix64: the kill schedule, reproducible from its seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.below(v.len() as u64) as usize]
-    }
-}
 
 /// Where a kill lands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -39,6 +39,27 @@ pub fn config(sft: u64, rl: u64, every: u64) -> String {
     format!("{c}\n[checkpoint]\nevery = {every}\nkeep_last = 1000\n")
 }
 
+/// SplitMix64: schedules and frames reproducible from a seed.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len() as u64) as usize]
+    }
+}
+
 pub struct Daemon {
     pub child: Child,
     pub dir: PathBuf,
@@ -151,6 +172,17 @@ impl Client {
             }
             assert_eq!(v["id"], self.id, "reply echoes the id: {v}");
             return Some(v);
+        }
+    }
+    /// Send one raw line; its answer.
+    pub fn raw(&mut self, line: &str) -> Value {
+        self.wr.write_all(line.as_bytes()).unwrap();
+        self.wr.write_all(b"\n").unwrap();
+        loop {
+            let v = self.line().expect("an answer");
+            if v.get("push").is_none() {
+                return v;
+            }
         }
     }
     pub fn req(&mut self, r: Value) -> Value {

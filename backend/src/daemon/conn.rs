@@ -3,16 +3,35 @@
 //! Lines are read with a hard size limit; replies and pushes go through a
 //! bounded queue to a writer task, so a slow client only ever slows itself. A
 //! subscriber that falls more than the push channel's capacity behind gets a
-//! `resync` push and its subscription ends.
+//! `resync` push and its subscription ends. Replies also hold a byte budget
+//! until written: a client that sends requests without reading the answers
+//! stops being read once REPLY_BUDGET bytes of answers wait for it, however
+//! large each answer is (a run's metrics can be megabytes).
 
 use std::sync::Arc;
 
 use jet_proto::{parse_request, Hello, HelloBody, Op, Push, Reply, MAX_FRAME, PROTOCOL_VERSION};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, Semaphore};
 
 use super::handlers::handle;
 use super::shared::Shared;
+
+/// Bytes of written-out-pending replies one connection may hold, in KiB.
+const REPLY_BUDGET_KIB: u32 = 4 << 10;
+
+/// A line for the writer, with the reply budget (KiB) it holds.
+type Line = (String, u32);
+
+/// Queue a reply once the connection's budget has room for it.
+async fn send_reply(tx: &mpsc::Sender<Line>, budget: &Semaphore, line: String) -> bool {
+    let kib = ((line.len() >> 10) as u32 + 1).min(REPLY_BUDGET_KIB);
+    match budget.acquire_many(kib).await {
+        Ok(p) => p.forget(),
+        Err(_) => return false,
+    }
+    tx.send((line, kib)).await.is_ok()
+}
 
 /// Read one line of at most MAX_FRAME bytes. Ok(None) at end of stream;
 /// Err(n) when the line was longer (it is consumed and discarded).
@@ -57,16 +76,21 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (rd, mut wr) = tokio::io::split(stream);
-    let (tx, mut rx) = mpsc::channel::<String>(256);
+    let (tx, mut rx) = mpsc::channel::<Line>(256);
+    let budget = Arc::new(Semaphore::new(REPLY_BUDGET_KIB as usize));
+    let freed = budget.clone();
     let writer = tokio::spawn(async move {
-        while let Some(line) = rx.recv().await {
+        while let Some((line, kib)) = rx.recv().await {
             if wr.write_all(line.as_bytes()).await.is_err() || wr.write_all(b"\n").await.is_err() {
                 break;
             }
+            freed.add_permits(kib as usize);
             if rx.is_empty() && wr.flush().await.is_err() {
                 break;
             }
         }
+        // The client is gone: nothing waits on the budget any more.
+        freed.close();
     });
     let hello = Hello {
         hello: HelloBody {
@@ -75,7 +99,7 @@ where
             auth_required: token.is_some(),
         },
     };
-    let _ = tx.send(serde_json::to_string(&hello).unwrap()).await;
+    let _ = tx.send((serde_json::to_string(&hello).unwrap(), 0)).await;
     let mut authed = token.is_none();
     let mut reader = BufReader::new(rd);
     let mut buf = Vec::new();
@@ -90,7 +114,7 @@ where
                     "too_large",
                     format!("frame of {n} bytes exceeds the limit of {MAX_FRAME}"),
                 );
-                let _ = tx.send(serde_json::to_string(&r).unwrap()).await;
+                send_reply(&tx, &budget, serde_json::to_string(&r).unwrap()).await;
                 continue;
             }
         };
@@ -100,9 +124,8 @@ where
         let req = match parse_request(&line) {
             Ok(r) => r,
             Err((id, code, msg)) => {
-                let _ = tx
-                    .send(serde_json::to_string(&Reply::err(id.unwrap_or(0), code, msg)).unwrap())
-                    .await;
+                let r = Reply::err(id.unwrap_or(0), code, msg);
+                send_reply(&tx, &budget, serde_json::to_string(&r).unwrap()).await;
                 continue;
             }
         };
@@ -119,7 +142,7 @@ where
                     "send {\"op\":\"auth\",\"token\":...} first",
                 ),
             };
-            let _ = tx.send(serde_json::to_string(&reply).unwrap()).await;
+            send_reply(&tx, &budget, serde_json::to_string(&reply).unwrap()).await;
             continue;
         }
         let sub_run = match &req.op {
@@ -136,11 +159,7 @@ where
             Err(e) => Reply::err(id, "internal", format!("request failed: {e}")),
         };
         let ok = reply.ok;
-        if tx
-            .send(serde_json::to_string(&reply).unwrap())
-            .await
-            .is_err()
-        {
+        if !send_reply(&tx, &budget, serde_json::to_string(&reply).unwrap()).await {
             break;
         }
         if let (Some(run), Some(rx), true) = (sub_run, pushes, ok) {
@@ -167,7 +186,7 @@ fn wants(p: &Push, run: &Option<String>) -> bool {
     }
 }
 
-async fn forward(mut rx: broadcast::Receiver<Push>, tx: mpsc::Sender<String>, run: Option<String>) {
+async fn forward(mut rx: broadcast::Receiver<Push>, tx: mpsc::Sender<Line>, run: Option<String>) {
     loop {
         match rx.recv().await {
             Ok(p) => {
@@ -175,13 +194,13 @@ async fn forward(mut rx: broadcast::Receiver<Push>, tx: mpsc::Sender<String>, ru
                     continue;
                 }
                 // Never wait on a slow client: a full queue means resync.
-                match tx.try_send(serde_json::to_string(&p).unwrap()) {
+                match tx.try_send((serde_json::to_string(&p).unwrap(), 0)) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         let r = Push::Resync {
                             reason: "client fell behind; subscribe again".into(),
                         };
-                        let _ = tx.send(serde_json::to_string(&r).unwrap()).await;
+                        let _ = tx.send((serde_json::to_string(&r).unwrap(), 0)).await;
                         return;
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => return,
@@ -191,7 +210,7 @@ async fn forward(mut rx: broadcast::Receiver<Push>, tx: mpsc::Sender<String>, ru
                 let r = Push::Resync {
                     reason: format!("{n} updates dropped; subscribe again"),
                 };
-                let _ = tx.send(serde_json::to_string(&r).unwrap()).await;
+                let _ = tx.send((serde_json::to_string(&r).unwrap(), 0)).await;
                 return;
             }
             Err(broadcast::error::RecvError::Closed) => return,

@@ -111,7 +111,7 @@ fn run_ids_stay_short_and_sequential_across_crashes() {
 /// request (flushed before the reply) next to a read-only one, while the
 /// daemon computes another run. Prints; asserts nothing about time.
 ///
-///     cargo test --release -p jet-backend --test durability -- --ignored --nocapture
+///     cargo test -p jet-backend --test durability -- --ignored --nocapture ack_latency
 #[test]
 #[ignore]
 fn ack_latency() {

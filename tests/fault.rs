@@ -464,7 +464,7 @@ fn kill9_at_random_moments_loses_no_acknowledged_command() {
     let seed: u64 = std::env::var("JET_FAULT_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| jet_backend::store::now_ms());
+        .unwrap_or_else(jet_backend::store::now_ms);
     eprintln!("fault: seed {seed} (JET_FAULT_SEED={seed} replays the schedule), {kills} kills");
     let t0 = Instant::now();
     let tmp = tempfile::tempdir().unwrap();

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use jet_backend::checkpoint;
 use jet_backend::store::Store;
 use jet_proto::RunState;
-use serde_json::{json, Value};
 use reliability::{config, live, reference_metrics, temp_dirs, Client, Daemon, Rng};
+use serde_json::{json, Value};
 
 const SFT: u64 = 12;
 const RL: u64 = 24;

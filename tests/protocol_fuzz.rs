@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use jet_proto::fields::{Kind, FIELDS};
 use jet_proto::MAX_FRAME;
-use serde_json::{json, Value};
 use reliability::{config, Client, Daemon, Rng};
+use serde_json::{json, Value};
 
 /// What the answer to one frame must be.
 #[derive(Debug)]

@@ -1,6 +1,9 @@
 //! Shared by the reliability tests (durability, fault, protocol fuzz): start
 //! and kill real `jetd serve` processes, talk to them, read their store while
 //! they are down, and the reference metrics of an uninterrupted `jetd run`.
+//! Unlike `tests/support` (Result-based, for the GPU check that also runs from
+//! binaries carried to another machine), these helpers panic with context:
+//! they serve CI tests only, where a failure should stop the test at once.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};

@@ -287,7 +287,8 @@ pub struct CheckpointSection {
     /// A checkpoint every this many RL steps (0 = only on demand, at the end of
     /// the SFT warm-up, on pause/stop and at the end).
     pub every: u64,
-    /// Periodic checkpoints kept (older ones are deleted).
+    /// Checkpoints kept on the run's line (older ones, and those of a branch
+    /// abandoned by a rollback, are deleted).
     pub keep_last: usize,
     /// Also keep the checkpoint with the best held-out accuracy.
     pub keep_best: bool,

@@ -52,6 +52,25 @@ pub fn live(catalog: Vec<CheckpointRecord>, at: Position) -> Vec<CheckpointRecor
     line
 }
 
+/// What keep-last-`keep` may delete from a run at `at`: every checkpoint but the
+/// newest `keep` of its live line (an abandoned branch's future counts as old,
+/// so it never keeps a live checkpoint from being kept). The caller still
+/// spares the best and the pinned ones.
+pub fn prunable(catalog: &[CheckpointRecord], at: Position, keep: usize) -> Vec<CheckpointRecord> {
+    let line = live(catalog.to_vec(), at);
+    let kept: Vec<&str> = line
+        .iter()
+        .rev()
+        .take(keep.max(1))
+        .map(|c| c.info.path.as_str())
+        .collect();
+    catalog
+        .iter()
+        .filter(|c| !kept.contains(&c.info.path.as_str()))
+        .cloned()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,5 +120,26 @@ mod tests {
         );
         // Still in the warm-up: only the SFT checkpoint counts.
         assert_eq!(paths(&live(cat, (0, 5))), ["b0-sft-3"]);
+    }
+
+    #[test]
+    fn keep_last_keeps_the_live_line_not_the_abandoned_future() {
+        // Rolled back from 8 to 4; branch 1 has just written its 6.
+        let cat = vec![
+            ck(0, "rl", 2),
+            ck(0, "rl", 4),
+            ck(0, "rl", 6),
+            ck(0, "rl", 8),
+            ck(1, "rl", 6),
+        ];
+        // Newest-in-catalog order would keep b0-rl-8 and b1-rl-6 and drop b0-rl-4,
+        // the live parent of branch 1.
+        assert_eq!(
+            paths(&prunable(&cat, (1, 6), 2)),
+            ["b0-rl-2", "b0-rl-6", "b0-rl-8"]
+        );
+        assert_eq!(paths(&prunable(&cat, (1, 6), 10)), ["b0-rl-6", "b0-rl-8"]);
+        // keep 0 still keeps the newest.
+        assert_eq!(prunable(&cat, (1, 6), 0).len(), 4);
     }
 }

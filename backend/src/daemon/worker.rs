@@ -273,18 +273,17 @@ impl Active<'_> {
             format!("checkpoint at {phase} step {step}"),
             Some(step),
         );
-        self.retain();
+        self.retain(lineage::of_checkpoint(&rec));
         Ok(rec)
     }
 
-    /// keep-last-K plus keep-best by held-out accuracy; the rest are deleted
-    /// (catalog entry first, then the folder).
-    fn retain(&mut self) {
+    /// keep-last-K of the live line at `at` plus keep-best by held-out accuracy;
+    /// the rest are deleted (catalog entry first, then the folder).
+    fn retain(&mut self, at: lineage::Position) {
         let cfg = self.t.cfg.checkpoint.clone();
         let Ok(cat) = self.sh.store.checkpoints(&self.rec.id) else {
             return;
         };
-        let n = cat.len();
         let best = cat
             .iter()
             .filter(|c| c.info.health == "ok")
@@ -297,13 +296,12 @@ impl Active<'_> {
                 }
             });
         let pinned = self.rec.restore.as_ref().map(|r| r.path.clone());
-        for (i, c) in cat.iter().enumerate() {
-            let recent = i + cfg.keep_last.max(1) >= n;
+        for c in lineage::prunable(&cat, at, cfg.keep_last) {
             let is_best = cfg.keep_best && best.as_ref().is_some_and(|b| b.1 == c.info.path);
-            if recent || is_best || pinned.as_deref() == Some(c.info.path.as_str()) {
+            if is_best || pinned.as_deref() == Some(c.info.path.as_str()) {
                 continue;
             }
-            if self.sh.store.remove_checkpoint(&self.rec.id, c).is_ok() {
+            if self.sh.store.remove_checkpoint(&self.rec.id, &c).is_ok() {
                 let _ = std::fs::remove_dir_all(&c.info.path);
             }
         }

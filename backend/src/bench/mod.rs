@@ -189,6 +189,14 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
 }
 
 /// Fill each training row's floor from the measured GEMM rates and copy bandwidth.
+/// The measured device-to-device copy bandwidth, GB/s (None with --no-kernels).
+fn copy_gbs(r: &Report) -> Option<f64> {
+    r.quant
+        .iter()
+        .find(|q| q.name.starts_with("copy"))
+        .map(|q| q.gb_per_s)
+}
+
 fn set_floors(r: &mut Report, tokens: f64) {
     let best = |fp8: bool| {
         r.gemm
@@ -196,12 +204,7 @@ fn set_floors(r: &mut Report, tokens: f64) {
             .map(|g| if fp8 { g.fp8_tflops } else { g.bf16_tflops })
             .fold(0.0f64, f64::max)
     };
-    let copy = r
-        .quant
-        .iter()
-        .find(|q| q.name.starts_with("copy"))
-        .map(|q| q.gb_per_s);
-    let (Some(copy), false) = (copy, r.gemm.is_empty()) else {
+    let (Some(copy), false) = (copy_gbs(r), r.gemm.is_empty()) else {
         return;
     };
     let params = r.params as f64;
@@ -217,18 +220,18 @@ fn set_floors(r: &mut Report, tokens: f64) {
 
 /// Fill each rollout row's decode floor (see `RolloutRow::floor_s`).
 fn set_decode_floors(r: &mut Report, cfg: &ModelConfig, a: &BenchArgs) {
-    let Some(copy) = r
-        .quant
-        .iter()
-        .find(|q| q.name.starts_with("copy"))
-        .map(|q| q.gb_per_s * 1e9)
-    else {
+    let Some(copy) = copy_gbs(r).map(|g| g * 1e9) else {
         return;
     };
     let read = (r.params - r.untied_embedding) as f64;
     let kvd = (cfg.num_key_value_heads * cfg.head_dim) as f64;
     let layers = cfg.num_hidden_layers as f64;
-    let flash = cfg.head_dim == 64 || cfg.head_dim == 128;
+    // The cache dtype follows GpuModel::flash_attention.
+    let flash = jet_kernels::cuda::flash::flash_supported(jet_kernels::ops::attention::AttnShape {
+        n_heads: cfg.num_attention_heads,
+        n_kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim,
+    });
     for x in &mut r.rollout {
         let flow: Flow = match x.flow.parse() {
             Ok(f) => f,

@@ -277,20 +277,23 @@ pub fn run(
     for &flow in flows {
         say(&format!("  train {}", flow.name()));
         // The first update is a warm-up (cuBLASLt picks its algorithms).
-        let mut total = 0.0;
-        for i in 0..=a.train_steps {
-            let s = train(
+        let update = |w: &mut GpuWeights, grads: &mut GpuWeights, adam: &mut GpuAdam| {
+            train(
                 g,
                 cfg,
-                &mut w,
-                &mut grads,
-                &mut adam,
+                w,
+                grads,
+                adam,
                 flow,
                 &seqs,
                 a.train_seqs,
                 &rope,
                 None,
-            )?;
+            )
+        };
+        let mut total = 0.0;
+        for i in 0..=a.train_steps {
+            let s = update(&mut w, &mut grads, &mut adam)?;
             if i > 0 {
                 total += s;
             }
@@ -300,18 +303,7 @@ pub fn run(
         let (prepare_s, forward_s, optimizer_s) =
             parts(g, cfg, &mut w, &grads, &mut adam, flow, &seqs, &rope)?;
         g.profile_start();
-        let wall = train(
-            g,
-            cfg,
-            &mut w,
-            &mut grads,
-            &mut adam,
-            flow,
-            &seqs,
-            a.train_seqs,
-            &rope,
-            None,
-        )?;
+        let wall = update(&mut w, &mut grads, &mut adam)?;
         let breakdown = with_other(g.profile_stop()?, wall);
         let top_kernels = top(g);
         let step_s = total / a.train_steps as f64;

@@ -6,11 +6,11 @@
 //! f32 flow. Prefill writes a prompt's rows, each decode step one row per
 //! unfinished sequence; finished sequences are not stepped.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use jet_kernels::cuda::attention::attention_decode_at;
 use jet_kernels::cuda::flash::{flash_decode_at, flash_scatter_rows};
 use jet_kernels::cuda::tensor::{gather_rows, scatter_rows};
-use jet_kernels::cuda::{CudaError, Result};
+use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
 
 use super::forward::{pack, PackedCausal};
@@ -28,17 +28,18 @@ impl KvLayers {
         let (g, cfg) = (&*model.gpu, model.cfg);
         let n = rows * cfg.num_key_value_heads * cfg.head_dim;
         let l = cfg.num_hidden_layers;
+        fn zeroed<T: DeviceRepr + ValidAsZeroBits>(
+            g: &Gpu,
+            layers: usize,
+            n: usize,
+        ) -> Result<Vec<(CudaSlice<T>, CudaSlice<T>)>> {
+            (0..layers)
+                .map(|_| Ok((g.zeros(n)?, g.zeros(n)?)))
+                .collect()
+        }
         Ok(match model.flash_attention() {
-            true => KvLayers::Bf16(
-                (0..l)
-                    .map(|_| Ok((g.zeros::<u16>(n)?, g.zeros::<u16>(n)?)))
-                    .collect::<Result<_>>()?,
-            ),
-            false => KvLayers::F32(
-                (0..l)
-                    .map(|_| Ok((g.zeros::<f32>(n)?, g.zeros::<f32>(n)?)))
-                    .collect::<Result<_>>()?,
-            ),
+            true => KvLayers::Bf16(zeroed(g, l, n)?),
+            false => KvLayers::F32(zeroed(g, l, n)?),
         })
     }
 

@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+mod support;
+use support::strip;
+
 const BASE: &str = include_str!("../configs/tiny-arith.toml");
 
 /// The tiny config, shortened for tests.
@@ -164,23 +167,6 @@ fn live_rl(metrics: &Value) -> Vec<Value> {
         .filter(|m| m["phase"] == "rl" && m["abandoned"] == false)
         .map(strip)
         .collect()
-}
-
-/// Drop wall-clock fields and store bookkeeping.
-fn strip(m: &Value) -> Value {
-    let mut m = m.clone();
-    for f in [
-        "rollout_s",
-        "train_s",
-        "step_s",
-        "rollout_tokens_per_s",
-        "train_tokens_per_s",
-        "branch",
-        "abandoned",
-    ] {
-        m.as_object_mut().unwrap().remove(f);
-    }
-    m
 }
 
 /// The same config run by `jetd run` in the foreground: the reference metrics.

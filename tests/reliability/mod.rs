@@ -16,12 +16,10 @@ use serde_json::{json, Value};
 
 pub const BASE: &str = include_str!("../../configs/tiny-arith.toml");
 
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+// The repository root and the metrics stripper are tests/support's.
+#[path = "../support/mod.rs"]
+mod support;
+pub use support::{repo, strip};
 
 /// The tiny config, shortened for tests: `sft` warm-up steps, `rl` RL steps,
 /// a checkpoint every `every` RL steps.
@@ -220,23 +218,6 @@ impl Client {
             .unwrap()
             .to_string()
     }
-}
-
-/// Drop wall-clock fields and store bookkeeping from a metrics record.
-pub fn strip(m: &Value) -> Value {
-    let mut m = m.clone();
-    for f in [
-        "rollout_s",
-        "train_s",
-        "step_s",
-        "rollout_tokens_per_s",
-        "train_tokens_per_s",
-        "branch",
-        "abandoned",
-    ] {
-        m.as_object_mut().unwrap().remove(f);
-    }
-    m
 }
 
 /// The live (not abandoned) records of both phases, stripped.

@@ -106,8 +106,21 @@ pub enum Slot {
     Reference = 1,
 }
 
+impl Slot {
+    /// The version a slot's copies are keyed by, given the policy's: the policy
+    /// weights change at every update; the frozen reference only through
+    /// `Trainer::host_changed`, which empties both slots.
+    fn version(self, policy: u64) -> u64 {
+        match self {
+            Slot::Policy => policy,
+            Slot::Reference => 0,
+        }
+    }
+}
+
 /// A model over `w` in `flow`, reusing the copies kept in `prepared[slot]` when
-/// they were made from the same weight `version` (see [`GpuState::prepared`]).
+/// they were made from the same weights (`version`: the policy's, see
+/// [`GpuState::prepared`]).
 pub fn cached_model<'a>(
     gpu: &Arc<Gpu>,
     prepared: &Mutex<[Option<(u64, PreparedParts)>; 2]>,
@@ -119,7 +132,9 @@ pub fn cached_model<'a>(
 ) -> Result<GpuModel<'a>> {
     let kept = prepared.lock().unwrap()[slot as usize].take();
     match kept {
-        Some((v, p)) if v == version && p.flow() == flow => Ok(GpuModel::reuse(gpu, cfg, w, p)),
+        Some((v, p)) if v == slot.version(version) && p.flow() == flow => {
+            Ok(GpuModel::reuse(gpu, cfg, w, p))
+        }
         Some((_, p)) => GpuModel::with_rope(gpu, cfg, w, flow, p.rope().clone()),
         None => GpuModel::new(gpu, cfg, w, flow),
     }
@@ -132,5 +147,5 @@ pub fn keep_model(
     version: u64,
     model: GpuModel,
 ) {
-    prepared.lock().unwrap()[slot as usize] = Some((version, model.into_parts()));
+    prepared.lock().unwrap()[slot as usize] = Some((slot.version(version), model.into_parts()));
 }

@@ -7,6 +7,7 @@
 #   bash bench/gpu_check.sh --collect
 # Then on the GPU machine, in the repo root (with .carry carried):
 #   bash bench/gpu_check.sh [tests] [bench PRESET [LAYERS]] [peer PRESET [LAYERS]] [attnpeer]
+#                           [onpolicy CONFIG STEPS FLOW...]
 # Logs go to $OUT (or ./gpu-logs); the summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "--collect" ]]; then
   mkdir -p .carry
   latest() { ls -t target/debug/deps/$1-* | grep -v '\.d$' | head -1; }
-  for t in cuda_flash cuda_parity gpu_parity; do cp "$(latest $t)" .carry/$t; done
+  for t in cuda_flash cuda_invariant cuda_parity gpu_parity; do cp "$(latest $t)" .carry/$t; done
   cp target/release/jetd .carry/jetd
   strip .carry/* 2>/dev/null
   ls -la .carry
@@ -32,12 +33,12 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     tests)
       shift
-      for t in cuda_flash cuda_parity gpu_parity; do
+      for t in cuda_flash cuda_invariant cuda_parity gpu_parity; do
         ./.carry/$t --test-threads=1 --nocapture >"$LOG/$t.log" 2>&1
         rc=$?
         SUMMARY+=("test $t: rc $rc, $(grep -E '^test result' "$LOG/$t.log" | tail -1)")
       done
-      grep -hE '^(PARITY|MISMATCH)' "$LOG"/cuda_flash.log "$LOG"/gpu_parity.log | cut -c1-150
+      grep -hE '^(PARITY|MISMATCH|INVARIANT)' "$LOG"/cuda_flash.log "$LOG"/cuda_invariant.log "$LOG"/gpu_parity.log | cut -c1-150
       ;;
     bench)
       preset=$2; shift 2
@@ -68,6 +69,26 @@ while [[ $# -gt 0 ]]; do
       python3 bench/peer_torch.py --attn-bench --json >"$LOG/peer-attn.txt" 2>"$LOG/peer-attn.err"
       SUMMARY+=("peer-attn: rc $?")
       grep -v '^{' "$LOG/peer-attn.txt"
+      ;;
+    onpolicy)
+      # A real run per flow; prints each RL step's mismatch (0 = bitwise on-policy).
+      cfg=$2; steps=$3; shift 3
+      while [[ $# -gt 0 && "$1" =~ ^(fp8|bf16|bf16-fp8rollout|f32)$ ]]; do
+        flow=$1; shift
+        name="onpolicy-$(basename "$cfg" .toml)-$flow"
+        ./.carry/jetd run "$cfg" --flow "$flow" --steps "$steps" --data-dir "$LOG/runs-$flow" \
+          --metrics-out "$LOG/$name.jsonl" >"$LOG/$name.log" 2>&1
+        SUMMARY+=("$name: rc $?")
+        python3 - "$LOG/$name.jsonl" "$flow" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rl = [r for r in rows if r.get("phase") == "rl"]
+kl = [r.get("mismatch_kl") for r in rl]
+dmax = [r.get("mismatch_abs_prob_diff_max") for r in rl]
+zero = sum(1 for k, d in zip(kl, dmax) if k == 0 and d == 0)
+print(f"ONPOLICY | {sys.argv[2]:<16} | RL steps {len(rl)} | mismatch exactly 0 at {zero} | max mismatch_kl {max(kl or [0]):.3e} | heldout {[r.get('heldout_accuracy') for r in rl if r.get('heldout_accuracy') is not None]}")
+PY
+      done
       ;;
     *) echo "unknown step $1"; exit 2 ;;
   esac

@@ -76,6 +76,12 @@ pub struct RunSection {
     pub eval_every: u64,
     /// Held-out problems per evaluation (at most the task's held-out size).
     pub eval_size: usize,
+    /// On the GPU, compute every row of the FP8 forward GEMMs in one order
+    /// whatever the batch, so rollout and training logprobs agree bit for bit
+    /// (`mismatch_kl` 0 in the `fp8` flow). `false` lets training's forward use
+    /// cuBLASLt's block-scaled GEMM: faster, no longer bitwise on-policy. No effect
+    /// on the CPU, which is always exact.
+    pub batch_invariant: bool,
 }
 
 impl Default for RunSection {
@@ -87,6 +93,7 @@ impl Default for RunSection {
             device: "cpu".into(),
             eval_every: 10,
             eval_size: 200,
+            batch_invariant: true,
         }
     }
 }

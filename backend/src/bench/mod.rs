@@ -177,7 +177,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         )?;
     }
     say("bench: rollout, training, steps ...");
-    phases::run(&gpu, &cfg, &a, &flows, &mut r, &say)?;
+    phases::run(&gpu, &cfg, &a, &phases::Variant::of(&flows), &mut r, &say)?;
     set_floors(&mut r, (a.train_seqs * a.train_len) as f64);
     set_decode_floors(&mut r, &cfg, &a);
     if a.json {
@@ -211,7 +211,7 @@ fn set_floors(r: &mut Report, tokens: f64) {
     // An untied embedding table is a lookup, not a GEMM: no FLOPs, but AdamW bytes.
     let gemm_params = params - r.untied_embedding as f64;
     for t in &mut r.train {
-        let tflops = best(t.flow == Flow::Fp8.name());
+        let tflops = best(phases::Variant::flow_of(&t.flow) == Some(Flow::Fp8));
         let floor = 6.0 * gemm_params * tokens / (tflops * 1e12) + 28.0 * params / (copy * 1e9);
         t.floor_s = Some(floor);
         t.of_floor = Some(floor / t.step_s);
@@ -233,9 +233,8 @@ fn set_decode_floors(r: &mut Report, cfg: &ModelConfig, a: &BenchArgs) {
         head_dim: cfg.head_dim,
     });
     for x in &mut r.rollout {
-        let flow: Flow = match x.flow.parse() {
-            Ok(f) => f,
-            Err(_) => continue,
+        let Some(flow) = phases::Variant::flow_of(&x.flow) else {
+            continue;
         };
         let wbytes = match flow.precision(jet_kernels::GemmRole::RolloutForward) {
             jet_kernels::GemmPrecision::Fp8 => 1.0,

@@ -82,6 +82,61 @@ pub struct StepRow {
     pub vs_bf16: f64,
 }
 
+/// A flow as benchmarked: `fp8` runs batch-invariant (as runs do by default) and
+/// again as `fp8-cublaslt`, its forward GEMMs through cuBLASLt (`run.batch_invariant
+/// = false`), so the cost of bitwise rollout/training agreement is in every report.
+#[derive(Clone, Copy)]
+pub struct Variant {
+    pub flow: Flow,
+    pub invariant: bool,
+}
+
+impl Variant {
+    pub const CUBLASLT_SUFFIX: &'static str = "-cublaslt";
+
+    /// The flows' variants: each flow, and `fp8` also with cuBLASLt's forward.
+    pub fn of(flows: &[Flow]) -> Vec<Variant> {
+        let mut v = Vec::new();
+        for &flow in flows {
+            v.push(Variant {
+                flow,
+                invariant: true,
+            });
+            if flow == Flow::Fp8 {
+                v.push(Variant {
+                    flow,
+                    invariant: false,
+                });
+            }
+        }
+        v
+    }
+
+    pub fn name(&self) -> String {
+        match self.invariant {
+            true => self.flow.name().to_string(),
+            false => format!("{}{}", self.flow.name(), Self::CUBLASLT_SUFFIX),
+        }
+    }
+
+    /// The flow named by a report row (`fp8-cublaslt` is the `fp8` flow).
+    pub fn flow_of(name: &str) -> Option<Flow> {
+        name.trim_end_matches(Self::CUBLASLT_SUFFIX).parse().ok()
+    }
+
+    fn model<'w>(
+        &self,
+        g: &Arc<Gpu>,
+        cfg: &'w ModelConfig,
+        w: &'w GpuWeights,
+        rope: &Arc<GpuRope>,
+    ) -> Result<GpuModel<'w>> {
+        let mut m = GpuModel::with_rope(g, cfg, w, self.flow, rope.clone())?;
+        m.set_batch_invariant(self.invariant);
+        Ok(m)
+    }
+}
+
 fn opt_cfg() -> OptimConfig {
     OptimConfig {
         lr: 1e-6,
@@ -142,7 +197,7 @@ fn train(
     w: &mut GpuWeights,
     grads: &mut GpuWeights,
     adam: &mut GpuAdam,
-    flow: Flow,
+    var: Variant,
     seqs: &[TrainSeq],
     micro: usize,
     rope: &Arc<GpuRope>,
@@ -155,10 +210,11 @@ fn train(
     let mut gf = |_: usize, _: usize, _: f64, _: f64| (-inv, 0.0);
     {
         // As the trainer: the rollout's prepared weights serve the first update.
-        let model = match prepared {
+        let mut model = match prepared {
             Some(p) => GpuModel::reuse(g, cfg, w, p),
-            None => GpuModel::with_rope(g, cfg, w, flow, rope.clone())?,
+            None => var.model(g, cfg, w, rope)?,
         };
+        model.set_batch_invariant(var.invariant);
         run_pass_gpu(&model, seqs, 1.0, micro, Some((&mut gf, &mut *grads)))?;
     }
     adam.step(g, w, grads, &opt_cfg(), 1e-6)?;
@@ -174,13 +230,13 @@ fn parts(
     w: &mut GpuWeights,
     grads: &GpuWeights,
     adam: &mut GpuAdam,
-    flow: Flow,
+    var: Variant,
     seqs: &[TrainSeq],
     rope: &Arc<GpuRope>,
 ) -> Result<(f64, f64, f64)> {
     g.sync()?;
     let t = Instant::now();
-    let model = GpuModel::with_rope(g, cfg, w, flow, rope.clone())?;
+    let model = var.model(g, cfg, w, rope)?;
     g.sync()?;
     let prepare = t.elapsed().as_secs_f64();
     let refs: Vec<&[u32]> = seqs.iter().map(|s| s.tokens.as_slice()).collect();
@@ -215,7 +271,7 @@ pub fn run(
     g: &std::sync::Arc<Gpu>,
     cfg: &ModelConfig,
     a: &BenchArgs,
-    flows: &[Flow],
+    flows: &[Variant],
     r: &mut Report,
     say: &dyn Fn(&str),
 ) -> anyhow::Result<()> {
@@ -232,12 +288,13 @@ pub fn run(
 
     // Rollout throughput.
     let mut base_roll = std::collections::HashMap::new();
-    for &flow in flows {
-        let model = GpuModel::with_rope(g, cfg, &w, flow, rope.clone())?;
+    for &var in flows {
+        let flow = var.flow;
+        let model = var.model(g, cfg, &w, &rope)?;
         // Warm-up: compiles nothing new, but lets cuBLASLt pick its algorithms.
         rollout(&model, &prompts(cfg, 2, a.prompt_len, 0), 4, &mut rng)?;
         for &b in &a.batch {
-            say(&format!("  rollout {} batch {b}", flow.name()));
+            say(&format!("  rollout {} batch {b}", var.name()));
             let ps = prompts(cfg, b, a.prompt_len, b as u64);
             let (_, s) = rollout(&model, &ps, a.gen_len, &mut rng)?;
             let used = mem_used_gib();
@@ -251,7 +308,7 @@ pub fn run(
             let breakdown = with_other(g.profile_stop()?, wall);
             let top_kernels = top(g);
             r.rollout.push(RolloutRow {
-                flow: flow.name().into(),
+                flow: var.name(),
                 batch: b,
                 seconds: s,
                 tokens_per_s: tps,
@@ -274,8 +331,9 @@ pub fn run(
         })
         .collect();
     let mut base_train = None;
-    for &flow in flows {
-        say(&format!("  train {}", flow.name()));
+    for &var in flows {
+        let flow = var.flow;
+        say(&format!("  train {}", var.name()));
         // The first update is a warm-up (cuBLASLt picks its algorithms).
         let update = |w: &mut GpuWeights, grads: &mut GpuWeights, adam: &mut GpuAdam| {
             train(
@@ -284,7 +342,7 @@ pub fn run(
                 w,
                 grads,
                 adam,
-                flow,
+                var,
                 &seqs,
                 a.train_seqs,
                 &rope,
@@ -301,7 +359,7 @@ pub fn run(
         let used = mem_used_gib();
         peak = peak.max(used);
         let (prepare_s, forward_s, optimizer_s) =
-            parts(g, cfg, &mut w, &grads, &mut adam, flow, &seqs, &rope)?;
+            parts(g, cfg, &mut w, &grads, &mut adam, var, &seqs, &rope)?;
         g.profile_start();
         let wall = update(&mut w, &mut grads, &mut adam)?;
         let breakdown = with_other(g.profile_stop()?, wall);
@@ -310,7 +368,7 @@ pub fn run(
         let tps = (a.train_seqs * a.train_len) as f64 / step_s;
         let base = *base_train.get_or_insert(if flow == Flow::Bf16 { tps } else { f64::NAN });
         r.train.push(TrainRow {
-            flow: flow.name().into(),
+            flow: var.name(),
             tokens_per_s: tps,
             step_s,
             prepare_s,
@@ -329,11 +387,12 @@ pub fn run(
     // the samples in micro-batches of --train-seqs, optimizer step.
     let b = a.batch[0];
     let mut base_step = None;
-    for &flow in flows {
-        say(&format!("  step {}", flow.name()));
+    for &var in flows {
+        let flow = var.flow;
+        say(&format!("  step {}", var.name()));
         let ps = prompts(cfg, b, a.prompt_len, 5);
         let t0 = Instant::now();
-        let model = GpuModel::with_rope(g, cfg, &w, flow, rope.clone())?;
+        let model = var.model(g, cfg, &w, &rope)?;
         let (samples, roll_s) = rollout(&model, &ps, a.gen_len, &mut rng)?;
         let prepared = model.into_parts();
         let seqs: Vec<TrainSeq> = samples
@@ -349,7 +408,7 @@ pub fn run(
             &mut w,
             &mut grads,
             &mut adam,
-            flow,
+            var,
             &seqs,
             a.train_seqs,
             &rope,
@@ -359,7 +418,7 @@ pub fn run(
         peak = peak.max(mem_used_gib());
         let base = *base_step.get_or_insert(if flow == Flow::Bf16 { total } else { f64::NAN });
         r.step.push(StepRow {
-            flow: flow.name().into(),
+            flow: var.name(),
             batch: b,
             total_s: total,
             rollout_s: roll_s,

@@ -128,16 +128,18 @@ pub fn cached_model<'a>(
     version: u64,
     cfg: &'a ModelConfig,
     w: &'a GpuWeights,
-    flow: Flow,
+    (flow, batch_invariant): (Flow, bool),
 ) -> Result<GpuModel<'a>> {
     let kept = prepared.lock().unwrap()[slot as usize].take();
-    match kept {
+    let mut model = match kept {
         Some((v, p)) if v == slot.version(version) && p.flow() == flow => {
-            Ok(GpuModel::reuse(gpu, cfg, w, p))
+            GpuModel::reuse(gpu, cfg, w, p)
         }
-        Some((_, p)) => GpuModel::with_rope(gpu, cfg, w, flow, p.rope().clone()),
-        None => GpuModel::new(gpu, cfg, w, flow),
-    }
+        Some((_, p)) => GpuModel::with_rope(gpu, cfg, w, flow, p.rope().clone())?,
+        None => GpuModel::new(gpu, cfg, w, flow)?,
+    };
+    model.set_batch_invariant(batch_invariant);
+    Ok(model)
 }
 
 /// Keep `model`'s prepared copies for the next [`cached_model`] of `slot`.

@@ -140,6 +140,26 @@ impl<'w> GpuModel<'w> {
         })
     }
 
+    /// Whether the FP8 forward GEMMs are batch-invariant (the default; see
+    /// `GpuWeight::batch_invariant`): rollout and training logprobs agree bit for
+    /// bit. Off, training's and prefill's forward GEMMs use cuBLASLt.
+    pub fn set_batch_invariant(&mut self, on: bool) {
+        for l in &mut self.layers {
+            for w in [
+                &mut l.q,
+                &mut l.k,
+                &mut l.v,
+                &mut l.o,
+                &mut l.gate,
+                &mut l.up,
+                &mut l.down,
+            ] {
+                w.batch_invariant = on;
+            }
+        }
+        self.lm_head.batch_invariant = on;
+    }
+
     /// Whether attention runs on the tensor-core kernels (`cuda::flash`, BF16
     /// operands): every flow but `f32`, which keeps the exact per-row kernels as
     /// the parity path. Training, prefill and decode all follow this one choice,

@@ -61,7 +61,7 @@ impl Trainer {
                     d.version,
                     &self.model_cfg,
                     &d.weights,
-                    self.flow,
+                    (self.flow, self.cfg.run.batch_invariant),
                 )?;
                 let out = run(&mut GpuDecoder::new(&model));
                 keep_model(&d.prepared, Slot::Policy, d.version, model);
@@ -107,8 +107,8 @@ impl Trainer {
                     (Which::Reference, Some(r)) => (Slot::Reference, r),
                     _ => (Slot::Policy, &*weights),
                 };
-                let model =
-                    cached_model(gpu, prepared, slot, *version, &self.model_cfg, w, self.flow)?;
+                let mode = (self.flow, self.cfg.run.batch_invariant);
+                let model = cached_model(gpu, prepared, slot, *version, &self.model_cfg, w, mode)?;
                 let s = run_pass_gpu(&model, seqs, temperature, micro, grad.map(|f| (f, grads)));
                 keep_model(prepared, slot, *version, model);
                 Ok((s?, want.then_some(Grads::Device)))

@@ -20,7 +20,7 @@ use super::quantize::Fp8Quantized;
 use super::{ensure, Gpu, Result};
 use crate::fp8::{Grouping, GROUP};
 
-/// Tokens one launch covers (8 token tiles of 8).
+/// Tokens a block of the decode kernels covers (8 token tiles of 8).
 pub const GEMV_MAX_TOKENS: usize = 64;
 
 /// A kernel of `gemv_fp8.cu`: token tiles of 8, warps per block, m16 tiles per block.
@@ -94,17 +94,21 @@ fn check(x: &Fp8Quantized, w: &Fp8Quantized) -> Result<()> {
 }
 
 /// K splits and groups per split: about two blocks per SM, and a partial-sum
-/// workspace no larger than an eighth of the weight bytes.
-fn splits(gpu: &Gpu, n: usize, k_pad: usize, m: usize) -> (usize, usize) {
+/// workspace for 64 tokens no larger than an eighth of the weight bytes. It depends
+/// on the shape and the GPU only, never on the number of tokens: the splits fix the
+/// order in which a row's group sums are added, and [`gemm_fp8_rows`] repeats that
+/// order for any batch (rollout and training agree bit for bit).
+fn splits(gpu: &Gpu, n: usize, k_pad: usize) -> (usize, usize) {
     let l = k_pad.div_ceil(GROUP);
     let blocks_n = n.div_ceil(128);
     let ks = (2 * gpu.sm_count()).div_ceil(blocks_n).clamp(1, l.max(1));
-    let ks = ks.min((k_pad / (8 * m.max(1))).max(1));
+    let ks = ks.min((k_pad / (8 * GEMV_MAX_TOKENS)).max(1));
     let gps = l.div_ceil(ks);
     (l.div_ceil(gps), gps)
 }
 
-/// Launch the split-K kernel for `x` rows `m0 .. m0 + mc` (mc <= 64) into `p`.
+/// Launch the split-K kernel for `x` rows `m0 .. m0 + mc` (chunks of 64 tokens on
+/// grid z) into `p`.
 #[allow(clippy::too_many_arguments)]
 fn launch_sk(
     gpu: &Gpu,
@@ -117,48 +121,62 @@ fn launch_sk(
     sstride: usize,
 ) -> Result<usize> {
     let n = w.rows;
-    let (ks, gps) = splits(gpu, n, w.cols_pad, mc);
+    let (ks, gps) = splits(gpu, n, w.cols_pad);
     let name = match mc {
         0..=8 => "gemv_fp8_sk_t1",
         9..=16 => "gemv_fp8_sk_t2",
         17..=32 => "gemv_fp8_sk_t4",
         _ => "gemv_fp8_sk_t8",
     };
+    let chunks = mc.div_ceil(GEMV_MAX_TOKENS);
     gpu.launch(
         &GEMV,
         name,
-        (n.div_ceil(128) as u32, ks as u32, 1),
+        (n.div_ceil(128) as u32, ks as u32, chunks as u32),
         (256, 1, 1),
         0,
-        &[
-            Arg::P(gpu.ptr(&w.codes)),
-            Arg::P(gpu.ptr(&w.scales)),
-            Arg::I(w.lds as i32),
-            Arg::P(gpu.ptr(&x.codes) + (m0 * x.cols_pad) as u64),
-            Arg::P(gpu.ptr(&x.scales) + (m0 * 4) as u64),
-            Arg::I(x.rows_pad as i32),
-            Arg::P(p),
-            Arg::L(ldp as i64),
-            Arg::L(sstride as i64),
-            Arg::I(mc as i32),
-            Arg::I(n as i32),
-            Arg::I(w.rows_pad as i32),
-            Arg::I(w.cols_pad as i32),
-            Arg::I(gps as i32),
-        ],
+        &sk_args(gpu, x, w, m0, mc, p, ldp, sstride, gps),
     )?;
     Ok(ks)
 }
 
-/// Partial sums for at most [`GEMV_MAX_TOKENS`] tokens (the linear layer adds the
-/// slices in its epilogue).
+/// The arguments of `gemv_fp8_sk_*` and `gemm_fp8_rows`.
+#[allow(clippy::too_many_arguments)]
+fn sk_args(
+    gpu: &Gpu,
+    x: &Fp8Quantized,
+    w: &Fp8Quantized,
+    m0: usize,
+    mc: usize,
+    p: u64,
+    ldp: usize,
+    sstride: usize,
+    gps: usize,
+) -> [Arg; 14] {
+    [
+        Arg::P(gpu.ptr(&w.codes)),
+        Arg::P(gpu.ptr(&w.scales)),
+        Arg::I(w.lds as i32),
+        Arg::P(gpu.ptr(&x.codes) + (m0 * x.cols_pad) as u64),
+        Arg::P(gpu.ptr(&x.scales) + (m0 * 4) as u64),
+        Arg::I(x.rows_pad as i32),
+        Arg::P(p),
+        Arg::L(ldp as i64),
+        Arg::L(sstride as i64),
+        Arg::I(mc as i32),
+        Arg::I(w.rows as i32),
+        Arg::I(w.rows_pad as i32),
+        Arg::I(w.cols_pad as i32),
+        Arg::I(gps as i32),
+    ]
+}
+
+/// Partial sums of the split-K kernel for all of `x`'s tokens, 64 a block on grid z
+/// (the linear layer adds the slices in its epilogue).
 pub(crate) fn gemv_fp8_partial(gpu: &Gpu, x: &Fp8Quantized, w: &Fp8Quantized) -> Result<Partial> {
     check(x, w)?;
     let (m, n) = (x.rows, w.rows);
-    ensure(m <= GEMV_MAX_TOKENS, || {
-        format!("decode GEMM of {m} tokens, more than {GEMV_MAX_TOKENS}")
-    })?;
-    let (ks, _) = splits(gpu, n, w.cols_pad, m);
+    let (ks, _) = splits(gpu, n, w.cols_pad);
     let p = gpu.uninit::<f32>(ks * m * n)?;
     let splits = launch_sk(gpu, x, w, 0, m, gpu.ptr(&p), n, m * n)?;
     Ok(Partial {
@@ -167,6 +185,48 @@ pub(crate) fn gemv_fp8_partial(gpu: &Gpu, x: &Fp8Quantized, w: &Fp8Quantized) ->
         sstride: m * n,
         splits,
     })
+}
+
+/// `d [M][ldd] = x [M, K] w [N, K]^T` for any number of tokens in one launch, each
+/// row's group sums added in the order of the split-K kernel ([`splits`]): a row's
+/// bits equal the decode kernel's whatever the batch. No workspace.
+pub fn gemm_fp8_rows(
+    gpu: &Gpu,
+    x: &Fp8Quantized,
+    w: &Fp8Quantized,
+    d: &CudaSlice<f32>,
+    ldd: usize,
+) -> Result<()> {
+    check(x, w)?;
+    let (m, n) = (x.rows, w.rows);
+    ensure(ldd >= n && d.len() >= m.saturating_sub(1) * ldd + n, || {
+        format!(
+            "FP8 GEMM output holds {} values, fewer than [{m}, {n}] with stride {ldd}",
+            d.len()
+        )
+    })?;
+    if m == 0 {
+        return Ok(());
+    }
+    let (_, gps) = splits(gpu, n, w.cols_pad);
+    gpu.launch(
+        &GEMV,
+        "gemm_fp8_rows",
+        (
+            m.div_ceil(GEMV_MAX_TOKENS) as u32,
+            n.div_ceil(128) as u32,
+            1,
+        ),
+        (256, 1, 1),
+        0,
+        &sk_args(gpu, x, w, 0, m, gpu.ptr(d), ldd, 0, gps),
+    )
+}
+
+/// Whether the split-K kernel fills the GPU better than [`gemm_fp8_rows`] for `m`
+/// tokens: the rows kernel has one block per 64 tokens x 128 outputs.
+pub(crate) fn split_k_pays(gpu: &Gpu, m: usize, n: usize) -> bool {
+    m.div_ceil(GEMV_MAX_TOKENS) * n.div_ceil(128) < gpu.sm_count()
 }
 
 /// `y [M][ldy] = x [M, K] w [N, K]^T` for quantized `x` (1x128) and `w` (blocks);
@@ -202,13 +262,8 @@ pub fn gemv_fp8_with(
     })?;
     let chunk = chunk.clamp(1, GEMV_MAX_TOKENS);
     let yp = gpu.ptr(y);
-    // One workspace for every chunk: the most splits any chunk size asks for.
-    let ks_max = [chunk.min(m), m % chunk]
-        .iter()
-        .filter(|&&c| c > 0)
-        .map(|&c| splits(gpu, n, w.cols_pad, c).0)
-        .max()
-        .unwrap_or(1);
+    // One workspace for every chunk (the splits do not depend on the chunk).
+    let ks_max = splits(gpu, n, w.cols_pad).0;
     let ws = match kernel {
         GemvKernel::Tiled(_) => None,
         GemvKernel::SplitK => (ks_max > 1)
@@ -222,7 +277,7 @@ pub fn gemv_fp8_with(
         match kernel {
             GemvKernel::Tiled(full) => tiled(gpu, x, w, m0, mc, yc, ldy, full)?,
             GemvKernel::SplitK => {
-                let (ks, _) = splits(gpu, n, w.cols_pad, mc);
+                let (ks, _) = splits(gpu, n, w.cols_pad);
                 match &ws {
                     Some(ws) if ks > 1 => {
                         launch_sk(gpu, x, w, m0, mc, gpu.ptr(ws), n, mc * n)?;

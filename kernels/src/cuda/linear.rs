@@ -5,9 +5,11 @@
 //!
 //! - F32: cuBLASLt f32 (`CUBLAS_COMPUTE_32F`, no TF32).
 //! - BF16: operands rounded to BF16 (padded copies), f32 accumulation.
-//! - FP8: forward X 1x128 x W 128x128 (decode-sized batches of at most
-//!   [`GEMV_MAX_TOKENS`] rows go through the FP8 GEMV kernel, larger ones through
-//!   cuBLASLt); DGrad dY 1x128 x the same W blocks transposed; WGrad dY and X both
+//! - FP8: forward X 1x128 x W 128x128 through the split-K decode kernel or its
+//!   any-batch twin `gemm_fp8_rows`, which add a row's products in the same order
+//!   (batch-invariant: rollout equals training bit for bit; with
+//!   `batch_invariant` off, batches over [`GEMV_MAX_TOKENS`] rows use cuBLASLt);
+//!   DGrad dY 1x128 x the same W blocks transposed; WGrad dY and X both
 //!   128x1 along tokens.
 //!
 //! GEMMs write a padded f32 `D`; one epilogue pass adds the bias, rounds, and
@@ -17,7 +19,7 @@ use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, OPS};
 use super::gemm::{dense_gemm, fp8_gemm_nt, Dense, LtType};
-use super::gemv::{gemv_fp8_partial, GEMV_MAX_TOKENS};
+use super::gemv::{gemm_fp8_rows, gemv_fp8_partial, split_k_pays, GEMV_MAX_TOKENS};
 use super::quantize::{
     quantize_block128, quantize_col128x1, quantize_row1x128, to_bf16_padded, Fp8Quantized,
 };
@@ -36,6 +38,11 @@ pub struct GpuWeight {
     fp8: Option<Fp8Quantized>,
     /// Blocks of `W^T [K, N]`, when the flow's DGrad is FP8.
     fp8_t: Option<Fp8Quantized>,
+    /// FP8 forward GEMMs add each row's products in one order whatever the number
+    /// of rows (the split-K decode kernel and `gemm_fp8_rows`), so rollout and
+    /// training logprobs agree bit for bit; off, batches of more than 64 rows
+    /// use cuBLASLt's block-scaled GEMM (faster, a different accumulation).
+    pub batch_invariant: bool,
 }
 
 impl GpuWeight {
@@ -55,6 +62,7 @@ impl GpuWeight {
             bf16: None,
             fp8: None,
             fp8_t: None,
+            batch_invariant: true,
         };
         let roles = [
             GemmRole::RolloutForward,
@@ -201,11 +209,18 @@ pub fn linear_forward(
         GemmPrecision::Fp8 => {
             let wq = w.fp8.as_ref().ok_or_else(|| w.missing(prec))?;
             let qx = quantize_row1x128(gpu, x, m, k)?;
-            if m <= GEMV_MAX_TOKENS {
+            let inv = w.batch_invariant;
+            if m <= GEMV_MAX_TOKENS || (inv && split_k_pays(gpu, m, n)) {
                 let p = gemv_fp8_partial(gpu, &qx, wq)?;
                 return epilogue(gpu, &p.p, (p.ldp, p.splits, p.sstride), bias, m, n, prec);
             }
-            fp8_gemm_nt(gpu, &qx, wq)?
+            if inv {
+                let d = gpu.uninit::<f32>(m * n)?;
+                gemm_fp8_rows(gpu, &qx, wq, &d, n)?;
+                (d, n)
+            } else {
+                fp8_gemm_nt(gpu, &qx, wq)?
+            }
         }
     };
     epilogue(gpu, &d, (ldd, 1, 0), bias, m, n, prec)

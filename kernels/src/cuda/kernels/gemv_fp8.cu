@@ -180,7 +180,7 @@ GEMV(8, 8, 1)
 
 // ---- split-K version with the token tile in shared memory ------------------------
 // Block = 8 warps = 128 weight rows (warp w: rows n0 + 16w .. +16, one m16 tile);
-// grid (ceil(N/128), KS): block (bx, ks) takes the K groups [ks*gps, (ks+1)*gps) and
+// grid (ceil(N/128), KS, token chunks): block (bx, ks, c) takes the K groups [ks*gps, (ks+1)*gps) and
 // writes its partial sums to p[ks][token][n] (stride ldp, slices sstride apart);
 // the slices are added in ks order afterwards (splitk_sum or the linear epilogue),
 // so the result is deterministic and a token's row never depends on the others.
@@ -189,8 +189,17 @@ GEMV(8, 8, 1)
 // banks), double-buffered; the weight bytes stream from HBM with the next group's
 // requested before this group's mma. (Holding a whole chunk of groups in flight
 // instead measured slower: NOTES.md.)
+//
+// ROWS = the batch-invariant GEMM for any number of tokens (training forward,
+// prefill, large decode batches): grid (ceil(M/64), ceil(N/128)), each block walks
+// all K groups of 64 tokens and adds the split slices in registers: acc restarts
+// at every gps-group boundary and tot = acc0, tot += acc1, ... is exactly the
+// split-K launch's partial sums followed by its in-order sum. A row's result is then
+// bit-identical whichever of the two kernels (and whichever batch) computed it; the
+// weight bytes are read with the default cache policy since 64-token chunks reuse
+// them from L2.
 #define XS 192
-template <int TT>
+template <int TT, bool ROWS>
 __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ ws, int lds,
                             const u8* __restrict__ x, const float* __restrict__ xs, int ldxs,
                             float* __restrict__ p, long ldp, long sstride, int M, int N, int N_pad,
@@ -199,9 +208,15 @@ __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ 
     __shared__ float sxs[2][TT * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
-    const int n0 = blockIdx.x * 128;
+    const int n0 = (ROWS ? blockIdx.y : blockIdx.x) * 128;
     const int L = (K_pad + 127) / 128;
-    const int g0 = blockIdx.y * gps, g1 = min(L, g0 + gps);
+    // This block's chunk of TT*8 tokens (grid z of the split-K launch).
+    const int t0 = (ROWS ? blockIdx.x : blockIdx.z) * (TT * 8);
+    x += (long)t0 * K_pad;
+    xs += t0;
+    p += (long)t0 * ldp;
+    M = min(M - t0, TT * 8);
+    const int g0 = ROWS ? 0 : blockIdx.y * gps, g1 = ROWS ? L : min(L, g0 + gps);
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     const u8* wr0 = w + (long)min(n0 + warp * 16 + gid, N_pad - 1) * K_pad;
     const u8* wr1 = w + (long)min(n0 + warp * 16 + gid + 8, N_pad - 1) * K_pad;
@@ -225,17 +240,18 @@ __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ 
         }
         if (threadIdx.x < TT * 8) sxs[b][threadIdx.x] = sc;
     };
+    auto ld_w = [&](const u8* q) { return ROWS ? __ldg(reinterpret_cast<const uint4*>(q)) : ld_stream(q); };
     auto load_w = [&](int g, uint4 (&a)[2][2]) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int k = g * 128 + h * 64 + tig * 16;
             bool in = g < g1 && k < K_pad;
-            a[h][0] = in ? ld_stream(wr0 + k) : zero;
-            a[h][1] = in ? ld_stream(wr1 + k) : zero;
+            a[h][0] = in ? ld_w(wr0 + k) : zero;
+            a[h][1] = in ? ld_w(wr1 + k) : zero;
         }
     };
 
-    float acc[TT][4];
+    float acc[TT][4], tot[ROWS ? TT : 1][4];
 #pragma unroll
     for (int tt = 0; tt < TT; tt++)
 #pragma unroll
@@ -275,6 +291,18 @@ __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ 
                 acc[tt][2] += s0 * part[tt][2];
                 acc[tt][3] += s1 * part[tt][3];
             }
+            // The end of a split slice: fold it into the total as the in-order sum
+            // of the slices would (the first slice is taken as is).
+            if (ROWS && ((g + 1) % gps == 0 || g + 1 == g1)) {
+                const bool first = g < gps;
+#pragma unroll
+                for (int tt = 0; tt < TT; tt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        tot[ROWS ? tt : 0][i] = first ? acc[tt][i] : tot[ROWS ? tt : 0][i] + acc[tt][i];
+                        acc[tt][i] = 0.0f;
+                    }
+            }
             if (g + 1 < g1) store_x(b ^ 1, xr, sc);
             __syncthreads();
 #pragma unroll
@@ -284,28 +312,29 @@ __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ 
             }
         }
     }
-    float* out = p + (long)blockIdx.y * sstride;
+    float* out = p + (ROWS ? 0 : (long)blockIdx.y * sstride);
 #pragma unroll
     for (int tt = 0; tt < TT; tt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int row = n0 + warp * 16 + gid + (i >= 2 ? 8 : 0);
             int tok = tt * 8 + tig * 2 + (i & 1);
-            if (row < N && tok < M) out[(long)tok * ldp + row] = acc[tt][i];
+            if (row < N && tok < M) out[(long)tok * ldp + row] = ROWS ? tot[ROWS ? tt : 0][i] : acc[tt][i];
         }
 }
 
-// NAME(token tiles, min blocks per SM).
-#define GEMV_SK(NAME, TT, MINB)                                                                         \
+// NAME(token tiles, min blocks per SM, rows mode).
+#define GEMV_SK(NAME, TT, MINB, ROWS)                                                                   \
     extern "C" __global__ void __launch_bounds__(256, MINB)                                             \
         NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p,   \
              long ldp, long sstride, int M, int N, int N_pad, int K_pad, int gps) {                     \
-        gemv_fp8_sk<TT>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);             \
+        gemv_fp8_sk<TT, ROWS>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);       \
     }
-GEMV_SK(gemv_fp8_sk_t1, 1, 2)
-GEMV_SK(gemv_fp8_sk_t2, 2, 2)
-GEMV_SK(gemv_fp8_sk_t4, 4, 1)
-GEMV_SK(gemv_fp8_sk_t8, 8, 1)
+GEMV_SK(gemv_fp8_sk_t1, 1, 2, false)
+GEMV_SK(gemv_fp8_sk_t2, 2, 2, false)
+GEMV_SK(gemv_fp8_sk_t4, 4, 1, false)
+GEMV_SK(gemv_fp8_sk_t8, 8, 1, false)
+GEMV_SK(gemm_fp8_rows, 8, 1, true)
 
 // y [rows, cols] (stride ldy) = sum over s < splits, in order, of p[s] (stride ldp).
 extern "C" __global__ void splitk_sum(const float* p, long ldp, long sstride, int splits, int rows, int cols,

@@ -174,6 +174,12 @@ pub struct RolloutSection {
     /// 0 means off.
     pub top_k: usize,
     pub stop_strings: Vec<String>,
+    /// Most sequences decoded at once; 0: all of a step's samples. When one
+    /// finishes, its KV-cache slot takes the step's next sample (continuous
+    /// batching), so the cache holds max_batch x (prompt + max_new_tokens) rows.
+    /// The rollouts depend on it (the sampling order follows the batch), so a run
+    /// keeps one value.
+    pub max_batch: usize,
 }
 
 impl RolloutSection {
@@ -196,6 +202,7 @@ impl Default for RolloutSection {
             top_p: 1.0,
             top_k: 0,
             stop_strings: Vec::new(),
+            max_batch: 0,
         }
     }
 }

@@ -174,6 +174,7 @@ fn rollout(
         sampling: SamplingParams::default(),
         stop_token_ids: vec![],
         stop_strings: vec![],
+        max_batch: 0,
     };
     let t = Instant::now();
     let s = generate_with(

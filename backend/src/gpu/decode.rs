@@ -4,7 +4,8 @@
 //! `[slots, capacity, nkv*hd]`, in BF16 for the tensor-core attention (the values
 //! its training forward rounds k, v to) and in f32 for the per-row kernels of the
 //! f32 flow. Prefill writes a prompt's rows, each decode step one row per
-//! unfinished sequence; finished sequences are not stepped.
+//! unfinished sequence; finished sequences are not stepped, and their slots take
+//! the step's next prompts (continuous batching, `prefill_into`).
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use jet_kernels::cuda::attention::attention_decode_at;
@@ -81,6 +82,19 @@ fn cache_rows(capacity: usize, it: impl Iterator<Item = (usize, usize)>) -> Vec<
     it.map(|(s, p)| s * capacity + p).collect()
 }
 
+impl GpuKvCache {
+    /// A zeroed cache of `slots` sequences of `capacity` rows each.
+    pub fn new(model: &GpuModel, slots: usize, capacity: usize) -> Result<GpuKvCache> {
+        let cfg = model.cfg;
+        Ok(GpuKvCache {
+            capacity,
+            kvd: cfg.num_key_value_heads * cfg.head_dim,
+            layers: KvLayers::new(model, slots * capacity)?,
+            lens: vec![0; slots],
+        })
+    }
+}
+
 /// Run the prompts through the model into a new cache of `capacity` rows per
 /// sequence; returns the cache and the logits of each prompt's last position
 /// `[B, vocab]`.
@@ -90,25 +104,49 @@ pub fn prefill(
     capacity: usize,
     role: GemmRole,
 ) -> Result<(GpuKvCache, CudaSlice<f32>)> {
+    let mut cache = GpuKvCache::new(model, prompts.len(), capacity)?;
+    let slots: Vec<usize> = (0..prompts.len()).collect();
+    let logits = prefill_into(model, &mut cache, &slots, prompts, role)?;
+    Ok((cache, logits))
+}
+
+/// Run the prompts through the model into cache slots `slots` (replacing what
+/// they held: a finished sequence's slot takes a new one) and return the logits
+/// of each prompt's last position `[B, vocab]`.
+pub fn prefill_into(
+    model: &GpuModel,
+    cache: &mut GpuKvCache,
+    slots: &[usize],
+    prompts: &[&[u32]],
+    role: GemmRole,
+) -> Result<CudaSlice<f32>> {
     let g = &*model.gpu;
     let cfg = model.cfg;
-    let kvd = cfg.num_key_value_heads * cfg.head_dim;
+    let capacity = cache.capacity;
     if let Some(p) = prompts.iter().find(|p| p.is_empty() || p.len() > capacity) {
         return Err(CudaError::Invalid(format!(
             "prefill: a prompt of {} tokens does not fit a cache of {capacity} rows",
             p.len()
         )));
     }
+    if slots.len() != prompts.len() || slots.iter().any(|&s| s >= cache.lens.len()) {
+        return Err(CudaError::Invalid(format!(
+            "prefill: {} prompts for slots {slots:?} of a cache of {} slots",
+            prompts.len(),
+            cache.lens.len()
+        )));
+    }
     let n = prompts.len();
-    let mut layers = KvLayers::new(model, n * capacity)?;
     let (tokens, seq_lens, positions) = pack(prompts);
     let rows = cache_rows(
         capacity,
         seq_lens
             .iter()
-            .enumerate()
-            .flat_map(|(s, &l)| (0..l).map(move |p| (s, p))),
+            .zip(slots)
+            .flat_map(|(&l, &s)| (0..l).map(move |p| (s, p))),
     );
+    let kvd = cache.kvd;
+    let layers = &mut cache.layers;
     let mut keep = |layer: usize, k: &CudaSlice<f32>, v: &CudaSlice<f32>| -> Result<()> {
         layers.write(model, layer, kvd, &rows, k, v)
     };
@@ -123,13 +161,10 @@ pub fn prefill(
     }
     let h_last = gather_rows(g, &h, cfg.hidden_size, &last)?;
     let logits = head(model, &h_last, n, role)?.2;
-    let cache = GpuKvCache {
-        capacity,
-        kvd,
-        layers,
-        lens: seq_lens,
-    };
-    Ok((cache, logits))
+    for (&s, &l) in slots.iter().zip(&seq_lens) {
+        cache.lens[s] = l;
+    }
+    Ok(logits)
 }
 
 struct Decode<'a> {

@@ -14,7 +14,7 @@ use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::GemmRole;
 use rand::RngCore;
 
-use super::decode::{decode_step, prefill, GpuKvCache};
+use super::decode::{decode_step, prefill_into, GpuKvCache};
 use super::model::GpuModel;
 use crate::rollout::engine::Decoder;
 use crate::rollout::sampler::{sample_logprobs, SamplingParams};
@@ -22,8 +22,9 @@ use crate::rollout::sampler::{sample_logprobs, SamplingParams};
 pub struct GpuDecoder<'m, 'w> {
     model: &'m GpuModel<'w>,
     cache: Option<GpuKvCache>,
-    /// Next-token logits of the rows stepped last `[rows, vocab]`.
-    logits: Option<(CudaSlice<f32>, usize)>,
+    /// Next-token logits of the pending rows: blocks `[rows, vocab]` (the last
+    /// step's, then each prefill's since), sampled in order.
+    logits: Vec<(CudaSlice<f32>, usize)>,
 }
 
 impl<'m, 'w> GpuDecoder<'m, 'w> {
@@ -31,27 +32,67 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
         GpuDecoder {
             model,
             cache: None,
-            logits: None,
+            logits: Vec::new(),
         }
+    }
+
+    fn cache(&mut self) -> Result<&mut GpuKvCache> {
+        self.cache
+            .as_mut()
+            .ok_or_else(|| CudaError::Invalid("prefill or decode step before reserve".into()))
     }
 }
 
 impl Decoder for GpuDecoder<'_, '_> {
-    fn prefill(&mut self, seqs: &[&[u32]], max_len: usize) -> Result<()> {
-        let (cache, logits) = prefill(self.model, seqs, max_len, GemmRole::RolloutForward)?;
-        self.cache = Some(cache);
-        self.logits = Some((logits, seqs.len()));
+    fn reserve(&mut self, slots: usize, max_len: usize) -> Result<()> {
+        self.cache = Some(GpuKvCache::new(self.model, slots, max_len)?);
         Ok(())
     }
 
-    fn sample(&mut self, p: &SamplingParams, mut rng: &mut dyn RngCore) -> Result<Vec<(u32, f32)>> {
+    fn prefill(&mut self, slots: &[usize], seqs: &[&[u32]]) -> Result<()> {
+        let model = self.model;
+        let logits = prefill_into(model, self.cache()?, slots, seqs, GemmRole::RolloutForward)?;
+        self.logits.push((logits, seqs.len()));
+        Ok(())
+    }
+
+    fn sample(&mut self, p: &SamplingParams, rng: &mut dyn RngCore) -> Result<Vec<(u32, f32)>> {
+        let mut out = Vec::new();
+        for (mut logits, rows) in std::mem::take(&mut self.logits) {
+            out.extend(self.sample_block(&mut logits, rows, p, rng)?);
+        }
+        Ok(out)
+    }
+
+    fn release(&mut self, _slot: usize) {
+        // The slot's rows are overwritten by the next prefill into it.
+    }
+
+    fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<()> {
+        let model = self.model;
+        let logits = decode_step(
+            model,
+            self.cache()?,
+            slots,
+            tokens,
+            GemmRole::RolloutForward,
+        )?;
+        self.logits.push((logits, slots.len()));
+        Ok(())
+    }
+}
+
+impl GpuDecoder<'_, '_> {
+    /// Sample each row of one block of logits `[rows, vocab]`.
+    fn sample_block(
+        &self,
+        logits: &mut CudaSlice<f32>,
+        rows: usize,
+        p: &SamplingParams,
+        mut rng: &mut dyn RngCore,
+    ) -> Result<Vec<(u32, f32)>> {
         let g = &*self.model.gpu;
         let vocab = self.model.cfg.vocab_size;
-        let (logits, rows) = self
-            .logits
-            .as_mut()
-            .ok_or_else(|| CudaError::Invalid("sampling before prefill".into()))?;
-        let rows = *rows;
         if p.temperature > 0.0 && p.temperature != 1.0 {
             div_scalar(g, logits, rows * vocab, p.temperature as f32)?;
         }
@@ -68,19 +109,5 @@ impl Decoder for GpuDecoder<'_, '_> {
         let toks = g.download_n(&s.tokens, rows)?;
         let logp = g.download_n(&s.logp, rows)?;
         Ok(toks.into_iter().map(|t| t as u32).zip(logp).collect())
-    }
-
-    fn release(&mut self, _seq: usize) {
-        // Slots are fixed for the whole generation; the cache goes as a whole.
-    }
-
-    fn step(&mut self, seqs: &[usize], tokens: &[u32]) -> Result<()> {
-        let cache = self
-            .cache
-            .as_mut()
-            .ok_or_else(|| CudaError::Invalid("decode step before prefill".into()))?;
-        let logits = decode_step(self.model, cache, seqs, tokens, GemmRole::RolloutForward)?;
-        self.logits = Some((logits, seqs.len()));
-        Ok(())
     }
 }

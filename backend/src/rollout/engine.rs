@@ -1,12 +1,16 @@
 //! Batched autoregressive generation with a KV cache, on any device.
 //!
-//! All samples of a step are generated together: the prompts are prefilled,
-//! then every decode step appends one token to each unfinished sequence.
-//! Sequences finish on a stop token (EOS), on a stop string, or at
-//! `max_new_tokens`, and drop out of the batch. Sampling draws from one seeded
-//! RNG in a fixed order, so a step's rollouts are a function of (weights, seed).
-//! The device does prefill, decode and sampling behind [`Decoder`]; this loop
-//! owns the stop conditions (the only thing that needs the tokens on the host).
+//! A step's samples are generated together, at most `max_batch` at a time: the
+//! first ones are prefilled, then every decode step appends one token to each
+//! unfinished sequence. Sequences finish on a stop token (EOS), on a stop string,
+//! or at `max_new_tokens`, and drop out of the batch; their cache slots take the
+//! step's next samples (continuous batching: RL responses end at very different
+//! lengths, and the cache holds `max_batch` sequences, not all of them).
+//! Sampling draws from one seeded RNG in a fixed order (the rows stepped, then
+//! the rows just prefilled), so a step's rollouts are a function of (weights,
+//! seed, max_batch). The device does prefill, decode and sampling behind
+//! [`Decoder`]; this loop owns the stop conditions and the slots (the only things
+//! that need the tokens on the host).
 
 use jet_kernels::cuda::CudaError;
 use jet_kernels::GemmRole;
@@ -14,7 +18,7 @@ use rand::RngCore;
 use serde::Serialize;
 
 use super::sampler::{sample, SamplingParams};
-use crate::transformer::{decode_step, prefill, KvCache, PreparedModel};
+use crate::transformer::{decode_step, prefill_into, KvCache, PreparedModel};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenConfig {
@@ -22,6 +26,8 @@ pub struct GenConfig {
     pub sampling: SamplingParams,
     pub stop_token_ids: Vec<u32>,
     pub stop_strings: Vec<String>,
+    /// Most sequences in the batch at once (0: all of them).
+    pub max_batch: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -43,28 +49,33 @@ pub struct Sample {
     pub finish: Finish,
 }
 
-/// A device's side of generation.
+/// A device's side of generation. Sequences live in cache slots `0..slots`.
 pub trait Decoder {
-    /// Prefill the sequences (prompt after prompt); `max_len` is the longest a
-    /// sequence can grow (prompt plus response).
-    fn prefill(&mut self, seqs: &[&[u32]], max_len: usize) -> Result<(), CudaError>;
-    /// Sample the next token of each sequence stepped last (all of them after
-    /// prefill), in order: (token, logprob under log_softmax(logits / T)).
+    /// Make a cache of `slots` sequences of up to `max_len` tokens (prompt plus
+    /// response); called once, before the first prefill.
+    fn reserve(&mut self, slots: usize, max_len: usize) -> Result<(), CudaError>;
+    /// Prefill `seqs` into the free cache slots `slots`; their next-token rows
+    /// are sampled after the rows of the last step.
+    fn prefill(&mut self, slots: &[usize], seqs: &[&[u32]]) -> Result<(), CudaError>;
+    /// Sample the next token of each pending row (the sequences stepped last,
+    /// then those prefilled since), in order: (token, logprob under
+    /// log_softmax(logits / T)).
     fn sample(
         &mut self,
         p: &SamplingParams,
         rng: &mut dyn RngCore,
     ) -> Result<Vec<(u32, f32)>, CudaError>;
-    /// Sequence `seq` finished: its cache may go.
-    fn release(&mut self, seq: usize);
-    /// Append `tokens[i]` to sequence `seqs[i]`.
-    fn step(&mut self, seqs: &[usize], tokens: &[u32]) -> Result<(), CudaError>;
+    /// The sequence in `slot` finished: its cache may go.
+    fn release(&mut self, slot: usize);
+    /// Append `tokens[i]` to the sequence in slot `slots[i]`.
+    fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<(), CudaError>;
 }
 
 /// The CPU reference decoder.
 pub struct CpuDecoder<'m, 'w> {
     model: &'m PreparedModel<'w>,
     cache: Option<KvCache>,
+    /// Pending rows' logits `[rows, vocab]`.
     logits: Vec<f32>,
 }
 
@@ -76,13 +87,23 @@ impl<'m, 'w> CpuDecoder<'m, 'w> {
             logits: Vec::new(),
         }
     }
+
+    fn cache(&mut self) -> Result<&mut KvCache, CudaError> {
+        self.cache
+            .as_mut()
+            .ok_or_else(|| CudaError::Invalid("prefill or decode step before reserve".into()))
+    }
 }
 
 impl Decoder for CpuDecoder<'_, '_> {
-    fn prefill(&mut self, seqs: &[&[u32]], _max_len: usize) -> Result<(), CudaError> {
-        let (cache, logits) = prefill(self.model, seqs, GemmRole::RolloutForward);
-        self.cache = Some(cache);
-        self.logits = logits;
+    fn reserve(&mut self, slots: usize, _max_len: usize) -> Result<(), CudaError> {
+        self.cache = Some(KvCache::with_slots(self.model, slots));
+        Ok(())
+    }
+    fn prefill(&mut self, slots: &[usize], seqs: &[&[u32]]) -> Result<(), CudaError> {
+        let model = self.model;
+        let l = prefill_into(model, self.cache()?, slots, seqs, GemmRole::RolloutForward);
+        self.logits.extend_from_slice(&l);
         Ok(())
     }
     fn sample(
@@ -91,23 +112,27 @@ impl Decoder for CpuDecoder<'_, '_> {
         mut rng: &mut dyn RngCore,
     ) -> Result<Vec<(u32, f32)>, CudaError> {
         let vocab = self.model.cfg.vocab_size;
-        Ok(self
-            .logits
+        let rows = std::mem::take(&mut self.logits);
+        Ok(rows
             .chunks(vocab)
             .map(|row| sample(row, p, &mut rng))
             .collect())
     }
-    fn release(&mut self, seq: usize) {
+    fn release(&mut self, slot: usize) {
         if let Some(c) = self.cache.as_mut() {
-            c.release(seq);
+            c.release(slot);
         }
     }
-    fn step(&mut self, seqs: &[usize], tokens: &[u32]) -> Result<(), CudaError> {
-        let cache = self
-            .cache
-            .as_mut()
-            .ok_or_else(|| CudaError::Invalid("decode step before prefill".into()))?;
-        self.logits = decode_step(self.model, cache, seqs, tokens, GemmRole::RolloutForward);
+    fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<(), CudaError> {
+        let model = self.model;
+        let l = decode_step(
+            model,
+            self.cache()?,
+            slots,
+            tokens,
+            GemmRole::RolloutForward,
+        );
+        self.logits.extend_from_slice(&l);
         Ok(())
     }
 }
@@ -156,19 +181,34 @@ pub fn generate_with(
     if samples.is_empty() || cfg.max_new_tokens == 0 {
         return Ok(samples);
     }
-    let seqs: Vec<&[u32]> = samples
-        .iter()
-        .map(|s| prompts[s.prompt_index].as_slice())
-        .collect();
-    let longest = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
-    dec.prefill(&seqs, (longest + cfg.max_new_tokens).min(max_pos))?;
-    let mut active: Vec<usize> = (0..samples.len()).collect();
+    let total = samples.len();
+    let slots = match cfg.max_batch {
+        0 => total,
+        b => b.min(total),
+    };
+    let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
+    dec.reserve(slots, (longest + cfg.max_new_tokens).min(max_pos))?;
+    let mut sl = Slots {
+        free: (0..slots).rev().collect(),
+        next: 0,
+        slot_of: vec![usize::MAX; total],
+    };
+    // The samples whose next token is pending, in the decoder's row order.
+    let mut rows = Vec::new();
+    sl.admit(dec, prompts, &samples, &mut rows)?;
     loop {
-        // One token for each active sequence, in order.
+        // One token for each pending row, in order.
         let drawn = dec.sample(&cfg.sampling, rng)?;
-        let mut next_active = Vec::with_capacity(active.len());
-        let mut next_tokens = Vec::with_capacity(active.len());
-        for (&s, &(tok, lp)) in active.iter().zip(&drawn) {
+        if drawn.len() != rows.len() {
+            return Err(CudaError::Invalid(format!(
+                "the decoder sampled {} rows for {} sequences",
+                drawn.len(),
+                rows.len()
+            )));
+        }
+        let mut next_rows = Vec::with_capacity(rows.len());
+        let mut next_tokens = Vec::with_capacity(rows.len());
+        for (&s, &(tok, lp)) in rows.iter().zip(&drawn) {
             let smp = &mut samples[s];
             smp.tokens.push(tok);
             smp.logprobs.push(lp);
@@ -183,16 +223,61 @@ pub fn generate_with(
             } else if smp.tokens.len() >= cfg.max_new_tokens || total >= max_pos {
                 smp.finish = Finish::Length;
             } else {
-                next_active.push(s);
+                next_rows.push(s);
                 next_tokens.push(tok);
                 continue;
             }
-            dec.release(s);
+            dec.release(sl.slot_of[s]);
+            sl.free.push(sl.slot_of[s]);
         }
-        if next_active.is_empty() {
+        if !next_rows.is_empty() {
+            let at: Vec<usize> = next_rows.iter().map(|&s| sl.slot_of[s]).collect();
+            dec.step(&at, &next_tokens)?;
+        }
+        rows = next_rows;
+        sl.admit(dec, prompts, &samples, &mut rows)?;
+        if rows.is_empty() {
             return Ok(samples);
         }
-        dec.step(&next_active, &next_tokens)?;
-        active = next_active;
+    }
+}
+
+/// The cache slots of one generation.
+struct Slots {
+    /// Free slots; the lowest is taken first.
+    free: Vec<usize>,
+    /// The next sample to admit.
+    next: usize,
+    /// Each admitted sample's slot.
+    slot_of: Vec<usize>,
+}
+
+impl Slots {
+    /// Prefill the next samples into the free slots; their rows join `rows`.
+    fn admit(
+        &mut self,
+        dec: &mut dyn Decoder,
+        prompts: &[Vec<u32>],
+        samples: &[Sample],
+        rows: &mut Vec<usize>,
+    ) -> Result<(), CudaError> {
+        let mut new = Vec::new();
+        while self.next < samples.len() {
+            let Some(slot) = self.free.pop() else { break };
+            self.slot_of[self.next] = slot;
+            new.push(self.next);
+            self.next += 1;
+        }
+        if new.is_empty() {
+            return Ok(());
+        }
+        let seqs: Vec<&[u32]> = new
+            .iter()
+            .map(|&s| prompts[samples[s].prompt_index].as_slice())
+            .collect();
+        let at: Vec<usize> = new.iter().map(|&s| self.slot_of[s]).collect();
+        dec.prefill(&at, &seqs)?;
+        rows.extend(new);
+        Ok(())
     }
 }

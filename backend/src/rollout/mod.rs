@@ -2,3 +2,6 @@
 
 pub mod engine;
 pub mod sampler;
+
+#[cfg(test)]
+mod engine_tests;

@@ -22,6 +22,7 @@ impl Trainer {
             sampling,
             stop_token_ids: self.stop_tokens.clone(),
             stop_strings: self.cfg.rollout.stop_strings.clone(),
+            max_batch: self.cfg.rollout.max_batch,
         }
     }
 

@@ -15,6 +15,17 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// A cache of `slots` empty sequence slots.
+    pub fn with_slots(model: &PreparedModel, slots: usize) -> KvCache {
+        let kvd = model.cfg.num_key_value_heads * model.cfg.head_dim;
+        let layers = model.cfg.num_hidden_layers;
+        KvCache {
+            kvd,
+            seqs: (0..slots)
+                .map(|_| vec![(Vec::new(), Vec::new()); layers])
+                .collect(),
+        }
+    }
     /// Number of cached positions of sequence `seq`.
     pub fn len(&self, seq: usize) -> usize {
         self.seqs[seq]
@@ -27,7 +38,8 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.seqs.is_empty()
     }
-    /// Drop a sequence's cache (it finished) to bound memory.
+    /// Drop a sequence's cache (it finished) to bound memory; the slot may take
+    /// another sequence ([`prefill_into`]).
     pub fn release(&mut self, seq: usize) {
         for (k, v) in &mut self.seqs[seq] {
             *k = Vec::new();
@@ -39,25 +51,39 @@ impl KvCache {
 /// Run the prompts through the model, fill the cache, and return the logits of
 /// each prompt's last position `[B, vocab]`.
 pub fn prefill(model: &PreparedModel, prompts: &[&[u32]], role: GemmRole) -> (KvCache, Vec<f32>) {
-    let kvd = model.cfg.num_key_value_heads * model.cfg.head_dim;
+    let mut cache = KvCache::with_slots(model, prompts.len());
+    let slots: Vec<usize> = (0..prompts.len()).collect();
+    let logits = prefill_into(model, &mut cache, &slots, prompts, role);
+    (cache, logits)
+}
+
+/// Run the prompts through the model into cache slots `slots` (replacing what
+/// they held) and return the logits of each prompt's last position `[B, vocab]`.
+pub fn prefill_into(
+    model: &PreparedModel,
+    cache: &mut KvCache,
+    slots: &[usize],
+    prompts: &[&[u32]],
+    role: GemmRole,
+) -> Vec<f32> {
+    assert_eq!(slots.len(), prompts.len());
+    let kvd = cache.kvd;
     let vocab = model.cfg.vocab_size;
     let out = forward(model, prompts, role, false, true);
-    let mut seqs = Vec::with_capacity(prompts.len());
     let mut last = Vec::with_capacity(prompts.len() * vocab);
     let mut start = 0;
-    for p in prompts {
+    for (p, &slot) in prompts.iter().zip(slots) {
         let (a, b) = (start * kvd, (start + p.len()) * kvd);
-        seqs.push(
-            out.kv
-                .iter()
-                .map(|(k, v)| (k[a..b].to_vec(), v[a..b].to_vec()))
-                .collect(),
-        );
+        cache.seqs[slot] = out
+            .kv
+            .iter()
+            .map(|(k, v)| (k[a..b].to_vec(), v[a..b].to_vec()))
+            .collect();
         let r = start + p.len() - 1;
         last.extend_from_slice(&out.logits[r * vocab..(r + 1) * vocab]);
         start += p.len();
     }
-    (KvCache { kvd, seqs }, last)
+    last
 }
 
 struct Decode<'a> {

@@ -16,11 +16,11 @@ mod prepared;
 
 pub use backward::backward;
 pub use forward::{forward, Activations, ForwardOut};
-pub use kv_cache::{decode_step, prefill, KvCache};
+pub use kv_cache::{decode_step, prefill, prefill_into, KvCache};
 pub use prepared::{rope_table, PreparedModel};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// Small configurations for other modules' tests.
 #[cfg(test)]

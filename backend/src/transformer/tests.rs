@@ -30,7 +30,7 @@ pub(crate) fn tiny_config(arch: Arch, tied: bool) -> ModelConfig {
 
 /// Random weights with norms and biases away from 1 and 0, larger than HF's init
 /// so that every path matters.
-fn weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
+pub(crate) fn weights(cfg: &ModelConfig, seed: u64) -> ModelWeights {
     let mut w = init_random(cfg, seed);
     let mut s = seed;
     for (name, t) in w.tensors_mut() {

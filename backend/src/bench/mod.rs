@@ -7,6 +7,7 @@
 //! device events (kernels) or wall clock around a synchronized phase (phases).
 
 mod attention;
+mod eos;
 mod kernels;
 mod phases;
 
@@ -40,9 +41,17 @@ pub struct BenchArgs {
     /// Prompt tokens per rollout sequence.
     #[arg(long, default_value_t = 128)]
     pub prompt_len: usize,
-    /// Generated tokens per rollout sequence.
+    /// Generated tokens per rollout sequence (the most, with --eos-random).
     #[arg(long, default_value_t = 128)]
     pub gen_len: usize,
+    /// End each rollout sequence at a random length in 1..=gen-len, as RL
+    /// responses do (random weights never choose EOS themselves).
+    #[arg(long)]
+    pub eos_random: bool,
+    /// Most rollout sequences live at once (continuous batching, as
+    /// `rollout.max_batch`); 0: all of --batch.
+    #[arg(long, default_value_t = 0)]
+    pub max_batch: usize,
     /// Sequences per training micro-batch.
     #[arg(long, default_value_t = 8)]
     pub train_seqs: usize,
@@ -179,7 +188,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     say("bench: rollout, training, steps ...");
     phases::run(&gpu, &cfg, &a, &phases::Variant::of(&flows), &mut r, &say)?;
     set_floors(&mut r, (a.train_seqs * a.train_len) as f64);
-    set_decode_floors(&mut r, &cfg, &a);
+    set_decode_floors(&mut r, &cfg);
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
@@ -219,7 +228,7 @@ fn set_floors(r: &mut Report, tokens: f64) {
 }
 
 /// Fill each rollout row's decode floor (see `RolloutRow::floor_s`).
-fn set_decode_floors(r: &mut Report, cfg: &ModelConfig, a: &BenchArgs) {
+fn set_decode_floors(r: &mut Report, cfg: &ModelConfig) {
     let Some(copy) = copy_gbs(r).map(|g| g * 1e9) else {
         return;
     };
@@ -242,11 +251,10 @@ fn set_decode_floors(r: &mut Report, cfg: &ModelConfig, a: &BenchArgs) {
             jet_kernels::GemmPrecision::F32 => 4.0,
         };
         let kvbytes = if flash && flow != Flow::F32 { 2.0 } else { 4.0 };
-        let mut bytes = 0.0;
-        for t in 0..a.gen_len {
-            let ctx = (a.prompt_len + t + 1) as f64;
-            bytes += read * wbytes + x.batch as f64 * ctx * layers * 2.0 * kvd * kvbytes;
-        }
+        // Each decode step reads the weights once; each generated token its
+        // sequence's cache rows (counted by the bench's decoder wrapper).
+        let bytes =
+            x.steps as f64 * read * wbytes + x.kv_rows as f64 * layers * 2.0 * kvd * kvbytes;
         let floor = bytes / copy;
         x.floor_s = Some(floor);
         x.of_floor = Some(floor / x.seconds);
@@ -261,6 +269,21 @@ fn render(r: &Report, a: &BenchArgs) -> String {
         "jetd bench: {} on {}, {} layers, {:.2}B params; prompt {} + gen {} tokens; train {}x{} tokens",
         r.preset, r.device, r.layers, r.params as f64 / 1e9, a.prompt_len, a.gen_len, a.train_seqs, a.train_len
     );
+    if a.eos_random || a.max_batch > 0 {
+        let _ = writeln!(
+            s,
+            "rollout: {}{}",
+            if a.eos_random {
+                "responses end at random lengths in 1..=gen; "
+            } else {
+                ""
+            },
+            match a.max_batch {
+                0 => "all sequences live at once".to_string(),
+                b => format!("at most {b} live (continuous batching)"),
+            }
+        );
+    }
     if !r.gemm.is_empty() {
         let _ = writeln!(
             s,

@@ -12,6 +12,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use super::eos::{EosAt, EOS};
 use super::{mem_used_gib, BenchArgs, Report};
 use crate::gpu::{run_pass_gpu, GpuAdam, GpuDecoder, GpuModel, GpuWeights, PreparedParts};
 use crate::model::ModelConfig;
@@ -24,7 +25,17 @@ use crate::transformer::rope_table;
 #[derive(Serialize)]
 pub struct RolloutRow {
     pub flow: String,
+    /// Prompts (one sample each).
     pub batch: usize,
+    /// Most sequences live at once (0: all); with --eos-random, responses end at
+    /// random lengths in 1..=gen_len.
+    pub max_batch: usize,
+    pub eos_random: bool,
+    /// Tokens generated, decode steps (weight reads), and the KV-cache rows the
+    /// generated tokens read (for the floor).
+    pub tokens: usize,
+    pub steps: usize,
+    pub kv_rows: usize,
     pub seconds: f64,
     pub tokens_per_s: f64,
     pub vs_bf16: f64,
@@ -162,23 +173,36 @@ fn prompts(cfg: &ModelConfig, n: usize, len: usize, seed: u64) -> Vec<Vec<u32>> 
         .collect()
 }
 
-/// Generate `gen_len` tokens for each prompt (no stop tokens), timed.
+/// What a timed rollout did: decode steps, tokens generated, and the KV-cache
+/// rows those tokens read (see `eos::EosAt`).
+#[derive(Clone, Copy, Default)]
+pub struct RolloutCounts {
+    pub steps: usize,
+    pub tokens: usize,
+    pub kv_rows: usize,
+}
+
+/// Generate up to `gen_len` tokens for each prompt, timed: `--max-batch` bounds
+/// the live sequences, `--eos-random` ends each at a random length.
 fn rollout(
     model: &GpuModel,
     prompts: &[Vec<u32>],
     gen_len: usize,
+    a: &BenchArgs,
     rng: &mut dyn RngCore,
-) -> Result<(Vec<Sample>, f64)> {
+) -> Result<(Vec<Sample>, f64, RolloutCounts)> {
     let gen = GenConfig {
         max_new_tokens: gen_len,
         sampling: SamplingParams::default(),
-        stop_token_ids: vec![],
+        stop_token_ids: vec![EOS],
         stop_strings: vec![],
-        max_batch: 0,
+        max_batch: a.max_batch,
     };
+    let mut dec = GpuDecoder::new(model);
+    let mut eos = EosAt::new(&mut dec, gen_len, a.eos_random.then_some(gen_len as u64));
     let t = Instant::now();
     let s = generate_with(
-        &mut GpuDecoder::new(model),
+        &mut eos,
         model.cfg.max_position_embeddings,
         prompts,
         1,
@@ -187,7 +211,12 @@ fn rollout(
         rng,
     )?;
     model.gpu.sync()?;
-    Ok((s, t.elapsed().as_secs_f64()))
+    let counts = RolloutCounts {
+        steps: eos.steps,
+        tokens: eos.tokens,
+        kv_rows: eos.kv_rows,
+    };
+    Ok((s, t.elapsed().as_secs_f64(), counts))
 }
 
 /// One update over `seqs` (forward, a loss of -mean logp, backward, AdamW), timed.
@@ -293,24 +322,29 @@ pub fn run(
         let flow = var.flow;
         let model = var.model(g, cfg, &w, &rope)?;
         // Warm-up: compiles nothing new, but lets cuBLASLt pick its algorithms.
-        rollout(&model, &prompts(cfg, 2, a.prompt_len, 0), 4, &mut rng)?;
+        rollout(&model, &prompts(cfg, 2, a.prompt_len, 0), 4, a, &mut rng)?;
         for &b in &a.batch {
             say(&format!("  rollout {} batch {b}", var.name()));
             let ps = prompts(cfg, b, a.prompt_len, b as u64);
-            let (_, s) = rollout(&model, &ps, a.gen_len, &mut rng)?;
+            let (_, s, counts) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
             let used = mem_used_gib();
             peak = peak.max(used);
-            let tps = (b * a.gen_len) as f64 / s;
+            let tps = counts.tokens as f64 / s;
             if flow == Flow::Bf16 {
                 base_roll.insert(b, tps);
             }
             g.profile_start();
-            let (_, wall) = rollout(&model, &ps, a.gen_len, &mut rng)?;
+            let (_, wall, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
             let breakdown = with_other(g.profile_stop()?, wall);
             let top_kernels = top(g);
             r.rollout.push(RolloutRow {
                 flow: var.name(),
                 batch: b,
+                max_batch: a.max_batch,
+                eos_random: a.eos_random,
+                tokens: counts.tokens,
+                steps: counts.steps,
+                kv_rows: counts.kv_rows,
                 seconds: s,
                 tokens_per_s: tps,
                 vs_bf16: base_roll.get(&b).map_or(f64::NAN, |x| tps / x),
@@ -394,7 +428,7 @@ pub fn run(
         let ps = prompts(cfg, b, a.prompt_len, 5);
         let t0 = Instant::now();
         let model = var.model(g, cfg, &w, &rope)?;
-        let (samples, roll_s) = rollout(&model, &ps, a.gen_len, &mut rng)?;
+        let (samples, roll_s, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
         let prepared = model.into_parts();
         let seqs: Vec<TrainSeq> = samples
             .iter()

@@ -1,0 +1,169 @@
+//! The bench's rollout decoder wrapper: counts decode steps and the KV rows each
+//! generated token reads (for the decode floor), and with `--eos-random` ends each
+//! sequence at a length drawn uniformly from 1..=gen_len (random weights never
+//! choose EOS themselves), as RL responses end at very different lengths.
+
+use jet_kernels::cuda::CudaError;
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::rollout::engine::Decoder;
+use crate::rollout::sampler::SamplingParams;
+
+/// The token `EosAt` writes when a sequence reaches its drawn length.
+pub const EOS: u32 = 0;
+
+pub struct EosAt<'d> {
+    pub inner: &'d mut dyn Decoder,
+    /// Draws each sequence's length; None: sequences run to gen_len.
+    lengths: Option<ChaCha8Rng>,
+    gen_len: usize,
+    /// Per slot: the drawn length, tokens so far, cache rows (prompt + tokens).
+    target: Vec<usize>,
+    count: Vec<usize>,
+    rows: Vec<usize>,
+    /// Slots of the pending rows, in the decoder's order.
+    pending: Vec<usize>,
+    /// sample() calls: one weight read each.
+    pub steps: usize,
+    /// Sum over generated tokens of the cache rows their step read.
+    pub kv_rows: usize,
+    pub tokens: usize,
+}
+
+impl<'d> EosAt<'d> {
+    pub fn new(inner: &'d mut dyn Decoder, gen_len: usize, random: Option<u64>) -> Self {
+        EosAt {
+            inner,
+            lengths: random.map(ChaCha8Rng::seed_from_u64),
+            gen_len,
+            target: Vec::new(),
+            count: Vec::new(),
+            rows: Vec::new(),
+            pending: Vec::new(),
+            steps: 0,
+            kv_rows: 0,
+            tokens: 0,
+        }
+    }
+}
+
+impl Decoder for EosAt<'_> {
+    fn reserve(&mut self, slots: usize, max_len: usize) -> Result<(), CudaError> {
+        self.target = vec![0; slots];
+        self.count = vec![0; slots];
+        self.rows = vec![0; slots];
+        self.inner.reserve(slots, max_len)
+    }
+    fn prefill(&mut self, slots: &[usize], seqs: &[&[u32]]) -> Result<(), CudaError> {
+        for (&s, q) in slots.iter().zip(seqs) {
+            self.target[s] = match self.lengths.as_mut() {
+                Some(r) => r.random_range(1..=self.gen_len),
+                None => self.gen_len,
+            };
+            self.count[s] = 0;
+            self.rows[s] = q.len();
+            self.pending.push(s);
+        }
+        self.inner.prefill(slots, seqs)
+    }
+    fn sample(
+        &mut self,
+        p: &SamplingParams,
+        rng: &mut dyn RngCore,
+    ) -> Result<Vec<(u32, f32)>, CudaError> {
+        let mut out = self.inner.sample(p, rng)?;
+        self.steps += 1;
+        for (o, s) in out.iter_mut().zip(std::mem::take(&mut self.pending)) {
+            self.count[s] += 1;
+            self.tokens += 1;
+            self.kv_rows += self.rows[s];
+            if self.count[s] >= self.target[s] {
+                o.0 = EOS;
+            }
+        }
+        Ok(out)
+    }
+    fn release(&mut self, slot: usize) {
+        self.inner.release(slot)
+    }
+    fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<(), CudaError> {
+        for &s in slots {
+            self.rows[s] += 1;
+            self.pending.push(s);
+        }
+        self.inner.step(slots, tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Arch;
+    use crate::rollout::engine::{generate_with, CpuDecoder, Finish, GenConfig};
+    use crate::transformer::tests::{tiny_config, weights};
+    use crate::transformer::PreparedModel;
+    use jet_kernels::Flow;
+
+    /// Lengths follow the draws, the counts match the samples, and a fixed length
+    /// gives the closed form the floor used before (gen_len steps, b x sum of
+    /// contexts).
+    #[test]
+    fn counts_and_random_lengths() {
+        let cfg = tiny_config(Arch::Qwen3, false);
+        let w = weights(&cfg, 2);
+        let model = PreparedModel::new(&cfg, &w, Flow::Bf16);
+        let prompts: Vec<Vec<u32>> = (0..6).map(|i| vec![1 + i, 2, 3]).collect();
+        let gen = |max_batch| GenConfig {
+            max_new_tokens: 10,
+            sampling: SamplingParams::default(),
+            stop_token_ids: vec![EOS],
+            stop_strings: vec![],
+            max_batch,
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        // fixed length, all at once: EOS never drawn by the wrapper before 10
+        let mut cpu = CpuDecoder::new(&model);
+        let mut d = EosAt::new(&mut cpu, 10, None);
+        let s = generate_with(
+            &mut d,
+            64,
+            &prompts,
+            1,
+            &gen(0),
+            &|_| String::new(),
+            &mut rng,
+        )
+        .unwrap();
+        let n: usize = s.iter().map(|x| x.tokens.len()).sum();
+        assert_eq!(d.tokens, n);
+        if s.iter().all(|x| x.tokens.len() == 10) {
+            assert_eq!(d.steps, 10);
+            assert_eq!(d.kv_rows, 6 * (3..13).sum::<usize>());
+        }
+        // random lengths, 2 at a time
+        let mut cpu = CpuDecoder::new(&model);
+        let mut d = EosAt::new(&mut cpu, 10, Some(5));
+        let s = generate_with(
+            &mut d,
+            64,
+            &prompts,
+            2,
+            &gen(2),
+            &|_| String::new(),
+            &mut rng,
+        )
+        .unwrap();
+        let lens: Vec<usize> = s.iter().map(|x| x.tokens.len()).collect();
+        assert!(lens.iter().all(|&l| (1..=10).contains(&l)), "{lens:?}");
+        assert!(lens.iter().collect::<std::collections::HashSet<_>>().len() > 2);
+        assert!(s
+            .iter()
+            .all(|x| x.finish == Finish::StopToken || x.tokens.len() == 10));
+        assert_eq!(d.tokens, lens.iter().sum::<usize>());
+        assert!(
+            d.steps >= lens.iter().sum::<usize>() / 2,
+            "two live at most"
+        );
+    }
+}

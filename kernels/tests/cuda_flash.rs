@@ -56,14 +56,6 @@ fn label(c: &Case) -> String {
     )
 }
 
-fn bits_differ(a: &[f32], b: &[f32]) -> usize {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .filter(|(x, y)| x.to_bits() != y.to_bits())
-        .count()
-}
-
 #[test]
 fn flash_matches_cpu_reference() {
     let Some(g) = gpu() else { return };

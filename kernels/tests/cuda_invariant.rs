@@ -13,15 +13,6 @@ use jet_kernels::{Flow, GemmPrecision};
 mod common;
 use common::*;
 
-/// Values whose bits differ between `a` and `b`.
-fn differ(a: &[f32], b: &[f32]) -> usize {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .filter(|(x, y)| x.to_bits() != y.to_bits())
-        .count()
-}
-
 #[test]
 fn fp8_forward_rows_do_not_depend_on_the_batch() {
     let Some(g) = gpu() else { return };
@@ -48,7 +39,7 @@ fn fp8_forward_rows_do_not_depend_on_the_batch() {
         report_exact(
             "FP8 rows kernel vs split-K, batch",
             &shape,
-            differ(&rows_all, &sk_all),
+            bits_differ(&rows_all, &sk_all),
         );
         let cqx = Fp8Matrix::quantize(&x, m, k, Grouping::Row1x128);
         let cqw = Fp8Matrix::quantize(&w, n, k, Grouping::Block128);
@@ -67,10 +58,10 @@ fn fp8_forward_rows_do_not_depend_on_the_batch() {
             let want = &rows_all[r0 * n..(r0 + len) * n];
             let mut y = g.zeros::<f32>(len * n).unwrap();
             gemv::gemv_fp8_into(&g, &q, &qw, &mut y, n).unwrap();
-            diff += differ(&dl(&g, &y, len * n), want);
+            diff += bits_differ(&dl(&g, &y, len * n), want);
             let y = g.zeros::<f32>(len * n).unwrap();
             gemv::gemm_fp8_rows(&g, &q, &qw, &y, n).unwrap();
-            diff += differ(&dl(&g, &y, len * n), want);
+            diff += bits_differ(&dl(&g, &y, len * n), want);
         }
         report_exact("FP8 rows of sub-batches vs batch", &shape, diff);
         // the linear layer (bias, BF16 rounding, the path chosen by batch size)
@@ -85,19 +76,19 @@ fn fp8_forward_rows_do_not_depend_on_the_batch() {
         let full = fwd(&lw, &x, m);
         let mut diff = 0;
         for r in [0, 1, 64, 255, 299] {
-            diff += differ(
+            diff += bits_differ(
                 &fwd(&lw, &x[r * k..(r + 1) * k], 1),
                 &full[r * n..(r + 1) * n],
             );
         }
-        diff += differ(&fwd(&lw, &x[..64 * k], 64), &full[..64 * n]);
+        diff += bits_differ(&fwd(&lw, &x[..64 * k], 64), &full[..64 * n]);
         report_exact("FP8 linear, 1 or 64 rows vs 300", &shape, diff);
         // For the record: cuBLASLt's GEMM (batch_invariant off) against decode rows.
         lw.batch_invariant = false;
         let lt = fwd(&lw, &x, m);
         println!(
             "INVARIANT | {shape:<16} | cuBLASLt rows vs decode rows: {} of {} values differ",
-            differ(&lt, &full),
+            bits_differ(&lt, &full),
             m * n
         );
     }

@@ -140,6 +140,19 @@ fn launch_sk(
     Ok(ks)
 }
 
+/// The operand arguments every kernel of `gemv_fp8.cu` starts with: W codes,
+/// scales and their stride, then X from token `m0` on, its scales and stride.
+fn operands(gpu: &Gpu, x: &Fp8Quantized, w: &Fp8Quantized, m0: usize) -> [Arg; 6] {
+    [
+        Arg::P(gpu.ptr(&w.codes)),
+        Arg::P(gpu.ptr(&w.scales)),
+        Arg::I(w.lds as i32),
+        Arg::P(gpu.ptr(&x.codes) + (m0 * x.cols_pad) as u64),
+        Arg::P(gpu.ptr(&x.scales) + (m0 * 4) as u64),
+        Arg::I(x.rows_pad as i32),
+    ]
+}
+
 /// The arguments of `gemv_fp8_sk_*` and `gemm_fp8_rows`.
 #[allow(clippy::too_many_arguments)]
 fn sk_args(
@@ -152,23 +165,21 @@ fn sk_args(
     ldp: usize,
     sstride: usize,
     gps: usize,
-) -> [Arg; 14] {
+) -> Vec<Arg> {
     [
-        Arg::P(gpu.ptr(&w.codes)),
-        Arg::P(gpu.ptr(&w.scales)),
-        Arg::I(w.lds as i32),
-        Arg::P(gpu.ptr(&x.codes) + (m0 * x.cols_pad) as u64),
-        Arg::P(gpu.ptr(&x.scales) + (m0 * 4) as u64),
-        Arg::I(x.rows_pad as i32),
-        Arg::P(p),
-        Arg::L(ldp as i64),
-        Arg::L(sstride as i64),
-        Arg::I(mc as i32),
-        Arg::I(w.rows as i32),
-        Arg::I(w.rows_pad as i32),
-        Arg::I(w.cols_pad as i32),
-        Arg::I(gps as i32),
+        &operands(gpu, x, w, m0)[..],
+        &[
+            Arg::P(p),
+            Arg::L(ldp as i64),
+            Arg::L(sstride as i64),
+            Arg::I(mc as i32),
+            Arg::I(w.rows as i32),
+            Arg::I(w.rows_pad as i32),
+            Arg::I(w.cols_pad as i32),
+            Arg::I(gps as i32),
+        ],
     ]
+    .concat()
 }
 
 /// Partial sums of the split-K kernel for all of `x`'s tokens, 64 a block on grid z
@@ -333,18 +344,16 @@ fn tiled(
         ((var.warps * 32) as u32, 1, 1),
         0,
         &[
-            Arg::P(gpu.ptr(&w.codes)),
-            Arg::P(gpu.ptr(&w.scales)),
-            Arg::I(w.lds as i32),
-            Arg::P(gpu.ptr(&x.codes) + (m0 * x.cols_pad) as u64),
-            Arg::P(gpu.ptr(&x.scales) + (m0 * 4) as u64),
-            Arg::I(x.rows_pad as i32),
-            Arg::P(yc),
-            Arg::L(ldy as i64),
-            Arg::I(mc as i32),
-            Arg::I(n as i32),
-            Arg::I(w.rows_pad as i32),
-            Arg::I(w.cols_pad as i32),
-        ],
+            &operands(gpu, x, w, m0)[..],
+            &[
+                Arg::P(yc),
+                Arg::L(ldy as i64),
+                Arg::I(mc as i32),
+                Arg::I(n as i32),
+                Arg::I(w.rows_pad as i32),
+                Arg::I(w.cols_pad as i32),
+            ],
+        ]
+        .concat(),
     )
 }

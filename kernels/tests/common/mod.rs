@@ -73,3 +73,12 @@ pub fn dl(g: &Gpu, x: &cudarc::driver::CudaSlice<f32>, n: usize) -> Vec<f32> {
 pub fn up(g: &Gpu, x: &[f32]) -> cudarc::driver::CudaSlice<f32> {
     g.upload(x).unwrap()
 }
+
+/// Values whose bits differ between `a` and `b`.
+pub fn bits_differ(a: &[f32], b: &[f32]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}

@@ -3,7 +3,7 @@
 //! and whichever position in the batch computed it. This is what makes rollout
 //! (decode, a few rows) and training (thousands of rows) logprobs equal in the
 //! `fp8` flow. Shapes cover one K split (gps = all groups), several splits of
-//! several groups, K not a multiple of 4 groups, and N not a multiple of 128.
+//! several groups, a short last split, and N not a multiple of 128.
 //! Skips without CUDA; run with `--nocapture` on a GPU machine.
 
 use jet_kernels::cuda::{gemv, linear as glin, quantize as gq};
@@ -17,12 +17,16 @@ use common::*;
 fn fp8_forward_rows_do_not_depend_on_the_batch() {
     let Some(g) = gpu() else { return };
     let m = 300;
+    // On 132 SMs (H100/H200 SXM): 896x136 one split of 7 groups; 1024x3072 and
+    // 1024x4096 two of 4; 3072x1024 six of 4; 4096x256 eight of 4; 2944x1024 five
+    // splits of 5 groups, the last of 3 (the fold at the end of a short slice).
     for (k, n) in [
         (896, 136),
         (1024, 3072),
         (3072, 1024),
         (4096, 256),
         (1024, 4096),
+        (2944, 1024),
     ] {
         let shape = format!("{m}x{k}x{n}");
         let (x, w) = (rnd(m * k, 11, 2.0), rnd(n * k, 12, 0.05));

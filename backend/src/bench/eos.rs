@@ -1,7 +1,8 @@
-//! The bench's rollout decoder wrapper: counts decode steps and the KV rows each
-//! generated token reads (for the decode floor), and with `--eos-random` ends each
-//! sequence at a length drawn uniformly from 1..=gen_len (random weights never
-//! choose EOS themselves), as RL responses end at very different lengths.
+//! The bench's rollout decoder wrapper: counts forward passes and the KV rows each
+//! generated token reads (for the decode floor), and ends each sequence at its
+//! length: gen_len, or with `--eos-random` one drawn uniformly from 1..=gen_len
+//! (random weights do not choose when to stop), as RL responses end at very
+//! different lengths.
 
 use jet_kernels::cuda::CudaError;
 use rand::{Rng, RngCore, SeedableRng};
@@ -24,7 +25,7 @@ pub struct EosAt<'d> {
     rows: Vec<usize>,
     /// Slots of the pending rows, in the decoder's order.
     pending: Vec<usize>,
-    /// sample() calls: one weight read each.
+    /// Forward passes (decode steps and prefills): one weight read each.
     pub steps: usize,
     /// Sum over generated tokens of the cache rows their step read.
     pub kv_rows: usize,
@@ -65,6 +66,7 @@ impl Decoder for EosAt<'_> {
             self.rows[s] = q.len();
             self.pending.push(s);
         }
+        self.steps += 1;
         self.inner.prefill(slots, seqs)
     }
     fn sample(
@@ -73,14 +75,17 @@ impl Decoder for EosAt<'_> {
         rng: &mut dyn RngCore,
     ) -> Result<Vec<(u32, f32)>, CudaError> {
         let mut out = self.inner.sample(p, rng)?;
-        self.steps += 1;
         for (o, s) in out.iter_mut().zip(std::mem::take(&mut self.pending)) {
             self.count[s] += 1;
             self.tokens += 1;
             self.kv_rows += self.rows[s];
-            if self.count[s] >= self.target[s] {
-                o.0 = EOS;
-            }
+            // Only the drawn length ends a sequence: a sampled EOS (1 in the
+            // vocabulary's chance per token) would make flows differ in length.
+            o.0 = match (self.count[s] >= self.target[s], o.0 == EOS) {
+                (true, _) => EOS,
+                (false, true) => EOS + 1,
+                (false, false) => o.0,
+            };
         }
         Ok(out)
     }
@@ -92,6 +97,7 @@ impl Decoder for EosAt<'_> {
             self.rows[s] += 1;
             self.pending.push(s);
         }
+        self.steps += 1;
         self.inner.step(slots, tokens)
     }
 }
@@ -106,8 +112,8 @@ mod tests {
     use jet_kernels::Flow;
 
     /// Lengths follow the draws, the counts match the samples, and a fixed length
-    /// gives the closed form the floor used before (gen_len steps, b x sum of
-    /// contexts).
+    /// gives the closed form: gen_len forward passes (one prefill, gen_len - 1
+    /// steps), b x the sum of the cache rows P .. P + gen_len - 1.
     #[test]
     fn counts_and_random_lengths() {
         let cfg = tiny_config(Arch::Qwen3, false);

@@ -31,8 +31,8 @@ pub struct RolloutRow {
     /// random lengths in 1..=gen_len.
     pub max_batch: usize,
     pub eos_random: bool,
-    /// Tokens generated, decode steps (weight reads), and the KV-cache rows the
-    /// generated tokens read (for the floor).
+    /// Tokens generated, forward passes (decode steps and prefills: one weight
+    /// read each), and the KV-cache rows the generated tokens read (the floor).
     pub tokens: usize,
     pub steps: usize,
     pub kv_rows: usize,

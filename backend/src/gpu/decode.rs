@@ -93,6 +93,13 @@ impl GpuKvCache {
             lens: vec![0; slots],
         })
     }
+
+    /// The sequence in `slot` finished: the slot holds nothing.
+    pub fn forget(&mut self, slot: usize) {
+        if let Some(l) = self.lens.get_mut(slot) {
+            *l = 0;
+        }
+    }
 }
 
 /// Run the prompts through the model into a new cache of `capacity` rows per

@@ -45,6 +45,7 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
 
 impl Decoder for GpuDecoder<'_, '_> {
     fn reserve(&mut self, slots: usize, max_len: usize) -> Result<()> {
+        self.logits.clear();
         self.cache = Some(GpuKvCache::new(self.model, slots, max_len)?);
         Ok(())
     }
@@ -64,8 +65,12 @@ impl Decoder for GpuDecoder<'_, '_> {
         Ok(out)
     }
 
-    fn release(&mut self, _slot: usize) {
-        // The slot's rows are overwritten by the next prefill into it.
+    fn release(&mut self, slot: usize) {
+        // The rows stay (the next prefill into the slot overwrites them); the
+        // length goes, so a stray step of a free slot reads nothing stale.
+        if let Some(c) = self.cache.as_mut() {
+            c.forget(slot);
+        }
     }
 
     fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<()> {

@@ -97,6 +97,7 @@ impl<'m, 'w> CpuDecoder<'m, 'w> {
 
 impl Decoder for CpuDecoder<'_, '_> {
     fn reserve(&mut self, slots: usize, _max_len: usize) -> Result<(), CudaError> {
+        self.logits.clear();
         self.cache = Some(KvCache::with_slots(self.model, slots));
         Ok(())
     }
@@ -244,7 +245,8 @@ pub fn generate_with(
 
 /// The cache slots of one generation.
 struct Slots {
-    /// Free slots; the lowest is taken first.
+    /// Free slots, taken from the end: 0, 1, ... at the start, then the slot
+    /// freed last.
     free: Vec<usize>,
     /// The next sample to admit.
     next: usize,

@@ -90,7 +90,8 @@ fn check(x: &Fp8Quantized, w: &Fp8Quantized) -> Result<()> {
     )?;
     ensure(x.cols == w.cols && x.cols_pad == w.cols_pad, || {
         format!("decode GEMM: X has K = {}, W has K = {}", x.cols, w.cols)
-    })
+    })?;
+    ensure(w.cols > 0, || "FP8 GEMM with K = 0".into())
 }
 
 /// K splits and groups per split: about two blocks per SM, and a partial-sum

@@ -424,10 +424,48 @@ fn crash_restart_rollback_and_bad_input() {
     c.wait_for(&run2, "stopped", |s| s["state"] == "stopped");
 }
 
+/// One HTTP/1.1 request to jetd's metrics address: (status line, head, body).
+fn http_get(addr: &str, path: &str) -> (String, String, String) {
+    use std::io::Read;
+    let t0 = Instant::now();
+    let mut s = loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(s) => break s,
+            Err(e) => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "no metrics listener at {addr}: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP head");
+    let status = head.lines().next().unwrap_or("").to_string();
+    (status, head.to_string(), body.to_string())
+}
+
+/// The value of the sample `series` (name and labels exactly as written).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 #[test]
-fn injected_nan_rolls_back_automatically() {
+fn injected_nan_rolls_back_automatically_and_prometheus_sees_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let d = Daemon::start(&tmp.path().join("data"));
+    // A port of its own (the TCP test below takes pid-derived ports too).
+    let addr = format!("127.0.0.1:{}", 20000 + (std::process::id() % 20000) as u16);
+    let d = Daemon::start_with(&tmp.path().join("data"), &["--metrics-addr", &addr]);
     let mut c = Client::connect(&d);
     let cfg = config(8, "[debug]\ninject_nan_at_step = 5\n");
     let run = c.ok(json!({"op": "submit", "config": cfg}))["id"]
@@ -462,6 +500,61 @@ fn injected_nan_rolls_back_automatically() {
             .any(|m| m["abandoned"] == true),
         "the NaN step is kept, abandoned"
     );
+
+    // A Prometheus scrape: the run's newest live step, its phase times, its
+    // newest evaluation, the alarm counted; every sample line parses.
+    let (status, head, body) = http_get(&addr, "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{head}");
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').expect(line);
+        assert!(value.parse::<f64>().is_ok(), "value of {line:?}");
+        let name = series.split('{').next().unwrap();
+        assert!(
+            name.starts_with("jet_") && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "{line:?}"
+        );
+    }
+    let l = format!("{{run=\"{run}\",flow=\"fp8\"}}");
+    let last = live.last().unwrap();
+    assert_eq!(
+        sample(&body, &format!("jet_rl_step{l}")),
+        last["step"].as_f64(),
+        "{body}"
+    );
+    assert_eq!(
+        sample(&body, &format!("jet_rl_reward_mean{l}")),
+        last["reward_mean"].as_f64()
+    );
+    assert_eq!(sample(&body, &format!("jet_run_rl_step{l}")), Some(8.0));
+    assert_eq!(sample(&body, &format!("jet_run_running{l}")), Some(0.0));
+    assert!(
+        sample(&body, &format!("jet_eval_heldout_accuracy{l}")).is_some(),
+        "{body}"
+    );
+    assert!(
+        sample(
+            &body,
+            &format!("jet_phase_seconds{{run=\"{run}\",flow=\"fp8\",phase=\"rollout\"}}")
+        )
+        .is_some_and(|s| s > 0.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            &format!("jet_alarms_total{{run=\"{run}\",flow=\"fp8\",kind=\"nan\"}}")
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(body.contains("# TYPE jet_alarms_total counter"));
+    assert!(sample(&body, "jet_gpus").is_some());
+    let (status, _, _) = http_get(&addr, "/nope");
+    assert!(status.starts_with("HTTP/1.1 404"), "{status}");
 }
 
 #[test]

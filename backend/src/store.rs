@@ -311,6 +311,24 @@ impl Store {
             .collect()
     }
 
+    /// The newest live (not abandoned) metrics records, newest first, at most
+    /// `limit`: a reverse scan, so a scrape of a long run does not read its
+    /// whole history.
+    pub fn newest_live(&self, id: &str, limit: usize) -> Result<Vec<Value>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.metrics.scan_prefix(prefix(id)).rev() {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = kv.map_err(self.err())?;
+            let m: Value = Self::decode(&k, &v)?;
+            if m["abandoned"] != true {
+                out.push(m);
+            }
+        }
+        Ok(out)
+    }
+
     /// Mark the live records at or after (`phase`, `step`) as abandoned: what a
     /// run restored from the checkpoint taken there will compute again.
     pub fn abandon_after(&self, id: &str, phase: &str, step: u64) -> Result<usize, StoreError> {
@@ -512,6 +530,13 @@ mod tests {
         assert_eq!(m.len(), 6);
         assert_eq!(m.iter().filter(|x| x["abandoned"] == true).count(), 2);
         assert_eq!(m[5]["branch"], 1);
+        // Newest live first: the new branch's step 3, then 2, 1; abandoned ones skipped.
+        let newest = s.newest_live("r0001", 3).unwrap();
+        let steps: Vec<(u64, u64)> = newest
+            .iter()
+            .map(|x| (x["step"].as_u64().unwrap(), x["branch"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(steps, [(3, 1), (2, 0), (1, 0)]);
         assert_eq!(s.events("r0001", 0).unwrap()[0].kind, "alarm.nan");
         drop(s);
         // Reopen: everything is still there; a wrong schema version is refused.

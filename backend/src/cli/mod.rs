@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// 0,1. One run computes on each at a time.
     #[arg(long, default_value = "all")]
     pub gpus: crate::daemon::GpuChoice,
+    /// Serve Prometheus metrics (GET /metrics) on this address, e.g.
+    /// 127.0.0.1:9464. Off by default; it needs no token, so keep it on loopback
+    /// or a trusted network.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
 }
 
 /// Options shared by `run` and `compare`.
@@ -102,6 +107,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             tcp: a.tcp,
             token_file: a.token_file,
             gpus: a.gpus,
+            metrics_addr: a.metrics_addr,
         }),
     }
 }

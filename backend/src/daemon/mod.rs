@@ -3,9 +3,11 @@
 
 mod conn;
 mod devices;
+mod exposition;
 mod gpu;
 mod handlers;
 mod lineage;
+mod metrics_http;
 mod shared;
 mod worker;
 
@@ -31,6 +33,8 @@ pub struct ServeOptions {
     pub token_file: Option<PathBuf>,
     /// The GPUs to compute on.
     pub gpus: GpuChoice,
+    /// Serve Prometheus' `GET /metrics` here (off when None).
+    pub metrics_addr: Option<String>,
 }
 
 /// Refuse a data dir that others could tamper with.
@@ -192,6 +196,18 @@ pub fn serve(opts: ServeOptions) -> anyhow::Result<()> {
                     tokio::spawn(conn::serve_conn(sh.clone(), s, token.clone()));
                 }
             });
+        }
+        if let Some(addr) = &opts.metrics_addr {
+            let l = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --metrics-addr {addr}"))?;
+            let at = l.local_addr()?;
+            eprintln!("jetd: Prometheus metrics on http://{at}/metrics");
+            if !at.ip().is_loopback() {
+                // The exposition names runs and needs no token.
+                eprintln!("jetd: note: {at} is not a loopback address: anyone who reaches it can read the metrics");
+            }
+            tokio::spawn(metrics_http::serve(sh.clone(), l));
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;

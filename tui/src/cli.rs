@@ -9,7 +9,7 @@ use jet_proto::{CheckpointInfo, Event, Op, RunInfo, RunState};
 use serde_json::Value;
 
 use crate::client::{socket_path, Client, ClientError};
-use crate::output;
+use crate::{compare, output};
 
 /// The Jet operator console: attaches to a running jetd.
 ///
@@ -125,6 +125,39 @@ pub enum Cmd {
         #[command(flatten)]
         out: JsonFlag,
     },
+    /// Runs side by side: the numbers of the console's Compare view.
+    ///
+    /// Each SOURCE is a run id of jetd, a metrics JSONL file (`jetd run
+    /// --metrics-out`), or a folder of them (`jetd compare --metrics-dir`: its
+    /// three flows). Prints per source the last reward, the first and last
+    /// held-out accuracy, mismatch_kl, entropy, response length and step time;
+    /// `--json` adds every curve's points.
+    Compare {
+        #[arg(required = true, value_name = "SOURCE")]
+        sources: Vec<String>,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// Write a chart of one metric of several runs (SVG or PNG) for a report.
+    ///
+    /// Sources as for `compare`. The y axis is logarithmic for the mismatch
+    /// metrics (exact zeros drawn on a floor, labelled) unless --scale says otherwise.
+    Plot {
+        #[arg(required = true, value_name = "SOURCE")]
+        sources: Vec<String>,
+        /// A numeric field of the metrics records, e.g. reward_mean,
+        /// heldout_accuracy, mismatch_kl, entropy, response_len_mean, step_s.
+        #[arg(long)]
+        metric: String,
+        /// The image: FILE.svg or FILE.png.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Width x height in pixels.
+        #[arg(long, default_value = "1000x600", value_parser = parse_size)]
+        size: (u32, u32),
+        #[arg(long, value_enum, default_value_t = crate::plot::Scale::Auto)]
+        scale: crate::plot::Scale,
+    },
     /// Subscribe and print the snapshot and every push as JSON lines until jetd closes.
     Watch {
         /// Only this run (default: all runs).
@@ -181,8 +214,98 @@ impl Cli {
     }
 }
 
+fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("{s:?}: expected WIDTHxHEIGHT in pixels, like 1000x600");
+    let (w, h) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+    Ok((
+        w.trim().parse().map_err(|_| bad())?,
+        h.trim().parse().map_err(|_| bad())?,
+    ))
+}
+
+/// The sources of `compare` and `plot`: paths are read here; run ids are
+/// asked of jetd (connecting only when there is one).
+fn load_sources(cli: &Cli, args: &[String]) -> Result<Vec<compare::Source>, CmdError> {
+    let mut out = Vec::new();
+    let mut client: Option<(Client, Vec<RunInfo>)> = None;
+    for a in args {
+        let path = Path::new(a);
+        if path.exists() || a.ends_with(".jsonl") || a.contains('/') {
+            out.extend(compare::from_path(path).map_err(CmdError::Usage)?);
+            continue;
+        }
+        if client.is_none() {
+            let mut c = Client::connect(&cli.socket_path(), cli.timeout())?;
+            let runs: Vec<RunInfo> = decode(c.request(Op::Runs)?, "runs")?;
+            client = Some((c, runs));
+        }
+        let (c, runs) = client.as_mut().expect("connected above");
+        let Some(info) = runs.iter().find(|r| r.id == *a) else {
+            return Err(CmdError::Usage(format!(
+                "{a}: no such run in jetd and no such file (runs: {})",
+                runs.iter()
+                    .map(|r| r.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        };
+        let ms: Vec<Value> = decode(
+            c.request(Op::Metrics {
+                run: a.clone(),
+                from: None,
+                to: None,
+            })?,
+            "metrics",
+        )?;
+        out.push(compare::Source::run(info, ms));
+    }
+    if out.len() > MAX_SOURCES {
+        return Err(CmdError::Usage(format!(
+            "{} sources: at most {MAX_SOURCES} fit one chart",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
+
+/// Most sources `compare` and `plot` take (the colours of a legible chart).
+const MAX_SOURCES: usize = 8;
+
 /// Run one subcommand, writing its output to `out`.
 pub fn run(cli: &Cli, cmd: &Cmd, out: &mut dyn Write) -> Result<(), CmdError> {
+    // These two need jetd only for run ids (files are read without it).
+    match cmd {
+        Cmd::Compare { sources, out: j } => {
+            let s = load_sources(cli, sources)?;
+            let text = if j.json {
+                let mut t = serde_json::to_string_pretty(&compare::to_json(&s)).unwrap_or_default();
+                t.push('\n');
+                t
+            } else {
+                compare::table(&s)
+            };
+            return write_out(out, &text);
+        }
+        Cmd::Plot {
+            sources,
+            metric,
+            out: file,
+            size,
+            scale,
+        } => {
+            crate::plot::Format::of(file).map_err(CmdError::Usage)?;
+            let s = load_sources(cli, sources)?;
+            let spec = crate::plot::Spec {
+                metric,
+                sources: &s,
+                size: *size,
+                scale: *scale,
+            };
+            crate::plot::write(&spec, file).map_err(CmdError::Usage)?;
+            return write_out(out, &format!("wrote {}\n", file.display()));
+        }
+        _ => {}
+    }
     let config = match cmd {
         Cmd::Submit { config, .. } => Some(read_config(config)?),
         _ => None,
@@ -287,6 +410,7 @@ pub fn run(cli: &Cli, cmd: &Cmd, out: &mut dyn Write) -> Result<(), CmdError> {
             })?;
             show::<Vec<Event>>(j, v, |e| output::events_table(&e))?
         }
+        Cmd::Compare { .. } | Cmd::Plot { .. } => unreachable!("answered above"),
         Cmd::Watch { run } => {
             let (snap, subs) = c.subscribe(run.clone())?;
             let line = serde_json::json!({ "snapshot": snap });

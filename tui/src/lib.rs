@@ -5,10 +5,12 @@
 pub mod app;
 pub mod cli;
 pub mod client;
+pub mod compare;
 pub mod console;
 pub mod fmt;
 pub mod keys;
 pub mod output;
+pub mod plot;
 pub mod replay;
 pub mod series;
 pub mod ui;

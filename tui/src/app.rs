@@ -12,10 +12,18 @@ pub enum View {
     Dashboard,
     Events,
     Checkpoints,
+    /// The marked runs overlaid (2 to 4).
+    Compare,
 }
 
 impl View {
-    pub const ALL: [View; 4] = [View::Runs, View::Dashboard, View::Events, View::Checkpoints];
+    pub const ALL: [View; 5] = [
+        View::Runs,
+        View::Dashboard,
+        View::Events,
+        View::Checkpoints,
+        View::Compare,
+    ];
 
     pub fn title(self) -> &'static str {
         match self {
@@ -23,6 +31,7 @@ impl View {
             View::Dashboard => "Dashboard",
             View::Events => "Events",
             View::Checkpoints => "Checkpoints",
+            View::Compare => "Compare",
         }
     }
 
@@ -84,6 +93,12 @@ pub struct App {
     pub help: bool,
     pub dialog: Option<Dialog>,
     pub flash: Option<(String, Level)>,
+    /// Runs marked for the Compare view, in marking order (at most 4).
+    pub marked: Vec<String>,
+    /// Metrics of the marked runs, once fetched (then kept live by pushes).
+    pub compared: Vec<(String, Vec<Value>)>,
+    /// Marked runs whose metrics were asked for on this connection.
+    pub compare_asked: Vec<String>,
 }
 
 impl App {
@@ -109,7 +124,70 @@ impl App {
             help: false,
             dialog: None,
             flash: None,
+            marked: vec![],
+            compared: vec![],
+            compare_asked: vec![],
         }
+    }
+
+    /// What the connection subscribes to: every run while comparing (the
+    /// marked runs' pushes), else the opened run.
+    pub fn subscription(&self) -> Option<String> {
+        if self.view == View::Compare && !self.marked.is_empty() {
+            None
+        } else {
+            self.run.clone()
+        }
+    }
+
+    /// Requests for the metrics of marked runs not yet asked for on this
+    /// connection (the Compare view's data); pushes keep them live after.
+    pub fn compare_fetches(&mut self) -> Vec<(Op, String)> {
+        if self.view != View::Compare {
+            return vec![];
+        }
+        let todo: Vec<String> = self
+            .marked
+            .iter()
+            .filter(|r| !self.compare_asked.contains(r))
+            .cloned()
+            .collect();
+        self.compare_asked.extend(todo.iter().cloned());
+        todo.into_iter()
+            .map(|run| {
+                let label = format!("{COMPARE_LABEL}{run}");
+                let op = Op::Metrics {
+                    run,
+                    from: None,
+                    to: None,
+                };
+                (op, label)
+            })
+            .collect()
+    }
+
+    /// The marked runs with their metrics (empty until fetched), in marking order.
+    pub fn compare_sources(&self) -> Vec<crate::compare::Source> {
+        self.marked
+            .iter()
+            .map(|id| {
+                let metrics = self
+                    .compared
+                    .iter()
+                    .find(|(r, _)| r == id)
+                    .map(|(_, m)| m.clone())
+                    .unwrap_or_default();
+                match self.runs.iter().find(|r| &r.id == id) {
+                    Some(info) => crate::compare::Source::run(info, metrics),
+                    None => crate::compare::Source {
+                        id: id.clone(),
+                        label: id.clone(),
+                        flow: "?".into(),
+                        metrics,
+                    },
+                }
+            })
+            .collect()
     }
 
     pub fn flash(&mut self, msg: impl Into<String>, level: Level) {
@@ -205,7 +283,14 @@ impl App {
     pub fn apply_push(&mut self, p: Push) {
         let mine = |r: &str, me: &Option<String>| me.as_deref() == Some(r);
         match p {
-            Push::Metrics { run, metrics } if mine(&run, &self.run) => self.add_metrics(metrics),
+            Push::Metrics { run, metrics } => {
+                if let Some((_, ms)) = self.compared.iter_mut().find(|(r, _)| *r == run) {
+                    merge_step(ms, metrics.clone());
+                }
+                if mine(&run, &self.run) {
+                    merge_step(&mut self.metrics, metrics);
+                }
+            }
             Push::Event { run, event }
                 if mine(&run, &self.run) && !self.events.iter().any(|e| e.seq == event.seq) =>
             {
@@ -224,33 +309,68 @@ impl App {
         self.clamp();
     }
 
-    /// Add one step. A step of a newer branch marks the steps it replaces (same or
-    /// later step, older branch) as abandoned, as the store does after a rollback.
-    fn add_metrics(&mut self, m: Value) {
-        let branch = m.get("branch").and_then(Value::as_u64).unwrap_or(0);
-        let step = step_of(&m);
-        let rl = is_rl(&m);
-        if let (true, Some(step)) = (rl, step) {
-            for old in self.metrics.iter_mut().filter(|o| is_rl(o)) {
-                let ob = old.get("branch").and_then(Value::as_u64).unwrap_or(0);
-                if ob < branch && step_of(old).is_some_and(|s| s >= step) {
-                    if let Some(o) = old.as_object_mut() {
-                        o.insert("abandoned".into(), Value::Bool(true));
-                    }
+    /// Mark `run` for the Compare view, or unmark it; at most [`MAX_MARKED`].
+    pub fn toggle_mark(&mut self, run: &str) {
+        if let Some(i) = self.marked.iter().position(|r| r == run) {
+            self.marked.remove(i);
+            self.compared.retain(|(r, _)| r != run);
+            self.compare_asked.retain(|r| r != run);
+            self.flash(
+                format!("{run} unmarked ({} marked)", self.marked.len()),
+                Level::Info,
+            );
+        } else if self.marked.len() >= MAX_MARKED {
+            self.flash(
+                format!("{MAX_MARKED} runs marked already: unmark one (m) first"),
+                Level::Warn,
+            );
+        } else {
+            self.marked.push(run.to_string());
+            let n = self.marked.len();
+            let hint = if n >= 2 {
+                ": 5 compares them"
+            } else {
+                ": mark another"
+            };
+            self.flash(format!("{run} marked ({n} marked){hint}"), Level::Info);
+        }
+    }
+}
+
+/// Label of the requests for a compared run's metrics (`compare r0003`).
+pub const COMPARE_LABEL: &str = "compare ";
+/// Most runs the Compare view overlays.
+pub const MAX_MARKED: usize = crate::compare::MAX_SERIES;
+
+/// Add one step to a run's metrics. A step of a newer branch marks the steps it
+/// replaces (same or later step, older branch) as abandoned, as the store does
+/// after a rollback.
+fn merge_step(metrics: &mut Vec<Value>, m: Value) {
+    let branch = m.get("branch").and_then(Value::as_u64).unwrap_or(0);
+    let step = step_of(&m);
+    let rl = is_rl(&m);
+    if let (true, Some(step)) = (rl, step) {
+        for old in metrics.iter_mut().filter(|o| is_rl(o)) {
+            let ob = old.get("branch").and_then(Value::as_u64).unwrap_or(0);
+            if ob < branch && step_of(old).is_some_and(|s| s >= step) {
+                if let Some(o) = old.as_object_mut() {
+                    o.insert("abandoned".into(), Value::Bool(true));
                 }
             }
         }
-        let same = |o: &Value| {
-            is_rl(o) == rl
-                && step_of(o) == step
-                && o.get("branch").and_then(Value::as_u64).unwrap_or(0) == branch
-        };
-        match self.metrics.iter().position(same) {
-            Some(i) => self.metrics[i] = m,
-            None => self.metrics.push(m),
-        }
     }
+    let same = |o: &Value| {
+        is_rl(o) == rl
+            && step_of(o) == step
+            && o.get("branch").and_then(Value::as_u64).unwrap_or(0) == branch
+    };
+    match metrics.iter().position(same) {
+        Some(i) => metrics[i] = m,
+        None => metrics.push(m),
+    }
+}
 
+impl App {
     pub fn upsert_run(&mut self, run: RunInfo) {
         match self.runs.iter().position(|r| r.id == run.id) {
             Some(i) => self.runs[i] = run,
@@ -271,6 +391,9 @@ impl App {
 
     /// The reply to a request sent for a key (`label` says which).
     pub fn apply_result(&mut self, label: &str, result: Result<Value, ErrorBody>) {
+        if let Some(run) = label.strip_prefix(COMPARE_LABEL) {
+            return self.apply_compared(run, result);
+        }
         match result {
             Err(e) => self.flash(format!("{label}: {}", e.message), Level::Error),
             Ok(v) => {
@@ -296,6 +419,28 @@ impl App {
                 }
                 self.clamp();
             }
+        }
+    }
+
+    /// The metrics of a compared run (the reply to a compare fetch).
+    fn apply_compared(&mut self, run: &str, result: Result<Value, ErrorBody>) {
+        if !self.marked.iter().any(|r| r == run) {
+            return; // unmarked while the request was out
+        }
+        let ms = match result.map(serde_json::from_value::<Vec<Value>>) {
+            Ok(Ok(ms)) => ms,
+            Ok(Err(e)) => {
+                return self.flash(
+                    format!("compare {run}: bad metrics from jetd: {e}"),
+                    Level::Error,
+                )
+            }
+            Err(e) => return self.flash(format!("compare {run}: {}", e.message), Level::Error),
+        };
+        // Pushes that came while the request was out are in the store's answer too.
+        match self.compared.iter_mut().find(|(r, _)| r == run) {
+            Some((_, old)) => *old = ms,
+            None => self.compared.push((run.to_string(), ms)),
         }
     }
 

@@ -106,14 +106,12 @@ impl Link {
     }
 
     fn subscribe(&mut self, app: &mut App) {
-        self.sub = Some(app.run.clone());
-        self.send(
-            app,
-            Op::Subscribe {
-                run: app.run.clone(),
-            },
-            Pending::Subscribe,
-        );
+        let run = app.subscription();
+        self.sub = Some(run.clone());
+        // A new subscription may have missed pushes: the compared runs'
+        // metrics are asked for again on it.
+        app.compare_asked.clear();
+        self.send(app, Op::Subscribe { run }, Pending::Subscribe);
     }
 
     fn on_net(&mut self, app: &mut App, gen: u64, m: Incoming) {
@@ -203,13 +201,19 @@ fn event_loop(
 ) -> Result<()> {
     let mut dirty = true;
     loop {
-        // The opened run changed: subscribe to it on a fresh connection.
-        if link.conn.is_some() && link.sub.as_ref() != Some(&app.run) {
+        // The opened run changed, or Compare needs every run's pushes:
+        // subscribe anew on a fresh connection.
+        if link.conn.is_some() && link.sub.as_ref() != Some(&app.subscription()) {
             if let Some(c) = link.conn.take() {
                 c.close();
             }
             link.connect(app, tx);
             dirty = true;
+        }
+        if link.conn.is_some() {
+            for (op, label) in app.compare_fetches() {
+                link.send(app, op, Pending::Action(label));
+            }
         }
         if dirty {
             term.draw(|f| crate::ui::draw(f, app))?;

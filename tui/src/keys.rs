@@ -9,9 +9,11 @@ use crate::app::{Action, App, Dialog, Level, View};
 pub const HELP: &[(&str, &str, bool)] = &[
     ("q  Ctrl-C", "quit", false),
     ("?", "this help", false),
-    ("Tab  1-4", "switch view (Shift-Tab back)", false),
+    ("Tab  1-5", "switch view (Shift-Tab back)", false),
     ("↑ ↓  j k  PgUp PgDn", "move the selection", false),
     ("Enter", "open the selected run (Runs)", false),
+    ("m", "mark / unmark the run for Compare (2-4)", false),
+    ("M", "mark the runs of its name (its flows)", false),
     ("Esc", "clear the filter, close, back to Runs", false),
     ("/", "filter runs or events (Enter keeps it)", false),
     ("s", "smoothing (EMA) of the curves", false),
@@ -20,6 +22,9 @@ pub const HELP: &[(&str, &str, bool)] = &[
     ("c", "write a checkpoint now", true),
     ("b", "roll back to the selected checkpoint", true),
 ];
+
+/// Views the Tab key cycles through.
+const VIEWS: usize = View::ALL.len();
 
 impl App {
     /// Handle one key; returns what the console loop must do.
@@ -45,9 +50,9 @@ impl App {
         match key.code {
             KeyCode::Char('q') => return Some(Action::Quit),
             KeyCode::Char('?') => self.help = true,
-            KeyCode::Tab => return self.switch((self.view.index() + 1) % 4),
-            KeyCode::BackTab => return self.switch((self.view.index() + 3) % 4),
-            KeyCode::Char(c @ '1'..='4') => return self.switch(c as usize - '1' as usize),
+            KeyCode::Tab => return self.switch((self.view.index() + 1) % VIEWS),
+            KeyCode::BackTab => return self.switch((self.view.index() + VIEWS - 1) % VIEWS),
+            KeyCode::Char(c @ '1'..='5') => return self.switch(c as usize - '1' as usize),
             KeyCode::Up | KeyCode::Char('k') => self.move_sel(-1),
             KeyCode::Down | KeyCode::Char('j') => self.move_sel(1),
             KeyCode::PageUp => self.move_sel(-10),
@@ -73,6 +78,8 @@ impl App {
                 self.flash(format!("smoothing (EMA) {on}"), Level::Info);
             }
             KeyCode::Char('r') => return Some(Action::Send(Op::Runs, "refresh".into())),
+            KeyCode::Char('m') => self.mark(),
+            KeyCode::Char('M') => self.mark_same_name(),
             KeyCode::Char(' ') => return self.pause_resume(),
             KeyCode::Char('c') => return self.checkpoint(),
             KeyCode::Char('b') => self.rollback(),
@@ -130,8 +137,18 @@ impl App {
 
     /// Go to view `i`; a run view with no run opened opens the selected one.
     fn switch(&mut self, i: usize) -> Option<Action> {
-        let to = View::ALL[i % 4];
+        let to = View::ALL[i % VIEWS];
         self.filter_editing = false;
+        if to == View::Compare {
+            if self.marked.len() < 2 {
+                self.flash(
+                    "mark 2 to 4 runs in Runs (1) with m (M: the runs of one name), then press 5",
+                    Level::Info,
+                );
+            }
+            self.view = to;
+            return None;
+        }
         if to != View::Runs && self.run.is_none() {
             match self.selected_run().map(|r| r.id.clone()) {
                 Some(id) => self.open_run(&id),
@@ -163,10 +180,42 @@ impl App {
             View::Runs => &mut self.runs_sel,
             View::Events => &mut self.events_sel,
             View::Checkpoints => &mut self.ckpt_sel,
-            View::Dashboard => return,
+            View::Dashboard | View::Compare => return,
         };
         *sel = (*sel as i64 + d).max(0) as usize;
         self.clamp();
+    }
+
+    /// m: mark the selected run (Runs) or the opened one for Compare.
+    fn mark(&mut self) {
+        match self.target() {
+            Some((run, _)) => self.toggle_mark(&run),
+            None => self.flash("no run to mark", Level::Warn),
+        }
+    }
+
+    /// M: mark the runs that have the selected run's name (the flows of one
+    /// comparison share it), replacing the marks; at most four.
+    fn mark_same_name(&mut self) {
+        let Some(name) = self.selected_run().map(|r| r.name.clone()) else {
+            return self.flash("no run to mark", Level::Warn);
+        };
+        let same: Vec<String> = self
+            .runs
+            .iter()
+            .filter(|r| r.name == name)
+            .map(|r| r.id.clone())
+            .take(crate::app::MAX_MARKED)
+            .collect();
+        self.marked = same;
+        self.compared.retain(|(r, _)| self.marked.contains(r));
+        self.compare_asked.retain(|r| self.marked.contains(r));
+        let msg = format!(
+            "marked {} run(s) named {name}: {}; 5 compares them",
+            self.marked.len(),
+            self.marked.join(" ")
+        );
+        self.flash(msg, Level::Info);
     }
 
     /// The run a key acts on: the selected one in Runs, else the opened one.

@@ -137,3 +137,72 @@ fn tiny_terminal_does_not_panic() {
         }
     }
 }
+
+/// Metrics of `steps` RL steps in the shape jetd stores them: the three flows
+/// of one comparison, each with its own curves (closed forms, no randomness).
+fn flow_metrics(flow: &str, steps: u64) -> serde_json::Value {
+    let (gain, kl) = match flow {
+        "bf16" => (0.010, 0.0),
+        "fp8" => (0.011, 0.0),
+        _ => (0.004, 8e-4),
+    };
+    let ms: Vec<serde_json::Value> = (0..steps)
+        .map(|s| {
+            let x = s as f64;
+            let mut m = serde_json::json!({
+                "phase": "rl", "step": s, "flow": flow, "branch": 0, "abandoned": false,
+                "reward_mean": 0.2 + gain * x + 0.03 * (x * 0.7).sin(),
+                "mismatch_kl": kl * (1.0 + 0.5 * (x * 0.3).sin()),
+                "entropy": 0.9 - 0.004 * x,
+                "response_len_mean": 40.0 + 0.2 * x,
+                "step_s": if flow == "bf16" { 1.2 } else { 0.9 } + 0.05 * (x * 0.5).cos(),
+            });
+            if s % 10 == 0 || s + 1 == steps {
+                m["heldout_accuracy"] = serde_json::json!(0.3 + gain * x);
+            }
+            m
+        })
+        .collect();
+    serde_json::Value::Array(ms)
+}
+
+fn comparing() -> App {
+    let mut app = session(false);
+    app.view = View::Compare;
+    for (run, flow) in [
+        ("r-0001", "bf16"),
+        ("r-0002", "fp8"),
+        ("r-0003", "bf16-fp8rollout"),
+    ] {
+        app.toggle_mark(run);
+        app.apply_result(&format!("compare {run}"), Ok(flow_metrics(flow, 40)));
+    }
+    app.flash = None;
+    app
+}
+
+#[test]
+fn compare_view() {
+    both_sizes("compare", &comparing());
+}
+
+#[test]
+fn runs_view_shows_the_marks() {
+    let mut app = comparing();
+    app.view = View::Runs;
+    insta::assert_snapshot!("runs_marked_80x24", render(&app, 80, 24));
+}
+
+#[test]
+fn compare_view_before_marks_and_data() {
+    let mut app = session(false);
+    app.view = View::Compare;
+    insta::assert_snapshot!("compare_nothing_marked_80x24", render(&app, 80, 24));
+    app.toggle_mark("r-0002");
+    app.flash = None;
+    // Marked, metrics not fetched yet: the legend says so, the charts wait.
+    insta::assert_snapshot!("compare_one_loading_80x24", render(&app, 80, 24));
+    for (w, h) in [(1, 1), (10, 5), (40, 12), (300, 100)] {
+        render(&comparing(), w, h);
+    }
+}

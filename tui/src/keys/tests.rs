@@ -59,6 +59,8 @@ fn readonly_blocks_every_change() {
     // Watching still works.
     assert_eq!(a.on_key(ch('s')), None);
     assert!(a.smoothing);
+    assert_eq!(a.on_key(key(KeyCode::Tab)), None);
+    assert_eq!(a.view, View::Compare);
     assert_eq!(
         a.on_key(key(KeyCode::Tab)),
         Some(Action::Send(Op::Runs, "refresh".into()))
@@ -269,4 +271,53 @@ fn pushes_update_and_rollback_marks_abandoned() {
         metrics: m,
     });
     assert_eq!(a.metrics.len(), before);
+}
+
+#[test]
+fn marks_choose_the_runs_compare_fetches_and_follows() {
+    let mut a = app(false);
+    a.view = View::Runs;
+    a.runs_sel = 0;
+    a.on_key(ch('m'));
+    a.runs_sel = 1;
+    a.on_key(ch('m'));
+    assert_eq!(a.marked, ["r-0001", "r-0002"]);
+    // Nothing is fetched outside the Compare view; the opened run is subscribed.
+    assert!(a.compare_fetches().is_empty());
+    assert_eq!(a.subscription(), Some("r-0003".into()));
+    assert_eq!(a.on_key(ch('5')), None);
+    assert_eq!(a.view, View::Compare);
+    // Comparing subscribes to every run and asks for each marked run's metrics once.
+    assert_eq!(a.subscription(), None);
+    let f = a.compare_fetches();
+    assert_eq!(
+        f.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>(),
+        ["compare r-0001", "compare r-0002"]
+    );
+    assert!(matches!(&f[0].0, Op::Metrics { run, from: None, to: None } if run == "r-0001"));
+    assert!(a.compare_fetches().is_empty());
+    // The answers, then a live push of a marked run extends its curve.
+    let step = |s: u64, r: f64| serde_json::json!({"phase": "rl", "step": s, "reward_mean": r});
+    a.apply_result("compare r-0001", Ok(serde_json::json!([step(0, 0.1)])));
+    a.apply_push(jet_proto::Push::Metrics {
+        run: "r-0001".into(),
+        metrics: step(1, 0.2),
+    });
+    let s = a.compare_sources();
+    assert_eq!(s[0].curve("reward_mean"), [(0.0, 0.1), (1.0, 0.2)]);
+    assert!(s[1].metrics.is_empty(), "r-0002's answer has not come");
+    // m toggles; a fifth mark is refused; M marks the runs of one name.
+    a.view = View::Runs;
+    a.on_key(ch('m'));
+    assert_eq!(a.marked, ["r-0001"]);
+    for i in 1..5 {
+        a.runs_sel = i;
+        a.on_key(ch('m'));
+    }
+    assert_eq!(a.marked.len(), 4);
+    assert_eq!(a.flash.as_ref().map(|f| f.1), Some(Level::Warn));
+    a.runs_sel = 3;
+    a.on_key(ch('M'));
+    assert_eq!(a.marked, ["r-0004"]);
+    assert!(a.compared.is_empty(), "data of unmarked runs is dropped");
 }

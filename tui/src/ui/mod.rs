@@ -2,6 +2,7 @@
 
 mod chart;
 mod checkpoints;
+mod compare;
 mod dashboard;
 mod events;
 mod overlay;
@@ -29,6 +30,7 @@ pub fn draw(f: &mut Frame, app: &App) {
         View::Dashboard => dashboard::draw(f, body, app),
         View::Events => events::draw(f, body, app),
         View::Checkpoints => checkpoints::draw(f, body, app),
+        View::Compare => compare::draw(f, body, app),
     }
     status_line(f, status, app);
     if app.help {

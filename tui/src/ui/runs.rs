@@ -67,7 +67,7 @@ fn table(f: &mut Frame, area: Rect, app: &App) {
     let wide = area.width >= 110;
     let mut head = vec!["ID", "NAME", "STATE", "FLOW", "DEVICE", "STEP", "REWARD"];
     let mut widths = vec![
-        Constraint::Length(7),
+        Constraint::Length(8),
         Constraint::Fill(1),
         Constraint::Length(8),
         Constraint::Length(15),
@@ -83,12 +83,20 @@ fn table(f: &mut Frame, area: Rect, app: &App) {
     widths.push(Constraint::Fill(1));
     let rows = runs.iter().map(|r| {
         let opened = app.run.as_deref() == Some(r.id.as_str());
+        // A run marked for Compare: a dot in its Compare colour.
+        let mark = app.marked.iter().position(|m| *m == r.id);
+        let id = Line::from(vec![
+            Span::raw(format!("{}{}", r.id, if opened { "*" } else { "" })),
+            match mark {
+                Some(i) => Span::styled(
+                    "●",
+                    Style::new().fg(super::compare::COLORS[i % super::compare::COLORS.len()]),
+                ),
+                None => Span::raw(""),
+            },
+        ]);
         let mut cells = vec![
-            Cell::from(if opened {
-                format!("{}*", r.id)
-            } else {
-                r.id.clone()
-            }),
+            Cell::from(id),
             Cell::from(r.name.clone()),
             Cell::from(r.state.name()).style(state_style(r.state)),
             Cell::from(r.flow.clone()),
@@ -118,7 +126,7 @@ fn table(f: &mut Frame, area: Rect, app: &App) {
             .title_bottom(Line::from(" no runs: submit one with `jetctl submit CONFIG` ").dim());
     } else if !app.filter_editing && app.runs_filter.is_empty() {
         block = block.title_bottom(
-            Line::from(" Enter open · space pause/resume · / filter ")
+            Line::from(" Enter open · m mark · 5 compare · / filter ")
                 .dim()
                 .right_aligned(),
         );

@@ -15,8 +15,18 @@ impl Tokenizer {
     /// The prompt text for one user message: through the chat template when
     /// the tokenizer has one, the message itself otherwise.
     pub fn render_prompt(&self, user: &str) -> Result<String, Error> {
+        self.render_prompt_with(user, None)
+    }
+
+    /// As [`Tokenizer::render_prompt`], with `enable_thinking` passed to the
+    /// template when set (Qwen3's templates read it).
+    pub fn render_prompt_with(
+        &self,
+        user: &str,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, Error> {
         match self.chat_template() {
-            Some(t) => render_user_prompt(t, user, self.bos_token(), self.eos_token()),
+            Some(t) => render_with(t, user, self.bos_token(), self.eos_token(), enable_thinking),
             None => Ok(user.to_string()),
         }
     }
@@ -43,19 +53,40 @@ pub fn render_user_prompt(
     bos: Option<&str>,
     eos: Option<&str>,
 ) -> Result<String, Error> {
+    render_with(template, user, bos, eos, None)
+}
+
+fn render_with(
+    template: &str,
+    user: &str,
+    bos: Option<&str>,
+    eos: Option<&str>,
+    enable_thinking: Option<bool>,
+) -> Result<String, Error> {
     let mut env = Environment::new();
+    // HF renders templates with Python's string methods (`.startswith`,
+    // `.split`, `.lstrip`, slices such as `messages[::-1]`): Qwen3's uses them.
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    // transformers renders with these two on.
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
     // HF templates call raise_exception(msg) to reject conversations.
     env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
         Err(Error::new(ErrorKind::InvalidOperation, msg))
     });
     env.add_template("chat", template)?;
     let tmpl = env.get_template("chat")?;
-    tmpl.render(context! {
+    let base = context! {
         messages => vec![context! { role => "user", content => user }],
         add_generation_prompt => true,
         bos_token => bos.unwrap_or(""),
         eos_token => eos.unwrap_or(""),
-    })
+    };
+    // Unset stays undefined, so `enable_thinking is defined` tests see HF's default.
+    match enable_thinking {
+        Some(on) => tmpl.render(context! { enable_thinking => on, ..base }),
+        None => tmpl.render(base),
+    }
 }
 
 #[cfg(test)]

@@ -82,6 +82,9 @@ pub struct RunSection {
     /// cuBLASLt's block-scaled GEMM: faster, no longer bitwise on-policy. No effect
     /// on the CPU, which is always exact.
     pub batch_invariant: bool,
+    /// Also measure pass@k on them at each evaluation: k samples per problem at
+    /// the rollout's sampling settings (0 = off).
+    pub eval_pass_k: usize,
 }
 
 impl Default for RunSection {
@@ -94,6 +97,7 @@ impl Default for RunSection {
             eval_every: 10,
             eval_size: 200,
             batch_invariant: true,
+            eval_pass_k: 0,
         }
     }
 }
@@ -124,6 +128,11 @@ pub struct ModelSection {
     pub random: Option<RandomModel>,
     /// tokenizer.json (default: the model folder's).
     pub tokenizer: Option<PathBuf>,
+    /// Passed to the chat template as `enable_thinking` (Qwen3's templates:
+    /// false opens the answer with an empty think block); unset, the template's
+    /// own default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_thinking: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -444,7 +453,7 @@ impl RunConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let r = &self.rollout;
         let t = &self.train;
-        let checks: [(bool, &str, &str); 16] = [
+        let checks: [(bool, &str, &str); 17] = [
             (
                 r.prompts_per_step == 0,
                 "rollout.prompts_per_step",
@@ -519,6 +528,11 @@ impl RunConfig {
                 self.run.eval_every == 0,
                 "run.eval_every",
                 "must be at least 1",
+            ),
+            (
+                self.run.eval_pass_k > 64,
+                "run.eval_pass_k",
+                "must be at most 64 (samples per held-out problem)",
             ),
             (
                 self.model.path.is_some() == self.model.random.is_some(),

@@ -39,6 +39,10 @@ pub(crate) fn drive(
     mut on_step: impl FnMut(&Trainer, &StepMetrics) -> anyhow::Result<()>,
 ) -> anyhow::Result<Trainer> {
     let mut t = Trainer::new(cfg, flow)?;
+    // Skipped dataset lines and the like: said once, before the first step.
+    for w in t.task.warnings() {
+        eprintln!("jetd: warning: {w}");
+    }
     while let Some(m) = t.next_step() {
         let m = m?;
         on_step(&t, &m)?;

@@ -98,9 +98,14 @@ pub struct JsonlConfig {
     /// `"gsm8k"`, `"math"` or `"auto"` (per line). Default auto.
     #[serde(default)]
     pub format: DatasetFormat,
-    /// Share of the questions held out, chosen by hash of the question. Default 0.1.
+    /// Share of the questions held out, chosen by hash of the question. Default 0.1
+    /// (0 with `heldout_path`).
     #[serde(default = "default_heldout_fraction")]
     pub heldout_fraction: f64,
+    /// A separate held-out file (e.g. GSM8K's test split): evaluations use all of
+    /// it and training leaves its questions out. Relative to the config's folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heldout_path: Option<PathBuf>,
     /// Seed of the training order. Default 0.
     #[serde(default)]
     pub seed: u64,
@@ -142,6 +147,7 @@ struct RawTaskConfig {
     path: Option<PathBuf>,
     format: Option<DatasetFormat>,
     heldout_fraction: Option<f64>,
+    heldout_path: Option<PathBuf>,
     prompt_template: Option<String>,
 }
 
@@ -161,6 +167,7 @@ impl TryFrom<RawTaskConfig> for TaskConfig {
                     "path",
                     "format",
                     "heldout_fraction",
+                    "heldout_path",
                     "seed",
                     "prompt_template",
                 ],
@@ -176,6 +183,7 @@ impl TryFrom<RawTaskConfig> for TaskConfig {
             ("path", r.path.is_some()),
             ("format", r.format.is_some()),
             ("heldout_fraction", r.heldout_fraction.is_some()),
+            ("heldout_path", r.heldout_path.is_some()),
             ("prompt_template", r.prompt_template.is_some()),
         ];
         if let Some((field, _)) = present.iter().find(|(f, set)| *set && !allowed.contains(f)) {
@@ -204,12 +212,25 @@ impl TryFrom<RawTaskConfig> for TaskConfig {
                     seed: r.seed.unwrap_or(d.seed),
                 })
             }
+            // (0 is what a config written back by Jet says with a held-out file.)
+            TaskKind::Jsonl
+                if r.heldout_path.is_some() && r.heldout_fraction.is_some_and(|f| f != 0.0) =>
+            {
+                return Err(
+                    "give one of `heldout_fraction` (a share of `path`) and `heldout_path` (a file)"
+                        .into(),
+                )
+            }
             TaskKind::Jsonl => TaskConfig::Jsonl(JsonlConfig {
                 path: r
                     .path
                     .ok_or("missing field `path` (required for kind = \"jsonl\")")?,
                 format: r.format.unwrap_or_default(),
-                heldout_fraction: r.heldout_fraction.unwrap_or_else(default_heldout_fraction),
+                heldout_fraction: match r.heldout_path {
+                    Some(_) => 0.0,
+                    None => r.heldout_fraction.unwrap_or_else(default_heldout_fraction),
+                },
+                heldout_path: r.heldout_path,
                 seed: r.seed.unwrap_or(0),
                 prompt_template: r.prompt_template.unwrap_or_else(default_prompt_template),
             }),
@@ -230,6 +251,16 @@ pub fn build_task(cfg: &TaskConfig, base_dir: &Path) -> Result<Box<dyn Task>, Ta
             c.heldout,
             c.seed,
         )?),
+        TaskConfig::Jsonl(c) if c.heldout_path.is_some() => {
+            let held = base_dir.join(c.heldout_path.as_ref().expect("matched"));
+            Box::new(JsonlTask::with_heldout_file(
+                &base_dir.join(&c.path),
+                &held,
+                c.format,
+                c.seed,
+                &c.prompt_template,
+            )?)
+        }
         TaskConfig::Jsonl(c) => {
             let path = base_dir.join(&c.path);
             Box::new(JsonlTask::new(
@@ -288,6 +319,7 @@ mod tests {
                 path: "data/gsm8k.jsonl".into(),
                 format: DatasetFormat::Gsm8k,
                 heldout_fraction: 0.05,
+                heldout_path: None,
                 seed: 0,
                 prompt_template: "{question}\n".into(),
             })
@@ -308,6 +340,14 @@ mod tests {
                 "heldout",
             ),
             ("[task]\nkind = \"jsonl\"\n", "path"),
+            (
+                "[task]\nkind = \"jsonl\"\npath = \"x\"\nheldout_path = \"y\"\nheldout_fraction = 0.1\n",
+                "heldout_path",
+            ),
+            (
+                "[task]\nkind = \"countdown\"\nheldout_path = \"y\"\n",
+                "heldout_path",
+            ),
             ("[task]\nkind = \"sudoku\"\n", "sudoku"),
             ("[task]\ndigits = 2\n", "kind"),
             ("[task]\nkind = \"arithmetic\"\nops = [\"/\"]\n", "/"),
@@ -340,7 +380,8 @@ mod tests {
             TaskConfig::Jsonl(JsonlConfig {
                 path: "a.jsonl".into(),
                 format: DatasetFormat::Math,
-                heldout_fraction: 0.2,
+                heldout_fraction: 0.0,
+                heldout_path: Some("b.jsonl".into()),
                 seed: 3,
                 prompt_template: "Q: {question}\nA:".into(),
             }),

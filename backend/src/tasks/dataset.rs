@@ -284,6 +284,82 @@ impl JsonlTask {
         })
     }
 
+    /// Training problems from `train_path`, held-out problems from
+    /// `heldout_path` (all of it). A training question that is also held out is
+    /// dropped from training (and counted in a warning), so evaluation never
+    /// sees a problem the policy trained on.
+    pub fn with_heldout_file(
+        train_path: &Path,
+        heldout_path: &Path,
+        format: DatasetFormat,
+        seed: u64,
+        prompt_template: &str,
+    ) -> Result<Self, TaskError> {
+        check_template(prompt_template)?;
+        let train_report = load_jsonl(train_path, format)?;
+        let held_report = load_jsonl(heldout_path, format)?;
+        let total = train_report.problems.len();
+        let mut warnings = Vec::new();
+        for (path, report) in [(train_path, &train_report), (heldout_path, &held_report)] {
+            let file = path.display();
+            warnings.extend(
+                report
+                    .skipped
+                    .iter()
+                    .take(MAX_WARNINGS)
+                    .map(|(n, r)| format!("{file}:{n}: skipped: {r}")),
+            );
+            if report.skipped.len() > MAX_WARNINGS {
+                warnings.push(format!(
+                    "{file}: {} more line(s) skipped",
+                    report.skipped.len() - MAX_WARNINGS
+                ));
+            }
+        }
+        let held_questions: std::collections::HashSet<&str> = held_report
+            .problems
+            .iter()
+            .map(|p| p.prompt.as_str())
+            .collect();
+        let mut dropped = 0usize;
+        let mut train = Vec::new();
+        for mut p in train_report.problems {
+            if held_questions.contains(p.prompt.as_str()) {
+                dropped += 1;
+                continue;
+            }
+            p.prompt = prompt_template.replace("{question}", &p.prompt);
+            train.push(p);
+        }
+        if dropped > 0 {
+            warnings.push(format!(
+                "{}: {dropped} question(s) also in {} were left out of training",
+                train_path.display(),
+                heldout_path.display()
+            ));
+        }
+        if train.is_empty() {
+            return Err(TaskError::EmptyTrainSplit {
+                path: PathBuf::from(train_path),
+                total,
+            });
+        }
+        let heldout = held_report
+            .problems
+            .into_iter()
+            .map(|mut p| {
+                p.prompt = prompt_template.replace("{question}", &p.prompt);
+                p
+            })
+            .collect();
+        Ok(JsonlTask {
+            train,
+            heldout,
+            seed,
+            warnings,
+        })
+    }
+
     pub fn train_size(&self) -> usize {
         self.train.len()
     }
@@ -389,6 +465,42 @@ mod tests {
         r#####"{"question": "Empty?", "answer": "#### "}"#####,
         "\n",
     );
+
+    #[test]
+    fn a_heldout_file_is_the_evaluation_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let line =
+            |q: &str, a: u32| format!("{{\"question\": \"{q}\", \"answer\": \"#### {a}\"}}\n");
+        let train = write(
+            dir.path(),
+            "train.jsonl",
+            &(line("1+1?", 2) + &line("2+2?", 4) + &line("3+3?", 6)),
+        );
+        let test = write(
+            dir.path(),
+            "test.jsonl",
+            &(line("2+2?", 4) + &line("5+5?", 10) + "{bad\n"),
+        );
+        let t =
+            JsonlTask::with_heldout_file(&train, &test, DatasetFormat::Gsm8k, 0, "Q: {question}")
+                .unwrap();
+        assert_eq!(t.train_size(), 2, "2+2? is held out, so not trained on");
+        assert_eq!(t.heldout_size(), 2);
+        assert_eq!(t.heldout_problem(1).prompt, "Q: 5+5?");
+        assert_eq!(t.heldout_problem(1).answer, "10");
+        let w = t.warnings().join("\n");
+        assert!(w.contains("test.jsonl:3: skipped"), "{w}");
+        assert!(w.contains("1 question(s) also in"), "{w}");
+        let e = JsonlTask::with_heldout_file(
+            &train,
+            &dir.path().join("nope.jsonl"),
+            DatasetFormat::Gsm8k,
+            0,
+            "{question}",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("nope.jsonl"), "{e}");
+    }
 
     #[test]
     fn loader_reports_line_numbers() {

@@ -26,6 +26,12 @@ pub struct StepMetrics {
     pub accuracy: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub heldout_accuracy: Option<f64>,
+    /// pass@k on the held-out problems (evaluation steps with `run.eval_pass_k`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub heldout_pass_at_k: Option<f64>,
+    /// The k of `heldout_pass_at_k`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub heldout_pass_k: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub reward_mean: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]

@@ -83,7 +83,7 @@ impl Trainer {
     pub fn prompt_tokens(&self, p: &Problem) -> Result<Vec<u32>, SetupError> {
         let text = self
             .tokenizer
-            .render_prompt(&p.prompt)
+            .render_prompt_with(&p.prompt, self.cfg.model.enable_thinking)
             .map_err(|e| SetupError::Tokenizer(e.to_string()))?;
         let ids = self
             .tokenizer

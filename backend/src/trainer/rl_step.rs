@@ -14,6 +14,8 @@ use crate::rollout::sampler::SamplingParams;
 use crate::tasks::reward;
 
 const ROLLOUT_STREAM: u64 = 1;
+/// The greedy evaluation uses stream 99; pass@k its own.
+const PASS_AT_K_STREAM: u64 = 98;
 
 impl Trainer {
     fn gen_config(&self, sampling: SamplingParams) -> GenConfig {
@@ -68,6 +70,41 @@ impl Trainer {
             }
         }
         Ok(correct as f64 / n as f64)
+    }
+
+    /// pass@k on the first `eval_size` held-out problems: the share with at
+    /// least one correct answer among `k` samples at the rollout's sampling
+    /// settings. Its random stream is a function of (seed, step), so a resumed
+    /// run evaluates as an uninterrupted one does.
+    pub fn evaluate_pass_at_k(&self, k: usize, step: u64) -> Result<f64, SetupError> {
+        let n = self.cfg.run.eval_size.min(self.task.heldout_size());
+        if n == 0 || k == 0 {
+            return Ok(0.0);
+        }
+        let gen = self.gen_config(self.cfg.rollout.sampling());
+        let mut solved = 0usize;
+        let mut rng = stream(self.cfg.run.seed, PASS_AT_K_STREAM, step);
+        // Batches of about 64 sequences, as the greedy evaluation.
+        let per = (64 / k).max(1);
+        for start in (0..n).step_by(per) {
+            let problems: Vec<_> = (start..(start + per).min(n))
+                .map(|i| self.task.heldout_problem(i as u64))
+                .collect();
+            let prompts = problems
+                .iter()
+                .map(|p| self.prompt_tokens(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            let samples = self.rollout(&prompts, k, &gen, &mut rng)?;
+            let mut any = vec![false; problems.len()];
+            for s in &samples {
+                let v = self
+                    .task
+                    .verify(&problems[s.prompt_index], &self.response_text(&s.tokens));
+                any[s.prompt_index] |= v.correct;
+            }
+            solved += any.iter().filter(|a| **a).count();
+        }
+        Ok(solved as f64 / n as f64)
     }
 
     pub(super) fn rl_step(&mut self) -> Result<StepMetrics, SetupError> {
@@ -202,6 +239,11 @@ impl Trainer {
         if heldout.is_some() {
             self.last_heldout = heldout;
         }
+        let k = self.cfg.run.eval_pass_k;
+        let pass_at_k = match (heldout, k) {
+            (Some(_), 1..) => Some(self.evaluate_pass_at_k(k, step)?),
+            _ => None,
+        };
         let n = rewards.len() as f64;
         let rmean = rewards.iter().sum::<f64>() / n;
         let rstd = (rewards.iter().map(|r| (r - rmean).powi(2)).sum::<f64>() / n).sqrt();
@@ -215,6 +257,8 @@ impl Trainer {
             lr,
             accuracy: Some(n_correct as f64 / n),
             heldout_accuracy: heldout,
+            heldout_pass_at_k: pass_at_k,
+            heldout_pass_k: pass_at_k.map(|_| k as u64),
             reward_mean: Some(rmean),
             reward_std: Some(rstd),
             frac_reward_zero_std: Some(zero_std as f64 / np as f64),

@@ -76,15 +76,15 @@ pub struct RunSection {
     pub eval_every: u64,
     /// Held-out problems per evaluation (at most the task's held-out size).
     pub eval_size: usize,
+    /// Also measure pass@k on them at each evaluation: k samples per problem at
+    /// the rollout's sampling settings (0 = off).
+    pub eval_pass_k: usize,
     /// On the GPU, compute every row of the FP8 forward GEMMs in one order
     /// whatever the batch, so rollout and training logprobs agree bit for bit
     /// (`mismatch_kl` 0 in the `fp8` flow). `false` lets training's forward use
     /// cuBLASLt's block-scaled GEMM: faster, no longer bitwise on-policy. No effect
     /// on the CPU, which is always exact.
     pub batch_invariant: bool,
-    /// Also measure pass@k on them at each evaluation: k samples per problem at
-    /// the rollout's sampling settings (0 = off).
-    pub eval_pass_k: usize,
 }
 
 impl Default for RunSection {
@@ -96,8 +96,8 @@ impl Default for RunSection {
             device: "cpu".into(),
             eval_every: 10,
             eval_size: 200,
-            batch_invariant: true,
             eval_pass_k: 0,
+            batch_invariant: true,
         }
     }
 }

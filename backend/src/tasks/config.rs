@@ -2,7 +2,7 @@
 //!
 //! ```toml
 //! [task]
-//! kind = "arithmetic"   # or "countdown", "jsonl"
+//! kind = "arithmetic"   # or "scratchpad", "countdown", "jsonl"
 //! digits = 2
 //! ops = ["+"]
 //! heldout = 200
@@ -18,6 +18,7 @@ use super::countdown::CountdownTask;
 use super::dataset::{DatasetFormat, JsonlTask};
 use super::error::TaskError;
 use super::problem::Task;
+use super::scratchpad::ScratchpadTask;
 
 /// Which task to train on, with its settings; every field but `kind` (and `path` for
 /// `jsonl`) has a default. Unknown keys, and keys of another kind, are rejected with an
@@ -26,6 +27,7 @@ use super::problem::Task;
 #[serde(tag = "kind", rename_all = "lowercase", try_from = "RawTaskConfig")]
 pub enum TaskConfig {
     Arithmetic(ArithmeticConfig),
+    Scratchpad(ScratchpadConfig),
     Countdown(CountdownConfig),
     Jsonl(JsonlConfig),
 }
@@ -57,6 +59,37 @@ impl Default for ArithmeticConfig {
         ArithmeticConfig {
             digits: 2,
             operands: 2,
+            ops: vec![ArithOp::Add],
+            heldout: 200,
+            seed: 0,
+        }
+    }
+}
+
+/// `kind = "scratchpad"`: prompts like `123+989=`, answered with a written
+/// column-by-column scratchpad (9 tokens per column with a character-level tokenizer).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScratchpadConfig {
+    /// Most digits per operand, 1..=64: sets the longest response. Default 8.
+    pub digits: u32,
+    /// Fewest digits per operand, 1..=digits (lengths are uniform in between):
+    /// sets the spread of response lengths. Default 1.
+    pub min_digits: u32,
+    /// Operators to draw from: `"+"` (two operands), `"*"` (by one digit, 2..=9).
+    /// Default `["+"]`.
+    pub ops: Vec<ArithOp>,
+    /// Held-out problems. Default 200.
+    pub heldout: usize,
+    /// Seed of the problem streams. Default 0.
+    pub seed: u64,
+}
+
+impl Default for ScratchpadConfig {
+    fn default() -> Self {
+        ScratchpadConfig {
+            digits: 8,
+            min_digits: 1,
             ops: vec![ArithOp::Add],
             heldout: 200,
             seed: 0,
@@ -126,6 +159,7 @@ fn default_prompt_template() -> String {
 #[serde(rename_all = "lowercase")]
 enum TaskKind {
     Arithmetic,
+    Scratchpad,
     Countdown,
     Jsonl,
 }
@@ -138,6 +172,7 @@ enum TaskKind {
 struct RawTaskConfig {
     kind: TaskKind,
     digits: Option<u32>,
+    min_digits: Option<u32>,
     operands: Option<u32>,
     ops: Option<Vec<ArithOp>>,
     numbers: Option<u32>,
@@ -160,6 +195,10 @@ impl TryFrom<RawTaskConfig> for TaskConfig {
                 "arithmetic",
                 &["digits", "operands", "ops", "heldout", "seed"],
             ),
+            TaskKind::Scratchpad => (
+                "scratchpad",
+                &["digits", "min_digits", "ops", "heldout", "seed"],
+            ),
             TaskKind::Countdown => ("countdown", &["numbers", "max_number", "heldout", "seed"]),
             TaskKind::Jsonl => (
                 "jsonl",
@@ -175,6 +214,7 @@ impl TryFrom<RawTaskConfig> for TaskConfig {
         };
         let present = [
             ("digits", r.digits.is_some()),
+            ("min_digits", r.min_digits.is_some()),
             ("operands", r.operands.is_some()),
             ("ops", r.ops.is_some()),
             ("numbers", r.numbers.is_some()),
@@ -198,6 +238,16 @@ impl TryFrom<RawTaskConfig> for TaskConfig {
                 TaskConfig::Arithmetic(ArithmeticConfig {
                     digits: r.digits.unwrap_or(d.digits),
                     operands: r.operands.unwrap_or(d.operands),
+                    ops: r.ops.unwrap_or(d.ops),
+                    heldout: r.heldout.unwrap_or(d.heldout),
+                    seed: r.seed.unwrap_or(d.seed),
+                })
+            }
+            TaskKind::Scratchpad => {
+                let d = ScratchpadConfig::default();
+                TaskConfig::Scratchpad(ScratchpadConfig {
+                    digits: r.digits.unwrap_or(d.digits),
+                    min_digits: r.min_digits.unwrap_or(d.min_digits),
                     ops: r.ops.unwrap_or(d.ops),
                     heldout: r.heldout.unwrap_or(d.heldout),
                     seed: r.seed.unwrap_or(d.seed),
@@ -244,6 +294,13 @@ pub fn build_task(cfg: &TaskConfig, base_dir: &Path) -> Result<Box<dyn Task>, Ta
     Ok(match cfg {
         TaskConfig::Arithmetic(c) => Box::new(ArithmeticTask::new(
             c.digits, c.operands, &c.ops, c.heldout, c.seed,
+        )?),
+        TaskConfig::Scratchpad(c) => Box::new(ScratchpadTask::new(
+            c.digits,
+            c.min_digits,
+            &c.ops,
+            c.heldout,
+            c.seed,
         )?),
         TaskConfig::Countdown(c) => Box::new(CountdownTask::new(
             c.numbers,
@@ -328,6 +385,18 @@ mod tests {
             parse("[task]\nkind = \"arithmetic\"\n").unwrap(),
             TaskConfig::default()
         );
+        let s =
+            parse("[task]\nkind = \"scratchpad\"\ndigits = 40\nmin_digits = 4\nops = [\"*\"]\n")
+                .unwrap();
+        assert_eq!(
+            s,
+            TaskConfig::Scratchpad(ScratchpadConfig {
+                digits: 40,
+                min_digits: 4,
+                ops: vec![ArithOp::Mul],
+                ..ScratchpadConfig::default()
+            })
+        );
     }
 
     #[test]
@@ -359,6 +428,15 @@ mod tests {
             ("[task]\nkind = \"arithmetic\"\npath = \"x\"\n", "path"),
             ("[task]\nkind = \"countdown\"\ndigits = 2\n", "digits"),
             (
+                "[task]\nkind = \"arithmetic\"\nmin_digits = 2\n",
+                "min_digits",
+            ),
+            ("[task]\nkind = \"scratchpad\"\noperands = 3\n", "operands"),
+            (
+                "[task]\nkind = \"scratchpad\"\nmin_digit = 3\n",
+                "min_digit",
+            ),
+            (
                 "[task]\nkind = \"countdown\"\nmax_number = \"20\"\n",
                 "max_number",
             ),
@@ -376,6 +454,7 @@ mod tests {
     fn round_trips_through_toml() {
         for cfg in [
             TaskConfig::default(),
+            TaskConfig::Scratchpad(ScratchpadConfig::default()),
             TaskConfig::Countdown(CountdownConfig::default()),
             TaskConfig::Jsonl(JsonlConfig {
                 path: "a.jsonl".into(),
@@ -412,6 +491,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cd.name(), "countdown");
+        let sp = build_task(
+            &TaskConfig::Scratchpad(ScratchpadConfig::default()),
+            dir.path(),
+        )
+        .unwrap();
+        assert_eq!(sp.name(), "scratchpad");
+        let bad = TaskConfig::Scratchpad(ScratchpadConfig {
+            min_digits: 9,
+            ..ScratchpadConfig::default()
+        });
+        let e = build_task(&bad, dir.path()).err().unwrap();
+        assert!(e.to_string().contains("min_digits"), "{e}");
         let cfg = parse("[task]\nkind = \"jsonl\"\npath = \"d.jsonl\"\nheldout_fraction = 0.0\n")
             .unwrap();
         let j = build_task(&cfg, dir.path()).unwrap();

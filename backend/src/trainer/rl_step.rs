@@ -45,13 +45,29 @@ impl Trainer {
         if n == 0 {
             return Ok(0.0);
         }
+        let correct = self
+            .greedy_responses(n)?
+            .iter()
+            .filter(|(p, r)| self.task.verify(p, r).correct)
+            .count();
+        Ok(correct as f64 / n as f64)
+    }
+
+    /// The first `n` held-out problems (at most the task's held-out size) with
+    /// the greedy response to each: what `evaluate` judges, for callers that
+    /// want to look closer (format, partial credit).
+    pub fn greedy_responses(
+        &self,
+        n: usize,
+    ) -> Result<Vec<(crate::tasks::Problem, String)>, SetupError> {
+        let n = n.min(self.task.heldout_size());
         let greedy = SamplingParams {
             temperature: 0.0,
             top_p: 1.0,
             top_k: 0,
         };
         let gen = self.gen_config(greedy);
-        let mut correct = 0usize;
+        let mut out = Vec::with_capacity(n);
         let mut rng = stream(self.cfg.run.seed, 99, 0);
         for start in (0..n).step_by(64) {
             let problems: Vec<_> = (start..(start + 64).min(n))
@@ -62,14 +78,13 @@ impl Trainer {
                 .map(|p| self.prompt_tokens(p))
                 .collect::<Result<Vec<_>, _>>()?;
             let samples = self.rollout(&prompts, 1, &gen, &mut rng)?;
+            let mut texts = vec![String::new(); problems.len()];
             for s in &samples {
-                let v = self
-                    .task
-                    .verify(&problems[s.prompt_index], &self.response_text(&s.tokens));
-                correct += v.correct as usize;
+                texts[s.prompt_index] = self.response_text(&s.tokens);
             }
+            out.extend(problems.into_iter().zip(texts));
         }
-        Ok(correct as f64 / n as f64)
+        Ok(out)
     }
 
     /// pass@k on the first `eval_size` held-out problems: the share with at

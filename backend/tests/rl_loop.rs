@@ -46,6 +46,10 @@ fn fp8_and_bf16_flows_have_exactly_zero_mismatch_on_the_cpu() {
                 (m.is_ratio_min, m.is_ratio_mean, m.is_ratio_max),
                 (Some(1.0), Some(1.0), Some(1.0))
             );
+            assert!(!m.mismatch_by_length.is_empty());
+            for b in &m.mismatch_by_length {
+                assert_eq!((b.kl_mean, b.diff_max), (0.0, 0.0), "{flow} {b:?}");
+            }
         }
     }
 }
@@ -123,6 +127,14 @@ fn metrics_carry_the_design_fields() {
         }
         assert_eq!(v["phase"], "rl");
         assert_eq!(v["flow"], "fp8");
+        // The per-length buckets partition the step's responses.
+        let b = &m.mismatch_by_length;
+        let responses: u64 = b.iter().map(|b| b.responses).sum();
+        let tokens: u64 = b.iter().map(|b| b.tokens).sum();
+        let correct: u64 = b.iter().map(|b| b.correct).sum();
+        assert_eq!(responses, 24);
+        assert_eq!(Some(tokens as f64 / 24.0), m.response_len_mean);
+        assert_eq!(Some(correct as f64 / 24.0), m.accuracy);
     }
     // Evaluation steps carry the held-out accuracy: every 2nd and the last.
     let with: Vec<u64> = steps

@@ -91,9 +91,14 @@ pub struct RunArgs {
 pub struct CompareArgs {
     #[command(flatten)]
     pub common: Common,
-    /// Also write every flow's metrics as JSONL into this folder.
+    /// Also write every flow's metrics as JSONL into this folder (FLOW.jsonl).
     #[arg(long)]
     pub metrics_dir: Option<PathBuf>,
+    /// Print the summary as one JSON object (per flow: the table's columns, the
+    /// held-out accuracy at each evaluation and the per-length buckets) instead
+    /// of the tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<()> {

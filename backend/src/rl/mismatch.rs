@@ -17,6 +17,17 @@ pub struct Mismatch {
     pub is_ratio_max: f64,
 }
 
+/// The k3 estimator's term for one token: exp(d) - d - 1, d = logp_train - logp_rollout.
+pub fn k3(logp_train: f64, logp_rollout: f64) -> f64 {
+    let d = logp_train - logp_rollout;
+    d.exp() - d - 1.0
+}
+
+/// |p_train - p_rollout| for one token.
+pub fn abs_prob_diff(logp_train: f64, logp_rollout: f64) -> f64 {
+    (logp_train.exp() - logp_rollout.exp()).abs()
+}
+
 /// Metrics over paired logprobs (empty input gives the all-equal values).
 pub fn mismatch(train: &[f64], rollout: &[f64]) -> Mismatch {
     assert_eq!(train.len(), rollout.len());
@@ -38,8 +49,8 @@ pub fn mismatch(train: &[f64], rollout: &[f64]) -> Mismatch {
     for (&lt, &lr) in train.iter().zip(rollout) {
         let d = lt - lr;
         let r = d.exp();
-        m.mismatch_kl += r - d - 1.0;
-        let pd = (lt.exp() - lr.exp()).abs();
+        m.mismatch_kl += k3(lt, lr);
+        let pd = abs_prob_diff(lt, lr);
         m.mismatch_abs_prob_diff_mean += pd;
         m.mismatch_abs_prob_diff_max = m.mismatch_abs_prob_diff_max.max(pd);
         m.token_mult_prob_error += d.abs().exp();

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::rl::by_length::LengthBucket;
+
 /// Fields that are wall-clock measurements: everything else in a record is a
 /// deterministic function of (config, seed) on the CPU.
 pub const TIMING_FIELDS: [&str; 5] = [
@@ -60,6 +62,10 @@ pub struct StepMetrics {
     pub is_ratio_mean: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub is_ratio_max: Option<f64>,
+    /// The mismatch and accuracy per response-length bucket (RL steps; absent
+    /// from records written before it existed).
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub mismatch_by_length: Vec<LengthBucket>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub rollout_s: Option<f64>,
     pub train_s: f64,

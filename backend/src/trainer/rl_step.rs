@@ -7,6 +7,7 @@ use super::device::Which;
 use super::pass::{Scored, TrainSeq};
 use super::{stream, SetupError, StepMetrics, Trainer};
 use crate::rl::advantage::group_advantages;
+use crate::rl::by_length::by_length;
 use crate::rl::loss::{token_loss, LossConfig, TokenInput};
 use crate::rl::mismatch::mismatch;
 use crate::rollout::engine::GenConfig;
@@ -154,14 +155,15 @@ impl Trainer {
         // 3. Rewards and advantages.
         let t1 = Instant::now();
         let mut rewards = Vec::with_capacity(samples.len());
-        let mut n_correct = 0usize;
+        let mut correct = Vec::with_capacity(samples.len());
         for s in &samples {
             let v = self
                 .task
                 .verify(&problems[s.prompt_index], &self.response_text(&s.tokens));
-            n_correct += v.correct as usize;
+            correct.push(v.correct);
             rewards.push(reward(v, &self.cfg.reward));
         }
+        let n_correct = correct.iter().filter(|&&c| c).count();
         let (adv, zero_std) = group_advantages(&rewards, g, self.cfg.train.scale_adv_by_std);
         let seqs: Vec<TrainSeq> = samples
             .iter()
@@ -241,6 +243,7 @@ impl Trainer {
         let at_rollout = old.or(first).expect("a pass at the rollout weights");
         let flat = |v: &[Vec<f64>]| v.iter().flatten().copied().collect::<Vec<f64>>();
         let mm = mismatch(&flat(&at_rollout.logp), &flat(&rollout_lp));
+        let mm_by_length = by_length(&at_rollout.logp, &rollout_lp, &correct);
         let entropy = flat(&at_rollout.entropy).iter().sum::<f64>() / n_resp.max(1) as f64;
         let train_s = t1.elapsed().as_secs_f64();
 
@@ -291,6 +294,7 @@ impl Trainer {
             is_ratio_min: Some(mm.is_ratio_min),
             is_ratio_mean: Some(mm.is_ratio_mean),
             is_ratio_max: Some(mm.is_ratio_max),
+            mismatch_by_length: mm_by_length,
             rollout_s: Some(rollout_s),
             train_s,
             step_s,

@@ -95,6 +95,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("dir", help="the --metrics-dir of jetd compare")
     ap.add_argument("--out", help="output path without extension (default DIR/compare)")
+    ap.add_argument("--dpi", type=int, default=120, help="PNG resolution (default 120)")
     a = ap.parse_args()
     flows = load(a.dir)
     per_flow = {f: buckets(r) for f, r in flows.items()}
@@ -143,7 +144,7 @@ def main():
     if os.path.dirname(out):
         os.makedirs(os.path.dirname(out), exist_ok=True)
     for ext in ("png", "svg"):
-        fig.savefig(f"{out}.{ext}", dpi=120)
+        fig.savefig(f"{out}.{ext}", dpi=a.dpi)
         print(f"wrote {out}.{ext}")
 
 

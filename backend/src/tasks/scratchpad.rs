@@ -50,9 +50,14 @@ pub struct Trace {
     pub answer: String,
 }
 
-/// Digits of a decimal string, least significant first.
+/// Digits of a decimal string, least significant first (anything else is
+/// skipped: misuse gives a wrong trace, never an underflow).
 fn digits_rev(s: &str) -> Vec<u8> {
-    s.bytes().rev().map(|b| b - b'0').collect()
+    s.bytes()
+        .rev()
+        .filter(u8::is_ascii_digit)
+        .map(|b| b - b'0')
+        .collect()
 }
 
 /// Columns (steps) the scratchpad of `a op b` has.

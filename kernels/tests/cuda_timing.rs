@@ -332,3 +332,58 @@ fn timing_report() {
         println!("TIMING linear {flow} 8192x4096x4096 (f32 in/out, incl. quantize/convert and epilogue): prepare W {t_prep:.0} us | forward {t_f:.0} us | backward (DGrad+WGrad) {t_b:.0} us");
     }
 }
+
+/// The batch-invariant FP8 forward against cuBLASLt's block-scaled GEMM at the
+/// Qwen3-0.6B projections: training (4,096 rows) and batch-256 decode. TFLOP/s.
+#[test]
+#[ignore]
+fn fp8_rows_timing() {
+    let g = match cuda::cuda_available() {
+        Ok(g) => g,
+        Err(e) => {
+            println!("skipping: no CUDA device: {e}");
+            return;
+        }
+    };
+    let mut pre = g.zeros::<u8>(4 << 30).unwrap();
+    let pre = &mut pre;
+    let shapes = [
+        ("q_proj", 1024, 2048),
+        ("k/v_proj", 1024, 1024),
+        ("o_proj", 2048, 1024),
+        ("gate/up", 1024, 3072),
+        ("down", 3072, 1024),
+        ("lm_head", 1024, 151936),
+    ];
+    for m in [4096usize, 256] {
+        for &(name, k, n) in &shapes {
+            let x = rand_dev(&g, m * k, 1, 2.0);
+            let w = rand_dev(&g, n * k, 2, 0.05);
+            let qx = gq::quantize_row1x128(&g, &x, m, k).unwrap();
+            let (qw, _) = gq::quantize_block128(&g, &w, n, k, false).unwrap();
+            let mut d = g
+                .zeros::<f32>(qx.rows_pad * n.next_multiple_of(16))
+                .unwrap();
+            let tf = |us: f64| 2.0 * (m * n * k) as f64 / us / 1e6;
+            let lt = time_us(&g, pre, 10, |_| {
+                gemm::fp8_gemm_nt_into(&g, &qx, &qw, &mut d).unwrap()
+            });
+            let r64 = time_us(&g, pre, 10, |_| {
+                gemv::gemm_fp8_rows_with(&g, &qx, &qw, &d, n, gemv::RowsTile::T64).unwrap()
+            });
+            let r32 = time_us(&g, pre, 10, |_| {
+                gemv::gemm_fp8_rows_with(&g, &qx, &qw, &d, n, gemv::RowsTile::T32).unwrap()
+            });
+            let sk = time_us(&g, pre, 10, |_| {
+                gemv::gemv_fp8_into(&g, &qx, &qw, &mut d, n).unwrap()
+            });
+            println!(
+                "TIMING fp8 rows {m}x{k}x{n} {name:<8}: cuBLASLt {lt:8.1} us {:5.0} TF | rows64 {r64:8.1} us {:5.0} TF | rows32 {r32:8.1} us {:5.0} TF | split-K chunks {sk:8.1} us {:5.0} TF",
+                tf(lt),
+                tf(r64),
+                tf(r32),
+                tf(sk)
+            );
+        }
+    }
+}

@@ -209,6 +209,29 @@ pub fn gemm_fp8_rows(
     d: &CudaSlice<f32>,
     ldd: usize,
 ) -> Result<()> {
+    gemm_fp8_rows_with(gpu, x, w, d, ldd, RowsTile::T64)
+}
+
+/// The token tile of a [`gemm_fp8_rows`] block (timings pick between them; both
+/// give the same bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowsTile {
+    /// 64 tokens x 128 outputs, one block an SM (255 registers).
+    T64,
+    /// 32 tokens x 128 outputs, two blocks an SM (128 registers).
+    T32,
+}
+
+/// [`gemm_fp8_rows`] with a chosen tile.
+#[doc(hidden)]
+pub fn gemm_fp8_rows_with(
+    gpu: &Gpu,
+    x: &Fp8Quantized,
+    w: &Fp8Quantized,
+    d: &CudaSlice<f32>,
+    ldd: usize,
+    tile: RowsTile,
+) -> Result<()> {
     check(x, w)?;
     let (m, n) = (x.rows, w.rows);
     ensure(ldd >= n && d.len() >= m.saturating_sub(1) * ldd + n, || {
@@ -221,14 +244,14 @@ pub fn gemm_fp8_rows(
         return Ok(());
     }
     let (_, gps) = splits(gpu, n, w.cols_pad);
+    let (name, tokens) = match tile {
+        RowsTile::T64 => ("gemm_fp8_rows", 64),
+        RowsTile::T32 => ("gemm_fp8_rows_t4", 32),
+    };
     gpu.launch(
         &GEMV,
-        "gemm_fp8_rows",
-        (
-            m.div_ceil(GEMV_MAX_TOKENS) as u32,
-            n.div_ceil(128) as u32,
-            1,
-        ),
+        name,
+        (m.div_ceil(tokens) as u32, n.div_ceil(128) as u32, 1),
         (256, 1, 1),
         0,
         &sk_args(gpu, x, w, 0, m, gpu.ptr(d), ldd, 0, gps),

@@ -335,6 +335,9 @@ GEMV_SK(gemv_fp8_sk_t2, 2, 2, false)
 GEMV_SK(gemv_fp8_sk_t4, 4, 1, false)
 GEMV_SK(gemv_fp8_sk_t8, 8, 1, false)
 GEMV_SK(gemm_fp8_rows, 8, 1, true)
+// 32-token tiles, two blocks an SM (fewer registers: 16 warps resident to hide the
+// weight loads); the same per-output arithmetic.
+GEMV_SK(gemm_fp8_rows_t4, 4, 2, true)
 
 // y [rows, cols] (stride ldy) = sum over s < splits, in order, of p[s] (stride ldp).
 extern "C" __global__ void splitk_sum(const float* p, long ldp, long sstride, int splits, int rows, int cols,

@@ -236,7 +236,12 @@ pub fn generate_with(
             dec.step(&at, &next_tokens)?;
         }
         rows = next_rows;
-        sl.admit(dec, prompts, &samples, &mut rows)?;
+        // Admit when an eighth of the slots are free (or nothing is left to
+        // step): each prefill is a forward pass of its own, a weight read, so
+        // one or two prompts a step would double the rollout's weight traffic.
+        if rows.is_empty() || sl.free.len() >= slots.div_ceil(8) {
+            sl.admit(dec, prompts, &samples, &mut rows)?;
+        }
         if rows.is_empty() {
             return Ok(samples);
         }

@@ -122,6 +122,7 @@ struct Checker {
     pending: Vec<usize>,
     most_live: usize,
     prefilled: usize,
+    prefills: usize,
 }
 
 impl Decoder for Checker {
@@ -141,6 +142,7 @@ impl Decoder for Checker {
             self.pending.push(s);
         }
         self.prefilled += seqs.len();
+        self.prefills += 1;
         self.most_live = self.most_live.max(self.live.iter().flatten().count());
         Ok(())
     }
@@ -175,13 +177,14 @@ impl Decoder for Checker {
 #[test]
 fn slots_are_bounded_and_reused_only_when_free() {
     let ps = prompts();
-    for b in [1, 2, 4, 0] {
+    for b in [1, 2, 4, 16, 0] {
         let mut dec = Checker {
             slots: 0,
             live: vec![],
             pending: vec![],
             most_live: 0,
             prefilled: 0,
+            prefills: 0,
         };
         let mut rng = ChaCha8Rng::seed_from_u64(0);
         let cfg = GenConfig {
@@ -191,7 +194,7 @@ fn slots_are_bounded_and_reused_only_when_free() {
         let out = generate_with(&mut dec, 64, &ps, 3, &cfg, &|_| String::new(), &mut rng).unwrap();
         let cap = if b == 0 { ps.len() * 3 } else { b };
         assert_eq!(dec.slots, cap);
-        assert_eq!(dec.most_live, cap, "max_batch {b}: the batch is kept full");
+        assert_eq!(dec.most_live, cap, "max_batch {b}: the batch fills up");
         assert_eq!(dec.prefilled, ps.len() * 3, "every sample is admitted once");
         assert!(
             dec.live.iter().all(|s| s.is_none()),

@@ -33,6 +33,31 @@ impl Drop for Guard {
     }
 }
 
+/// A jetd serving a fresh data dir (`TMP/data`) and the tmux session name the test
+/// will use; None (after a message) without tmux or the jetctl binary.
+fn start(prefix: &str) -> Option<(tempfile::TempDir, String, Guard)> {
+    if Command::new("tmux").arg("-V").output().is_err() || !jetctl().exists() {
+        eprintln!("skipping: needs tmux and the jetctl binary (cargo test --workspace builds it)");
+        return None;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let daemon = Command::new(env!("CARGO_BIN_EXE_jetd"))
+        .args(["serve", "--data-dir"])
+        .arg(&data)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let session = format!("{prefix}-{}", std::process::id());
+    let guard = Guard(daemon, session.clone());
+    let t0 = Instant::now();
+    while !data.join("jetd.sock").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "jetd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some((tmp, session, guard))
+}
+
 fn tmux(args: &[&str]) -> String {
     let out = Command::new("tmux").args(args).output().unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -65,25 +90,10 @@ fn status(data: &Path) -> serde_json::Value {
 
 #[test]
 fn console_pauses_and_rolls_back_a_real_run() {
-    if Command::new("tmux").arg("-V").output().is_err() || !jetctl().exists() {
-        eprintln!("skipping: needs tmux and the jetctl binary (cargo test --workspace builds it)");
+    let Some((tmp, session, _g)) = start("jet-e2e") else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    };
     let data = tmp.path().join("data");
-    let daemon = Command::new(env!("CARGO_BIN_EXE_jetd"))
-        .args(["serve", "--data-dir"])
-        .arg(&data)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let session = format!("jet-e2e-{}", std::process::id());
-    let _g = Guard(daemon, session.clone());
-    let t0 = Instant::now();
-    while !data.join("jetd.sock").exists() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "jetd did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let cfg = BASE
         .replace("steps = 100 ", "steps = 400 ")
         .replace("steps = 500", "steps = 10")
@@ -215,25 +225,10 @@ fn jetctl_ok(data: &Path, args: &[&str]) -> String {
 /// numbers `jetctl compare --json` prints, and `jetctl plot` draws them.
 #[test]
 fn compare_view_overlays_two_real_runs() {
-    if Command::new("tmux").arg("-V").output().is_err() || !jetctl().exists() {
-        eprintln!("skipping: needs tmux and the jetctl binary (cargo test --workspace builds it)");
+    let Some((tmp, session, _g)) = start("jet-cmp") else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    };
     let data = tmp.path().join("data");
-    let daemon = Command::new(env!("CARGO_BIN_EXE_jetd"))
-        .args(["serve", "--data-dir"])
-        .arg(&data)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let session = format!("jet-cmp-{}", std::process::id());
-    let _g = Guard(daemon, session.clone());
-    let t0 = Instant::now();
-    while !data.join("jetd.sock").exists() {
-        assert!(t0.elapsed() < Duration::from_secs(30), "jetd did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let cfg = BASE
         .replace("steps = 100 ", "steps = 6 ")
         .replace("steps = 500", "steps = 10")

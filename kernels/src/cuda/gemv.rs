@@ -94,6 +94,14 @@ fn check(x: &Fp8Quantized, w: &Fp8Quantized) -> Result<()> {
     ensure(w.cols > 0, || "FP8 GEMM with K = 0".into())
 }
 
+/// An output of `len` values holds `[x.rows, w.rows]` with row stride `ld`.
+fn check_out(x: &Fp8Quantized, w: &Fp8Quantized, len: usize, ld: usize) -> Result<()> {
+    let (m, n) = (x.rows, w.rows);
+    ensure(ld >= n && len >= m.saturating_sub(1) * ld + n, || {
+        format!("FP8 GEMM output holds {len} values, fewer than [{m}, {n}] with stride {ld}")
+    })
+}
+
 /// K splits and groups per split: about two blocks per SM, and a partial-sum
 /// workspace for 64 tokens no larger than an eighth of the weight bytes. It depends
 /// on the shape and the GPU only, never on the number of tokens: the splits fix the
@@ -233,13 +241,8 @@ pub fn gemm_fp8_rows_with(
     tile: RowsTile,
 ) -> Result<()> {
     check(x, w)?;
+    check_out(x, w, d.len(), ldd)?;
     let (m, n) = (x.rows, w.rows);
-    ensure(ldd >= n && d.len() >= m.saturating_sub(1) * ldd + n, || {
-        format!(
-            "FP8 GEMM output holds {} values, fewer than [{m}, {n}] with stride {ldd}",
-            d.len()
-        )
-    })?;
     if m == 0 {
         return Ok(());
     }
@@ -288,13 +291,8 @@ pub fn gemv_fp8_with(
     kernel: GemvKernel,
 ) -> Result<()> {
     check(x, w)?;
+    check_out(x, w, y.len(), ldy)?;
     let (m, n) = (x.rows, w.rows);
-    ensure(ldy >= n && y.len() >= m.saturating_sub(1) * ldy + n, || {
-        format!(
-            "decode GEMM output holds {} values, fewer than [{m}, {n}] with stride {ldy}",
-            y.len()
-        )
-    })?;
     let chunk = chunk.clamp(1, GEMV_MAX_TOKENS);
     let yp = gpu.ptr(y);
     // One workspace for every chunk (the splits do not depend on the chunk).

@@ -58,6 +58,26 @@ fn start(prefix: &str) -> Option<(tempfile::TempDir, String, Guard)> {
     Some((tmp, session, guard))
 }
 
+/// jetctl's console on `data`'s daemon in a detached 160x48 tmux session.
+fn open_console(session: &str, data: &std::path::Path) {
+    let cmd = format!(
+        "TERM=xterm-256color {} --data-dir {}",
+        jetctl().display(),
+        data.display()
+    );
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        session,
+        "-x",
+        "160",
+        "-y",
+        "48",
+        &cmd,
+    ]);
+}
+
 fn tmux(args: &[&str]) -> String {
     let out = Command::new("tmux").args(args).output().unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -118,22 +138,7 @@ fn console_pauses_and_rolls_back_a_real_run() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let cmd = format!(
-        "TERM=xterm-256color {} --data-dir {}",
-        jetctl().display(),
-        data.display()
-    );
-    tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &session,
-        "-x",
-        "160",
-        "-y",
-        "48",
-        &cmd,
-    ]);
+    open_console(&session, &data);
     wait_screen(&session, "the runs view", |s| s.contains("r0001"));
     // Open the run once it has RL steps and a checkpoint beyond step 0.
     let t0 = Instant::now();
@@ -277,22 +282,7 @@ fn compare_view_overlays_two_real_runs() {
     let table = jetctl_ok(&data, &["compare", "r0001", "r0002"]);
     assert!(table.contains("r0001 tiny-flows (fp8)"), "{table}");
 
-    let cmd = format!(
-        "TERM=xterm-256color {} --data-dir {}",
-        jetctl().display(),
-        data.display()
-    );
-    tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &session,
-        "-x",
-        "160",
-        "-y",
-        "48",
-        &cmd,
-    ]);
+    open_console(&session, &data);
     wait_screen(&session, "the runs view", |s| s.contains("r0002"));
     tmux(&["send-keys", "-t", &session, "M"]);
     wait_screen(&session, "both runs marked", |s| {

@@ -296,11 +296,11 @@ pub fn gemv_fp8_with(
     let chunk = chunk.clamp(1, GEMV_MAX_TOKENS);
     let yp = gpu.ptr(y);
     // One workspace for every chunk (the splits do not depend on the chunk).
-    let ks_max = splits(gpu, n, w.cols_pad).0;
+    let ks = splits(gpu, n, w.cols_pad).0;
     let ws = match kernel {
         GemvKernel::Tiled(_) => None,
-        GemvKernel::SplitK => (ks_max > 1)
-            .then(|| gpu.uninit::<f32>(ks_max * chunk * n))
+        GemvKernel::SplitK => (ks > 1)
+            .then(|| gpu.uninit::<f32>(ks * chunk * n))
             .transpose()?,
     };
     let mut m0 = 0;
@@ -309,34 +309,31 @@ pub fn gemv_fp8_with(
         let yc = yp + (m0 * ldy * 4) as u64;
         match kernel {
             GemvKernel::Tiled(full) => tiled(gpu, x, w, m0, mc, yc, ldy, full)?,
-            GemvKernel::SplitK => {
-                let (ks, _) = splits(gpu, n, w.cols_pad);
-                match &ws {
-                    Some(ws) if ks > 1 => {
-                        launch_sk(gpu, x, w, m0, mc, gpu.ptr(ws), n, mc * n)?;
-                        gpu.launch(
-                            &GEMV,
-                            "splitk_sum",
-                            ((mc * n).div_ceil(256) as u32, 1, 1),
-                            (256, 1, 1),
-                            0,
-                            &[
-                                Arg::P(gpu.ptr(ws)),
-                                Arg::L(n as i64),
-                                Arg::L((mc * n) as i64),
-                                Arg::I(ks as i32),
-                                Arg::I(mc as i32),
-                                Arg::I(n as i32),
-                                Arg::P(yc),
-                                Arg::L(ldy as i64),
-                            ],
-                        )?;
-                    }
-                    _ => {
-                        launch_sk(gpu, x, w, m0, mc, yc, ldy, 0)?;
-                    }
+            GemvKernel::SplitK => match &ws {
+                Some(ws) => {
+                    launch_sk(gpu, x, w, m0, mc, gpu.ptr(ws), n, mc * n)?;
+                    gpu.launch(
+                        &GEMV,
+                        "splitk_sum",
+                        ((mc * n).div_ceil(256) as u32, 1, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::P(gpu.ptr(ws)),
+                            Arg::L(n as i64),
+                            Arg::L((mc * n) as i64),
+                            Arg::I(ks as i32),
+                            Arg::I(mc as i32),
+                            Arg::I(n as i32),
+                            Arg::P(yc),
+                            Arg::L(ldy as i64),
+                        ],
+                    )?;
                 }
-            }
+                None => {
+                    launch_sk(gpu, x, w, m0, mc, yc, ldy, 0)?;
+                }
+            },
         }
         m0 += mc;
     }

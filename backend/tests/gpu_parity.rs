@@ -238,6 +238,29 @@ fn whole_step_matches_cpu() {
     }
 }
 
+/// Greedy or sampled generation on the GPU, `n` samples a prompt, RNG seeded `seed`.
+fn generate_gpu(
+    model: &GpuModel,
+    prompts: &[Vec<u32>],
+    n: usize,
+    gen: &GenConfig,
+    seed: u64,
+) -> Vec<jet_backend::rollout::engine::Sample> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let max_pos = model.cfg.max_position_embeddings;
+    let mut dec = GpuDecoder::new(model);
+    generate_with(
+        &mut dec,
+        max_pos,
+        prompts,
+        n,
+        gen,
+        &|_| String::new(),
+        &mut rng,
+    )
+    .unwrap()
+}
+
 /// The GPU rollout's logprobs against the GPU training pass over the same
 /// samples: the mismatch the fp8 flow shows on the GPU, per flow.
 #[test]
@@ -267,17 +290,7 @@ fn rollout_vs_training_mismatch_on_gpu() {
         (Flow::Bf16Fp8Rollout, 10.0),
     ] {
         let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
-        let samples = generate_with(
-            &mut GpuDecoder::new(&model),
-            cfg.max_position_embeddings,
-            &prompts,
-            4,
-            &gen,
-            &|_| String::new(),
-            &mut rng,
-        )
-        .unwrap();
+        let samples = generate_gpu(&model, &prompts, 4, &gen, 9);
         let seqs: Vec<TrainSeq> = samples
             .iter()
             .map(|s| TrainSeq {
@@ -424,17 +437,7 @@ fn greedy_case(g: &Arc<Gpu>, cfg: ModelConfig) {
             &mut r1,
         );
         let model = GpuModel::new(g, &cfg, &dw, flow).unwrap();
-        let mut r2 = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-        let gpu = generate_with(
-            &mut GpuDecoder::new(&model),
-            cfg.max_position_embeddings,
-            &prompts,
-            1,
-            &gen,
-            &|_| String::new(),
-            &mut r2,
-        )
-        .unwrap();
+        let gpu = generate_gpu(&model, &prompts, 1, &gen, 1);
         let same = cpu
             .iter()
             .zip(&gpu)
@@ -510,17 +513,7 @@ fn continuous_batching_keeps_greedy_samples_bitwise() {
                 stop_strings: vec![],
                 max_batch,
             };
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-            let s = generate_with(
-                &mut GpuDecoder::new(&model),
-                cfg.max_position_embeddings,
-                &prompts,
-                3,
-                &gen,
-                &|_| String::new(),
-                &mut rng,
-            )
-            .unwrap();
+            let s = generate_gpu(&model, &prompts, 3, &gen, 1);
             s.iter()
                 .map(|x| {
                     let lp: Vec<u32> = x.logprobs.iter().map(|v| v.to_bits()).collect();

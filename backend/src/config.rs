@@ -79,11 +79,11 @@ pub struct RunSection {
     /// Also measure pass@k on them at each evaluation: k samples per problem at
     /// the rollout's sampling settings (0 = off).
     pub eval_pass_k: usize,
-    /// On the GPU, compute every row of the FP8 forward GEMMs in one order
-    /// whatever the batch, so rollout and training logprobs agree bit for bit
-    /// (`mismatch_kl` 0 in the `fp8` flow). `false` lets training's forward use
-    /// cuBLASLt's block-scaled GEMM: faster, no longer bitwise on-policy. No effect
-    /// on the CPU, which is always exact.
+    /// On the GPU, compute every row of the FP8 and BF16 forward GEMMs in one
+    /// order whatever the batch, so rollout and training logprobs agree bit for
+    /// bit (`mismatch_kl` 0 in the `fp8` and `bf16` flows). `false` lets the
+    /// forward use cuBLASLt's GEMMs: faster, no longer bitwise on-policy. No
+    /// effect on the CPU, which is always exact.
     pub batch_invariant: bool,
 }
 

@@ -261,14 +261,15 @@ fn generate_gpu(
     .unwrap()
 }
 
-/// The GPU rollout's logprobs against the GPU training pass over the same
-/// samples: the mismatch the fp8 flow shows on the GPU, per flow.
-#[test]
-fn rollout_vs_training_mismatch_on_gpu() {
-    let Some(g) = gpu() else { return };
-    let cfg = tiny();
-    let w0 = init_random(&cfg, 4);
-    let dw = GpuWeights::upload(&g, &w0).unwrap();
+/// Roll out 4 samples of 16 prompts (24 tokens, seeded sampling) and score them
+/// with the training pass: (max |dlogp| rollout vs training, mismatch_kl).
+fn rollout_vs_training(
+    g: &Arc<Gpu>,
+    cfg: &ModelConfig,
+    dw: &GpuWeights,
+    flow: Flow,
+    invariant: bool,
+) -> (f64, f64) {
     let prompts: Vec<Vec<u32>> = (0..16).map(|i| vec![1 + i as u32 % 50, 7, 9, 11]).collect();
     let gen = GenConfig {
         max_new_tokens: 24,
@@ -277,11 +278,51 @@ fn rollout_vs_training_mismatch_on_gpu() {
         stop_strings: vec![],
         max_batch: 0,
     };
+    let mut model = GpuModel::new(g, cfg, dw, flow).unwrap();
+    model.set_batch_invariant(invariant);
+    let samples = generate_gpu(&model, &prompts, 4, &gen, 9);
+    let seqs: Vec<TrainSeq> = samples
+        .iter()
+        .map(|s| TrainSeq {
+            tokens: [prompts[s.prompt_index].as_slice(), &s.tokens].concat(),
+            prompt_len: prompts[s.prompt_index].len(),
+        })
+        .collect();
+    let sc = run_pass_gpu(&model, &seqs, 1.0, 8, None).unwrap();
+    let train: Vec<f64> = sc.logp.iter().flatten().copied().collect();
+    let roll: Vec<f64> = samples
+        .iter()
+        .flat_map(|s| s.logprobs.iter().map(|&x| x as f64))
+        .collect();
+    let mm = mismatch(&train, &roll);
+    let max_abs = train
+        .iter()
+        .zip(&roll)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    println!(
+        "MISMATCH | {:<16} | hidden {} | invariant {invariant} | tokens {} | mismatch_kl {:.3e} | max |dlogp| {max_abs:.3e} | token_mult_prob_error {:.3e}",
+        flow.name(),
+        cfg.hidden_size,
+        train.len(),
+        mm.mismatch_kl,
+        mm.token_mult_prob_error
+    );
+    (max_abs, mm.mismatch_kl)
+}
+
+/// The GPU rollout's logprobs against the GPU training pass over the same
+/// samples: the mismatch the fp8 flow shows on the GPU, per flow.
+#[test]
+fn rollout_vs_training_mismatch_on_gpu() {
+    let Some(g) = gpu() else { return };
+    let cfg = tiny();
+    let dw = GpuWeights::upload(&g, &init_random(&cfg, 4)).unwrap();
     // Bounds on max |dlogp|: f32 shares kernels between decode and training up
     // to summation order; bf16 and fp8 are bit-identical: the tensor-core
-    // attention gives a decoded row the training forward's bits, the BF16 GEMMs
-    // are row-independent, and the FP8 forward GEMMs are batch-invariant (the
-    // split-K decode kernel and gemm_fp8_rows add a row's products in one order).
+    // attention gives a decoded row the training forward's bits and the BF16 and
+    // FP8 forward GEMMs are batch-invariant (the split-K decode kernels and
+    // gemm_*_rows add a row's products in one order).
     let mut kl = Vec::new();
     for (flow, bound) in [
         (Flow::F32, 1e-4),
@@ -289,41 +330,13 @@ fn rollout_vs_training_mismatch_on_gpu() {
         (Flow::Fp8, 0.0),
         (Flow::Bf16Fp8Rollout, 10.0),
     ] {
-        let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
-        let samples = generate_gpu(&model, &prompts, 4, &gen, 9);
-        let seqs: Vec<TrainSeq> = samples
-            .iter()
-            .map(|s| TrainSeq {
-                tokens: [prompts[s.prompt_index].as_slice(), &s.tokens].concat(),
-                prompt_len: prompts[s.prompt_index].len(),
-            })
-            .collect();
-        let sc = run_pass_gpu(&model, &seqs, 1.0, 8, None).unwrap();
-        let train: Vec<f64> = sc.logp.iter().flatten().copied().collect();
-        let roll: Vec<f64> = samples
-            .iter()
-            .flat_map(|s| s.logprobs.iter().map(|&x| x as f64))
-            .collect();
-        let mm = mismatch(&train, &roll);
-        let max_abs = train
-            .iter()
-            .zip(&roll)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max);
-        println!(
-            "MISMATCH | {:<16} | tokens {} | mismatch_kl {:.3e} | max |dlogp| {:.3e} | token_mult_prob_error {:.3e}",
-            flow.name(),
-            train.len(),
-            mm.mismatch_kl,
-            max_abs,
-            mm.token_mult_prob_error
-        );
+        let (max_abs, mkl) = rollout_vs_training(&g, &cfg, &dw, flow, true);
         report(
             &format!("{}: rollout vs training max |dlogp|", flow.name()),
             max_abs,
             bound,
         );
-        kl.push(mm.mismatch_kl);
+        kl.push(mkl);
     }
     // The paper's point on the GPU: one FP8 flow is on-policy (0), FP8 rollouts
     // with BF16 training are not.
@@ -333,6 +346,39 @@ fn rollout_vs_training_mismatch_on_gpu() {
         kl[2],
         kl[3]
     );
+}
+
+/// The same at Qwen3-0.6B's widths (hidden 1024, MLP 3072, 16/8 heads of 128; two
+/// layers, a 4,096-token vocabulary), where cuBLASLt's BF16 GEMM orders a
+/// decode row's sum differently from a training row's: with the batch-invariant
+/// kernels (the default) bf16 and fp8 are exactly on-policy; cuBLASLt's numbers
+/// are printed for the record.
+#[test]
+fn rollout_equals_training_bitwise_at_qwen3_widths() {
+    let Some(g) = gpu() else { return };
+    let cfg = ModelConfig {
+        vocab_size: 4096,
+        hidden_size: 1024,
+        intermediate_size: 3072,
+        num_attention_heads: 16,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        max_position_embeddings: 64,
+        ..tiny()
+    };
+    let dw = GpuWeights::upload(&g, &init_random(&cfg, 6)).unwrap();
+    for flow in [Flow::Bf16, Flow::Fp8] {
+        let (max_abs, _) = rollout_vs_training(&g, &cfg, &dw, flow, true);
+        report(
+            &format!(
+                "{} (0.6B widths): rollout vs training max |dlogp|",
+                flow.name()
+            ),
+            max_abs,
+            0.0,
+        );
+        rollout_vs_training(&g, &cfg, &dw, flow, false);
+    }
 }
 
 /// The trainer end to end on the GPU (embedded tiny-arith, shortened): SFT and

@@ -1,33 +1,40 @@
-//! Batch invariance of the FP8 forward GEMM on the GPU: a row's output has the same
-//! bits whichever kernel (split-K decode kernel or `gemm_fp8_rows`), whichever batch
-//! and whichever position in the batch computed it. This is what makes rollout
-//! (decode, a few rows) and training (thousands of rows) logprobs equal in the
-//! `fp8` flow. Shapes cover one K split (gps = all groups), several splits of
+//! Batch invariance of the FP8 and BF16 forward GEMMs on the GPU: a row's output
+//! has the same bits whichever kernel (split-K decode kernel or `gemm_*_rows`),
+//! whichever batch and whichever position in the batch computed it. This is what
+//! makes rollout (decode, a few rows) and training (thousands of rows) logprobs
+//! equal in the `fp8` and `bf16` flows. Shapes cover one K split (gps = all groups), several splits of
 //! several groups, a short last split, and N not a multiple of 128.
 //! Skips without CUDA; run with `--nocapture` on a GPU machine.
 
-use jet_kernels::cuda::{gemv, linear as glin, quantize as gq};
+use jet_kernels::bf16;
+use jet_kernels::cuda::gemv_bf16::{self as gb, Bf16Rows};
+use jet_kernels::cuda::{self, gemv, linear as glin, quantize as gq};
 use jet_kernels::fp8::{fp8_gemm, Fp8Matrix, Fp8Operand, Grouping};
 use jet_kernels::{Flow, GemmPrecision};
 
 mod common;
 use common::*;
 
+// On 132 SMs (H100/H200 SXM): 896x136 one split of 7 groups; 1024x3072 and
+// 1024x4096 two of 4; 3072x1024 six of 4; 4096x256 eight of 4; 2944x1024 five
+// splits of 5 groups, the last of 3 (the fold at the end of a short slice);
+// 1000x100 (BF16 only): K and N not multiples of 16 or 128.
+const SHAPES: [(usize, usize); 6] = [
+    (896, 136),
+    (1024, 3072),
+    (3072, 1024),
+    (4096, 256),
+    (1024, 4096),
+    (2944, 1024),
+];
+/// (first row, rows) of the sub-batches checked against the whole batch's rows.
+const SUBS: [(usize, usize); 6] = [(0, 1), (7, 1), (299, 1), (3, 5), (100, 64), (40, 130)];
+
 #[test]
 fn fp8_forward_rows_do_not_depend_on_the_batch() {
     let Some(g) = gpu() else { return };
     let m = 300;
-    // On 132 SMs (H100/H200 SXM): 896x136 one split of 7 groups; 1024x3072 and
-    // 1024x4096 two of 4; 3072x1024 six of 4; 4096x256 eight of 4; 2944x1024 five
-    // splits of 5 groups, the last of 3 (the fold at the end of a short slice).
-    for (k, n) in [
-        (896, 136),
-        (1024, 3072),
-        (3072, 1024),
-        (4096, 256),
-        (1024, 4096),
-        (2944, 1024),
-    ] {
+    for (k, n) in SHAPES {
         let shape = format!("{m}x{k}x{n}");
         let (x, w) = (rnd(m * k, 11, 2.0), rnd(n * k, 12, 0.05));
         let (dx, dw) = (up(&g, &x), up(&g, &w));
@@ -56,7 +63,7 @@ fn fp8_forward_rows_do_not_depend_on_the_batch() {
         );
         // sub-batches at other positions, quantized on their own as decode does
         let mut diff = 0;
-        for (r0, len) in [(0, 1), (7, 1), (299, 1), (3, 5), (100, 64), (40, 130)] {
+        for (r0, len) in SUBS {
             let xs = up(&g, &x[r0 * k..(r0 + len) * k]);
             let q = gq::quantize_row1x128(&g, &xs, len, k).unwrap();
             let want = &rows_all[r0 * n..(r0 + len) * n];
@@ -99,4 +106,107 @@ fn fp8_forward_rows_do_not_depend_on_the_batch() {
         );
     }
     done();
+}
+
+#[test]
+fn bf16_forward_rows_do_not_depend_on_the_batch() {
+    let Some(g) = gpu() else { return };
+    let m = 300;
+    for (k, n) in SHAPES.into_iter().chain([(1000, 100)]) {
+        let shape = format!("{m}x{k}x{n}");
+        let (kp, np) = (cuda::pad16(k), cuda::pad16(n));
+        let (x, w) = (rnd(m * k, 21, 2.0), rnd(n * k, 22, 0.05));
+        let dw = up(&g, &w);
+        let pw = gq::to_bf16_padded(&g, &dw, n, k, np, kp).unwrap();
+        let wr = Bf16Rows {
+            v: &pw,
+            rows: n,
+            cols: k,
+            rows_pad: np,
+            cols_pad: kp,
+        };
+        let rows_of = |xs: &[f32], rows: usize| {
+            gq::to_bf16_padded(&g, &up(&g, xs), rows, k, rows, kp).unwrap()
+        };
+        let px = rows_of(&x, m);
+        let rows_all = g.zeros::<f32>(m * n).unwrap();
+        gb::gemm_bf16_rows(&g, rows_of_bf16(&px, m, k, kp), wr, &rows_all, n).unwrap();
+        let rows_all = dl(&g, &rows_all, m * n);
+        let mut sk_all = g.zeros::<f32>(m * n).unwrap();
+        gb::gemv_bf16_into(&g, rows_of_bf16(&px, m, k, kp), wr, &mut sk_all, n).unwrap();
+        report_exact(
+            "BF16 rows kernel vs split-K, batch",
+            &shape,
+            bits_differ(&rows_all, &dl(&g, &sk_all, m * n)),
+        );
+        let want = jet_kernels::gemm::matmul_nt(&bf16::rounded(&x), &bf16::rounded(&w), m, k, n);
+        report(
+            "BF16 rows kernel vs CPU f32 sums of BF16 values",
+            &shape,
+            rel(&rows_all, &want),
+            1e-5,
+        );
+        let mut diff = 0;
+        for (r0, len) in SUBS {
+            let p = rows_of(&x[r0 * k..(r0 + len) * k], len);
+            let want = &rows_all[r0 * n..(r0 + len) * n];
+            let mut y = g.zeros::<f32>(len * n).unwrap();
+            gb::gemv_bf16_into(&g, rows_of_bf16(&p, len, k, kp), wr, &mut y, n).unwrap();
+            diff += bits_differ(&dl(&g, &y, len * n), want);
+            let y = g.zeros::<f32>(len * n).unwrap();
+            gb::gemm_bf16_rows(&g, rows_of_bf16(&p, len, k, kp), wr, &y, n).unwrap();
+            diff += bits_differ(&dl(&g, &y, len * n), want);
+        }
+        report_exact("BF16 rows of sub-batches vs batch", &shape, diff);
+        let bias = up(&g, &rnd(n, 23, 0.5));
+        let mut lw = glin::GpuWeight::prepare(&g, &dw, n, k, Flow::Bf16).unwrap();
+        let fwd = |lw: &glin::GpuWeight, xs: &[f32], rows: usize| {
+            let y =
+                glin::linear_forward(&g, &up(&g, xs), rows, lw, Some(&bias), GemmPrecision::Bf16)
+                    .unwrap();
+            dl(&g, &y, rows * n)
+        };
+        let full = fwd(&lw, &x, m);
+        let mut diff = 0;
+        for r in [0, 1, 64, 255, 299] {
+            diff += bits_differ(
+                &fwd(&lw, &x[r * k..(r + 1) * k], 1),
+                &full[r * n..(r + 1) * n],
+            );
+        }
+        diff += bits_differ(&fwd(&lw, &x[..64 * k], 64), &full[..64 * n]);
+        report_exact("BF16 linear, 1 or 64 rows vs 300", &shape, diff);
+        // For the record: cuBLASLt's BF16 GEMM against its own decode-sized rows.
+        lw.batch_invariant = false;
+        let lt = fwd(&lw, &x, m);
+        let mut lt_diff = 0;
+        for r0 in (0..m).step_by(64) {
+            let len = 64.min(m - r0);
+            lt_diff += bits_differ(
+                &fwd(&lw, &x[r0 * k..(r0 + len) * k], len),
+                &lt[r0 * n..(r0 + len) * n],
+            );
+        }
+        println!(
+            "INVARIANT | {shape:<16} | cuBLASLt BF16, 64-row batches vs 300: {lt_diff} of {} values differ",
+            m * n
+        );
+    }
+    done();
+}
+
+/// `rows x k` BF16 values stored `[rows][k_pad]`.
+fn rows_of_bf16(
+    v: &cudarc::driver::CudaSlice<u16>,
+    rows: usize,
+    k: usize,
+    k_pad: usize,
+) -> Bf16Rows<'_> {
+    Bf16Rows {
+        v,
+        rows,
+        cols: k,
+        rows_pad: rows,
+        cols_pad: k_pad,
+    }
 }

@@ -5,7 +5,7 @@
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, DevicePtr};
-use jet_kernels::cuda::{self, gemm, gemv, linear as glin, quantize as gq, Gpu};
+use jet_kernels::cuda::{self, gemm, gemv, gemv_bf16, linear as glin, quantize as gq, Gpu};
 use jet_kernels::{Flow, GemmPrecision};
 
 /// Mean device time of one call of `f` in microseconds: after a warm-up, `reps`
@@ -382,6 +382,40 @@ fn fp8_rows_timing() {
                 tf(lt),
                 tf(r64),
                 tf(r32),
+                tf(sk)
+            );
+            // The BF16 forward: cuBLASLt against the batch-invariant kernels.
+            let (kp, np) = (cuda::pad16(k), cuda::pad16(n));
+            let xb = gq::to_bf16_padded(&g, &x, m, k, m, kp).unwrap();
+            let wb = gq::to_bf16_padded(&g, &w, n, k, np, kp).unwrap();
+            let rows = |v, r, rp| gemv_bf16::Bf16Rows {
+                v,
+                rows: r,
+                cols: k,
+                rows_pad: rp,
+                cols_pad: kp,
+            };
+            let dense = |s: &cudarc::driver::CudaSlice<u16>, r| gemm::Dense {
+                ptr: s.device_ptr(g.stream()).0,
+                ty: gemm::LtType::Bf16,
+                rows: r,
+                cols: k,
+                ld: kp,
+            };
+            let dp = d.device_ptr(g.stream()).0;
+            let lt = time_us(&g, pre, 10, |_| {
+                gemm::dense_gemm(&g, dense(&xb, m), false, dense(&wb, n), true, dp, np).unwrap()
+            });
+            let r64 = time_us(&g, pre, 10, |_| {
+                gemv_bf16::gemm_bf16_rows(&g, rows(&xb, m, m), rows(&wb, n, np), &d, n).unwrap()
+            });
+            let sk = time_us(&g, pre, 10, |_| {
+                gemv_bf16::gemv_bf16_into(&g, rows(&xb, m, m), rows(&wb, n, np), &mut d, n).unwrap()
+            });
+            println!(
+                "TIMING bf16 rows {m}x{k}x{n} {name:<8}: cuBLASLt {lt:8.1} us {:5.0} TF | rows64 {r64:8.1} us {:5.0} TF | split-K chunks {sk:8.1} us {:5.0} TF",
+                tf(lt),
+                tf(r64),
                 tf(sk)
             );
         }

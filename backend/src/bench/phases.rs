@@ -93,9 +93,11 @@ pub struct StepRow {
     pub vs_bf16: f64,
 }
 
-/// A flow as benchmarked: `fp8` runs batch-invariant (as runs do by default) and
-/// again as `fp8-cublaslt`, its forward GEMMs through cuBLASLt (`run.batch_invariant
-/// = false`), so the cost of bitwise rollout/training agreement is in every report.
+/// A flow as benchmarked: `bf16` and `fp8` run batch-invariant (as runs do by
+/// default) and again as `bf16-cublaslt` / `fp8-cublaslt`, their forward GEMMs
+/// through cuBLASLt (`run.batch_invariant = false`), so the cost of bitwise
+/// rollout/training agreement is in every report. A row's `vs_bf16` is against
+/// the bf16 row of the same mode.
 #[derive(Clone, Copy)]
 pub struct Variant {
     pub flow: Flow,
@@ -105,7 +107,8 @@ pub struct Variant {
 impl Variant {
     pub const CUBLASLT_SUFFIX: &'static str = "-cublaslt";
 
-    /// The flows' variants: each flow, and `fp8` also with cuBLASLt's forward.
+    /// The flows' variants: each flow, and `bf16` and `fp8` also with cuBLASLt's
+    /// forward.
     pub fn of(flows: &[Flow]) -> Vec<Variant> {
         let mut v = Vec::new();
         for &flow in flows {
@@ -113,7 +116,7 @@ impl Variant {
                 flow,
                 invariant: true,
             });
-            if flow == Flow::Fp8 {
+            if matches!(flow, Flow::Bf16 | Flow::Fp8) {
                 v.push(Variant {
                     flow,
                     invariant: false,
@@ -334,7 +337,7 @@ pub fn run(
             peak = peak.max(used);
             let tps = counts.tokens as f64 / s;
             if flow == Flow::Bf16 {
-                base_roll.insert(b, tps);
+                base_roll.insert((var.invariant, b), tps);
             }
             g.profile_start();
             let (_, wall, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
@@ -350,7 +353,9 @@ pub fn run(
                 kv_rows: counts.kv_rows,
                 seconds: s,
                 tokens_per_s: tps,
-                vs_bf16: base_roll.get(&b).map_or(f64::NAN, |x| tps / x),
+                vs_bf16: base_roll
+                    .get(&(var.invariant, b))
+                    .map_or(f64::NAN, |x| tps / x),
                 peak_gib: used,
                 breakdown,
                 top_kernels,
@@ -368,7 +373,7 @@ pub fn run(
             prompt_len: 1,
         })
         .collect();
-    let mut base_train = None;
+    let mut base_train = std::collections::HashMap::new();
     for &var in flows {
         let flow = var.flow;
         say(&format!("  train {}", var.name()));
@@ -404,7 +409,10 @@ pub fn run(
         let top_kernels = top(g);
         let step_s = total / a.train_steps as f64;
         let tps = (a.train_seqs * a.train_len) as f64 / step_s;
-        let base = *base_train.get_or_insert(if flow == Flow::Bf16 { tps } else { f64::NAN });
+        if flow == Flow::Bf16 {
+            base_train.insert(var.invariant, tps);
+        }
+        let base = base_train.get(&var.invariant).copied().unwrap_or(f64::NAN);
         r.train.push(TrainRow {
             flow: var.name(),
             tokens_per_s: tps,
@@ -424,7 +432,7 @@ pub fn run(
     // One GRPO-shaped step: quantize, roll out the first batch size, train on
     // the samples in micro-batches of --train-seqs, optimizer step.
     let b = a.batch[0];
-    let mut base_step = None;
+    let mut base_step = std::collections::HashMap::new();
     for &var in flows {
         let flow = var.flow;
         say(&format!("  step {}", var.name()));
@@ -454,7 +462,10 @@ pub fn run(
         )?;
         let total = t0.elapsed().as_secs_f64();
         peak = peak.max(mem_used_gib());
-        let base = *base_step.get_or_insert(if flow == Flow::Bf16 { total } else { f64::NAN });
+        if flow == Flow::Bf16 {
+            base_step.insert(var.invariant, total);
+        }
+        let base = base_step.get(&var.invariant).copied().unwrap_or(f64::NAN);
         r.step.push(StepRow {
             flow: var.name(),
             batch: b,

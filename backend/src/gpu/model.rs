@@ -140,7 +140,7 @@ impl<'w> GpuModel<'w> {
         })
     }
 
-    /// Whether the FP8 forward GEMMs are batch-invariant (the default; see
+    /// Whether the FP8 and BF16 forward GEMMs are batch-invariant (the default; see
     /// `GpuWeight::batch_invariant`): rollout and training logprobs agree bit for
     /// bit. Off, training's and prefill's forward GEMMs use cuBLASLt.
     pub fn set_batch_invariant(&mut self, on: bool) {

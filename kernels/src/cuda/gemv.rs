@@ -107,7 +107,7 @@ fn check_out(x: &Fp8Quantized, w: &Fp8Quantized, len: usize, ld: usize) -> Resul
 /// on the shape and the GPU only, never on the number of tokens: the splits fix the
 /// order in which a row's group sums are added, and [`gemm_fp8_rows`] repeats that
 /// order for any batch (rollout and training agree bit for bit).
-fn splits(gpu: &Gpu, n: usize, k_pad: usize) -> (usize, usize) {
+pub(crate) fn splits(gpu: &Gpu, n: usize, k_pad: usize) -> (usize, usize) {
     let l = k_pad.div_ceil(GROUP);
     let blocks_n = n.div_ceil(128);
     let ks = (2 * gpu.sm_count()).div_ceil(blocks_n).clamp(1, l.max(1));
@@ -116,27 +116,80 @@ fn splits(gpu: &Gpu, n: usize, k_pad: usize) -> (usize, usize) {
     (l.div_ceil(gps), gps)
 }
 
-/// Launch the split-K kernel for `x` rows `m0 .. m0 + mc` (chunks of 64 tokens on
-/// grid z) into `p`.
-#[allow(clippy::too_many_arguments)]
-fn launch_sk(
+/// What the split-K and rows kernels read (`gemm_sk` in `gemv_fp8.cu`): W and X
+/// from token `m0` on, with their FP8 scales (none for BF16), and the shapes.
+pub(crate) struct SkOps {
+    /// The split-K kernels for 8, 16, 32 and 64 tokens a block.
+    pub sk: [&'static str; 4],
+    /// W values, W scales, their stride, X values, X scales, their stride.
+    pub args: [Arg; 6],
+    /// X rows from `m0`.
+    pub m: usize,
+    pub n: usize,
+    pub n_pad: usize,
+    pub k_pad: usize,
+}
+
+impl SkOps {
+    fn fp8(gpu: &Gpu, x: &Fp8Quantized, w: &Fp8Quantized, m0: usize) -> SkOps {
+        SkOps {
+            sk: [
+                "gemv_fp8_sk_t1",
+                "gemv_fp8_sk_t2",
+                "gemv_fp8_sk_t4",
+                "gemv_fp8_sk_t8",
+            ],
+            args: operands(gpu, x, w, m0),
+            m: x.rows - m0,
+            n: w.rows,
+            n_pad: w.rows_pad,
+            k_pad: w.cols_pad,
+        }
+    }
+
+    /// The first `m` tokens only.
+    pub(crate) fn first(mut self, m: usize) -> SkOps {
+        self.m = self.m.min(m);
+        self
+    }
+
+    /// The arguments of `gemv_*_sk_*` and `gemm_*_rows`: `mc` tokens into `p`.
+    fn args(&self, mc: usize, p: u64, ldp: usize, sstride: usize, gps: usize) -> Vec<Arg> {
+        [
+            &self.args[..],
+            &[
+                Arg::P(p),
+                Arg::L(ldp as i64),
+                Arg::L(sstride as i64),
+                Arg::I(mc as i32),
+                Arg::I(self.n as i32),
+                Arg::I(self.n_pad as i32),
+                Arg::I(self.k_pad as i32),
+                Arg::I(gps as i32),
+            ],
+        ]
+        .concat()
+    }
+}
+
+/// Launch the split-K kernel for the first `mc` tokens of `ops` (chunks of 64
+/// tokens on grid z) into `p`; returns the number of splits.
+pub(crate) fn launch_sk(
     gpu: &Gpu,
-    x: &Fp8Quantized,
-    w: &Fp8Quantized,
-    m0: usize,
+    ops: &SkOps,
     mc: usize,
     p: u64,
     ldp: usize,
     sstride: usize,
 ) -> Result<usize> {
-    let n = w.rows;
-    let (ks, gps) = splits(gpu, n, w.cols_pad);
-    let name = match mc {
-        0..=8 => "gemv_fp8_sk_t1",
-        9..=16 => "gemv_fp8_sk_t2",
-        17..=32 => "gemv_fp8_sk_t4",
-        _ => "gemv_fp8_sk_t8",
-    };
+    let n = ops.n;
+    let (ks, gps) = splits(gpu, n, ops.k_pad);
+    let name = ops.sk[match mc {
+        0..=8 => 0,
+        9..=16 => 1,
+        17..=32 => 2,
+        _ => 3,
+    }];
     let chunks = mc.div_ceil(GEMV_MAX_TOKENS);
     gpu.launch(
         &GEMV,
@@ -144,9 +197,77 @@ fn launch_sk(
         (n.div_ceil(128) as u32, ks as u32, chunks as u32),
         (256, 1, 1),
         0,
-        &sk_args(gpu, x, w, m0, mc, p, ldp, sstride, gps),
+        &ops.args(mc, p, ldp, sstride, gps),
     )?;
     Ok(ks)
+}
+
+/// Partial sums of the split-K kernel for all tokens of `ops` (the caller adds
+/// the slices in order).
+pub(crate) fn partial(gpu: &Gpu, ops: &SkOps) -> Result<Partial> {
+    let (m, n) = (ops.m, ops.n);
+    let (ks, _) = splits(gpu, n, ops.k_pad);
+    let p = gpu.uninit::<f32>(ks * m * n)?;
+    let splits = launch_sk(gpu, ops, m, gpu.ptr(&p), n, m * n)?;
+    Ok(Partial {
+        p,
+        ldp: n,
+        sstride: m * n,
+        splits,
+    })
+}
+
+/// The rows kernel `name` over all tokens of `ops` into `d` (row stride `ldd`),
+/// `tokens` a block.
+pub(crate) fn launch_rows(
+    gpu: &Gpu,
+    ops: &SkOps,
+    name: &'static str,
+    tokens: usize,
+    d: u64,
+    ldd: usize,
+) -> Result<()> {
+    if ops.m == 0 {
+        return Ok(());
+    }
+    let (_, gps) = splits(gpu, ops.n, ops.k_pad);
+    gpu.launch(
+        &GEMV,
+        name,
+        (ops.m.div_ceil(tokens) as u32, ops.n.div_ceil(128) as u32, 1),
+        (256, 1, 1),
+        0,
+        &ops.args(ops.m, d, ldd, 0, gps),
+    )
+}
+
+/// `y [m][ldy]` (at `yc`) = the in-order sum of `splits` slices of `ws`
+/// (`[m][n]` each).
+pub(crate) fn splitk_sum(
+    gpu: &Gpu,
+    ws: u64,
+    splits: usize,
+    (m, n): (usize, usize),
+    yc: u64,
+    ldy: usize,
+) -> Result<()> {
+    gpu.launch(
+        &GEMV,
+        "splitk_sum",
+        ((m * n).div_ceil(256) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(ws),
+            Arg::L(n as i64),
+            Arg::L((m * n) as i64),
+            Arg::I(splits as i32),
+            Arg::I(m as i32),
+            Arg::I(n as i32),
+            Arg::P(yc),
+            Arg::L(ldy as i64),
+        ],
+    )
 }
 
 /// The operand arguments every kernel of `gemv_fp8.cu` starts with: W codes,
@@ -162,49 +283,11 @@ fn operands(gpu: &Gpu, x: &Fp8Quantized, w: &Fp8Quantized, m0: usize) -> [Arg; 6
     ]
 }
 
-/// The arguments of `gemv_fp8_sk_*` and `gemm_fp8_rows`.
-#[allow(clippy::too_many_arguments)]
-fn sk_args(
-    gpu: &Gpu,
-    x: &Fp8Quantized,
-    w: &Fp8Quantized,
-    m0: usize,
-    mc: usize,
-    p: u64,
-    ldp: usize,
-    sstride: usize,
-    gps: usize,
-) -> Vec<Arg> {
-    [
-        &operands(gpu, x, w, m0)[..],
-        &[
-            Arg::P(p),
-            Arg::L(ldp as i64),
-            Arg::L(sstride as i64),
-            Arg::I(mc as i32),
-            Arg::I(w.rows as i32),
-            Arg::I(w.rows_pad as i32),
-            Arg::I(w.cols_pad as i32),
-            Arg::I(gps as i32),
-        ],
-    ]
-    .concat()
-}
-
 /// Partial sums of the split-K kernel for all of `x`'s tokens, 64 a block on grid z
 /// (the linear layer adds the slices in its epilogue).
 pub(crate) fn gemv_fp8_partial(gpu: &Gpu, x: &Fp8Quantized, w: &Fp8Quantized) -> Result<Partial> {
     check(x, w)?;
-    let (m, n) = (x.rows, w.rows);
-    let (ks, _) = splits(gpu, n, w.cols_pad);
-    let p = gpu.uninit::<f32>(ks * m * n)?;
-    let splits = launch_sk(gpu, x, w, 0, m, gpu.ptr(&p), n, m * n)?;
-    Ok(Partial {
-        p,
-        ldp: n,
-        sstride: m * n,
-        splits,
-    })
+    partial(gpu, &SkOps::fp8(gpu, x, w, 0))
 }
 
 /// `d [M][ldd] = x [M, K] w [N, K]^T` for any number of tokens in one launch, each
@@ -242,23 +325,12 @@ pub fn gemm_fp8_rows_with(
 ) -> Result<()> {
     check(x, w)?;
     check_out(x, w, d.len(), ldd)?;
-    let (m, n) = (x.rows, w.rows);
-    if m == 0 {
-        return Ok(());
-    }
-    let (_, gps) = splits(gpu, n, w.cols_pad);
     let (name, tokens) = match tile {
         RowsTile::T64 => ("gemm_fp8_rows", 64),
         RowsTile::T32 => ("gemm_fp8_rows_t4", 32),
     };
-    gpu.launch(
-        &GEMV,
-        name,
-        (m.div_ceil(tokens) as u32, n.div_ceil(128) as u32, 1),
-        (256, 1, 1),
-        0,
-        &sk_args(gpu, x, w, 0, m, gpu.ptr(d), ldd, 0, gps),
-    )
+    let ops = SkOps::fp8(gpu, x, w, 0);
+    launch_rows(gpu, &ops, name, tokens, gpu.ptr(d), ldd)
 }
 
 /// Whether the split-K kernel fills the GPU better than [`gemm_fp8_rows`] for `m`
@@ -309,31 +381,18 @@ pub fn gemv_fp8_with(
         let yc = yp + (m0 * ldy * 4) as u64;
         match kernel {
             GemvKernel::Tiled(full) => tiled(gpu, x, w, m0, mc, yc, ldy, full)?,
-            GemvKernel::SplitK => match &ws {
-                Some(ws) => {
-                    launch_sk(gpu, x, w, m0, mc, gpu.ptr(ws), n, mc * n)?;
-                    gpu.launch(
-                        &GEMV,
-                        "splitk_sum",
-                        ((mc * n).div_ceil(256) as u32, 1, 1),
-                        (256, 1, 1),
-                        0,
-                        &[
-                            Arg::P(gpu.ptr(ws)),
-                            Arg::L(n as i64),
-                            Arg::L((mc * n) as i64),
-                            Arg::I(ks as i32),
-                            Arg::I(mc as i32),
-                            Arg::I(n as i32),
-                            Arg::P(yc),
-                            Arg::L(ldy as i64),
-                        ],
-                    )?;
+            GemvKernel::SplitK => {
+                let ops = SkOps::fp8(gpu, x, w, m0);
+                match &ws {
+                    Some(ws) => {
+                        launch_sk(gpu, &ops, mc, gpu.ptr(ws), n, mc * n)?;
+                        splitk_sum(gpu, gpu.ptr(ws), ks, (mc, n), yc, ldy)?;
+                    }
+                    None => {
+                        launch_sk(gpu, &ops, mc, yc, ldy, 0)?;
+                    }
                 }
-                None => {
-                    launch_sk(gpu, x, w, m0, mc, yc, ldy, 0)?;
-                }
-            },
+            }
         }
         m0 += mc;
     }

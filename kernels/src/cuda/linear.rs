@@ -4,7 +4,9 @@
 //! stored as f32).
 //!
 //! - F32: cuBLASLt f32 (`CUBLAS_COMPUTE_32F`, no TF32).
-//! - BF16: operands rounded to BF16 (padded copies), f32 accumulation.
+//! - BF16: operands rounded to BF16 (padded copies), f32 accumulation; the
+//!   forward through the BF16 split-K / rows kernels (`gemv_bf16`, batch-invariant
+//!   as the FP8 ones) or, with `batch_invariant` off, cuBLASLt.
 //! - FP8: forward X 1x128 x W 128x128 through the split-K decode kernel or its
 //!   any-batch twin `gemm_fp8_rows`, which add a row's products in the same order
 //!   (batch-invariant: rollout equals training bit for bit; with
@@ -20,6 +22,7 @@ use cudarc::driver::CudaSlice;
 use super::context::{Arg, OPS};
 use super::gemm::{dense_gemm, fp8_gemm_nt, Dense, LtType};
 use super::gemv::{gemm_fp8_rows, gemv_fp8_partial, split_k_pays, GEMV_MAX_TOKENS};
+use super::gemv_bf16::{gemm_bf16_rows, gemv_bf16_partial, Bf16Rows};
 use super::quantize::{
     quantize_block128, quantize_col128x1, quantize_row1x128, to_bf16_padded, Fp8Quantized,
 };
@@ -38,10 +41,11 @@ pub struct GpuWeight {
     fp8: Option<Fp8Quantized>,
     /// Blocks of `W^T [K, N]`, when the flow's DGrad is FP8.
     fp8_t: Option<Fp8Quantized>,
-    /// FP8 forward GEMMs add each row's products in one order whatever the number
-    /// of rows (the split-K decode kernel and `gemm_fp8_rows`), so rollout and
-    /// training logprobs agree bit for bit; off, batches of more than 64 rows
-    /// use cuBLASLt's block-scaled GEMM (faster, a different accumulation).
+    /// FP8 and BF16 forward GEMMs add each row's products in one order whatever
+    /// the number of rows (the split-K decode kernels and `gemm_*_rows`), so
+    /// rollout and training logprobs agree bit for bit; off, FP8 batches of more
+    /// than 64 rows use cuBLASLt's block-scaled GEMM and BF16 forwards cuBLASLt's
+    /// BF16 GEMM (faster, an accumulation order that depends on the batch).
     pub batch_invariant: bool,
 }
 
@@ -198,13 +202,37 @@ pub fn linear_forward(
         GemmPrecision::Bf16 => {
             let wb = w.bf16.as_ref().ok_or_else(|| w.missing(prec))?;
             let xb = to_bf16_padded(gpu, x, m, k, m, kp)?;
-            let d = gpu.uninit::<f32>(m * np)?;
-            let (a, b) = (
-                dense(gpu, &xb, LtType::Bf16, m, k, kp),
-                dense(gpu, wb, LtType::Bf16, n, k, kp),
-            );
-            dense_gemm(gpu, a, false, b, true, gpu.ptr(&d), np)?;
-            (d, np)
+            if w.batch_invariant {
+                let xr = Bf16Rows {
+                    v: &xb,
+                    rows: m,
+                    cols: k,
+                    rows_pad: m,
+                    cols_pad: kp,
+                };
+                let wr = Bf16Rows {
+                    v: wb,
+                    rows: n,
+                    cols: k,
+                    rows_pad: np,
+                    cols_pad: kp,
+                };
+                if m <= GEMV_MAX_TOKENS || split_k_pays(gpu, m, n) {
+                    let p = gemv_bf16_partial(gpu, xr, wr)?;
+                    return epilogue(gpu, &p.p, (p.ldp, p.splits, p.sstride), bias, m, n, prec);
+                }
+                let d = gpu.uninit::<f32>(m * n)?;
+                gemm_bf16_rows(gpu, xr, wr, &d, n)?;
+                (d, n)
+            } else {
+                let d = gpu.uninit::<f32>(m * np)?;
+                let (a, b) = (
+                    dense(gpu, &xb, LtType::Bf16, m, k, kp),
+                    dense(gpu, wb, LtType::Bf16, n, k, kp),
+                );
+                dense_gemm(gpu, a, false, b, true, gpu.ptr(&d), np)?;
+                (d, np)
+            }
         }
         GemmPrecision::Fp8 => {
             let wq = w.fp8.as_ref().ok_or_else(|| w.missing(prec))?;

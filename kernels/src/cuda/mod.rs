@@ -27,6 +27,7 @@ mod context;
 pub mod flash;
 pub mod gemm;
 pub mod gemv;
+pub mod gemv_bf16;
 pub mod linear;
 pub mod logsoftmax;
 pub mod ops;

@@ -179,16 +179,27 @@ GEMV(8, 4, 2)
 GEMV(8, 8, 1)
 
 // ---- split-K version with the token tile in shared memory ------------------------
+// One template for the FP8 and the BF16 forward GEMM (E = Fp8E or Bf16E): the two
+// precisions share the split design, so in both a row's products are added in one
+// order whichever kernel and batch computed it.
+//
 // Block = 8 warps = 128 weight rows (warp w: rows n0 + 16w .. +16, one m16 tile);
 // grid (ceil(N/128), KS, token chunks): block (bx, ks, c) takes the K groups [ks*gps, (ks+1)*gps) and
 // writes its partial sums to p[ks][token][n] (stride ldp, slices sstride apart);
 // the slices are added in ks order afterwards (splitk_sum or the linear epilogue),
 // so the result is deterministic and a token's row never depends on the others.
-// The token codes of a group (TT*8 x 128 bytes) are staged in shared memory once per
-// block (rows 192 bytes apart: the 16-byte reads of a quarter warp hit distinct
-// banks), double-buffered; the weight bytes stream from HBM with the next group's
-// requested before this group's mma. (Holding a whole chunk of groups in flight
-// instead measured slower: NOTES.md.)
+// The token values of a group (TT*8 rows x E::GB bytes) are staged in shared memory
+// once per block (rows GB + 64 bytes apart: the 16-byte reads of a quarter warp hit
+// distinct banks), double-buffered; the weight bytes stream from HBM with the next
+// group's requested before this group's mma. (Holding a whole chunk of groups in
+// flight instead measured slower: NOTES.md.)
+//
+// A group is 128 values of k: 128 E4M3 bytes (two 64-byte halves, four k32 mma
+// steps from a zero accumulator, scaled per group: y = fma(xs * ws, group sum, y),
+// the terms of fp8_gemm) or 256 BF16
+// bytes (four halves, eight k16 steps chained straight into the f32 accumulator,
+// no scales). Thread (gid, tig) loads 16 bytes at half offset tig*16 of its weight
+// rows and token and feeds them to two mma steps, the same k slots in A and B.
 //
 // ROWS = the batch-invariant GEMM for any number of tokens (training forward,
 // prefill, large decode batches): grid (ceil(M/64), ceil(N/128)), each block walks
@@ -198,56 +209,94 @@ GEMV(8, 8, 1)
 // bit-identical whichever of the two kernels (and whichever batch) computed it; the
 // weight bytes are read with the default cache policy since 64-token chunks reuse
 // them from L2.
-#define XS 192
-template <int TT, bool ROWS>
-__device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ ws, int lds,
-                            const u8* __restrict__ x, const float* __restrict__ xs, int ldxs,
-                            float* __restrict__ p, long ldp, long sstride, int M, int N, int N_pad,
-                            int K_pad, int gps) {
+__device__ __forceinline__ void mma_bf16_k16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// E4M3 codes, 128x128 weight blocks and 1x128 token scales.
+struct Fp8E {
+    static constexpr int GB = 128;  // bytes of a row in a 128-value group
+    static constexpr bool SCALED = true;
+    static __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+        mma_e4m3(c, a0, a1, a2, a3, b0, b1);
+    }
+    // c = a b (a zero accumulator in, no zeroing instructions).
+    static __device__ __forceinline__ void mma0(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+            : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+    }
+};
+// BF16 values, no scales.
+struct Bf16E {
+    static constexpr int GB = 256;
+    static constexpr bool SCALED = false;
+    static __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+        mma_bf16_k16(c, a0, a1, a2, a3, b0, b1);
+    }
+    static __device__ __forceinline__ void mma0(float*, u32, u32, u32, u32, u32, u32) {}  // unused
+};
+
+// w [N_pad][K_pad] and x [M][K_pad] values of E (row strides K_pad * sizeof);
+// ws, xs the FP8 scales (unused for BF16).
+template <class E, int TT, bool ROWS>
+__device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, int lds,
+                        const u8* __restrict__ x, const float* __restrict__ xs, int ldxs,
+                        float* __restrict__ p, long ldp, long sstride, int M, int N, int N_pad,
+                        int K_pad, int gps) {
+    constexpr int GB = E::GB, H = GB / 64, XS = GB + 64;
     __shared__ __align__(16) u8 xt[2][TT * 8 * XS];
-    __shared__ float sxs[2][TT * 8];
+    __shared__ float sxs[2][E::SCALED ? TT * 8 : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int n0 = (ROWS ? blockIdx.y : blockIdx.x) * 128;
     const int L = (K_pad + 127) / 128;
+    const long RB = (long)K_pad * (GB / 128);  // bytes of a row
     // This block's chunk of TT*8 tokens (grid z of the split-K launch).
     const int t0 = (ROWS ? blockIdx.x : blockIdx.z) * (TT * 8);
-    x += (long)t0 * K_pad;
-    xs += t0;
+    x += (long)t0 * RB;
+    xs += E::SCALED ? t0 : 0;
     p += (long)t0 * ldp;
     M = min(M - t0, TT * 8);
     const int g0 = ROWS ? 0 : blockIdx.y * gps, g1 = ROWS ? L : min(L, g0 + gps);
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    const u8* wr0 = w + (long)min(n0 + warp * 16 + gid, N_pad - 1) * K_pad;
-    const u8* wr1 = w + (long)min(n0 + warp * 16 + gid + 8, N_pad - 1) * K_pad;
-    const float* wsr = ws + (long)(n0 / 128) * lds;
+    const u8* wr0 = w + (long)min(n0 + warp * 16 + gid, N_pad - 1) * RB;
+    const u8* wr1 = w + (long)min(n0 + warp * 16 + gid + 8, N_pad - 1) * RB;
+    const float* wsr = ws + (E::SCALED ? (long)(n0 / 128) * lds : 0);
 
-    constexpr int XCH = TT * 8 * 8;  // 16-byte chunks of a token tile
+    constexpr int CPR = GB / 16;       // 16-byte chunks of a token's group
+    constexpr int XCH = TT * 8 * CPR;  // ... of a token tile
     constexpr int XPT = (XCH + 255) / 256;
     auto load_x = [&](int g, uint4 (&r)[XPT], float& sc) {
 #pragma unroll
         for (int i = 0; i < XPT; i++) {
-            int c = threadIdx.x + i * 256, tok = c >> 3, k = g * 128 + (c & 7) * 16;
-            r[i] = (c < XCH && tok < M && k < K_pad) ? *reinterpret_cast<const uint4*>(x + (long)tok * K_pad + k) : zero;
+            int c = threadIdx.x + i * 256, tok = c / CPR;
+            long b = (long)g * GB + (c % CPR) * 16;
+            r[i] = (c < XCH && tok < M && b < RB) ? *reinterpret_cast<const uint4*>(x + tok * RB + b) : zero;
         }
-        sc = threadIdx.x < TT * 8 && threadIdx.x < M ? xs[(long)g * ldxs + threadIdx.x] : 0.0f;
+        sc = E::SCALED && threadIdx.x < TT * 8 && threadIdx.x < M ? xs[(long)g * ldxs + threadIdx.x] : 0.0f;
     };
     auto store_x = [&](int b, const uint4 (&r)[XPT], float sc) {
 #pragma unroll
         for (int i = 0; i < XPT; i++) {
             int c = threadIdx.x + i * 256;
-            if (c < XCH) *reinterpret_cast<uint4*>(&xt[b][(c >> 3) * XS + (c & 7) * 16]) = r[i];
+            if (c < XCH) *reinterpret_cast<uint4*>(&xt[b][(c / CPR) * XS + (c % CPR) * 16]) = r[i];
         }
-        if (threadIdx.x < TT * 8) sxs[b][threadIdx.x] = sc;
+        if (E::SCALED && threadIdx.x < TT * 8) sxs[b][threadIdx.x] = sc;
     };
     auto ld_w = [&](const u8* q) { return ROWS ? __ldg(reinterpret_cast<const uint4*>(q)) : ld_stream(q); };
-    auto load_w = [&](int g, uint4 (&a)[2][2]) {
+    auto load_w = [&](int g, uint4 (&a)[H][2]) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int k = g * 128 + h * 64 + tig * 16;
-            bool in = g < g1 && k < K_pad;
-            a[h][0] = in ? ld_w(wr0 + k) : zero;
-            a[h][1] = in ? ld_w(wr1 + k) : zero;
+        for (int h = 0; h < H; h++) {
+            long b = (long)g * GB + h * 64 + tig * 16;
+            bool in = g < g1 && b < RB;
+            a[h][0] = in ? ld_w(wr0 + b) : zero;
+            a[h][1] = in ? ld_w(wr1 + b) : zero;
         }
     };
 
@@ -257,43 +306,51 @@ __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ 
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[tt][i] = 0.0f;
     if (g0 < g1) {
-        uint4 xr[XPT], a[2][2];
+        uint4 xr[XPT], a[H][2], an[H][2];
         float sc;
+        int fold_at = g0 + gps;  // ROWS: the group after which the current slice ends
         load_x(g0, xr, sc);
         load_w(g0, a);
         store_x(0, xr, sc);
         __syncthreads();
-        for (int g = g0; g < g1; g++) {
+        // Group g with its weight fragments in `cur`, the next group's requested
+        // into `nxt` (the loop below runs two groups an iteration with the roles
+        // swapped, so no register copies between groups).
+        auto step = [&](int g, const uint4 (&cur)[H][2], uint4 (&nxt)[H][2]) {
             const int b = (g - g0) & 1;
-            uint4 an[2][2];
-            load_w(g + 1, an);
+            load_w(g + 1, nxt);
             if (g + 1 < g1) load_x(g + 1, xr, sc);
-            float part[TT][4];
+            // FP8: the group's sums, the first k32 step from a zero accumulator,
+            // scaled below; BF16: straight into acc.
+            float part[E::SCALED ? TT : 1][4];
 #pragma unroll
-            for (int tt = 0; tt < TT; tt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) part[tt][i] = 0.0f;
-#pragma unroll
-            for (int h = 0; h < 2; h++)
+            for (int h = 0; h < H; h++)
 #pragma unroll
                 for (int tt = 0; tt < TT; tt++) {
                     uint4 bb = *reinterpret_cast<const uint4*>(&xt[b][(tt * 8 + gid) * XS + h * 64 + tig * 16]);
-                    mma_e4m3(part[tt], a[h][0].x, a[h][1].x, a[h][0].y, a[h][1].y, bb.x, bb.y);
-                    mma_e4m3(part[tt], a[h][0].z, a[h][1].z, a[h][0].w, a[h][1].w, bb.z, bb.w);
+                    float* c = E::SCALED ? part[E::SCALED ? tt : 0] : acc[tt];
+                    if (E::SCALED && h == 0)
+                        E::mma0(c, cur[h][0].x, cur[h][1].x, cur[h][0].y, cur[h][1].y, bb.x, bb.y);
+                    else
+                        E::mma(c, cur[h][0].x, cur[h][1].x, cur[h][0].y, cur[h][1].y, bb.x, bb.y);
+                    E::mma(c, cur[h][0].z, cur[h][1].z, cur[h][0].w, cur[h][1].w, bb.z, bb.w);
                 }
-            // y += (x scale * w scale) * group sum, as fp8_gemm.
-            float sw = wsr[g];
+            if (E::SCALED) {
+                // y += (x scale * w scale) * group sum (fp8_gemm's terms, one fma).
+                float sw = wsr[g];
 #pragma unroll
-            for (int tt = 0; tt < TT; tt++) {
-                float s0 = sxs[b][tt * 8 + tig * 2] * sw, s1 = sxs[b][tt * 8 + tig * 2 + 1] * sw;
-                acc[tt][0] += s0 * part[tt][0];
-                acc[tt][1] += s1 * part[tt][1];
-                acc[tt][2] += s0 * part[tt][2];
-                acc[tt][3] += s1 * part[tt][3];
+                for (int tt = 0; tt < TT; tt++) {
+                    const int pt = E::SCALED ? tt : 0;
+                    float s0 = sxs[b][tt * 8 + tig * 2] * sw, s1 = sxs[b][tt * 8 + tig * 2 + 1] * sw;
+                    acc[tt][0] = __fmaf_rn(s0, part[pt][0], acc[tt][0]);
+                    acc[tt][1] = __fmaf_rn(s1, part[pt][1], acc[tt][1]);
+                    acc[tt][2] = __fmaf_rn(s0, part[pt][2], acc[tt][2]);
+                    acc[tt][3] = __fmaf_rn(s1, part[pt][3], acc[tt][3]);
+                }
             }
             // The end of a split slice: fold it into the total as the in-order sum
             // of the slices would (the first slice is taken as is).
-            if (ROWS && ((g + 1) % gps == 0 || g + 1 == g1)) {
+            if (ROWS && (g + 1 == fold_at || g + 1 == g1)) {
                 const bool first = g < gps;
 #pragma unroll
                 for (int tt = 0; tt < TT; tt++)
@@ -302,14 +359,14 @@ __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ 
                         tot[ROWS ? tt : 0][i] = first ? acc[tt][i] : tot[ROWS ? tt : 0][i] + acc[tt][i];
                         acc[tt][i] = 0.0f;
                     }
+                fold_at += gps;
             }
             if (g + 1 < g1) store_x(b ^ 1, xr, sc);
             __syncthreads();
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                a[h][0] = an[h][0];
-                a[h][1] = an[h][1];
-            }
+        };
+        for (int g = g0; g < g1; g += 2) {
+            step(g, a, an);
+            if (g + 1 < g1) step(g + 1, an, a);
         }
     }
     float* out = p + (ROWS ? 0 : (long)blockIdx.y * sstride);
@@ -323,21 +380,26 @@ __device__ void gemv_fp8_sk(const u8* __restrict__ w, const float* __restrict__ 
         }
 }
 
-// NAME(token tiles, min blocks per SM, rows mode).
-#define GEMV_SK(NAME, TT, MINB, ROWS)                                                                   \
+// NAME(element, token tiles, min blocks per SM, rows mode).
+#define GEMM_SK(NAME, E, TT, MINB, ROWS)                                                                \
     extern "C" __global__ void __launch_bounds__(256, MINB)                                             \
         NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p,   \
              long ldp, long sstride, int M, int N, int N_pad, int K_pad, int gps) {                     \
-        gemv_fp8_sk<TT, ROWS>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);       \
+        gemm_sk<E, TT, ROWS>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);        \
     }
-GEMV_SK(gemv_fp8_sk_t1, 1, 2, false)
-GEMV_SK(gemv_fp8_sk_t2, 2, 2, false)
-GEMV_SK(gemv_fp8_sk_t4, 4, 1, false)
-GEMV_SK(gemv_fp8_sk_t8, 8, 1, false)
-GEMV_SK(gemm_fp8_rows, 8, 1, true)
+GEMM_SK(gemv_fp8_sk_t1, Fp8E, 1, 2, false)
+GEMM_SK(gemv_fp8_sk_t2, Fp8E, 2, 2, false)
+GEMM_SK(gemv_fp8_sk_t4, Fp8E, 4, 1, false)
+GEMM_SK(gemv_fp8_sk_t8, Fp8E, 8, 1, false)
+GEMM_SK(gemm_fp8_rows, Fp8E, 8, 1, true)
 // 32-token tiles, two blocks an SM (fewer registers: 16 warps resident to hide the
 // weight loads); the same per-output arithmetic.
-GEMV_SK(gemm_fp8_rows_t4, 4, 2, true)
+GEMM_SK(gemm_fp8_rows_t4, Fp8E, 4, 2, true)
+GEMM_SK(gemv_bf16_sk_t1, Bf16E, 1, 2, false)
+GEMM_SK(gemv_bf16_sk_t2, Bf16E, 2, 2, false)
+GEMM_SK(gemv_bf16_sk_t4, Bf16E, 4, 1, false)
+GEMM_SK(gemv_bf16_sk_t8, Bf16E, 8, 1, false)
+GEMM_SK(gemm_bf16_rows, Bf16E, 8, 1, true)
 
 // y [rows, cols] (stride ldy) = sum over s < splits, in order, of p[s] (stride ldp).
 extern "C" __global__ void splitk_sum(const float* p, long ldp, long sstride, int splits, int rows, int cols,

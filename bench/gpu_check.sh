@@ -7,7 +7,7 @@
 #   bash bench/gpu_check.sh --collect
 # Then on the GPU machine, in the repo root (with .carry carried):
 #   bash bench/gpu_check.sh [tests] [bench PRESET [LAYERS]] [peer PRESET [LAYERS]] [attnpeer]
-#                           [onpolicy CONFIG STEPS FLOW...]
+#                           [sft CONFIG] [onpolicy CONFIG STEPS FLOW...]
 # Logs go to $OUT (or ./gpu-logs); the summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,13 +70,21 @@ while [[ $# -gt 0 ]]; do
       SUMMARY+=("peer-attn: rc $?")
       grep -v '^{' "$LOG/peer-attn.txt"
       ;;
+    sft)
+      # The SFT warm-up of CONFIG alone (no RL steps), saved under ./runs for the
+      # stage-two configs that start from it (qwen3-0.6b-longhorizon-rl.toml).
+      cfg=$2; shift 2
+      name="sft-$(basename "$cfg" .toml)"
+      ./.carry/jetd run "$cfg" --steps 0 --data-dir runs --metrics-out "$LOG/$name.jsonl" >"$LOG/$name.log" 2>&1
+      SUMMARY+=("$name: rc $?, $(grep -E '^sft' "$LOG/$name.log" | tail -1)")
+      ;;
     onpolicy)
       # A real run per flow; prints each RL step's mismatch (0 = bitwise on-policy).
       cfg=$2; steps=$3; shift 3
       while [[ $# -gt 0 && "$1" =~ ^(fp8|bf16|bf16-fp8rollout|f32)$ ]]; do
         flow=$1; shift
         name="onpolicy-$(basename "$cfg" .toml)-$flow"
-        ./.carry/jetd run "$cfg" --flow "$flow" --steps "$steps" --data-dir "$LOG/runs-$flow" \
+        ./.carry/jetd run "$cfg" --flow "$flow" --steps "$steps" --data-dir "/tmp/jet-runs-$flow" \
           --metrics-out "$LOG/$name.jsonl" >"$LOG/$name.log" 2>&1
         SUMMARY+=("$name: rc $?")
         python3 - "$LOG/$name.jsonl" "$flow" <<'PY'

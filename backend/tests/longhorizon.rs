@@ -113,3 +113,39 @@ fn qwen3_0_6b_config_asks_for_256_plus_token_responses() {
         "{long} of {n} responses are 256+ tokens"
     );
 }
+
+/// The stage-two config GRPOs from the stage-one SFT model: the same task,
+/// rewards, rollout and training settings, no SFT of its own, and a model path
+/// that is where `jetd run configs/qwen3-0.6b-longhorizon.toml --steps 0` (run
+/// from the repository root) saves its final model.
+#[test]
+fn longhorizon_rl_config_starts_from_the_sft_model() {
+    let (base, rl) = (
+        config("qwen3-0.6b-longhorizon.toml"),
+        config("qwen3-0.6b-longhorizon-rl.toml"),
+    );
+    assert_eq!(rl.task, base.task);
+    assert_eq!(rl.reward, base.reward);
+    assert_eq!(rl.rollout, base.rollout);
+    assert_eq!(rl.train, base.train);
+    assert_eq!(rl.sft.steps, 0);
+    assert!(base.sft.steps > 0 && rl.model.random.is_none());
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let name = format!(
+        "qwen3-0.6b-longhorizon-{}-seed{}",
+        base.run.flow.0, base.run.seed
+    );
+    let want = repo.join("runs").join(name).join("final");
+    let got = rl.resolve(rl.model.path.as_ref().expect("a model path"));
+    assert_eq!(
+        std::fs::canonicalize(got.parent().unwrap().parent().unwrap()).ok(),
+        std::fs::canonicalize(repo.join("runs")).ok(),
+        "{} is not under runs/",
+        got.display()
+    );
+    assert_eq!(got.file_name(), want.file_name());
+    assert_eq!(
+        got.parent().unwrap().file_name(),
+        want.parent().unwrap().file_name()
+    );
+}

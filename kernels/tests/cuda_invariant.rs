@@ -81,21 +81,14 @@ fn fp8_forward_rows_do_not_depend_on_the_batch() {
         let bias = up(&g, &rnd(n, 13, 0.5));
         let mut lw = glin::GpuWeight::prepare(&g, &dw, n, k, Flow::Fp8).unwrap();
         let fwd = |lw: &glin::GpuWeight, xs: &[f32], rows: usize| {
-            let y =
-                glin::linear_forward(&g, &up(&g, xs), rows, lw, Some(&bias), GemmPrecision::Fp8)
-                    .unwrap();
-            dl(&g, &y, rows * n)
+            linear_out(&g, lw, xs, rows, &bias, GemmPrecision::Fp8)
         };
         let full = fwd(&lw, &x, m);
-        let mut diff = 0;
-        for r in [0, 1, 64, 255, 299] {
-            diff += bits_differ(
-                &fwd(&lw, &x[r * k..(r + 1) * k], 1),
-                &full[r * n..(r + 1) * n],
-            );
-        }
-        diff += bits_differ(&fwd(&lw, &x[..64 * k], 64), &full[..64 * n]);
-        report_exact("FP8 linear, 1 or 64 rows vs 300", &shape, diff);
+        report_exact(
+            "FP8 linear, 1 or 64 rows vs 300",
+            &shape,
+            linear_rows_differ(&g, &lw, &x, &full, &bias),
+        );
         // For the record: cuBLASLt's GEMM (batch_invariant off) against decode rows.
         lw.batch_invariant = false;
         let lt = fwd(&lw, &x, m);
@@ -161,21 +154,14 @@ fn bf16_forward_rows_do_not_depend_on_the_batch() {
         let bias = up(&g, &rnd(n, 23, 0.5));
         let mut lw = glin::GpuWeight::prepare(&g, &dw, n, k, Flow::Bf16).unwrap();
         let fwd = |lw: &glin::GpuWeight, xs: &[f32], rows: usize| {
-            let y =
-                glin::linear_forward(&g, &up(&g, xs), rows, lw, Some(&bias), GemmPrecision::Bf16)
-                    .unwrap();
-            dl(&g, &y, rows * n)
+            linear_out(&g, lw, xs, rows, &bias, GemmPrecision::Bf16)
         };
         let full = fwd(&lw, &x, m);
-        let mut diff = 0;
-        for r in [0, 1, 64, 255, 299] {
-            diff += bits_differ(
-                &fwd(&lw, &x[r * k..(r + 1) * k], 1),
-                &full[r * n..(r + 1) * n],
-            );
-        }
-        diff += bits_differ(&fwd(&lw, &x[..64 * k], 64), &full[..64 * n]);
-        report_exact("BF16 linear, 1 or 64 rows vs 300", &shape, diff);
+        report_exact(
+            "BF16 linear, 1 or 64 rows vs 300",
+            &shape,
+            linear_rows_differ(&g, &lw, &x, &full, &bias),
+        );
         // For the record: cuBLASLt's BF16 GEMM against its own decode-sized rows.
         lw.batch_invariant = false;
         let lt = fwd(&lw, &x, m);
@@ -209,4 +195,42 @@ fn rows_of_bf16(
         rows_pad: rows,
         cols_pad: k_pad,
     }
+}
+
+/// The linear layer's output for `rows` rows of `xs` (bias, BF16 rounding, the
+/// path chosen by the batch size).
+fn linear_out(
+    g: &jet_kernels::cuda::Gpu,
+    lw: &glin::GpuWeight,
+    xs: &[f32],
+    rows: usize,
+    bias: &cudarc::driver::CudaSlice<f32>,
+    prec: GemmPrecision,
+) -> Vec<f32> {
+    let y = glin::linear_forward(g, &up(g, xs), rows, lw, Some(bias), prec).unwrap();
+    dl(g, &y, rows * lw.n)
+}
+
+/// Values whose bits differ between single rows (and the first 64 rows) computed
+/// on their own and the same rows of the whole batch's output `full`.
+fn linear_rows_differ(
+    g: &jet_kernels::cuda::Gpu,
+    lw: &glin::GpuWeight,
+    x: &[f32],
+    full: &[f32],
+    bias: &cudarc::driver::CudaSlice<f32>,
+) -> usize {
+    let (k, n) = (lw.k, lw.n);
+    let prec = if lw.fp8().is_some() {
+        GemmPrecision::Fp8
+    } else {
+        GemmPrecision::Bf16
+    };
+    let out =
+        |r0: usize, rows: usize| linear_out(g, lw, &x[r0 * k..(r0 + rows) * k], rows, bias, prec);
+    let mut diff = 0;
+    for r in [0, 1, 64, 255, 299] {
+        diff += bits_differ(&out(r, 1), &full[r * n..(r + 1) * n]);
+    }
+    diff + bits_differ(&out(0, 64), &full[..64 * n])
 }

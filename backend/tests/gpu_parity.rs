@@ -281,13 +281,7 @@ fn rollout_vs_training(
     let mut model = GpuModel::new(g, cfg, dw, flow).unwrap();
     model.set_batch_invariant(invariant);
     let samples = generate_gpu(&model, &prompts, 4, &gen, 9);
-    let seqs: Vec<TrainSeq> = samples
-        .iter()
-        .map(|s| TrainSeq {
-            tokens: [prompts[s.prompt_index].as_slice(), &s.tokens].concat(),
-            prompt_len: prompts[s.prompt_index].len(),
-        })
-        .collect();
+    let seqs = TrainSeq::of_samples(&prompts, &samples);
     let sc = run_pass_gpu(&model, &seqs, 1.0, 8, None).unwrap();
     let train: Vec<f64> = sc.logp.iter().flatten().copied().collect();
     let roll: Vec<f64> = samples

@@ -441,13 +441,7 @@ pub fn run(
         let model = var.model(g, cfg, &w, &rope)?;
         let (samples, roll_s, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
         let prepared = model.into_parts();
-        let seqs: Vec<TrainSeq> = samples
-            .iter()
-            .map(|s| TrainSeq {
-                tokens: [ps[s.prompt_index].as_slice(), &s.tokens].concat(),
-                prompt_len: a.prompt_len,
-            })
-            .collect();
+        let seqs = TrainSeq::of_samples(&ps, &samples);
         let train_s = train(
             g,
             cfg,

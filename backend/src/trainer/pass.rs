@@ -6,6 +6,7 @@ use jet_kernels::ops::logsoftmax::{token_logprobs_backward, token_logprobs_forwa
 use jet_kernels::GemmRole;
 
 use crate::model::ModelWeights;
+use crate::rollout::engine::Sample;
 use crate::rollout::sampler::temper;
 use crate::transformer::{backward, forward, PreparedModel};
 
@@ -20,6 +21,17 @@ pub struct TrainSeq {
 impl TrainSeq {
     pub fn response_len(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    /// Each rollout sample as its prompt followed by its response.
+    pub fn of_samples(prompts: &[Vec<u32>], samples: &[Sample]) -> Vec<TrainSeq> {
+        samples
+            .iter()
+            .map(|s| TrainSeq {
+                tokens: [prompts[s.prompt_index].as_slice(), &s.tokens].concat(),
+                prompt_len: prompts[s.prompt_index].len(),
+            })
+            .collect()
     }
 }
 

@@ -12,7 +12,7 @@ use crate::rl::loss::{token_loss, LossConfig, TokenInput};
 use crate::rl::mismatch::mismatch;
 use crate::rollout::engine::GenConfig;
 use crate::rollout::sampler::SamplingParams;
-use crate::tasks::reward;
+use crate::tasks::{reward, Problem};
 
 const ROLLOUT_STREAM: u64 = 1;
 /// The greedy evaluation uses stream 99; pass@k its own.
@@ -71,13 +71,7 @@ impl Trainer {
         let mut out = Vec::with_capacity(n);
         let mut rng = stream(self.cfg.run.seed, 99, 0);
         for start in (0..n).step_by(64) {
-            let problems: Vec<_> = (start..(start + 64).min(n))
-                .map(|i| self.task.heldout_problem(i as u64))
-                .collect();
-            let prompts = problems
-                .iter()
-                .map(|p| self.prompt_tokens(p))
-                .collect::<Result<Vec<_>, _>>()?;
+            let (problems, prompts) = self.heldout_batch(start..(start + 64).min(n))?;
             let samples = self.rollout(&prompts, 1, &gen, &mut rng)?;
             let mut texts = vec![String::new(); problems.len()];
             for s in &samples {
@@ -86,6 +80,19 @@ impl Trainer {
             out.extend(problems.into_iter().zip(texts));
         }
         Ok(out)
+    }
+
+    /// Held-out problems `range` and their prompt tokens.
+    fn heldout_batch(
+        &self,
+        range: std::ops::Range<usize>,
+    ) -> Result<(Vec<Problem>, Vec<Vec<u32>>), SetupError> {
+        let problems: Vec<_> = range.map(|i| self.task.heldout_problem(i as u64)).collect();
+        let prompts = problems
+            .iter()
+            .map(|p| self.prompt_tokens(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((problems, prompts))
     }
 
     /// pass@k on the first `eval_size` held-out problems: the share with at
@@ -103,13 +110,7 @@ impl Trainer {
         // Batches of about 64 sequences, as the greedy evaluation.
         let per = (64 / k).max(1);
         for start in (0..n).step_by(per) {
-            let problems: Vec<_> = (start..(start + per).min(n))
-                .map(|i| self.task.heldout_problem(i as u64))
-                .collect();
-            let prompts = problems
-                .iter()
-                .map(|p| self.prompt_tokens(p))
-                .collect::<Result<Vec<_>, _>>()?;
+            let (problems, prompts) = self.heldout_batch(start..(start + per).min(n))?;
             let samples = self.rollout(&prompts, k, &gen, &mut rng)?;
             let mut any = vec![false; problems.len()];
             for s in &samples {
@@ -165,13 +166,7 @@ impl Trainer {
         }
         let n_correct = correct.iter().filter(|&&c| c).count();
         let (adv, zero_std) = group_advantages(&rewards, g, self.cfg.train.scale_adv_by_std);
-        let seqs: Vec<TrainSeq> = samples
-            .iter()
-            .map(|s| TrainSeq {
-                tokens: [prompts[s.prompt_index].as_slice(), &s.tokens].concat(),
-                prompt_len: prompts[s.prompt_index].len(),
-            })
-            .collect();
+        let seqs = TrainSeq::of_samples(&prompts, &samples);
         let rollout_lp: Vec<Vec<f64>> = samples
             .iter()
             .map(|s| s.logprobs.iter().map(|&x| x as f64).collect())

@@ -85,6 +85,11 @@ pub struct RunSection {
     /// forward use cuBLASLt's GEMMs: faster, no longer bitwise on-policy. No
     /// effect on the CPU, which is always exact.
     pub batch_invariant: bool,
+    /// On the GPU, replay each rollout decode step as a CUDA graph (one per
+    /// batch-size bucket, captured once per rollout): the same kernels and the
+    /// same numbers with a fraction of the host's launch work. `false` launches
+    /// every kernel of every step (for debugging and comparison).
+    pub cuda_graphs: bool,
 }
 
 impl Default for RunSection {
@@ -98,6 +103,7 @@ impl Default for RunSection {
             eval_size: 200,
             eval_pass_k: 0,
             batch_invariant: true,
+            cuda_graphs: true,
         }
     }
 }

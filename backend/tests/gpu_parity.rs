@@ -246,9 +246,22 @@ fn generate_gpu(
     gen: &GenConfig,
     seed: u64,
 ) -> Vec<jet_backend::rollout::engine::Sample> {
+    generate_gpu_graphs(model, prompts, n, gen, seed, true)
+}
+
+/// [`generate_gpu`] with decode steps replayed as CUDA graphs or launched one
+/// kernel at a time.
+fn generate_gpu_graphs(
+    model: &GpuModel,
+    prompts: &[Vec<u32>],
+    n: usize,
+    gen: &GenConfig,
+    seed: u64,
+    graphs: bool,
+) -> Vec<jet_backend::rollout::engine::Sample> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let max_pos = model.cfg.max_position_embeddings;
-    let mut dec = GpuDecoder::new(model);
+    let mut dec = GpuDecoder::new(model).with_graphs(graphs);
     generate_with(
         &mut dec,
         max_pos,
@@ -572,6 +585,81 @@ fn continuous_batching_keeps_greedy_samples_bitwise() {
         );
         if flow == Flow::Fp8 {
             assert_eq!(differ, 0, "fp8: continuous batching changed samples");
+        }
+    }
+}
+
+/// Decode steps replayed as CUDA graphs give every sample the bits the same
+/// steps give launched kernel by kernel: seeded sampling with stop tokens, so
+/// the batch shrinks through the buckets (padding rows beside the real ones),
+/// all at once and with at most 5 live (refills between steps), at the tiny
+/// shape and at Qwen3-0.6B widths, in both flows with the tensor-core attention.
+#[test]
+fn decode_graphs_equal_launched_steps_bitwise() {
+    let Some(g) = gpu() else { return };
+    let wide = ModelConfig {
+        vocab_size: 4096,
+        hidden_size: 1024,
+        intermediate_size: 3072,
+        num_attention_heads: 16,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        max_position_embeddings: 64,
+        ..tiny()
+    };
+    let prompts: Vec<Vec<u32>> = (0..13)
+        .map(|i| {
+            (0..(2 + 3 * i % 7))
+                .map(|j| 1 + ((i * 7 + j * 3) % 53) as u32)
+                .collect()
+        })
+        .collect();
+    for cfg in [tiny(), wide] {
+        let dw = GpuWeights::upload(&g, &init_random(&cfg, 21)).unwrap();
+        for flow in [Flow::Bf16, Flow::Fp8] {
+            let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
+            assert!(
+                model.flash_attention(),
+                "the graph path needs the tensor-core attention"
+            );
+            for max_batch in [0, 5] {
+                let gen = GenConfig {
+                    max_new_tokens: 20,
+                    sampling: SamplingParams::default(),
+                    // About one token in 13 ends a sample, at either vocabulary.
+                    stop_token_ids: (3..cfg.vocab_size as u32).step_by(13).collect(),
+                    stop_strings: vec![],
+                    max_batch,
+                };
+                let bits = |graphs: bool| {
+                    generate_gpu_graphs(&model, &prompts, 3, &gen, 4, graphs)
+                        .iter()
+                        .map(|x| {
+                            let lp: Vec<u32> = x.logprobs.iter().map(|v| v.to_bits()).collect();
+                            (x.tokens.clone(), lp)
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let (graphed, launched) = (bits(true), bits(false));
+                let differ = graphed
+                    .iter()
+                    .zip(&launched)
+                    .filter(|(a, b)| a != b)
+                    .count();
+                let lens: Vec<usize> = launched.iter().map(|x| x.0.len()).collect();
+                println!(
+                    "GRAPHS | {:<5} | hidden {} | max_batch {max_batch} | {differ} of {} samples differ | lengths {lens:?}",
+                    flow.name(),
+                    cfg.hidden_size,
+                    launched.len()
+                );
+                assert_eq!(graphed.len(), launched.len());
+                assert_eq!(differ, 0, "{}: graphs changed samples", flow.name());
+                assert!(
+                    lens.iter().any(|&l| l < 20) && lens.iter().any(|&l| l > 3),
+                    "stop tokens should end some samples early and not all at once: {lens:?}"
+                );
+            }
         }
     }
 }

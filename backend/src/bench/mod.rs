@@ -58,9 +58,17 @@ pub struct BenchArgs {
     /// Tokens per training sequence.
     #[arg(long, default_value_t = 512)]
     pub train_len: usize,
-    /// Timed training steps per flow (after one warm-up step).
+    /// Timed training steps per flow (after one warm-up step); 0 measures the
+    /// rollout alone (no training and no GRPO-shaped step).
     #[arg(long, default_value_t = 3)]
     pub train_steps: usize,
+    /// Measure only the batch-invariant rows (no `-cublaslt` twins).
+    #[arg(long)]
+    pub no_cublaslt: bool,
+    /// Run every rollout decode step's kernels one by one instead of replaying
+    /// a CUDA graph (as `run.cuda_graphs = false`).
+    #[arg(long)]
+    pub no_cuda_graphs: bool,
     /// Skip the kernel section (GEMMs, quantizers).
     #[arg(long)]
     pub no_kernels: bool,
@@ -114,6 +122,8 @@ pub struct Report {
     pub step: Vec<phases::StepRow>,
     /// Most device memory in use (cuMemGetInfo), sampled after each phase.
     pub peak_mem_gib: f64,
+    /// Whether rollout decode steps replayed CUDA graphs (`--no-cuda-graphs`).
+    pub cuda_graphs: bool,
 }
 
 fn flows(arg: &str) -> anyhow::Result<Vec<Flow>> {
@@ -149,8 +159,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if a.batch.is_empty() || a.batch.contains(&0) || a.gen_len == 0 || a.prompt_len == 0 {
         bail!("--batch, --prompt-len and --gen-len must be positive");
     }
-    if a.train_seqs == 0 || a.train_len < 2 || a.train_steps == 0 {
-        bail!("--train-seqs and --train-steps must be positive and --train-len at least 2");
+    if a.train_seqs == 0 || a.train_len < 2 {
+        bail!("--train-seqs must be positive and --train-len at least 2");
     }
     let flows = flows(&a.flow)?;
     let gpu: Arc<Gpu> = crate::gpu::open_gpu().context("jetd bench --device cuda")?;
@@ -165,6 +175,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         } else {
             cfg.vocab_size * cfg.hidden_size
         },
+        cuda_graphs: !a.no_cuda_graphs,
         ..Default::default()
     };
     let say = |s: &str| {
@@ -186,7 +197,9 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         )?;
     }
     say("bench: rollout, training, steps ...");
-    phases::run(&gpu, &cfg, &a, &phases::Variant::of(&flows), &mut r, &say)?;
+    let mut variants = phases::Variant::of(&flows);
+    variants.retain(|v| v.invariant || !a.no_cublaslt);
+    phases::run(&gpu, &cfg, &a, &variants, &mut r, &say)?;
     set_floors(&mut r, (a.train_seqs * a.train_len) as f64);
     set_decode_floors(&mut r, &cfg);
     if a.json {

@@ -201,7 +201,7 @@ fn rollout(
         stop_strings: vec![],
         max_batch: a.max_batch,
     };
-    let mut dec = GpuDecoder::new(model);
+    let mut dec = GpuDecoder::new(model).with_graphs(!a.no_cuda_graphs);
     let mut eos = EosAt::new(&mut dec, gen_len, a.eos_random.then_some(gen_len as u64));
     let t = Instant::now();
     let s = generate_with(
@@ -363,6 +363,11 @@ pub fn run(
                 of_floor: None,
             });
         }
+    }
+
+    if a.train_steps == 0 {
+        r.peak_mem_gib = peak;
+        return Ok(());
     }
 
     // Training throughput.

@@ -7,9 +7,9 @@
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
 use jet_kernels::cuda::flash::flash_backward;
-use jet_kernels::cuda::linear::{linear_backward, GpuWeight};
+use jet_kernels::cuda::linear::{linear_backward_into, linear_bias_grad, GpuWeight};
 use jet_kernels::cuda::ops::{
-    embedding_backward, rmsnorm_backward, rope_backward, swiglu_backward,
+    embedding_backward, rmsnorm_backward, rope_backward_dev, swiglu_backward,
 };
 use jet_kernels::cuda::tensor::{add_into, round_bf16};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
@@ -36,7 +36,8 @@ impl Ctx<'_> {
         Ok(v)
     }
 
-    /// Linear backward; adds dW (and db) into `grads`, returns dx `[m, k]`.
+    /// Linear backward; adds dW (in the WGrad epilogue) and db into `grads`,
+    /// returns dx `[m, k]`.
     fn linear(
         &self,
         dy: &CudaSlice<f32>,
@@ -47,21 +48,19 @@ impl Ctx<'_> {
         db: Option<usize>,
     ) -> Result<CudaSlice<f32>> {
         let f = self.model.flow;
-        let r = linear_backward(
+        let (dgrad, wgrad) = (f.precision(GemmRole::DGrad), f.precision(GemmRole::WGrad));
+        let dx = linear_backward_into(
             self.g,
-            dy,
-            x,
-            self.m,
+            (dy, x, self.m),
             w,
-            db.is_some(),
-            f.precision(GemmRole::DGrad),
-            f.precision(GemmRole::WGrad),
+            (dgrad, wgrad),
+            &mut grads.bufs[dw],
         )?;
-        add_into(self.g, &mut grads.bufs[dw], &r.dw, w.n * w.k)?;
-        if let (Some(db), Some(gb)) = (db, r.db) {
+        if let Some(db) = db {
+            let gb = linear_bias_grad(self.g, dy, self.m, w.n, wgrad)?;
             add_into(self.g, &mut grads.bufs[db], &gb, w.n)?;
         }
-        Ok(r.dx)
+        Ok(dx)
     }
 }
 
@@ -137,8 +136,8 @@ pub fn backward(
                 ))
             }
         };
-        rope_backward(g, &mut dq, &acts.positions, nh, &model.rope)?;
-        rope_backward(g, &mut dk, &acts.positions, nkv, &model.rope)?;
+        rope_backward_dev(g, &mut dq, &acts.rows.positions, m, nh, &model.rope)?;
+        rope_backward_dev(g, &mut dk, &acts.rows.positions, m, nkv, &model.rope)?;
         let (mut dq, mut dk, dv) = (cx.lp(dq)?, cx.lp(dk)?, cx.lp(dv)?);
         if let (Some(qn), Some(kn), Some((q_pre, k_pre, q_rstd, k_rstd))) =
             (lx.q_norm, lx.k_norm, a.qk_pre.as_ref())

@@ -15,11 +15,11 @@ use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
 
 use super::forward::{pack, PackedCausal};
-use super::layers::{head, run_layers, AttnSaved, GpuAttention};
+use super::layers::{head, run_layers, AttnSaved, GpuAttention, RowsIn};
 use super::model::GpuModel;
 
 /// Each layer's k and v caches, in the precision the model's attention reads.
-enum KvLayers {
+pub(super) enum KvLayers {
     F32(Vec<(CudaSlice<f32>, CudaSlice<f32>)>),
     Bf16(Vec<(CudaSlice<u16>, CudaSlice<u16>)>),
 }
@@ -70,11 +70,14 @@ impl KvLayers {
     }
 }
 
+/// `slots` sequences of `capacity` rows, and one scratch slot after them (the
+/// padding rows of a captured decode step write and read only that one).
 pub struct GpuKvCache {
-    capacity: usize,
-    kvd: usize,
-    layers: KvLayers,
-    lens: Vec<usize>,
+    pub(super) capacity: usize,
+    pub(super) kvd: usize,
+    pub(super) layers: KvLayers,
+    /// Rows held per sequence slot (the scratch slot is not counted).
+    pub(super) lens: Vec<usize>,
 }
 
 /// Cache rows of `(slot, position)` pairs: `slot * capacity + position`.
@@ -83,15 +86,42 @@ fn cache_rows(capacity: usize, it: impl Iterator<Item = (usize, usize)>) -> Vec<
 }
 
 impl GpuKvCache {
-    /// A zeroed cache of `slots` sequences of `capacity` rows each.
+    /// A zeroed cache of `slots` sequences of `capacity` rows each (and the
+    /// scratch slot).
     pub fn new(model: &GpuModel, slots: usize, capacity: usize) -> Result<GpuKvCache> {
         let cfg = model.cfg;
         Ok(GpuKvCache {
             capacity,
             kvd: cfg.num_key_value_heads * cfg.head_dim,
-            layers: KvLayers::new(model, slots * capacity)?,
+            layers: KvLayers::new(model, (slots + 1) * capacity)?,
             lens: vec![0; slots],
         })
+    }
+
+    /// The scratch slot's index.
+    pub(super) fn scratch(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Check that `slots` can each take one more row of `tokens` (as many).
+    pub(super) fn check_step(&self, slots: &[usize], tokens: &[u32]) -> Result<()> {
+        if slots.len() != tokens.len() {
+            return Err(CudaError::Invalid(format!(
+                "decode: {} tokens for {} sequences",
+                tokens.len(),
+                slots.len()
+            )));
+        }
+        match slots
+            .iter()
+            .find(|&&s| s >= self.lens.len() || self.lens[s] >= self.capacity)
+        {
+            Some(&s) => Err(CudaError::Invalid(format!(
+                "decode: sequence {s} is unknown or its cache of {} rows is full",
+                self.capacity
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The sequence in `slot` finished: the slot holds nothing.
@@ -157,8 +187,9 @@ pub fn prefill_into(
     let mut keep = |layer: usize, k: &CudaSlice<f32>, v: &CudaSlice<f32>| -> Result<()> {
         layers.write(model, layer, kvd, &rows, k, v)
     };
+    let rows_in = RowsIn::upload(model, &tokens, &positions)?;
     let mut attn = PackedCausal::new(model, &seq_lens, false, Some(&mut keep))?;
-    let h = run_layers(model, &tokens, &positions, role, &mut attn, None)?;
+    let h = run_layers(model, &rows_in, role, &mut attn, None)?;
     // Only each prompt's last row goes through the head.
     let mut last = Vec::with_capacity(n);
     let mut start = 0;
@@ -230,29 +261,15 @@ pub fn decode_step(
     tokens: &[u32],
     role: GemmRole,
 ) -> Result<CudaSlice<f32>> {
-    if slots.len() != tokens.len() {
-        return Err(CudaError::Invalid(format!(
-            "decode: {} tokens for {} sequences",
-            tokens.len(),
-            slots.len()
-        )));
-    }
-    if let Some(&s) = slots
-        .iter()
-        .find(|&&s| s >= cache.lens.len() || cache.lens[s] >= cache.capacity)
-    {
-        return Err(CudaError::Invalid(format!(
-            "decode: sequence {s} is unknown or its cache of {} rows is full",
-            cache.capacity
-        )));
-    }
+    cache.check_step(slots, tokens)?;
     let positions: Vec<usize> = slots.iter().map(|&s| cache.lens[s]).collect();
     let mut attn = Decode {
         cache,
         slots,
         model,
     };
-    let h = run_layers(model, tokens, &positions, role, &mut attn, None)?;
+    let rows = RowsIn::upload(model, tokens, &positions)?;
+    let h = run_layers(model, &rows, role, &mut attn, None)?;
     for &s in slots {
         cache.lens[s] += 1;
     }

@@ -6,14 +6,15 @@ use jet_kernels::cuda::flash::{flash_forward, FlashPlan};
 use jet_kernels::cuda::Result;
 use jet_kernels::GemmRole;
 
-use super::layers::{head, run_layers, AttnSaved, GpuAttention, GpuLayerActs};
+use super::layers::{head, run_layers, AttnSaved, GpuAttention, GpuLayerActs, RowsIn};
 use super::model::GpuModel;
 
 /// Everything the backward needs, sequences packed one after another.
 pub struct GpuActivations {
     pub tokens: Vec<u32>,
     pub seq_lens: Vec<usize>,
-    pub positions: Vec<usize>,
+    /// The rows' tokens and positions on the device (RoPE's backward reads them).
+    pub rows: RowsIn,
     pub layers: Vec<GpuLayerActs>,
     /// The tensor-core attention's tiles of this batch (None: per-row kernels).
     pub flash: Option<FlashPlan>,
@@ -109,12 +110,12 @@ pub fn forward(
     keep_acts: bool,
 ) -> Result<GpuForwardOut> {
     let (tokens, seq_lens, positions) = pack(seqs);
+    let rows = RowsIn::upload(model, &tokens, &positions)?;
     let mut attn = PackedCausal::new(model, &seq_lens, keep_acts, None)?;
     let mut layers = Vec::new();
     let h = run_layers(
         model,
-        &tokens,
-        &positions,
+        &rows,
         role,
         &mut attn,
         keep_acts.then_some(&mut layers),
@@ -124,7 +125,7 @@ pub fn forward(
     let acts = keep_acts.then_some(GpuActivations {
         tokens,
         seq_lens,
-        positions,
+        rows,
         layers,
         flash,
         h_final: h,

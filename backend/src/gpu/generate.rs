@@ -1,7 +1,9 @@
 //! The rollout on the GPU: prefill, decode steps and sampling on the device.
 //!
-//! Per decode step only the sampled tokens and their logprobs come back to the
-//! host (the stop conditions need them). Plain tempered sampling and greedy run
+//! Decode steps replay a CUDA graph per batch-size bucket (`decode_graph`) when
+//! the model runs the tensor-core attention and graphs are on (the default);
+//! prefills run eagerly. Per decode step only the sampled tokens and their
+//! logprobs come back to the host (the stop conditions need them). Plain tempered sampling and greedy run
 //! on the device (Gumbel-max from one u64 seed per row drawn from the run's RNG
 //! stream, so a step's rollouts stay a function of (weights, seed)); top-k and
 //! top-p bring the log-probability rows to the host and use the CPU sampler.
@@ -14,26 +16,53 @@ use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::GemmRole;
 use rand::RngCore;
 
+use std::collections::HashMap;
+
 use super::decode::{decode_step, prefill_into, GpuKvCache};
+use super::decode_graph::{bucket_of, StepGraph};
 use super::model::GpuModel;
 use crate::rollout::engine::Decoder;
 use crate::rollout::sampler::{sample_logprobs, SamplingParams};
 
+/// Next-token logits waiting to be sampled: `[rows, vocab]`.
+enum Pending {
+    Owned(CudaSlice<f32>, usize),
+    /// The first rows of a step graph's logits (keyed by its bucket).
+    Graph(usize, usize),
+}
+
 pub struct GpuDecoder<'m, 'w> {
     model: &'m GpuModel<'w>,
+    /// Captured decode steps by bucket (dropped with the cache they read).
+    graphs: HashMap<usize, StepGraph>,
+    use_graphs: bool,
     cache: Option<GpuKvCache>,
-    /// Next-token logits of the pending rows: blocks `[rows, vocab]` (the last
-    /// step's, then each prefill's since), sampled in order.
-    logits: Vec<(CudaSlice<f32>, usize)>,
+    /// The last step's logits, then each prefill's since, sampled in order.
+    logits: Vec<Pending>,
 }
 
 impl<'m, 'w> GpuDecoder<'m, 'w> {
+    /// A decoder that replays decode steps as CUDA graphs where it can.
     pub fn new(model: &'m GpuModel<'w>) -> Self {
         GpuDecoder {
             model,
+            graphs: HashMap::new(),
+            use_graphs: true,
             cache: None,
             logits: Vec::new(),
         }
+    }
+
+    /// Whether decode steps may run as CUDA graphs (`run.cuda_graphs`); off,
+    /// every step launches its kernels one by one (same numbers, more host work).
+    pub fn with_graphs(mut self, on: bool) -> Self {
+        self.use_graphs = on;
+        self
+    }
+
+    /// Graphs need the BF16 cache of the tensor-core attention.
+    fn graphs_apply(&self) -> bool {
+        self.use_graphs && self.model.flash_attention()
     }
 
     fn cache(&mut self) -> Result<&mut GpuKvCache> {
@@ -46,6 +75,7 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
 impl Decoder for GpuDecoder<'_, '_> {
     fn reserve(&mut self, slots: usize, max_len: usize) -> Result<()> {
         self.logits.clear();
+        self.graphs.clear();
         self.cache = Some(GpuKvCache::new(self.model, slots, max_len)?);
         Ok(())
     }
@@ -53,14 +83,28 @@ impl Decoder for GpuDecoder<'_, '_> {
     fn prefill(&mut self, slots: &[usize], seqs: &[&[u32]]) -> Result<()> {
         let model = self.model;
         let logits = prefill_into(model, self.cache()?, slots, seqs, GemmRole::RolloutForward)?;
-        self.logits.push((logits, seqs.len()));
+        self.logits.push(Pending::Owned(logits, seqs.len()));
         Ok(())
     }
 
     fn sample(&mut self, p: &SamplingParams, rng: &mut dyn RngCore) -> Result<Vec<(u32, f32)>> {
         let mut out = Vec::new();
-        for (mut logits, rows) in std::mem::take(&mut self.logits) {
-            out.extend(self.sample_block(&mut logits, rows, p, rng)?);
+        for pending in std::mem::take(&mut self.logits) {
+            let (logits, rows) = match pending {
+                Pending::Owned(mut l, rows) => {
+                    out.extend(sample_block(self.model, &mut l, rows, p, rng)?);
+                    continue;
+                }
+                Pending::Graph(bucket, rows) => match self.graphs.get_mut(&bucket) {
+                    Some(sg) => (&mut sg.logits, rows),
+                    None => {
+                        return Err(CudaError::Invalid(format!(
+                            "the decode graph of bucket {bucket} is gone"
+                        )))
+                    }
+                },
+            };
+            out.extend(sample_block(self.model, logits, rows, p, rng)?);
         }
         Ok(out)
     }
@@ -75,44 +119,78 @@ impl Decoder for GpuDecoder<'_, '_> {
 
     fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<()> {
         let model = self.model;
-        let logits = decode_step(
-            model,
-            self.cache()?,
-            slots,
-            tokens,
-            GemmRole::RolloutForward,
-        )?;
-        self.logits.push((logits, slots.len()));
+        if !self.graphs_apply() || slots.is_empty() {
+            let logits = decode_step(
+                model,
+                self.cache()?,
+                slots,
+                tokens,
+                GemmRole::RolloutForward,
+            )?;
+            self.logits.push(Pending::Owned(logits, slots.len()));
+            return Ok(());
+        }
+        let bucket = bucket_of(slots.len());
+        self.keep_pending(bucket)?;
+        let cache = self
+            .cache
+            .as_mut()
+            .ok_or_else(|| CudaError::Invalid("decode step before reserve".into()))?;
+        let sg = match self.graphs.entry(bucket) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(StepGraph::capture(model, cache, bucket)?)
+            }
+        };
+        sg.step(model, cache, slots, tokens)?;
+        self.logits.push(Pending::Graph(bucket, slots.len()));
         Ok(())
     }
 }
 
 impl GpuDecoder<'_, '_> {
-    /// Sample each row of one block of logits `[rows, vocab]`.
-    fn sample_block(
-        &self,
-        logits: &mut CudaSlice<f32>,
-        rows: usize,
-        p: &SamplingParams,
-        mut rng: &mut dyn RngCore,
-    ) -> Result<Vec<(u32, f32)>> {
-        let g = &*self.model.gpu;
+    /// Before a replay of `bucket`'s graph overwrites its logits, copy out any
+    /// of them still waiting to be sampled.
+    fn keep_pending(&mut self, bucket: usize) -> Result<()> {
         let vocab = self.model.cfg.vocab_size;
-        if p.temperature > 0.0 && p.temperature != 1.0 {
-            div_scalar(g, logits, rows * vocab, p.temperature as f32)?;
+        for p in self.logits.iter_mut() {
+            if let Pending::Graph(b, rows) = *p {
+                if b == bucket {
+                    let g = &*self.model.gpu;
+                    let mut own = g.zeros::<f32>(rows * vocab)?;
+                    g.copy_into(&self.graphs[&b].logits, &mut own, rows * vocab)?;
+                    *p = Pending::Owned(own, rows);
+                }
+            }
         }
-        let lp = log_softmax_rows(g, logits, rows, vocab)?;
-        if !p.untruncated() {
-            let host = g.download_n(&lp, rows * vocab)?;
-            return Ok(host
-                .chunks(vocab)
-                .map(|row| sample_logprobs(row, p, &mut rng))
-                .collect());
-        }
-        let seeds: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
-        let s = sample_rows(g, &lp, rows, vocab, p.temperature <= 0.0, &seeds)?;
-        let toks = g.download_n(&s.tokens, rows)?;
-        let logp = g.download_n(&s.logp, rows)?;
-        Ok(toks.into_iter().map(|t| t as u32).zip(logp).collect())
+        Ok(())
     }
+}
+
+/// Sample each row of one block of logits `[rows, vocab]` (the first rows of `logits`).
+fn sample_block(
+    model: &GpuModel,
+    logits: &mut CudaSlice<f32>,
+    rows: usize,
+    p: &SamplingParams,
+    mut rng: &mut dyn RngCore,
+) -> Result<Vec<(u32, f32)>> {
+    let g = &*model.gpu;
+    let vocab = model.cfg.vocab_size;
+    if p.temperature > 0.0 && p.temperature != 1.0 {
+        div_scalar(g, logits, rows * vocab, p.temperature as f32)?;
+    }
+    let lp = log_softmax_rows(g, logits, rows, vocab)?;
+    if !p.untruncated() {
+        let host = g.download_n(&lp, rows * vocab)?;
+        return Ok(host
+            .chunks(vocab)
+            .map(|row| sample_logprobs(row, p, &mut rng))
+            .collect());
+    }
+    let seeds: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
+    let s = sample_rows(g, &lp, rows, vocab, p.temperature <= 0.0, &seeds)?;
+    let toks = g.download_n(&s.tokens, rows)?;
+    let logp = g.download_n(&s.logp, rows)?;
+    Ok(toks.into_iter().map(|t| t as u32).zip(logp).collect())
 }

@@ -4,8 +4,11 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::flash::FlashSaved;
-use jet_kernels::cuda::linear::linear_forward;
-use jet_kernels::cuda::ops::{embedding_forward, rmsnorm_forward, rope_forward, swiglu_forward};
+use jet_kernels::cuda::linear::{linear_forward, linear_forward_shared, XOperand};
+use jet_kernels::cuda::ops::{
+    embedding_forward_dev, rmsnorm_forward, rope_forward_dev, swiglu_forward, upload_positions,
+    upload_tokens,
+};
 use jet_kernels::cuda::tensor::add_into;
 use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::GemmRole;
@@ -66,30 +69,59 @@ pub trait GpuAttention {
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)>;
 }
 
-/// Embed `tokens`, run every layer; returns the residual before the final norm
-/// `[M, hidden]`. Row r sits at position `positions[r]`.
+/// The M rows a layer stack runs, on the device: each row's token and position
+/// (i32), uploaded once for every layer (and the backward), or rewritten in
+/// place before each replay of a captured decode step.
+pub struct RowsIn {
+    pub tokens: CudaSlice<i32>,
+    pub positions: CudaSlice<i32>,
+    pub m: usize,
+}
+
+impl RowsIn {
+    /// Check `tokens` against the vocabulary and `positions` against the RoPE
+    /// table, and upload both.
+    pub fn upload(model: &GpuModel, tokens: &[u32], positions: &[usize]) -> Result<RowsIn> {
+        if tokens.len() != positions.len() {
+            return Err(CudaError::Invalid(format!(
+                "{} tokens for {} positions",
+                tokens.len(),
+                positions.len()
+            )));
+        }
+        Ok(RowsIn {
+            tokens: upload_tokens(&model.gpu, tokens, model.cfg.vocab_size)?,
+            positions: upload_positions(&model.gpu, positions, &model.rope)?,
+            m: tokens.len(),
+        })
+    }
+}
+
+/// Embed the rows' tokens, run every layer; returns the residual before the
+/// final norm `[M, hidden]`. Row r sits at position `rows.positions[r]`.
 pub fn run_layers(
     model: &GpuModel,
-    tokens: &[u32],
-    positions: &[usize],
+    rows: &RowsIn,
     role: GemmRole,
     attn: &mut dyn GpuAttention,
     mut acts: Option<&mut Vec<GpuLayerActs>>,
 ) -> Result<CudaSlice<f32>> {
     let (g, cfg, w) = (&*model.gpu, model.cfg, model.w);
-    let (m, h, hd) = (tokens.len(), cfg.hidden_size, cfg.head_dim);
+    let (m, h, hd) = (rows.m, cfg.hidden_size, cfg.head_dim);
     let (nh, nkv, eps) = (
         cfg.num_attention_heads,
         cfg.num_key_value_heads,
         cfg.rms_norm_eps,
     );
     let prec = model.flow.precision(role);
-    let mut x = embedding_forward(g, w.t(w.ix.embed), cfg.vocab_size, h, tokens)?;
+    let mut x = embedding_forward_dev(g, w.t(w.ix.embed), cfg.vocab_size, h, &rows.tokens, m)?;
     for (li, (lx, lp)) in w.ix.layers.iter().zip(&model.layers).enumerate() {
         let (a, rstd1) = rmsnorm_forward(g, &x, w.t(lx.input_layernorm), m, h, eps)?;
-        let mut q = linear_forward(g, &a, m, &lp.q, w.opt(lx.q_bias), prec)?;
-        let mut k = linear_forward(g, &a, m, &lp.k, w.opt(lx.k_bias), prec)?;
-        let v = linear_forward(g, &a, m, &lp.v, w.opt(lx.v_bias), prec)?;
+        // q, k and v read one low-precision copy of a; gate and up one of b.
+        let ao = &mut XOperand::default();
+        let mut q = linear_forward_shared(g, &a, ao, m, &lp.q, w.opt(lx.q_bias), prec)?;
+        let mut k = linear_forward_shared(g, &a, ao, m, &lp.k, w.opt(lx.k_bias), prec)?;
+        let v = linear_forward_shared(g, &a, ao, m, &lp.v, w.opt(lx.v_bias), prec)?;
         let mut qk_pre = None;
         if let (Some(qn), Some(kn)) = (lx.q_norm, lx.k_norm) {
             let (qq, qr) = rmsnorm_forward(g, &q, w.t(qn), m * nh, hd, eps)?;
@@ -97,14 +129,15 @@ pub fn run_layers(
             let (q_pre, k_pre) = (std::mem::replace(&mut q, qq), std::mem::replace(&mut k, kk));
             qk_pre = Some((q_pre, k_pre, qr, kr));
         }
-        rope_forward(g, &mut q, positions, nh, &model.rope)?;
-        rope_forward(g, &mut k, positions, nkv, &model.rope)?;
+        rope_forward_dev(g, &mut q, &rows.positions, m, nh, &model.rope)?;
+        rope_forward_dev(g, &mut k, &rows.positions, m, nkv, &model.rope)?;
         let (o, saved) = attn.attend(li, &q, &k, &v)?;
         let mut h_mid = linear_forward(g, &o, m, &lp.o, None, prec)?;
         add_into(g, &mut h_mid, &x, m * h)?;
         let (b, rstd2) = rmsnorm_forward(g, &h_mid, w.t(lx.post_attention_layernorm), m, h, eps)?;
-        let gate = linear_forward(g, &b, m, &lp.gate, None, prec)?;
-        let up = linear_forward(g, &b, m, &lp.up, None, prec)?;
+        let bo = &mut XOperand::default();
+        let gate = linear_forward_shared(g, &b, bo, m, &lp.gate, None, prec)?;
+        let up = linear_forward_shared(g, &b, bo, m, &lp.up, None, prec)?;
         let mm = swiglu_forward(g, &gate, &up, m * cfg.intermediate_size)?;
         let mut out = linear_forward(g, &mm, m, &lp.down, None, prec)?;
         add_into(g, &mut out, &h_mid, m * h)?;

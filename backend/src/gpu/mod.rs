@@ -10,6 +10,7 @@
 
 pub mod backward;
 pub mod decode;
+pub mod decode_graph;
 pub mod forward;
 pub mod generate;
 pub mod layers;

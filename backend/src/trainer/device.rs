@@ -63,7 +63,7 @@ impl Trainer {
                     &d.weights,
                     (self.flow, self.cfg.run.batch_invariant),
                 )?;
-                let out = run(&mut GpuDecoder::new(&model));
+                let out = run(&mut GpuDecoder::new(&model).with_graphs(self.cfg.run.cuda_graphs));
                 keep_model(&d.prepared, Slot::Policy, d.version, model);
                 Ok(out?)
             }

@@ -546,6 +546,46 @@ impl Gpu {
         self.stream.clone_htod(x).ctx("copying to the device")
     }
 
+    /// Overwrite the first `src.len()` values of the device buffer `dst` with
+    /// `src` (stream-ordered; `src` is staged before this returns).
+    pub fn write<T: DeviceRepr>(&self, dst: &mut CudaSlice<T>, src: &[T]) -> Result<()> {
+        super::ensure(src.len() <= dst.len(), || {
+            format!(
+                "writing {} values into a buffer of {}",
+                src.len(),
+                dst.len()
+            )
+        })?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_htod(src, &mut dst.slice_mut(..src.len()))
+            .ctx("copying to the device")
+    }
+
+    /// Copy the first `n` values of `src` into `dst` on the device.
+    pub fn copy_into<T: DeviceRepr>(
+        &self,
+        src: &CudaSlice<T>,
+        dst: &mut CudaSlice<T>,
+        n: usize,
+    ) -> Result<()> {
+        super::ensure(n <= src.len() && n <= dst.len(), || {
+            format!(
+                "copying {n} values from a buffer of {} into one of {}",
+                src.len(),
+                dst.len()
+            )
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_dtod(&src.slice(..n), &mut dst.slice_mut(..n))
+            .ctx("copying on the device")
+    }
+
     /// Copy the first `n` values of a device buffer to the host (waits for the stream).
     pub fn download_n<T: DeviceRepr + Default + Clone>(
         &self,

@@ -329,6 +329,25 @@ pub fn flash_scatter_rows(
         )));
     }
     let idx = gpu.upload(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())?;
+    flash_scatter_rows_dev(gpu, dst, cols, &idx, n, src)
+}
+
+/// [`flash_scatter_rows`] with the `n` cache rows `[n]` (i64) already on the
+/// device, as a CUDA graph replays it. The caller checks them (in the cache, and
+/// distinct unless the rows written are equal).
+pub fn flash_scatter_rows_dev(
+    gpu: &Gpu,
+    dst: &mut CudaSlice<u16>,
+    cols: usize,
+    idx: &CudaSlice<i64>,
+    n: usize,
+    src: &CudaSlice<f32>,
+) -> Result<()> {
+    ensure(cols > 0 && cols.is_multiple_of(2), || {
+        format!("cache rows of {cols} values (needs an even count)")
+    })?;
+    check_len("cache scatter src", src, n * cols, format!("[{n}, {cols}]"))?;
+    check_len("cache scatter rows", idx, n, format!("[{n}]"))?;
     let pairs = (n * cols / 2) as u32;
     gpu.launch(
         &FLASH,
@@ -338,7 +357,7 @@ pub fn flash_scatter_rows(
         0,
         &[
             Arg::P(gpu.ptr(dst)),
-            Arg::P(gpu.ptr(&idx)),
+            Arg::P(gpu.ptr(idx)),
             Arg::L(n as i64),
             Arg::L(cols as i64),
             Arg::P(gpu.ptr(src)),
@@ -362,7 +381,7 @@ pub fn flash_decode_at(
     shape: AttnShape,
 ) -> Result<CudaSlice<f32>> {
     check(shape)?;
-    let (hd, nh, nkv, b) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, lens.len());
+    let (hd, nkv, b) = (shape.head_dim, shape.n_kv_heads, lens.len());
     ensure(slots.len() == b, || {
         format!("decode: {} slots for {b} rows", slots.len())
     })?;
@@ -370,7 +389,6 @@ pub fn flash_decode_at(
         format!("decode: lengths {lens:?} must lie in 1..={capacity}")
     })?;
     let n_slots = slots.iter().map(|&s| s + 1).max().unwrap_or(0);
-    check_rows("decode q", q, b, nh * hd)?;
     for (what, c) in [("k cache", k_cache), ("v cache", v_cache)] {
         let (r, w) = (n_slots * capacity, nkv * hd);
         check_len(what, c, r * w, format!("[{r}, {w}]"))?;
@@ -381,6 +399,26 @@ pub fn flash_decode_at(
     let kv0: Vec<i32> = slots.iter().map(|&s| (s * capacity) as i32).collect();
     let len: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
     let (kv0, len) = (gpu.upload(&kv0)?, gpu.upload(&len)?);
+    flash_decode_dev(gpu, q, (k_cache, v_cache), (&kv0, &len), b, shape)
+}
+
+/// [`flash_decode_at`] with each row's first cache row `kv0 [b]` (slot x
+/// capacity) and length `len [b]` (i32) already on the device, as a CUDA graph
+/// replays it. The caller checks them against the caches (the grid does not
+/// depend on them: one block per row and KV head).
+pub fn flash_decode_dev(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    (k_cache, v_cache): (&CudaSlice<u16>, &CudaSlice<u16>),
+    (kv0, len): (&CudaSlice<i32>, &CudaSlice<i32>),
+    b: usize,
+    shape: AttnShape,
+) -> Result<CudaSlice<f32>> {
+    check(shape)?;
+    let (hd, nh, nkv) = (shape.head_dim, shape.n_heads, shape.n_kv_heads);
+    check_rows("decode q", q, b, nh * hd)?;
+    check_len("decode kv0", kv0, b, format!("[{b}]"))?;
+    check_len("decode lengths", len, b, format!("[{b}]"))?;
     let out = gpu.uninit::<f32>(b * nh * hd)?;
     gpu.launch(
         &FLASH,
@@ -392,8 +430,8 @@ pub fn flash_decode_at(
             Arg::P(gpu.ptr(q)),
             Arg::P(gpu.ptr(k_cache)),
             Arg::P(gpu.ptr(v_cache)),
-            Arg::P(gpu.ptr(&kv0)),
-            Arg::P(gpu.ptr(&len)),
+            Arg::P(gpu.ptr(kv0)),
+            Arg::P(gpu.ptr(len)),
             Arg::I(nh as i32),
             Arg::I(nkv as i32),
             Arg::F(scales(hd).1),

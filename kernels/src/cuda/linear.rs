@@ -130,8 +130,32 @@ fn epilogue(
     cols: usize,
     prec: GemmPrecision,
 ) -> Result<CudaSlice<f32>> {
-    let y = gpu.uninit::<f32>(rows * cols)?;
+    let mut y = gpu.uninit::<f32>(rows * cols)?;
+    epilogue_to(
+        gpu,
+        d,
+        (ldd, splits, sstride),
+        bias,
+        (rows, cols),
+        prec,
+        (&mut y, false),
+    )?;
+    Ok(y)
+}
+
+/// [`epilogue`] into `y`, or added into it (`y += result`, one f32 add a value,
+/// as `tensor::add_into`) when `acc`.
+fn epilogue_to(
+    gpu: &Gpu,
+    d: &CudaSlice<f32>,
+    (ldd, splits, sstride): (usize, usize, usize),
+    bias: Option<&CudaSlice<f32>>,
+    (rows, cols): (usize, usize),
+    prec: GemmPrecision,
+    (y, acc): (&mut CudaSlice<f32>, bool),
+) -> Result<()> {
     let n = rows * cols;
+    check_len("linear output", y, n, format!("[{rows}, {cols}]"))?;
     gpu.launch(
         &OPS,
         "linear_epilogue",
@@ -147,10 +171,10 @@ fn epilogue(
             Arg::I(rows as i32),
             Arg::I(cols as i32),
             Arg::I((prec != GemmPrecision::F32) as i32),
-            Arg::P(gpu.ptr(&y)),
+            Arg::I(acc as i32),
+            Arg::P(gpu.ptr(y)),
         ],
-    )?;
-    Ok(y)
+    )
 }
 
 fn dense(
@@ -170,6 +194,50 @@ fn dense(
     }
 }
 
+/// The low-precision copy of one linear input `x [m, k]`, made by the first
+/// layer that reads it and reused by the others (q, k and v read one x, gate
+/// and up another): a BF16 copy `[m][pad16(k)]` or its 1x128 E4M3 groups.
+#[derive(Default)]
+pub struct XOperand {
+    shape: Option<(usize, usize)>,
+    bf16: Option<CudaSlice<u16>>,
+    fp8: Option<Fp8Quantized>,
+}
+
+impl XOperand {
+    /// Check that this operand belongs to an input of `[m, k]`.
+    fn of(&mut self, m: usize, k: usize) -> Result<&mut Self> {
+        let had = *self.shape.get_or_insert((m, k));
+        ensure(had == (m, k), || {
+            format!(
+                "a linear input operand of [{}, {}] reused for [{m}, {k}]",
+                had.0, had.1
+            )
+        })?;
+        Ok(self)
+    }
+
+    fn bf16(
+        &mut self,
+        gpu: &Gpu,
+        x: &CudaSlice<f32>,
+        m: usize,
+        k: usize,
+    ) -> Result<&CudaSlice<u16>> {
+        match self.bf16 {
+            Some(ref b) => Ok(b),
+            None => Ok(self.bf16.insert(to_bf16_padded(gpu, x, m, k, m, pad16(k))?)),
+        }
+    }
+
+    fn fp8(&mut self, gpu: &Gpu, x: &CudaSlice<f32>, m: usize, k: usize) -> Result<&Fp8Quantized> {
+        match self.fp8 {
+            Some(ref q) => Ok(q),
+            None => Ok(self.fp8.insert(quantize_row1x128(gpu, x, m, k)?)),
+        }
+    }
+}
+
 /// Forward: `x [m, k]` -> `y [m, n]` (rounded to BF16 values unless F32).
 pub fn linear_forward(
     gpu: &Gpu,
@@ -179,8 +247,23 @@ pub fn linear_forward(
     bias: Option<&CudaSlice<f32>>,
     prec: GemmPrecision,
 ) -> Result<CudaSlice<f32>> {
+    linear_forward_shared(gpu, x, &mut XOperand::default(), m, w, bias, prec)
+}
+
+/// [`linear_forward`] taking (or leaving) x's low-precision copy in `xo`, for
+/// the other layers that read the same `x`.
+pub fn linear_forward_shared(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    w: &GpuWeight,
+    bias: Option<&CudaSlice<f32>>,
+    prec: GemmPrecision,
+) -> Result<CudaSlice<f32>> {
     let (n, k) = (w.n, w.k);
     check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
+    let xo = xo.of(m, k)?;
     if let Some(b) = bias {
         check_len("linear bias", b, n, format!("[{n}]"))?;
     }
@@ -201,10 +284,10 @@ pub fn linear_forward(
         }
         GemmPrecision::Bf16 => {
             let wb = w.bf16.as_ref().ok_or_else(|| w.missing(prec))?;
-            let xb = to_bf16_padded(gpu, x, m, k, m, kp)?;
+            let xb = xo.bf16(gpu, x, m, k)?;
             if w.batch_invariant {
                 let xr = Bf16Rows {
-                    v: &xb,
+                    v: xb,
                     rows: m,
                     cols: k,
                     rows_pad: m,
@@ -227,7 +310,7 @@ pub fn linear_forward(
             } else {
                 let d = gpu.uninit::<f32>(m * np)?;
                 let (a, b) = (
-                    dense(gpu, &xb, LtType::Bf16, m, k, kp),
+                    dense(gpu, xb, LtType::Bf16, m, k, kp),
                     dense(gpu, wb, LtType::Bf16, n, k, kp),
                 );
                 dense_gemm(gpu, a, false, b, true, gpu.ptr(&d), np)?;
@@ -236,18 +319,18 @@ pub fn linear_forward(
         }
         GemmPrecision::Fp8 => {
             let wq = w.fp8.as_ref().ok_or_else(|| w.missing(prec))?;
-            let qx = quantize_row1x128(gpu, x, m, k)?;
+            let qx = xo.fp8(gpu, x, m, k)?;
             let inv = w.batch_invariant;
             if m <= GEMV_MAX_TOKENS || (inv && split_k_pays(gpu, m, n)) {
-                let p = gemv_fp8_partial(gpu, &qx, wq)?;
+                let p = gemv_fp8_partial(gpu, qx, wq)?;
                 return epilogue(gpu, &p.p, (p.ldp, p.splits, p.sstride), bias, m, n, prec);
             }
             if inv {
                 let d = gpu.uninit::<f32>(m * n)?;
-                gemm_fp8_rows(gpu, &qx, wq, &d, n)?;
+                gemm_fp8_rows(gpu, qx, wq, &d, n)?;
                 (d, n)
             } else {
-                fp8_gemm_nt(gpu, &qx, wq)?
+                fp8_gemm_nt(gpu, qx, wq)?
             }
         }
     };
@@ -276,11 +359,55 @@ pub fn linear_backward(
     dgrad: GemmPrecision,
     wgrad: GemmPrecision,
 ) -> Result<GpuLinearGrads> {
+    let mut dw = gpu.uninit::<f32>(w.n * w.k)?;
+    let dx = backward_to(gpu, (dy, x, m), w, (dgrad, wgrad), (&mut dw, false))?;
+    let db = match has_bias {
+        true => Some(linear_bias_grad(gpu, dy, m, w.n, wgrad)?),
+        false => None,
+    };
+    Ok(GpuLinearGrads { dx, dw, db })
+}
+
+/// [`linear_backward`] adding dW (rounded as there) into `dw_acc [n, k]` (as
+/// `tensor::add_into` would) without a dW buffer of its own; the bias gradient,
+/// if any, is [`linear_bias_grad`]'s. Returns dx `[m, k]`.
+pub fn linear_backward_into(
+    gpu: &Gpu,
+    (dy, x, m): (&CudaSlice<f32>, &CudaSlice<f32>, usize),
+    w: &GpuWeight,
+    (dgrad, wgrad): (GemmPrecision, GemmPrecision),
+    dw_acc: &mut CudaSlice<f32>,
+) -> Result<CudaSlice<f32>> {
+    backward_to(gpu, (dy, x, m), w, (dgrad, wgrad), (dw_acc, true))
+}
+
+/// The bias gradient `[n]` of a linear layer: dy's column sums (rounded to
+/// BF16 values unless `wgrad` is F32).
+pub fn linear_bias_grad(
+    gpu: &Gpu,
+    dy: &CudaSlice<f32>,
+    m: usize,
+    n: usize,
+    wgrad: GemmPrecision,
+) -> Result<CudaSlice<f32>> {
+    super::ops::column_sums(gpu, dy, m, n, wgrad != GemmPrecision::F32)
+}
+
+/// DGrad (returned) and WGrad (written, or added when `acc`, into `dw`).
+fn backward_to(
+    gpu: &Gpu,
+    (dy, x, m): (&CudaSlice<f32>, &CudaSlice<f32>, usize),
+    w: &GpuWeight,
+    (dgrad, wgrad): (GemmPrecision, GemmPrecision),
+    (dw, acc): (&mut CudaSlice<f32>, bool),
+) -> Result<CudaSlice<f32>> {
     let (n, k) = (w.n, w.k);
     check_len("linear dy", dy, m * n, format!("[{m}, {n}]"))?;
     check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
     ensure(m > 0, || "linear backward of 0 rows".into())?;
     let (np, kp, mp) = (pad16(n), pad16(k), pad16(m));
+    // dy's BF16 copy, made once when DGrad and WGrad both read it.
+    let mut dyb: Option<CudaSlice<u16>> = None;
     // DGrad: dx [m, k] = dy [m, n] w [n, k]
     let (d, ldd) = match dgrad {
         GemmPrecision::F32 => {
@@ -295,10 +422,10 @@ pub fn linear_backward(
         }
         GemmPrecision::Bf16 => {
             let wb = w.bf16.as_ref().ok_or_else(|| w.missing(dgrad))?;
-            let dyb = to_bf16_padded(gpu, dy, m, n, m, np)?;
+            let dyb = dyb.insert(to_bf16_padded(gpu, dy, m, n, m, np)?);
             let d = gpu.uninit::<f32>(m * kp)?;
             let (a, b) = (
-                dense(gpu, &dyb, LtType::Bf16, m, n, np),
+                dense(gpu, dyb, LtType::Bf16, m, n, np),
                 dense(gpu, wb, LtType::Bf16, n, k, kp),
             );
             dense_gemm(gpu, a, false, b, false, gpu.ptr(&d), kp)?;
@@ -311,6 +438,7 @@ pub fn linear_backward(
         }
     };
     let dx = epilogue(gpu, &d, (ldd, 1, 0), None, m, k, dgrad)?;
+    drop(d);
     // WGrad: dw [n, k] = dy [m, n]^T x [m, k]
     let (d, ldd) = match wgrad {
         GemmPrecision::F32 => {
@@ -323,7 +451,10 @@ pub fn linear_backward(
             (d, kp)
         }
         GemmPrecision::Bf16 => {
-            let dyb = to_bf16_padded(gpu, dy, m, n, m, np)?;
+            let dyb = match dyb {
+                Some(b) => b,
+                None => to_bf16_padded(gpu, dy, m, n, m, np)?,
+            };
             let xb = to_bf16_padded(gpu, x, m, k, m, kp)?;
             let d = gpu.uninit::<f32>(n * kp)?;
             let (a, b) = (
@@ -340,17 +471,6 @@ pub fn linear_backward(
             fp8_gemm_nt(gpu, &qdy, &qx)?
         }
     };
-    let dw = epilogue(gpu, &d, (ldd, 1, 0), None, n, k, wgrad)?;
-    let db = if has_bias {
-        Some(super::ops::column_sums(
-            gpu,
-            dy,
-            m,
-            n,
-            wgrad != GemmPrecision::F32,
-        )?)
-    } else {
-        None
-    };
-    Ok(GpuLinearGrads { dx, dw, db })
+    epilogue_to(gpu, &d, (ldd, 1, 0), None, (n, k), wgrad, (dw, acc))?;
+    Ok(dx)
 }

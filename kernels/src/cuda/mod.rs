@@ -20,6 +20,7 @@
 //! - [`tensor`]: element-wise glue, row gather/scatter, deterministic sum of squares.
 //! - [`adamw`]: the AdamW step, bit-exact with [`adamw::adamw_reference`].
 //! - [`sample`]: greedy and Gumbel-max token sampling, as [`sample::sample_reference`].
+//! - [`graph`]: CUDA graphs (the decode step captured once, replayed per token).
 
 pub mod adamw;
 pub mod attention;
@@ -28,6 +29,7 @@ pub mod flash;
 pub mod gemm;
 pub mod gemv;
 pub mod gemv_bf16;
+pub mod graph;
 pub mod linear;
 pub mod logsoftmax;
 pub mod ops;

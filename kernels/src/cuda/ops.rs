@@ -22,16 +22,28 @@ pub fn embedding_forward(
     dim: usize,
     tokens: &[u32],
 ) -> Result<CudaSlice<f32>> {
+    let dtok = upload_tokens(gpu, tokens, vocab)?;
+    embedding_forward_dev(gpu, table, vocab, dim, &dtok, tokens.len())
+}
+
+/// [`embedding_forward`] of `n` tokens already on the device (`tokens [n]`, i32,
+/// checked against the vocabulary by whoever wrote them): a CUDA graph replays it
+/// with new tokens in the same buffer.
+pub fn embedding_forward_dev(
+    gpu: &Gpu,
+    table: &CudaSlice<f32>,
+    vocab: usize,
+    dim: usize,
+    tokens: &CudaSlice<i32>,
+    n: usize,
+) -> Result<CudaSlice<f32>> {
     check_len(
         "embedding table",
         table,
         vocab * dim,
         format!("[{vocab}, {dim}]"),
     )?;
-    check_tokens("embedding", tokens, vocab)?;
-    let n = tokens.len();
-    let tok: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-    let dtok = gpu.upload(&tok)?;
+    check_len("embedding tokens", tokens, n, format!("[{n}]"))?;
     let out = gpu.uninit::<f32>(n * dim)?;
     gpu.launch(
         &OPS,
@@ -41,13 +53,27 @@ pub fn embedding_forward(
         0,
         &[
             Arg::P(gpu.ptr(table)),
-            Arg::P(gpu.ptr(&dtok)),
+            Arg::P(gpu.ptr(tokens)),
             Arg::I(n as i32),
             Arg::I(dim as i32),
             Arg::P(gpu.ptr(&out)),
         ],
     )?;
     Ok(out)
+}
+
+/// The tokens as the device kernels take them (i32), after checking each
+/// against the vocabulary.
+pub fn upload_tokens(gpu: &Gpu, tokens: &[u32], vocab: usize) -> Result<CudaSlice<i32>> {
+    check_tokens("embedding", tokens, vocab)?;
+    gpu.upload(&tokens.iter().map(|&t| t as i32).collect::<Vec<_>>())
+}
+
+/// Positions as the RoPE kernel takes them (i32), after checking each against
+/// the table.
+pub fn upload_positions(gpu: &Gpu, positions: &[usize], t: &GpuRope) -> Result<CudaSlice<i32>> {
+    check_positions(positions, t)?;
+    gpu.upload(&positions.iter().map(|&p| p as i32).collect::<Vec<_>>())
 }
 
 fn check_tokens(what: &str, tokens: &[u32], vocab: usize) -> Result<()> {
@@ -276,6 +302,16 @@ impl GpuRope {
     }
 }
 
+fn check_positions(positions: &[usize], t: &GpuRope) -> Result<()> {
+    match positions.iter().find(|&&p| p >= t.max_positions) {
+        Some(&p) => Err(super::CudaError::Invalid(format!(
+            "rope: position {p} is beyond the table's {} positions",
+            t.max_positions
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn rotate(
     gpu: &Gpu,
     x: &mut CudaSlice<f32>,
@@ -284,21 +320,28 @@ fn rotate(
     t: &GpuRope,
     sign: f32,
 ) -> Result<()> {
-    let rows = positions.len();
+    let dpos = upload_positions(gpu, positions, t)?;
+    rotate_dev(gpu, x, &dpos, positions.len(), n_heads, t, sign)
+}
+
+/// RoPE of `rows` rows whose positions `[rows]` (i32, within the table) are
+/// already on the device.
+fn rotate_dev(
+    gpu: &Gpu,
+    x: &mut CudaSlice<f32>,
+    dpos: &CudaSlice<i32>,
+    rows: usize,
+    n_heads: usize,
+    t: &GpuRope,
+    sign: f32,
+) -> Result<()> {
     check_len(
         "rope x",
         x,
         rows * n_heads * t.head_dim,
         format!("[{rows}, {n_heads} * {}]", t.head_dim),
     )?;
-    if let Some(&p) = positions.iter().find(|&&p| p >= t.max_positions) {
-        return Err(super::CudaError::Invalid(format!(
-            "rope: position {p} is beyond the table's {} positions",
-            t.max_positions
-        )));
-    }
-    let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
-    let dpos = gpu.upload(&pos)?;
+    check_len("rope positions", dpos, rows, format!("[{rows}]"))?;
     gpu.launch(
         &OPS,
         "rope",
@@ -307,7 +350,7 @@ fn rotate(
         0,
         &[
             Arg::P(gpu.ptr(x)),
-            Arg::P(gpu.ptr(&dpos)),
+            Arg::P(gpu.ptr(dpos)),
             Arg::P(gpu.ptr(&t.cos)),
             Arg::P(gpu.ptr(&t.sin)),
             Arg::I(rows as i32),
@@ -316,6 +359,31 @@ fn rotate(
             Arg::F(sign),
         ],
     )
+}
+
+/// [`rope_forward`] with the positions on the device ([`upload_positions`]):
+/// uploaded once for all layers, or replayed by a CUDA graph.
+pub fn rope_forward_dev(
+    gpu: &Gpu,
+    x: &mut CudaSlice<f32>,
+    positions: &CudaSlice<i32>,
+    rows: usize,
+    n_heads: usize,
+    table: &GpuRope,
+) -> Result<()> {
+    rotate_dev(gpu, x, positions, rows, n_heads, table, 1.0)
+}
+
+/// [`rope_backward`] with the positions on the device.
+pub fn rope_backward_dev(
+    gpu: &Gpu,
+    dx: &mut CudaSlice<f32>,
+    positions: &CudaSlice<i32>,
+    rows: usize,
+    n_heads: usize,
+    table: &GpuRope,
+) -> Result<()> {
+    rotate_dev(gpu, dx, positions, rows, n_heads, table, -1.0)
 }
 
 /// Forward, in place: `x [positions.len(), n_heads * head_dim]`.

@@ -124,13 +124,16 @@ extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const 
 // y [rows, cols] = d (stride ldd) + bias, rounded to BF16 when `round` (the
 // low-precision GEMMs: f32 accumulation, BF16 output, as linear.rs). A split-K
 // decode GEMM leaves `splits` slices of d, `sstride` apart, added here in order.
+// acc: y += the result (one f32 add, as add_into): WGrad adds into the step's
+// gradient without a dW buffer of its own.
 extern "C" __global__ void linear_epilogue(const float* d, long ldd, int splits, long sstride, const float* bias,
-                                           int rows, int cols, int round, float* y) {
+                                           int rows, int cols, int round, int acc, float* y) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)rows * cols) return;
     int r = (int)(i / cols), c = (int)(i % cols);
     float v = d[(long)r * ldd + c];
     for (int s = 1; s < splits; s++) v += d[s * sstride + (long)r * ldd + c];
     if (bias) v += bias[c];
-    y[i] = round ? round_bf16(v) : v;
+    v = round ? round_bf16(v) : v;
+    y[i] = acc ? __fadd_rn(y[i], v) : v;
 }

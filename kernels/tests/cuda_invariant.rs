@@ -78,12 +78,18 @@ fn fp8_forward_rows_do_not_depend_on_the_batch() {
         }
         report_exact("FP8 rows of sub-batches vs batch", &shape, diff);
         // the linear layer (bias, BF16 rounding, the path chosen by batch size)
-        let bias = up(&g, &rnd(n, 13, 0.5));
+        let bias_h = rnd(n, 13, 0.5);
+        let bias = up(&g, &bias_h);
         let mut lw = glin::GpuWeight::prepare(&g, &dw, n, k, Flow::Fp8).unwrap();
         let fwd = |lw: &glin::GpuWeight, xs: &[f32], rows: usize| {
             linear_out(&g, lw, xs, rows, &bias, GemmPrecision::Fp8)
         };
         let full = fwd(&lw, &x, m);
+        report_exact(
+            "FP8 linear (fused epilogue) vs rows + bias, rounded",
+            &shape,
+            bits_differ(&full, &epilogue_host(&rows_all, &bias_h)),
+        );
         report_exact(
             "FP8 linear, 1 or 64 rows vs 300",
             &shape,
@@ -151,12 +157,18 @@ fn bf16_forward_rows_do_not_depend_on_the_batch() {
             diff += bits_differ(&dl(&g, &y, len * n), want);
         }
         report_exact("BF16 rows of sub-batches vs batch", &shape, diff);
-        let bias = up(&g, &rnd(n, 23, 0.5));
+        let bias_h = rnd(n, 23, 0.5);
+        let bias = up(&g, &bias_h);
         let mut lw = glin::GpuWeight::prepare(&g, &dw, n, k, Flow::Bf16).unwrap();
         let fwd = |lw: &glin::GpuWeight, xs: &[f32], rows: usize| {
             linear_out(&g, lw, xs, rows, &bias, GemmPrecision::Bf16)
         };
         let full = fwd(&lw, &x, m);
+        report_exact(
+            "BF16 linear (fused epilogue) vs rows + bias, rounded",
+            &shape,
+            bits_differ(&full, &epilogue_host(&rows_all, &bias_h)),
+        );
         report_exact(
             "BF16 linear, 1 or 64 rows vs 300",
             &shape,
@@ -195,6 +207,16 @@ fn rows_of_bf16(
         rows_pad: rows,
         cols_pad: k_pad,
     }
+}
+
+/// `linear_epilogue` on the host: each value of `d [m, n]` plus its column's
+/// bias, rounded to BF16 (the GEMM kernels fuse exactly this).
+fn epilogue_host(d: &[f32], bias: &[f32]) -> Vec<f32> {
+    let n = bias.len();
+    d.iter()
+        .enumerate()
+        .map(|(i, &v)| jet_kernels::bf16::round(v + bias[i % n]))
+        .collect()
 }
 
 /// The linear layer's output for `rows` rows of `xs` (bias, BF16 rounding, the

@@ -23,6 +23,27 @@ use crate::fp8::{Grouping, GROUP};
 /// Tokens a block of the decode kernels covers (8 token tiles of 8).
 pub const GEMV_MAX_TOKENS: usize = 64;
 
+/// The linear layer's epilogue done by the rows kernel itself (`linear_epilogue`'s
+/// ops: the total, then the bias, then the BF16 rounding when `round`): `y
+/// [m][ldy]` at device address `y` (0: no fused epilogue, write `p`). The split-K
+/// kernels ignore it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Epi {
+    pub y: u64,
+    pub ldy: usize,
+    pub bias: u64,
+    pub round: bool,
+}
+
+impl Epi {
+    pub(crate) const NONE: Epi = Epi {
+        y: 0,
+        ldy: 0,
+        bias: 0,
+        round: false,
+    };
+}
+
 /// A kernel of `gemv_fp8.cu`: token tiles of 8, warps per block, m16 tiles per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemvVariant {
@@ -153,8 +174,18 @@ impl SkOps {
         self
     }
 
-    /// The arguments of `gemv_*_sk_*` and `gemm_*_rows`: `mc` tokens into `p`.
-    fn args(&self, mc: usize, p: u64, ldp: usize, sstride: usize, gps: usize) -> Vec<Arg> {
+    /// The arguments of `gemv_*_sk_*` and `gemm_*_rows`: `mc` tokens into `p`
+    /// (and through `epi` into its `y`).
+    #[allow(clippy::too_many_arguments)]
+    fn args(
+        &self,
+        mc: usize,
+        p: u64,
+        ldp: usize,
+        sstride: usize,
+        gps: usize,
+        epi: Epi,
+    ) -> Vec<Arg> {
         [
             &self.args[..],
             &[
@@ -166,6 +197,10 @@ impl SkOps {
                 Arg::I(self.n_pad as i32),
                 Arg::I(self.k_pad as i32),
                 Arg::I(gps as i32),
+                Arg::P(epi.y),
+                Arg::L(epi.ldy as i64),
+                Arg::P(epi.bias),
+                Arg::I(epi.round as i32),
             ],
         ]
         .concat()
@@ -178,9 +213,8 @@ pub(crate) fn launch_sk(
     gpu: &Gpu,
     ops: &SkOps,
     mc: usize,
-    p: u64,
-    ldp: usize,
-    sstride: usize,
+    (p, ldp, sstride): (u64, usize, usize),
+    epi: Epi,
 ) -> Result<usize> {
     let n = ops.n;
     let (ks, gps) = splits(gpu, n, ops.k_pad);
@@ -197,9 +231,20 @@ pub(crate) fn launch_sk(
         (n.div_ceil(128) as u32, ks as u32, chunks as u32),
         (256, 1, 1),
         0,
-        &ops.args(mc, p, ldp, sstride, gps),
+        &ops.args(mc, p, ldp, sstride, gps, epi),
     )?;
     Ok(ks)
+}
+
+/// All tokens of `ops` through the rows kernel `name` (`tokens` a block) with
+/// the epilogue fused: `epi.y` gets the linear layer's output.
+pub(crate) fn fused_rows(
+    gpu: &Gpu,
+    ops: &SkOps,
+    (name, tokens): (&'static str, usize),
+    epi: Epi,
+) -> Result<()> {
+    launch_rows(gpu, ops, (name, tokens), (0, 0), epi)
 }
 
 /// Partial sums of the split-K kernel for all tokens of `ops` (the caller adds
@@ -208,7 +253,7 @@ pub(crate) fn partial(gpu: &Gpu, ops: &SkOps) -> Result<Partial> {
     let (m, n) = (ops.m, ops.n);
     let (ks, _) = splits(gpu, n, ops.k_pad);
     let p = gpu.uninit::<f32>(ks * m * n)?;
-    let splits = launch_sk(gpu, ops, m, gpu.ptr(&p), n, m * n)?;
+    let splits = launch_sk(gpu, ops, m, (gpu.ptr(&p), n, m * n), Epi::NONE)?;
     Ok(Partial {
         p,
         ldp: n,
@@ -222,10 +267,9 @@ pub(crate) fn partial(gpu: &Gpu, ops: &SkOps) -> Result<Partial> {
 pub(crate) fn launch_rows(
     gpu: &Gpu,
     ops: &SkOps,
-    name: &'static str,
-    tokens: usize,
-    d: u64,
-    ldd: usize,
+    (name, tokens): (&'static str, usize),
+    (d, ldd): (u64, usize),
+    epi: Epi,
 ) -> Result<()> {
     if ops.m == 0 {
         return Ok(());
@@ -237,7 +281,7 @@ pub(crate) fn launch_rows(
         (ops.m.div_ceil(tokens) as u32, ops.n.div_ceil(128) as u32, 1),
         (256, 1, 1),
         0,
-        &ops.args(ops.m, d, ldd, 0, gps),
+        &ops.args(ops.m, d, ldd, 0, gps, epi),
     )
 }
 
@@ -330,7 +374,19 @@ pub fn gemm_fp8_rows_with(
         RowsTile::T32 => ("gemm_fp8_rows_t4", 32),
     };
     let ops = SkOps::fp8(gpu, x, w, 0);
-    launch_rows(gpu, &ops, name, tokens, gpu.ptr(d), ldd)
+    launch_rows(gpu, &ops, (name, tokens), (gpu.ptr(d), ldd), Epi::NONE)
+}
+
+/// [`gemm_fp8_rows`] with the linear layer's epilogue fused (`epi.y`).
+pub(crate) fn gemm_fp8_rows_fused(
+    gpu: &Gpu,
+    x: &Fp8Quantized,
+    w: &Fp8Quantized,
+    epi: Epi,
+) -> Result<()> {
+    check(x, w)?;
+    check_out(x, w, usize::MAX, epi.ldy)?;
+    fused_rows(gpu, &SkOps::fp8(gpu, x, w, 0), ("gemm_fp8_rows", 64), epi)
 }
 
 /// Whether the split-K kernel fills the GPU better than [`gemm_fp8_rows`] for `m`
@@ -385,11 +441,11 @@ pub fn gemv_fp8_with(
                 let ops = SkOps::fp8(gpu, x, w, m0);
                 match &ws {
                     Some(ws) => {
-                        launch_sk(gpu, &ops, mc, gpu.ptr(ws), n, mc * n)?;
+                        launch_sk(gpu, &ops, mc, (gpu.ptr(ws), n, mc * n), Epi::NONE)?;
                         splitk_sum(gpu, gpu.ptr(ws), ks, (mc, n), yc, ldy)?;
                     }
                     None => {
-                        launch_sk(gpu, &ops, mc, yc, ldy, 0)?;
+                        launch_sk(gpu, &ops, mc, (yc, ldy, 0), Epi::NONE)?;
                     }
                 }
             }

@@ -21,8 +21,8 @@ use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, OPS};
 use super::gemm::{dense_gemm, fp8_gemm_nt, Dense, LtType};
-use super::gemv::{gemm_fp8_rows, gemv_fp8_partial, split_k_pays, GEMV_MAX_TOKENS};
-use super::gemv_bf16::{gemm_bf16_rows, gemv_bf16_partial, Bf16Rows};
+use super::gemv::{gemm_fp8_rows_fused, gemv_fp8_partial, split_k_pays, Epi, GEMV_MAX_TOKENS};
+use super::gemv_bf16::{gemm_bf16_rows_fused, gemv_bf16_partial, Bf16Rows};
 use super::quantize::{
     quantize_block128, quantize_col128x1, quantize_row1x128, to_bf16_padded, Fp8Quantized,
 };
@@ -238,6 +238,22 @@ impl XOperand {
     }
 }
 
+/// The epilogue the FP8 / BF16 rows kernels fuse: `y [m][n]`, `bias`, rounding.
+fn fused_epi(
+    gpu: &Gpu,
+    y: &CudaSlice<f32>,
+    n: usize,
+    bias: Option<&CudaSlice<f32>>,
+    prec: GemmPrecision,
+) -> Epi {
+    Epi {
+        y: gpu.ptr(y),
+        ldy: n,
+        bias: bias.map_or(0, |b| gpu.ptr(b)),
+        round: prec != GemmPrecision::F32,
+    }
+}
+
 /// Forward: `x [m, k]` -> `y [m, n]` (rounded to BF16 values unless F32).
 pub fn linear_forward(
     gpu: &Gpu,
@@ -304,9 +320,10 @@ pub fn linear_forward_shared(
                     let p = gemv_bf16_partial(gpu, xr, wr)?;
                     return epilogue(gpu, &p.p, (p.ldp, p.splits, p.sstride), bias, m, n, prec);
                 }
-                let d = gpu.uninit::<f32>(m * n)?;
-                gemm_bf16_rows(gpu, xr, wr, &d, n)?;
-                (d, n)
+                // The rows kernel writes y itself (linear_epilogue fused).
+                let y = gpu.uninit::<f32>(m * n)?;
+                gemm_bf16_rows_fused(gpu, xr, wr, fused_epi(gpu, &y, n, bias, prec))?;
+                return Ok(y);
             } else {
                 let d = gpu.uninit::<f32>(m * np)?;
                 let (a, b) = (
@@ -326,9 +343,10 @@ pub fn linear_forward_shared(
                 return epilogue(gpu, &p.p, (p.ldp, p.splits, p.sstride), bias, m, n, prec);
             }
             if inv {
-                let d = gpu.uninit::<f32>(m * n)?;
-                gemm_fp8_rows(gpu, qx, wq, &d, n)?;
-                (d, n)
+                // The rows kernel writes y itself (linear_epilogue fused).
+                let y = gpu.uninit::<f32>(m * n)?;
+                gemm_fp8_rows_fused(gpu, qx, wq, fused_epi(gpu, &y, n, bias, prec))?;
+                return Ok(y);
             } else {
                 fp8_gemm_nt(gpu, qx, wq)?
             }

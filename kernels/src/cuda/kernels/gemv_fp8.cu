@@ -244,11 +244,17 @@ struct Bf16E {
 
 // w [N_pad][K_pad] and x [M][K_pad] values of E (row strides K_pad * sizeof);
 // ws, xs the FP8 scales (unused for BF16).
+//
+// Fused epilogue (ROWS, y != null; fuses linear_epilogue: the total, then the bias,
+// then the BF16 rounding when `round`): y [M][ldy] gets the linear layer's output
+// and p is not written. (The split-K launch always writes partials: folding them in
+// its last block per tile measured slower than the separate epilogue, NOTES.md.)
 template <class E, int TT, bool ROWS>
 __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, int lds,
                         const u8* __restrict__ x, const float* __restrict__ xs, int ldxs,
                         float* __restrict__ p, long ldp, long sstride, int M, int N, int N_pad,
-                        int K_pad, int gps) {
+                        int K_pad, int gps, float* __restrict__ y, long ldy, const float* __restrict__ bias,
+                        int round) {
     constexpr int GB = E::GB, H = GB / 64, XS = GB + 64;
     __shared__ __align__(16) u8 xt[2][TT * 8 * XS];
     __shared__ float sxs[2][E::SCALED ? TT * 8 : 1];
@@ -262,6 +268,7 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
     x += (long)t0 * RB;
     xs += E::SCALED ? t0 : 0;
     p += (long)t0 * ldp;
+    if (ROWS && y) y += (long)t0 * ldy;
     M = min(M - t0, TT * 8);
     const int g0 = ROWS ? 0 : blockIdx.y * gps, g1 = ROWS ? L : min(L, g0 + gps);
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
@@ -376,7 +383,14 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
         for (int i = 0; i < 4; i++) {
             int row = n0 + warp * 16 + gid + (i >= 2 ? 8 : 0);
             int tok = tt * 8 + tig * 2 + (i & 1);
-            if (row < N && tok < M) out[(long)tok * ldp + row] = ROWS ? tot[ROWS ? tt : 0][i] : acc[tt][i];
+            if (row >= N || tok >= M) continue;
+            if (ROWS && y) {  // linear_epilogue, fused
+                float v = tot[ROWS ? tt : 0][i];
+                if (bias) v += bias[row];
+                y[(long)tok * ldy + row] = round ? round_bf16(v) : v;
+            } else {
+                out[(long)tok * ldp + row] = ROWS ? tot[ROWS ? tt : 0][i] : acc[tt][i];
+            }
         }
 }
 
@@ -384,8 +398,10 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
 #define GEMM_SK(NAME, E, TT, MINB, ROWS)                                                                \
     extern "C" __global__ void __launch_bounds__(256, MINB)                                             \
         NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p,   \
-             long ldp, long sstride, int M, int N, int N_pad, int K_pad, int gps) {                     \
-        gemm_sk<E, TT, ROWS>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);        \
+             long ldp, long sstride, int M, int N, int N_pad, int K_pad, int gps, float* y, long ldy,   \
+             const float* bias, int round) {                                                             \
+        gemm_sk<E, TT, ROWS>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps, y, ldy, \
+                             bias, round);                                                               \
     }
 GEMM_SK(gemv_fp8_sk_t1, Fp8E, 1, 2, false)
 GEMM_SK(gemv_fp8_sk_t2, Fp8E, 2, 2, false)

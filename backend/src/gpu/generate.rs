@@ -1,12 +1,13 @@
 //! The rollout on the GPU: prefill, decode steps and sampling on the device.
 //!
-//! Decode steps replay a CUDA graph per batch-size bucket (`decode_graph`) when
-//! the model runs the tensor-core attention and graphs are on (the default);
-//! prefills run eagerly. Per decode step only the sampled tokens and their
-//! logprobs come back to the host (the stop conditions need them). Plain tempered sampling and greedy run
-//! on the device (Gumbel-max from one u64 seed per row drawn from the run's RNG
-//! stream, so a step's rollouts stay a function of (weights, seed)); top-k and
-//! top-p bring the log-probability rows to the host and use the CPU sampler.
+//! Decode steps replay a CUDA graph per batch-size bucket (`decode_graph`),
+//! captured at the bucket's third step, when the model runs the tensor-core
+//! attention and graphs are on (the default); prefills run eagerly. Per decode
+//! step only the sampled tokens and their logprobs come back to the host (the
+//! stop conditions need them). Plain tempered sampling and greedy run on the
+//! device (Gumbel-max from one u64 seed per row drawn from the run's RNG stream,
+//! so a step's rollouts stay a function of (weights, seed)); top-k and top-p
+//! bring the log-probability rows to the host and use the CPU sampler.
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::logsoftmax::log_softmax_rows;
@@ -31,10 +32,17 @@ enum Pending {
     Graph(usize, usize),
 }
 
+/// Steps a bucket runs launched before it is captured: a capture costs about
+/// two launched steps of host work plus the instantiation, which the short
+/// rollouts of many RL tasks (a few tokens a response) would not win back.
+const EAGER_STEPS: usize = 2;
+
 pub struct GpuDecoder<'m, 'w> {
     model: &'m GpuModel<'w>,
     /// Captured decode steps by bucket (dropped with the cache they read).
     graphs: HashMap<usize, StepGraph>,
+    /// Launched steps per bucket so far (captured after [`EAGER_STEPS`]).
+    launched: HashMap<usize, usize>,
     use_graphs: bool,
     cache: Option<GpuKvCache>,
     /// The last step's logits, then each prefill's since, sampled in order.
@@ -47,6 +55,7 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
         GpuDecoder {
             model,
             graphs: HashMap::new(),
+            launched: HashMap::new(),
             use_graphs: true,
             cache: None,
             logits: Vec::new(),
@@ -76,6 +85,7 @@ impl Decoder for GpuDecoder<'_, '_> {
     fn reserve(&mut self, slots: usize, max_len: usize) -> Result<()> {
         self.logits.clear();
         self.graphs.clear();
+        self.launched.clear();
         self.cache = Some(GpuKvCache::new(self.model, slots, max_len)?);
         Ok(())
     }
@@ -119,7 +129,13 @@ impl Decoder for GpuDecoder<'_, '_> {
 
     fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<()> {
         let model = self.model;
-        if !self.graphs_apply() || slots.is_empty() {
+        let bucket = bucket_of(slots.len());
+        let eager = !self.graphs_apply() || slots.is_empty() || {
+            let n = self.launched.entry(bucket).or_insert(0);
+            *n += 1;
+            *n <= EAGER_STEPS && !self.graphs.contains_key(&bucket)
+        };
+        if eager {
             let logits = decode_step(
                 model,
                 self.cache()?,
@@ -130,7 +146,6 @@ impl Decoder for GpuDecoder<'_, '_> {
             self.logits.push(Pending::Owned(logits, slots.len()));
             return Ok(());
         }
-        let bucket = bucket_of(slots.len());
         self.keep_pending(bucket)?;
         let cache = self
             .cache

@@ -102,6 +102,32 @@ fn tiny() -> ModelConfig {
     }
 }
 
+/// Qwen3-0.6B's widths (hidden 1024, MLP 3072, 16/8 heads of 128) in two layers
+/// with a 4,096-token vocabulary.
+fn qwen3_widths() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 4096,
+        hidden_size: 1024,
+        intermediate_size: 3072,
+        num_attention_heads: 16,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        max_position_embeddings: 64,
+        ..tiny()
+    }
+}
+
+/// Each sample's tokens and the bits of its logprobs.
+fn sample_bits(samples: &[jet_backend::rollout::engine::Sample]) -> Vec<(Vec<u32>, Vec<u32>)> {
+    samples
+        .iter()
+        .map(|x| {
+            let lp: Vec<u32> = x.logprobs.iter().map(|v| v.to_bits()).collect();
+            (x.tokens.clone(), lp)
+        })
+        .collect()
+}
+
 fn seqs() -> Vec<TrainSeq> {
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(5);
     [(4usize, 9usize), (6, 17), (3, 40)]
@@ -363,16 +389,7 @@ fn rollout_vs_training_mismatch_on_gpu() {
 #[test]
 fn rollout_equals_training_bitwise_at_qwen3_widths() {
     let Some(g) = gpu() else { return };
-    let cfg = ModelConfig {
-        vocab_size: 4096,
-        hidden_size: 1024,
-        intermediate_size: 3072,
-        num_attention_heads: 16,
-        num_key_value_heads: 8,
-        head_dim: 128,
-        max_position_embeddings: 64,
-        ..tiny()
-    };
+    let cfg = qwen3_widths();
     let dw = GpuWeights::upload(&g, &init_random(&cfg, 6)).unwrap();
     for flow in [Flow::Bf16, Flow::Fp8] {
         let (max_abs, _) = rollout_vs_training(&g, &cfg, &dw, flow, true);
@@ -566,13 +583,7 @@ fn continuous_batching_keeps_greedy_samples_bitwise() {
                 stop_strings: vec![],
                 max_batch,
             };
-            let s = generate_gpu(&model, &prompts, 3, &gen, 1);
-            s.iter()
-                .map(|x| {
-                    let lp: Vec<u32> = x.logprobs.iter().map(|v| v.to_bits()).collect();
-                    (x.tokens.clone(), lp)
-                })
-                .collect::<Vec<_>>()
+            sample_bits(&generate_gpu(&model, &prompts, 3, &gen, 1))
         };
         let all = run(0);
         let few = run(5);
@@ -597,16 +608,7 @@ fn continuous_batching_keeps_greedy_samples_bitwise() {
 #[test]
 fn decode_graphs_equal_launched_steps_bitwise() {
     let Some(g) = gpu() else { return };
-    let wide = ModelConfig {
-        vocab_size: 4096,
-        hidden_size: 1024,
-        intermediate_size: 3072,
-        num_attention_heads: 16,
-        num_key_value_heads: 8,
-        head_dim: 128,
-        max_position_embeddings: 64,
-        ..tiny()
-    };
+    let wide = qwen3_widths();
     let prompts: Vec<Vec<u32>> = (0..13)
         .map(|i| {
             (0..(2 + 3 * i % 7))
@@ -632,13 +634,7 @@ fn decode_graphs_equal_launched_steps_bitwise() {
                     max_batch,
                 };
                 let bits = |graphs: bool| {
-                    generate_gpu_graphs(&model, &prompts, 3, &gen, 4, graphs)
-                        .iter()
-                        .map(|x| {
-                            let lp: Vec<u32> = x.logprobs.iter().map(|v| v.to_bits()).collect();
-                            (x.tokens.clone(), lp)
-                        })
-                        .collect::<Vec<_>>()
+                    sample_bits(&generate_gpu_graphs(&model, &prompts, 3, &gen, 4, graphs))
                 };
                 let (graphed, launched) = (bits(true), bits(false));
                 let differ = graphed

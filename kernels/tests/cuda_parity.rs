@@ -840,6 +840,118 @@ fn adamw_is_bit_exact() {
     done();
 }
 
+/// The multi-tensor AdamW and sum of squares give each tensor the bits of its
+/// own launches (tensors of odd sizes, decay on every other one).
+#[test]
+fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
+    let Some(g) = gpu() else { return };
+    let sizes = [1_000_003usize, 5, 256, 257, 70_001];
+    let (b1, b2) = (0.9f32, 0.95f32);
+    let s = gadam::AdamStep {
+        lr: 3e-4,
+        beta1: b1,
+        beta2: b2,
+        eps: 1e-8,
+        bc1: 1.0 - (b1 as f64).powi(3),
+        bc2: 1.0 - (b2 as f64).powi(3),
+        wd_factor: 1.0 - 3e-4 * 0.1,
+        decay: true,
+        grad_scale: 0.37,
+    };
+    let host: Vec<[Vec<f32>; 4]> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let k = 100 + 4 * i as u64;
+            let v: Vec<f32> = rnd(n, k + 3, 1e-2).iter().map(|x| x * x).collect();
+            [nasty(1, n, k), nasty(1, n, k + 1), rnd(n, k + 2, 1e-2), v]
+        })
+        .collect();
+    let dev = || -> Vec<[cudarc::driver::CudaSlice<f32>; 4]> {
+        host.iter()
+            .map(|t| [up(&g, &t[0]), up(&g, &t[1]), up(&g, &t[2]), up(&g, &t[3])])
+            .collect()
+    };
+    let (mut one, mut multi) = (dev(), dev());
+    for (i, t) in one.iter_mut().enumerate() {
+        let [p, gr, m, v] = t;
+        let st = gadam::AdamStep {
+            decay: i % 2 == 0,
+            ..s
+        };
+        gadam::adamw_step(&g, p, gr, m, v, sizes[i], &st).unwrap();
+    }
+    let mut ts: Vec<gadam::AdamTensor> = multi
+        .iter_mut()
+        .enumerate()
+        .map(|(i, [p, gr, m, v])| gadam::AdamTensor {
+            p,
+            g: &*gr,
+            m,
+            v,
+            decay: i % 2 == 0,
+        })
+        .collect();
+    gadam::adamw_multi(&g, &mut ts, &s).unwrap();
+    let mut diff = 0;
+    for (i, (a, b)) in one.iter().zip(&multi).enumerate() {
+        for j in [0, 2, 3] {
+            diff += bits_differ(&dl(&g, &a[j], sizes[i]), &dl(&g, &b[j], sizes[i]));
+        }
+    }
+    report_exact(
+        "adamw multi-tensor vs per tensor (p, m, v)",
+        "5 tensors",
+        diff,
+    );
+    let xs: Vec<_> = one.iter().map(|t| &t[0]).collect();
+    let mut acc1 = g.zeros::<f64>(xs.len()).unwrap();
+    for (i, x) in xs.iter().enumerate() {
+        gten::sum_squares_into(&g, x, sizes[i], &mut acc1, i).unwrap();
+    }
+    let mut acc2 = g.zeros::<f64>(xs.len()).unwrap();
+    gten::sum_squares_multi(&g, &xs, &mut acc2).unwrap();
+    let (a1, a2) = (g.download(&acc1).unwrap(), g.download(&acc2).unwrap());
+    let sdiff = a1
+        .iter()
+        .zip(&a2)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    report_exact(
+        "sum of squares multi-tensor vs per tensor",
+        "5 tensors",
+        sdiff,
+    );
+    done();
+}
+
+/// The memory pool keeps freed memory for the next step, and gives it back when
+/// an allocation would otherwise run out: 60% of the free memory allocated and
+/// freed, then 70% allocated, succeeds.
+#[test]
+fn pool_memory_is_given_back_when_the_device_runs_out() {
+    let Some(g) = gpu() else { return };
+    g.sync().unwrap();
+    let (free, _) = cudarc::driver::result::mem_get_info().unwrap();
+    let a = g.zeros::<u8>(free / 10 * 6).unwrap();
+    drop(a);
+    g.sync().unwrap();
+    let (held, _) = cudarc::driver::result::mem_get_info().unwrap();
+    println!(
+        "POOL | free {:.1} GiB; after 60% freed: {:.1} GiB free (kept by the pool)",
+        free as f64 / (1u64 << 30) as f64,
+        held as f64 / (1u64 << 30) as f64
+    );
+    let b = g.zeros::<u8>(free / 10 * 7);
+    report_exact(
+        "pool: 70% after 60% freed allocates",
+        "",
+        b.is_err() as usize,
+    );
+    drop(b);
+    done();
+}
+
 /// Sampling on the device picks the reference's tokens and returns the stored logp.
 #[test]
 fn sample_rows_matches_reference() {

@@ -1,9 +1,10 @@
 //! AdamW on the GPU, element for element the CPU's `rl::optim::AdamW` (same
 //! f32/f64 operations), with the global gradient norm from per-tensor f64 sums
-//! of squares (one download of a value per tensor per step).
+//! of squares (one download of a value per tensor per step). Both run over all
+//! tensors at once (multi-tensor launches: two for the norm, one for the step).
 
-use jet_kernels::cuda::adamw::{adamw_step, AdamStep};
-use jet_kernels::cuda::tensor::sum_squares_into;
+use jet_kernels::cuda::adamw::{adamw_multi, AdamStep, AdamTensor};
+use jet_kernels::cuda::tensor::sum_squares_multi;
 use jet_kernels::cuda::{Gpu, Result};
 
 use super::weights::GpuWeights;
@@ -19,9 +20,8 @@ pub struct GpuAdam {
 /// Global L2 norm of `g` (f64 sums per tensor, added on the host in tensor order).
 pub fn global_norm_gpu(gpu: &Gpu, g: &GpuWeights) -> Result<f64> {
     let mut acc = gpu.zeros::<f64>(g.bufs.len())?;
-    for (i, b) in g.bufs.iter().enumerate() {
-        sum_squares_into(gpu, b, b.len(), &mut acc, i)?;
-    }
+    let xs: Vec<_> = g.bufs.iter().collect();
+    sum_squares_multi(gpu, &xs, &mut acc)?;
     Ok(gpu.download(&acc)?.iter().sum::<f64>().sqrt())
 }
 
@@ -79,22 +79,21 @@ impl GpuAdam {
             decay: true,
             grad_scale: scale as f32,
         };
-        for (i, name) in w.names.clone().iter().enumerate() {
-            let s = AdamStep {
+        let mut ts: Vec<AdamTensor> = w
+            .bufs
+            .iter_mut()
+            .zip(&g.bufs)
+            .zip(self.m.bufs.iter_mut().zip(self.v.bufs.iter_mut()))
+            .zip(&w.names)
+            .map(|(((p, g), (m, v)), name)| AdamTensor {
+                p,
+                g,
+                m,
+                v,
                 decay: !(name.contains("norm") || name.ends_with(".bias")),
-                ..base
-            };
-            let n = w.bufs[i].len();
-            adamw_step(
-                gpu,
-                &mut w.bufs[i],
-                &g.bufs[i],
-                &mut self.m.bufs[i],
-                &mut self.v.bufs[i],
-                n,
-                &s,
-            )?;
-        }
+            })
+            .collect();
+        adamw_multi(gpu, &mut ts, &base)?;
         Ok(norm)
     }
 }

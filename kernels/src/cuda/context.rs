@@ -195,6 +195,46 @@ fn probe_libraries() -> Result<()> {
     Ok(())
 }
 
+/// Let the device's stream-ordered memory pool keep what is freed instead of
+/// handing it back to the driver at every synchronisation (its default release
+/// threshold is 0): a training step frees gigabytes of activations and allocates
+/// them again next step, and each round trip through the driver maps the pages
+/// anew. The pool then holds the run's peak, as PyTorch's caching allocator does.
+fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<()> {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a live context bound to this thread, an out-pointer for the pool and
+    // a u64 for the threshold attribute, as the driver API documents.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+            .result()
+            .ctx("finding the device's memory pool")?;
+        let mut keep: u64 = u64::MAX;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut keep as *mut u64 as *mut std::ffi::c_void,
+        )
+        .result()
+        .ctx("setting the memory pool's release threshold")
+    }
+}
+
+/// Release the memory the device's pool holds beyond what is allocated.
+fn trim_pool(ctx: &Arc<CudaContext>) -> Result<()> {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: an out-pointer for the pool, then the pool the driver gave.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+            .result()
+            .ctx("finding the device's memory pool")?;
+        sys::cuMemPoolTrimTo(pool, 0)
+            .result()
+            .ctx("trimming the memory pool")
+    }
+}
+
 /// Run `f`, turning a panic inside cudarc (a missing symbol, say) into an error.
 fn no_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
@@ -328,6 +368,7 @@ impl Gpu {
             // SAFETY: every op of a Gpu runs on its one stream (see the module doc).
             unsafe { ctx.disable_event_tracking() };
             let stream = ctx.new_stream().ctx("creating a stream")?;
+            keep_pool_memory(&ctx)?;
             let name = ctx.name().ctx("reading the device name")?;
             let cc = ctx
                 .compute_capability()
@@ -529,13 +570,34 @@ impl Gpu {
 
     /// A zeroed device buffer of `n` values.
     pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
-        self.stream.alloc_zeros(n).ctx("allocating device memory")
+        self.or_trim(|| self.stream.alloc_zeros(n))
+    }
+
+    /// Run an allocation; if the device is out of memory, hand the pool's cached
+    /// memory back to the driver (see `keep_pool_memory`) and try once more.
+    fn or_trim<T>(
+        &self,
+        alloc: impl Fn() -> std::result::Result<T, cudarc::driver::DriverError>,
+    ) -> Result<T> {
+        use cudarc::driver::sys::CUresult;
+        match alloc() {
+            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                // Not while capturing a graph: nothing may synchronise then.
+                if self.capturing() {
+                    return Err(e).ctx("allocating device memory");
+                }
+                self.sync()?;
+                trim_pool(&self.ctx)?;
+                alloc().ctx("allocating device memory (after trimming the pool)")
+            }
+            r => r.ctx("allocating device memory"),
+        }
     }
 
     /// A device buffer of `n` values that the caller's kernel writes in full.
     pub(crate) fn uninit<T: DeviceRepr>(&self, n: usize) -> Result<CudaSlice<T>> {
         // SAFETY: callers write every element before anything reads it.
-        unsafe { self.stream.alloc(n.max(1)) }.ctx("allocating device memory")
+        self.or_trim(|| unsafe { self.stream.alloc(n.max(1)) })
     }
 
     /// Copy host values to a new device buffer.

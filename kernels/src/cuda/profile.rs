@@ -93,6 +93,11 @@ impl Gpu {
         self.prof().lock().unwrap().kernels.clone()
     }
 
+    /// Whether a graph capture is on.
+    pub(crate) fn capturing(&self) -> bool {
+        self.prof().lock().unwrap().capturing
+    }
+
     /// Start or end a graph capture; returns the launches counted since the start.
     pub(crate) fn set_capturing(&self, on: bool) -> usize {
         let mut p = self.prof().lock().unwrap();

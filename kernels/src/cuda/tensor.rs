@@ -170,6 +170,60 @@ fn sumsq_blocks(n: usize) -> usize {
     n.div_ceil(BLOCK as usize * 8).clamp(1, 1024)
 }
 
+/// `acc[t] += sum of squares of xs[t]` for every t (`acc` holds at least
+/// `xs.len()` values) in two launches: each tensor's blocks and sums are those of
+/// [`sum_squares_into`]`(xs[t], len, acc, t)`, so the bits are too.
+pub fn sum_squares_multi(
+    gpu: &Gpu,
+    xs: &[&CudaSlice<f32>],
+    acc: &mut CudaSlice<f64>,
+) -> Result<()> {
+    ensure(xs.len() <= acc.len(), || {
+        format!(
+            "sum_squares_multi: {} tensors for {} sums",
+            xs.len(),
+            acc.len()
+        )
+    })?;
+    let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 4);
+    let mut first = 0usize;
+    for x in xs {
+        let n = x.len();
+        let blocks = if n == 0 { 0 } else { sumsq_blocks(n) };
+        tab.extend([gpu.ptr(*x) as i64, n as i64, blocks as i64, first as i64]);
+        first += blocks;
+    }
+    if first == 0 {
+        return Ok(());
+    }
+    let tab = gpu.upload(&tab)?;
+    let part = gpu.uninit::<f64>(first)?;
+    gpu.launch(
+        &TENSOR,
+        "sumsq_partial_multi",
+        (first as u32, 1, 1),
+        (BLOCK, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(&tab)),
+            Arg::I(xs.len() as i32),
+            Arg::P(gpu.ptr(&part)),
+        ],
+    )?;
+    gpu.launch(
+        &TENSOR,
+        "sumsq_final_multi",
+        (xs.len() as u32, 1, 1),
+        (1024, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(&tab)),
+            Arg::P(gpu.ptr(&part)),
+            Arg::P(gpu.ptr(acc)),
+        ],
+    )
+}
+
 /// `acc[slot] += sum_i (x[i] as f64)^2` over `i < n`, in f64 and a fixed order (block
 /// partials into a scratch buffer, then one block sums them): bitwise the same on
 /// every run. For a global gradient norm, give every tensor the same `acc` and slot

@@ -60,21 +60,51 @@ __device__ double block_sum_d(double v, double* sh) {
     v = lane < nw ? sh[lane] : 0.0;
     return warp_sum_d(v);
 }
-extern "C" __global__ void sumsq_partial(const float* x, long n, double* part) {
-    __shared__ double sh[32];
-    long stride = (long)gridDim.x * blockDim.x;
+__device__ __forceinline__ void sumsq_part(const float* x, long n, long nblocks, long b, double* sh, double* out) {
+    long stride = nblocks * blockDim.x;
     double s = 0.0;
-    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    for (long i = b * blockDim.x + threadIdx.x; i < n; i += stride) {
         double d = (double)x[i];
         s = __dadd_rn(s, __dmul_rn(d, d));
     }
     s = block_sum_d(s, sh);
-    if (threadIdx.x == 0) part[blockIdx.x] = s;
+    if (threadIdx.x == 0) *out = s;
 }
-extern "C" __global__ void sumsq_final(const double* part, int blocks, double* acc, long slot) {
-    __shared__ double sh[32];
+__device__ __forceinline__ void sumsq_fin(const double* part, int blocks, double* sh, double* acc) {
     double s = 0.0;
     for (int b = threadIdx.x; b < blocks; b += blockDim.x) s = __dadd_rn(s, part[b]);
     s = block_sum_d(s, sh);
-    if (threadIdx.x == 0) acc[slot] = __dadd_rn(acc[slot], s);
+    if (threadIdx.x == 0) *acc = __dadd_rn(*acc, s);
+}
+extern "C" __global__ void sumsq_partial(const float* x, long n, double* part) {
+    __shared__ double sh[32];
+    sumsq_part(x, n, gridDim.x, blockIdx.x, sh, part + blockIdx.x);
+}
+extern "C" __global__ void sumsq_final(const double* part, int blocks, double* acc, long slot) {
+    __shared__ double sh[32];
+    sumsq_fin(part, blocks, sh, acc + slot);
+}
+// sumsq_partial / sumsq_final over T tensors in two launches, each tensor's blocks
+// and sums exactly as its own launches would do: tab[t] = {x, n, blocks, first
+// block} as 4 int64 (first ascending); part has one double per block in all.
+extern "C" __global__ void sumsq_partial_multi(const long long* tab, int T, double* part) {
+    __shared__ double sh[32];
+    __shared__ int st;
+    if (threadIdx.x == 0) {
+        int lo = 0, hi = T - 1;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (tab[(long)mid * 4 + 3] <= (long long)blockIdx.x) lo = mid; else hi = mid - 1;
+        }
+        st = lo;
+    }
+    __syncthreads();
+    const long long* e = tab + (long)st * 4;
+    sumsq_part((const float*)e[0], e[1], e[2], (long)blockIdx.x - e[3], sh, part + blockIdx.x);
+}
+// Block t: acc[t] += the sum of tensor t's partials.
+extern "C" __global__ void sumsq_final_multi(const long long* tab, const double* part, double* acc) {
+    __shared__ double sh[32];
+    const long long* e = tab + (long)blockIdx.x * 4;
+    sumsq_fin(part + e[3], (int)e[2], sh, acc + blockIdx.x);
 }

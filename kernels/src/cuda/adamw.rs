@@ -83,17 +83,30 @@ pub fn adamw_step(
             Arg::P(gpu.ptr(m)),
             Arg::P(gpu.ptr(v)),
             Arg::L(n as i64),
-            Arg::D(s.lr),
-            Arg::F(s.beta1),
-            Arg::F(s.beta2),
-            Arg::D(s.eps),
-            Arg::D(s.bc1),
-            Arg::D(s.bc2),
-            Arg::F(s.wd_factor),
-            Arg::I(s.decay as i32),
-            Arg::F(s.grad_scale),
-        ],
+        ]
+        .into_iter()
+        .chain(scalars(s, true))
+        .collect::<Vec<_>>(),
     )
+}
+
+/// The step's scalars as `adamw.cu` takes them (with the decay flag for the
+/// one-tensor kernel; the multi-tensor one reads it from its table).
+fn scalars(s: &AdamStep, with_decay: bool) -> Vec<Arg> {
+    let mut a = vec![
+        Arg::D(s.lr),
+        Arg::F(s.beta1),
+        Arg::F(s.beta2),
+        Arg::D(s.eps),
+        Arg::D(s.bc1),
+        Arg::D(s.bc2),
+        Arg::F(s.wd_factor),
+    ];
+    if with_decay {
+        a.push(Arg::I(s.decay as i32));
+    }
+    a.push(Arg::F(s.grad_scale));
+    a
 }
 
 /// One tensor of an [`adamw_multi`] step: `p`, `m`, `v` updated in place from
@@ -142,17 +155,9 @@ pub fn adamw_multi(gpu: &Gpu, ts: &mut [AdamTensor], s: &AdamStep) -> Result<()>
         (first as u32, 1, 1),
         (256, 1, 1),
         0,
-        &[
-            Arg::P(gpu.ptr(&tab)),
-            Arg::I(ts.len() as i32),
-            Arg::D(s.lr),
-            Arg::F(s.beta1),
-            Arg::F(s.beta2),
-            Arg::D(s.eps),
-            Arg::D(s.bc1),
-            Arg::D(s.bc2),
-            Arg::F(s.wd_factor),
-            Arg::F(s.grad_scale),
-        ],
+        &[Arg::P(gpu.ptr(&tab)), Arg::I(ts.len() as i32)]
+            .into_iter()
+            .chain(scalars(s, false))
+            .collect::<Vec<_>>(),
     )
 }

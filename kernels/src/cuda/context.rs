@@ -195,6 +195,16 @@ fn probe_libraries() -> Result<()> {
     Ok(())
 }
 
+/// The device's default stream-ordered memory pool (the one `cuMemAllocAsync` uses).
+fn default_pool(ctx: &Arc<CudaContext>) -> Result<cudarc::driver::sys::CUmemoryPool> {
+    let mut pool: cudarc::driver::sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: an out-pointer for the pool handle, as the driver API documents.
+    unsafe { cudarc::driver::sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
+        .result()
+        .ctx("finding the device's memory pool")?;
+    Ok(pool)
+}
+
 /// Let the device's stream-ordered memory pool keep what is freed instead of
 /// handing it back to the driver at every synchronisation (its default release
 /// threshold is 0): a training step frees gigabytes of activations and allocates
@@ -202,37 +212,27 @@ fn probe_libraries() -> Result<()> {
 /// anew. The pool then holds the run's peak, as PyTorch's caching allocator does.
 fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<()> {
     use cudarc::driver::sys;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: a live context bound to this thread, an out-pointer for the pool and
-    // a u64 for the threshold attribute, as the driver API documents.
+    let pool = default_pool(ctx)?;
+    let mut keep: u64 = u64::MAX;
+    // SAFETY: the driver's pool and a u64 for the threshold attribute.
     unsafe {
-        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
-            .result()
-            .ctx("finding the device's memory pool")?;
-        let mut keep: u64 = u64::MAX;
         sys::cuMemPoolSetAttribute(
             pool,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             &mut keep as *mut u64 as *mut std::ffi::c_void,
         )
-        .result()
-        .ctx("setting the memory pool's release threshold")
     }
+    .result()
+    .ctx("setting the memory pool's release threshold")
 }
 
 /// Release the memory the device's pool holds beyond what is allocated.
 fn trim_pool(ctx: &Arc<CudaContext>) -> Result<()> {
-    use cudarc::driver::sys;
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: an out-pointer for the pool, then the pool the driver gave.
-    unsafe {
-        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
-            .result()
-            .ctx("finding the device's memory pool")?;
-        sys::cuMemPoolTrimTo(pool, 0)
-            .result()
-            .ctx("trimming the memory pool")
-    }
+    let pool = default_pool(ctx)?;
+    // SAFETY: the driver's pool.
+    unsafe { cudarc::driver::sys::cuMemPoolTrimTo(pool, 0) }
+        .result()
+        .ctx("trimming the memory pool")
 }
 
 /// Run `f`, turning a panic inside cudarc (a missing symbol, say) into an error.

@@ -70,6 +70,20 @@ pub fn x_range(sets: &[&[(f64, f64)]]) -> (f64, f64) {
     }
 }
 
+/// The log10 floor for exact zeros on a log chart: three decades under the
+/// smallest positive value, or -9 when there is none.
+pub fn log_floor(values: impl IntoIterator<Item = f64>) -> f64 {
+    let smallest = values
+        .into_iter()
+        .filter(|v| *v > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    if smallest.is_finite() {
+        smallest.log10().floor() - 3.0
+    } else {
+        -9.0
+    }
+}
+
 /// Log10 of each value, with values at or below zero put on `floor` (a log10).
 pub fn log10(points: &[(f64, f64)], floor: f64) -> Vec<(f64, f64)> {
     points

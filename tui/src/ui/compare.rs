@@ -14,7 +14,7 @@ use super::placeholder;
 use crate::app::App;
 use crate::compare::{Source, METRICS};
 use crate::fmt::{ellipsize, short_opt};
-use crate::series::{ema, log10, EMA_WEIGHT};
+use crate::series::{ema, log10, log_floor, EMA_WEIGHT};
 
 /// One colour per marked run, in marking order.
 pub const COLORS: [Color; 4] = [Color::Yellow, Color::Cyan, Color::Magenta, Color::Green];
@@ -111,17 +111,7 @@ fn metric_chart(
     let drawn: Vec<Curve> = if log {
         // Exact zeros (the on-policy flows) sit on a floor three decades
         // under the smallest positive value of any run, as on the dashboard.
-        let smallest = curves
-            .iter()
-            .flatten()
-            .map(|p| p.1)
-            .filter(|v| *v > 0.0)
-            .fold(f64::INFINITY, f64::min);
-        let floor = if smallest.is_finite() {
-            smallest.log10().floor() - 3.0
-        } else {
-            -9.0
-        };
+        let floor = log_floor(curves.iter().flatten().map(|p| p.1));
         curves
             .iter()
             .enumerate()

@@ -11,7 +11,7 @@ use super::chart::{self, Curve};
 use super::{event_style, placeholder, state_style};
 use crate::app::App;
 use crate::fmt::{ellipsize, num, opt, short, short_opt};
-use crate::series::{abandoned, ema, log10, series, EMA_WEIGHT};
+use crate::series::{abandoned, ema, log10, log_floor, series, EMA_WEIGHT};
 
 pub fn draw(f: &mut Frame, area: Rect, app: &App) {
     let Some(id) = app.run.as_deref() else {
@@ -161,17 +161,7 @@ fn kl_chart(f: &mut Frame, area: Rect, app: &App) {
     let now = last(&raw);
     let over = alarm > 0.0 && now.is_some_and(|v| v > alarm);
     // Zeros (exactly on-policy) sit on a floor three decades under the smallest value.
-    let smallest = kl
-        .iter()
-        .map(|p| p.1)
-        .chain([alarm])
-        .filter(|v| *v > 0.0)
-        .fold(f64::INFINITY, f64::min);
-    let floor = if smallest.is_finite() {
-        smallest.log10().floor() - 3.0
-    } else {
-        -9.0
-    };
+    let floor = log_floor(kl.iter().map(|p| p.1).chain([alarm]));
     let mut curves = vec![];
     if alarm > 0.0 && !kl.is_empty() {
         let (x0, x1) = crate::series::x_range(&[&kl]);

@@ -17,7 +17,8 @@
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::flash::{flash_decode_dev, flash_scatter_rows_dev};
 use jet_kernels::cuda::graph::Graph;
-use jet_kernels::cuda::{CudaError, Result};
+use jet_kernels::cuda::ops::{check_positions, check_tokens};
+use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
 
 use super::decode::{GpuKvCache, KvLayers};
@@ -35,16 +36,93 @@ pub fn bucket_of(b: usize) -> usize {
     }
 }
 
-/// One captured decode step of `bucket` rows and the buffers it reads and writes.
-pub struct StepGraph {
-    graph: Graph,
-    pub bucket: usize,
+/// The per-step inputs of a captured decode step, `[bucket]` each: rows
+/// `0..B` the step's sequences, the rest padding (token 0 at position 0 of the
+/// cache's scratch slot).
+struct StepInputs {
     rows: RowsIn,
     /// Cache row written by each row (`slot * capacity + position`), i64.
     cache_rows: CudaSlice<i64>,
     /// Each row's first cache row (`slot * capacity`) and length after the step.
     kv0: CudaSlice<i32>,
     len: CudaSlice<i32>,
+}
+
+impl StepInputs {
+    fn new(g: &Gpu, bucket: usize) -> Result<StepInputs> {
+        Ok(StepInputs {
+            rows: RowsIn {
+                tokens: g.zeros(bucket)?,
+                positions: g.zeros(bucket)?,
+                m: bucket,
+            },
+            cache_rows: g.zeros(bucket)?,
+            kv0: g.zeros(bucket)?,
+            len: g.zeros(bucket)?,
+        })
+    }
+
+    /// Write `tokens[i]` appended to sequence `slots[i]` (checked against the
+    /// cache, the vocabulary and the RoPE table), padding after them.
+    fn write(
+        &mut self,
+        model: &GpuModel,
+        cache: &GpuKvCache,
+        slots: &[usize],
+        tokens: &[u32],
+    ) -> Result<()> {
+        let bucket = self.rows.m;
+        cache.check_step(slots, tokens)?;
+        if slots.len() > bucket {
+            return Err(CudaError::Invalid(format!(
+                "decode: {} rows for a captured step of {bucket}",
+                slots.len()
+            )));
+        }
+        check_tokens("decode", tokens, model.cfg.vocab_size)?;
+        let positions: Vec<usize> = slots.iter().map(|&s| cache.lens[s]).collect();
+        check_positions(&positions, &model.rope)?;
+        let (cap, scratch) = (cache.capacity, cache.scratch() * cache.capacity);
+        let pad = bucket - slots.len();
+        let starts = || slots.iter().map(|&s| s * cap);
+        let tok: Vec<i32> = tokens
+            .iter()
+            .map(|&t| t as i32)
+            .chain(vec![0; pad])
+            .collect();
+        let pos: Vec<i32> = positions
+            .iter()
+            .map(|&p| p as i32)
+            .chain(vec![0; pad])
+            .collect();
+        let rows: Vec<i64> = starts()
+            .zip(&positions)
+            .map(|(s, &p)| (s + p) as i64)
+            .chain(vec![scratch as i64; pad])
+            .collect();
+        let kv0: Vec<i32> = starts()
+            .map(|s| s as i32)
+            .chain(vec![scratch as i32; pad])
+            .collect();
+        let len: Vec<i32> = positions
+            .iter()
+            .map(|&p| p as i32 + 1)
+            .chain(vec![1; pad])
+            .collect();
+        let g = &*model.gpu;
+        g.write(&mut self.rows.tokens, &tok)?;
+        g.write(&mut self.rows.positions, &pos)?;
+        g.write(&mut self.cache_rows, &rows)?;
+        g.write(&mut self.kv0, &kv0)?;
+        g.write(&mut self.len, &len)
+    }
+}
+
+/// One captured decode step of `bucket` rows and the buffers it reads and writes.
+pub struct StepGraph {
+    graph: Graph,
+    pub bucket: usize,
+    inputs: StepInputs,
     /// `[bucket, vocab]`: the next-token logits of the last replay.
     pub logits: CudaSlice<f32>,
 }
@@ -52,10 +130,7 @@ pub struct StepGraph {
 /// The attention of a captured step: cache rows, offsets and lengths on the device.
 struct DecodeDev<'a> {
     cache: &'a mut GpuKvCache,
-    cache_rows: &'a CudaSlice<i64>,
-    kv0: &'a CudaSlice<i32>,
-    len: &'a CudaSlice<i32>,
-    bucket: usize,
+    inputs: &'a StepInputs,
     model: &'a GpuModel<'a>,
 }
 
@@ -68,7 +143,7 @@ impl GpuAttention for DecodeDev<'_> {
         v: &CudaSlice<f32>,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)> {
         let g = &*self.model.gpu;
-        let (kvd, b) = (self.cache.kvd, self.bucket);
+        let (kvd, b, x) = (self.cache.kvd, self.inputs.rows.m, self.inputs);
         let KvLayers::Bf16(l) = &mut self.cache.layers else {
             return Err(CudaError::Invalid(
                 "a captured decode step needs the BF16 cache of the tensor-core attention".into(),
@@ -76,10 +151,10 @@ impl GpuAttention for DecodeDev<'_> {
         };
         let (kc, vc) = &mut l[layer];
         // Padding rows all write the scratch slot's row 0 with equal values.
-        flash_scatter_rows_dev(g, kc, kvd, self.cache_rows, b, k)?;
-        flash_scatter_rows_dev(g, vc, kvd, self.cache_rows, b, v)?;
+        flash_scatter_rows_dev(g, kc, kvd, &x.cache_rows, b, k)?;
+        flash_scatter_rows_dev(g, vc, kvd, &x.cache_rows, b, v)?;
         let shape = self.model.attn_shape();
-        let o = flash_decode_dev(g, q, (kc, vc), (self.kv0, self.len), b, shape)?;
+        let o = flash_decode_dev(g, q, (kc, vc), (&x.kv0, &x.len), b, shape)?;
         Ok((o, None))
     }
 }
@@ -90,66 +165,32 @@ impl StepGraph {
     pub fn capture(model: &GpuModel, cache: &mut GpuKvCache, bucket: usize) -> Result<StepGraph> {
         let g = &*model.gpu;
         let vocab = model.cfg.vocab_size;
-        let mut rows = RowsIn {
-            tokens: g.zeros(bucket)?,
-            positions: g.zeros(bucket)?,
-            m: bucket,
-        };
-        let (mut cache_rows, mut kv0, mut len) = (
-            g.zeros::<i64>(bucket)?,
-            g.zeros::<i32>(bucket)?,
-            g.zeros::<i32>(bucket)?,
-        );
+        let mut inputs = StepInputs::new(g, bucket)?;
         // Until the first step writes them: every row is padding.
-        Self::write_padding(
-            g,
-            cache,
-            bucket,
-            &mut rows,
-            (&mut cache_rows, &mut kv0, &mut len),
-        )?;
+        inputs.write(model, cache, &[], &[])?;
         let mut logits = g.zeros::<f32>(bucket * vocab)?;
         let (graph, ()) = g.capture("decode step", || {
             let mut attn = DecodeDev {
                 cache,
-                cache_rows: &cache_rows,
-                kv0: &kv0,
-                len: &len,
-                bucket,
+                inputs: &inputs,
                 model,
             };
-            let h = run_layers(model, &rows, GemmRole::RolloutForward, &mut attn, None)?;
+            let h = run_layers(
+                model,
+                &inputs.rows,
+                GemmRole::RolloutForward,
+                &mut attn,
+                None,
+            )?;
             let out = head(model, &h, bucket, GemmRole::RolloutForward)?.2;
             g.copy_into(&out, &mut logits, bucket * vocab)
         })?;
         Ok(StepGraph {
             graph,
             bucket,
-            rows,
-            cache_rows,
-            kv0,
-            len,
+            inputs,
             logits,
         })
-    }
-
-    fn write_padding(
-        g: &jet_kernels::cuda::Gpu,
-        cache: &GpuKvCache,
-        bucket: usize,
-        rows: &mut RowsIn,
-        (cache_rows, kv0, len): (
-            &mut CudaSlice<i64>,
-            &mut CudaSlice<i32>,
-            &mut CudaSlice<i32>,
-        ),
-    ) -> Result<()> {
-        let scratch = (cache.scratch() * cache.capacity) as i64;
-        g.write(cache_rows, &vec![scratch; bucket])?;
-        g.write(kv0, &vec![scratch as i32; bucket])?;
-        g.write(len, &vec![1; bucket])?;
-        g.write(&mut rows.tokens, &vec![0; bucket])?;
-        g.write(&mut rows.positions, &vec![0; bucket])
     }
 
     /// Append `tokens[i]` to sequence `slots[i]` (at most `bucket` of them) and
@@ -162,63 +203,8 @@ impl StepGraph {
         slots: &[usize],
         tokens: &[u32],
     ) -> Result<()> {
-        cache.check_step(slots, tokens)?;
-        let (b, vocab) = (slots.len(), model.cfg.vocab_size);
-        if b > self.bucket {
-            return Err(CudaError::Invalid(format!(
-                "decode: {b} rows for a captured step of {}",
-                self.bucket
-            )));
-        }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(CudaError::Invalid(format!(
-                "decode: token {t} is outside the vocabulary of {vocab}"
-            )));
-        }
-        if let Some(&s) = slots
-            .iter()
-            .find(|&&s| cache.lens[s] >= model.rope.max_positions)
-        {
-            return Err(CudaError::Invalid(format!(
-                "decode: position {} of sequence {s} is beyond the RoPE table's {}",
-                cache.lens[s], model.rope.max_positions
-            )));
-        }
-        let (cap, scratch) = (cache.capacity, cache.scratch() * cache.capacity);
-        let pad = self.bucket - b;
-        let at = |s: usize| (s * cap, cache.lens[s]);
-        let tok: Vec<i32> = tokens
-            .iter()
-            .map(|&t| t as i32)
-            .chain(vec![0; pad])
-            .collect();
-        let pos: Vec<i32> = slots
-            .iter()
-            .map(|&s| at(s).1 as i32)
-            .chain(vec![0; pad])
-            .collect();
-        let rows: Vec<i64> = slots
-            .iter()
-            .map(|&s| (at(s).0 + at(s).1) as i64)
-            .chain(vec![scratch as i64; pad])
-            .collect();
-        let kv0: Vec<i32> = slots
-            .iter()
-            .map(|&s| at(s).0 as i32)
-            .chain(vec![scratch as i32; pad])
-            .collect();
-        let len: Vec<i32> = slots
-            .iter()
-            .map(|&s| at(s).1 as i32 + 1)
-            .chain(vec![1; pad])
-            .collect();
-        let g = &*model.gpu;
-        g.write(&mut self.rows.tokens, &tok)?;
-        g.write(&mut self.rows.positions, &pos)?;
-        g.write(&mut self.cache_rows, &rows)?;
-        g.write(&mut self.kv0, &kv0)?;
-        g.write(&mut self.len, &len)?;
-        self.graph.launch(g)?;
+        self.inputs.write(model, cache, slots, tokens)?;
+        self.graph.launch(&model.gpu)?;
         for &s in slots {
             cache.lens[s] += 1;
         }

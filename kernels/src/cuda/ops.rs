@@ -76,7 +76,8 @@ pub fn upload_positions(gpu: &Gpu, positions: &[usize], t: &GpuRope) -> Result<C
     gpu.upload(&positions.iter().map(|&p| p as i32).collect::<Vec<_>>())
 }
 
-fn check_tokens(what: &str, tokens: &[u32], vocab: usize) -> Result<()> {
+/// Every token below `vocab`, or an error naming the first that is not.
+pub fn check_tokens(what: &str, tokens: &[u32], vocab: usize) -> Result<()> {
     match tokens.iter().position(|&t| t as usize >= vocab) {
         Some(i) => Err(super::CudaError::Invalid(format!(
             "{what}: token {} at position {i} is outside the vocabulary of {vocab}",
@@ -302,7 +303,8 @@ impl GpuRope {
     }
 }
 
-fn check_positions(positions: &[usize], t: &GpuRope) -> Result<()> {
+/// Every position within the RoPE table, or an error naming the first that is not.
+pub fn check_positions(positions: &[usize], t: &GpuRope) -> Result<()> {
     match positions.iter().find(|&&p| p >= t.max_positions) {
         Some(&p) => Err(super::CudaError::Invalid(format!(
             "rope: position {p} is beyond the table's {} positions",

@@ -236,17 +236,6 @@ pub(crate) fn launch_sk(
     Ok(ks)
 }
 
-/// All tokens of `ops` through the rows kernel `name` (`tokens` a block) with
-/// the epilogue fused: `epi.y` gets the linear layer's output.
-pub(crate) fn fused_rows(
-    gpu: &Gpu,
-    ops: &SkOps,
-    (name, tokens): (&'static str, usize),
-    epi: Epi,
-) -> Result<()> {
-    launch_rows(gpu, ops, (name, tokens), (0, 0), epi)
-}
-
 /// Partial sums of the split-K kernel for all tokens of `ops` (the caller adds
 /// the slices in order).
 pub(crate) fn partial(gpu: &Gpu, ops: &SkOps) -> Result<Partial> {
@@ -386,7 +375,8 @@ pub(crate) fn gemm_fp8_rows_fused(
 ) -> Result<()> {
     check(x, w)?;
     check_out(x, w, usize::MAX, epi.ldy)?;
-    fused_rows(gpu, &SkOps::fp8(gpu, x, w, 0), ("gemm_fp8_rows", 64), epi)
+    let ops = SkOps::fp8(gpu, x, w, 0);
+    launch_rows(gpu, &ops, ("gemm_fp8_rows", 64), (0, 0), epi)
 }
 
 /// Whether the split-K kernel fills the GPU better than [`gemm_fp8_rows`] for `m`

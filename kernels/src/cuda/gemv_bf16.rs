@@ -13,9 +13,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::Arg;
-use super::gemv::{
-    fused_rows, launch_rows, partial, splitk_sum, Epi, Partial, SkOps, GEMV_MAX_TOKENS,
-};
+use super::gemv::{launch_rows, partial, splitk_sum, Epi, Partial, SkOps, GEMV_MAX_TOKENS};
 use super::{ensure, Gpu, Result};
 
 /// A BF16 matrix on the device: `rows x cols` values stored `[rows_pad][cols_pad]`.
@@ -120,7 +118,13 @@ pub fn gemm_bf16_rows(
 pub(crate) fn gemm_bf16_rows_fused(gpu: &Gpu, x: Bf16Rows, w: Bf16Rows, epi: Epi) -> Result<()> {
     check(&x, &w)?;
     check_out(&x, &w, usize::MAX, epi.ldy)?;
-    fused_rows(gpu, &ops(gpu, &x, &w, 0), ("gemm_bf16_rows", 64), epi)
+    launch_rows(
+        gpu,
+        &ops(gpu, &x, &w, 0),
+        ("gemm_bf16_rows", 64),
+        (0, 0),
+        epi,
+    )
 }
 
 /// `y [M][ldy] = x w^T` through the split-K decode kernel, [`GEMV_MAX_TOKENS`]

@@ -432,6 +432,187 @@ fn rmsnorm_matches_cpu() {
     done();
 }
 
+/// The norm fused with its GEMM operand: the output within the norm's bound of the
+/// CPU, the operand bit for bit what the quantizer or the BF16 copy makes of that
+/// output (dims with and without whole groups, one not a multiple of 4).
+#[test]
+fn rmsnorm_with_operand_matches_cpu_and_the_unfused_operand() {
+    let Some(g) = gpu() else { return };
+    for (rows, dim) in [(130, 896), (3, 4096), (5, 90), (64, 1024)] {
+        let shape = format!("[{rows}, {dim}]");
+        let (x, w) = (rnd(rows * dim, 23, 2.0), rnd(dim, 24, 1.0));
+        let (dx, dw) = (up(&g, &x), up(&g, &w));
+        let (cy, crs) = rmsnorm::rmsnorm_forward(&x, &w, rows, dim, 1e-6);
+        for fp8 in [true, false] {
+            let (y, rs, op) = gq::rmsnorm_operand(&g, &dx, &dw, (rows, dim), 1e-6, fp8).unwrap();
+            let what = if fp8 { "fp8" } else { "bf16" };
+            let yh = dl(&g, &y, rows * dim);
+            report(
+                &format!("rmsnorm+{what} fwd y"),
+                &shape,
+                rel(&yh, &cy),
+                1e-5,
+            );
+            report(
+                &format!("rmsnorm+{what} fwd rstd"),
+                &shape,
+                rel(&dl(&g, &rs, rows), &crs),
+                1e-5,
+            );
+            let differ = operand_differs(&g, op, &y, rows, dim);
+            report_exact(
+                &format!("rmsnorm+{what} operand == unfused"),
+                &shape,
+                differ,
+            );
+        }
+    }
+    done();
+}
+
+/// Values in which a fused producer's GEMM operand differs from the quantizer's
+/// (codes and scales) or the BF16 copy's of its output `y [rows, cols]`.
+fn operand_differs(
+    g: &cuda::Gpu,
+    op: gq::FusedOperand,
+    y: &cudarc::driver::CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+) -> usize {
+    match op {
+        gq::FusedOperand::Fp8(q) => {
+            let want = gq::quantize_row1x128(g, y, rows, cols).unwrap();
+            let (a, b) = (
+                g.download(&q.codes).unwrap(),
+                g.download(&want.codes).unwrap(),
+            );
+            let codes = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+            let n = want.scales.len();
+            codes + bits_differ(&dl(g, &q.scales, n), &dl(g, &want.scales, n))
+        }
+        gq::FusedOperand::Bf16(b) => {
+            let want = gq::to_bf16_padded(g, y, rows, cols, rows, cols.div_ceil(16) * 16).unwrap();
+            let (a, b) = (g.download(&b).unwrap(), g.download(&want).unwrap());
+            a.iter().zip(&b).filter(|(x, y)| x != y).count()
+        }
+    }
+}
+
+/// SwiGLU fused with its GEMM operand: the output bit for bit `swiglu_forward`'s,
+/// the operand the quantizer's or the BF16 copy's of it.
+#[test]
+fn swiglu_with_operand_equals_the_unfused_ops() {
+    let Some(g) = gpu() else { return };
+    for (rows, cols) in [(64, 3072), (130, 896), (5, 90)] {
+        let shape = format!("[{rows}, {cols}]");
+        let (gt, ut) = (rnd(rows * cols, 28, 4.0), rnd(rows * cols, 29, 2.0));
+        let (dg, du) = (up(&g, &gt), up(&g, &ut));
+        let want = dl(
+            &g,
+            &gops::swiglu_forward(&g, &dg, &du, rows * cols).unwrap(),
+            rows * cols,
+        );
+        for fp8 in [true, false] {
+            let what = if fp8 { "fp8" } else { "bf16" };
+            let (h, op) = gq::swiglu_operand(&g, &dg, &du, (rows, cols), fp8).unwrap();
+            report_exact(
+                &format!("swiglu+{what} h == swiglu_forward"),
+                &shape,
+                bits_differ(&dl(&g, &h, rows * cols), &want),
+            );
+            report_exact(
+                &format!("swiglu+{what} operand == unfused"),
+                &shape,
+                operand_differs(&g, op, &h, rows, cols),
+            );
+        }
+    }
+    done();
+}
+
+/// The residual added in the linear layer's epilogue (split-K and rows kernels,
+/// cuBLASLt in F32; 300x256x3584 takes the rows kernels) has the bits of the layer's
+/// output plus `add_into`.
+#[test]
+fn linear_residual_equals_linear_plus_add() {
+    let Some(g) = gpu() else { return };
+    for (m, k, n) in [(5, 896, 136), (300, 256, 3584)] {
+        let shape = format!("{m}x{k}x{n}");
+        let (x, w, r) = (
+            rnd(m * k, 25, 1.0),
+            rnd(n * k, 26, 0.05),
+            rnd(m * n, 27, 1.0),
+        );
+        let (dx, dr) = (up(&g, &x), up(&g, &r));
+        for (flow, prec) in [
+            (Flow::F32, GemmPrecision::F32),
+            (Flow::Bf16, GemmPrecision::Bf16),
+            (Flow::Fp8, GemmPrecision::Fp8),
+        ] {
+            let gw = glin::GpuWeight::from_host(&g, &w, n, k, flow).unwrap();
+            let mut want = glin::linear_forward(&g, &dx, m, &gw, None, prec).unwrap();
+            gten::add_into(&g, &mut want, &dr, m * n).unwrap();
+            let xo = &mut glin::XOperand::default();
+            let got = glin::linear_forward_residual(&g, &dx, xo, m, &gw, prec, &dr).unwrap();
+            report_exact(
+                &format!("linear {flow} + residual == linear, add_into"),
+                &shape,
+                bits_differ(&dl(&g, &got, m * n), &dl(&g, &want, m * n)),
+            );
+        }
+    }
+    done();
+}
+
+/// Qwen3's q/k norms with RoPE in one kernel against the CPU's norm then RoPE
+/// (the norm's sum in another order: 1e-5), head_dim 128 and 64.
+#[test]
+fn qk_norm_rope_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let (rows, nh, nkv) = (130, 4, 2);
+    for hd in [128, 64] {
+        let shape = format!("{rows} rows, {nh}+{nkv} heads x {hd}");
+        let table = rope::RopeTable::new(hd, 4096, 1_000_000.0, None);
+        let gt = gops::GpuRope::new(&g, &table).unwrap();
+        let positions: Vec<usize> = (0..rows).map(|i| (i * 37) % 4096).collect();
+        let dpos = gops::upload_positions(&g, &positions, &gt).unwrap();
+        let (q, k) = (rnd(rows * nh * hd, 31, 2.0), rnd(rows * nkv * hd, 32, 2.0));
+        let (qw, kw) = (rnd(hd, 33, 1.0), rnd(hd, 34, 1.0));
+        let (dq, dk, dqw, dkw) = (up(&g, &q), up(&g, &k), up(&g, &qw), up(&g, &kw));
+        let (gq_, gk, gqr, gkr) = gops::qk_norm_rope(
+            &g,
+            (&dq, &dk),
+            (&dqw, &dkw),
+            (rows, nh, nkv),
+            1e-6,
+            &dpos,
+            &gt,
+        )
+        .unwrap();
+        for (what, x, w, heads, got, got_r) in [
+            ("q", &q, &qw, nh, &gq_, &gqr),
+            ("k", &k, &kw, nkv, &gk, &gkr),
+        ] {
+            let (mut want, want_r) = rmsnorm::rmsnorm_forward(x, w, rows * heads, hd, 1e-6);
+            rope::rope_forward(&mut want, &positions, heads, &table);
+            let n = rows * heads * hd;
+            report(
+                &format!("qk_norm_rope {what}"),
+                &shape,
+                rel(&dl(&g, got, n), &want),
+                1e-5,
+            );
+            report(
+                &format!("qk_norm_rope {what} rstd"),
+                &shape,
+                rel(&dl(&g, got_r, rows * heads), &want_r),
+                1e-5,
+            );
+        }
+    }
+    done();
+}
+
 /// Same products, same order, no FMA: bit-exact.
 #[test]
 fn rope_matches_cpu() {
@@ -952,7 +1133,8 @@ fn pool_memory_is_given_back_when_the_device_runs_out() {
     done();
 }
 
-/// Sampling on the device picks the reference's tokens and returns the stored logp.
+/// Sampling on the device picks the reference's tokens and returns the stored logp;
+/// sampling straight from the logits picks the same.
 #[test]
 fn sample_rows_matches_reference() {
     let Some(g) = gpu() else { return };
@@ -973,6 +1155,20 @@ fn sample_rows_matches_reference() {
             let what = if greedy { "greedy" } else { "gumbel" };
             report_exact(
                 &format!("sample_rows {what} (token+logp)"),
+                &format!("[{rows}, {vocab}]"),
+                bad,
+            );
+            // From the logits, chunked over blocks: the same tokens and logp bits.
+            let fused = gsam::sample_logits(&g, &dz, rows, vocab, greedy, &seeds).unwrap();
+            let (ftoks, flp) = (
+                g.download(&fused.tokens).unwrap(),
+                dl(&g, &fused.logp, rows),
+            );
+            let bad = (0..rows)
+                .filter(|&r| ftoks[r] != toks[r] || flp[r].to_bits() != glp[r].to_bits())
+                .count();
+            report_exact(
+                &format!("sample_logits {what} == sample_rows"),
                 &format!("[{rows}, {vocab}]"),
                 bad,
             );

@@ -11,7 +11,7 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::logsoftmax::log_softmax_rows;
-use jet_kernels::cuda::sample::sample_rows;
+use jet_kernels::cuda::sample::sample_logits;
 use jet_kernels::cuda::tensor::div_scalar;
 use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::GemmRole;
@@ -195,8 +195,8 @@ fn sample_block(
     if p.temperature > 0.0 && p.temperature != 1.0 {
         div_scalar(g, logits, rows * vocab, p.temperature as f32)?;
     }
-    let lp = log_softmax_rows(g, logits, rows, vocab)?;
     if !p.untruncated() {
+        let lp = log_softmax_rows(g, logits, rows, vocab)?;
         let host = g.download_n(&lp, rows * vocab)?;
         return Ok(host
             .chunks(vocab)
@@ -204,7 +204,7 @@ fn sample_block(
             .collect());
     }
     let seeds: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
-    let s = sample_rows(g, &lp, rows, vocab, p.temperature <= 0.0, &seeds)?;
+    let s = sample_logits(g, logits, rows, vocab, p.temperature <= 0.0, &seeds)?;
     let toks = g.download_n(&s.tokens, rows)?;
     let logp = g.download_n(&s.logp, rows)?;
     Ok(toks.into_iter().map(|t| t as u32).zip(logp).collect())

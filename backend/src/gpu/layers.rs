@@ -4,12 +4,14 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::flash::FlashSaved;
-use jet_kernels::cuda::linear::{linear_forward, linear_forward_shared, XOperand};
-use jet_kernels::cuda::ops::{
-    embedding_forward_dev, rmsnorm_forward, rope_forward_dev, swiglu_forward, upload_positions,
-    upload_tokens,
+use jet_kernels::cuda::linear::{
+    linear_forward, linear_forward_residual, linear_forward_shared, rmsnorm_with_operand,
+    swiglu_with_operand, XOperand,
 };
-use jet_kernels::cuda::tensor::add_into;
+use jet_kernels::cuda::ops::{
+    embedding_forward_dev, qk_norm_rope, qk_norm_rope_fits, rmsnorm_forward, rope_forward_dev,
+    upload_positions, upload_tokens,
+};
 use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::GemmRole;
 
@@ -116,31 +118,47 @@ pub fn run_layers(
     let prec = model.flow.precision(role);
     let mut x = embedding_forward_dev(g, w.t(w.ix.embed), cfg.vocab_size, h, &rows.tokens, m)?;
     for (li, (lx, lp)) in w.ix.layers.iter().zip(&model.layers).enumerate() {
-        let (a, rstd1) = rmsnorm_forward(g, &x, w.t(lx.input_layernorm), m, h, eps)?;
-        // q, k and v read one low-precision copy of a; gate and up one of b.
-        let ao = &mut XOperand::default();
+        // q, k and v read one low-precision copy of a, made by the norm; gate and up
+        // one of b.
+        let (a, rstd1, mut ao) =
+            rmsnorm_with_operand(g, &x, w.t(lx.input_layernorm), (m, h), eps, prec)?;
+        let ao = &mut ao;
         let mut q = linear_forward_shared(g, &a, ao, m, &lp.q, w.opt(lx.q_bias), prec)?;
         let mut k = linear_forward_shared(g, &a, ao, m, &lp.k, w.opt(lx.k_bias), prec)?;
         let v = linear_forward_shared(g, &a, ao, m, &lp.v, w.opt(lx.v_bias), prec)?;
         let mut qk_pre = None;
-        if let (Some(qn), Some(kn)) = (lx.q_norm, lx.k_norm) {
-            let (qq, qr) = rmsnorm_forward(g, &q, w.t(qn), m * nh, hd, eps)?;
-            let (kk, kr) = rmsnorm_forward(g, &k, w.t(kn), m * nkv, hd, eps)?;
-            let (q_pre, k_pre) = (std::mem::replace(&mut q, qq), std::mem::replace(&mut k, kk));
-            qk_pre = Some((q_pre, k_pre, qr, kr));
+        match (lx.q_norm, lx.k_norm) {
+            // Qwen3: the per-head norms and RoPE in one kernel.
+            (Some(qn), Some(kn)) if qk_norm_rope_fits(hd) => {
+                let norms = (w.t(qn), w.t(kn));
+                let pos = &rows.positions;
+                let (qq, kk, qr, kr) =
+                    qk_norm_rope(g, (&q, &k), norms, (m, nh, nkv), eps, pos, &model.rope)?;
+                let (q_pre, k_pre) = (std::mem::replace(&mut q, qq), std::mem::replace(&mut k, kk));
+                qk_pre = Some((q_pre, k_pre, qr, kr));
+            }
+            (qn, kn) => {
+                if let (Some(qn), Some(kn)) = (qn, kn) {
+                    let (qq, qr) = rmsnorm_forward(g, &q, w.t(qn), m * nh, hd, eps)?;
+                    let (kk, kr) = rmsnorm_forward(g, &k, w.t(kn), m * nkv, hd, eps)?;
+                    let (q_pre, k_pre) =
+                        (std::mem::replace(&mut q, qq), std::mem::replace(&mut k, kk));
+                    qk_pre = Some((q_pre, k_pre, qr, kr));
+                }
+                rope_forward_dev(g, &mut q, &rows.positions, m, nh, &model.rope)?;
+                rope_forward_dev(g, &mut k, &rows.positions, m, nkv, &model.rope)?;
+            }
         }
-        rope_forward_dev(g, &mut q, &rows.positions, m, nh, &model.rope)?;
-        rope_forward_dev(g, &mut k, &rows.positions, m, nkv, &model.rope)?;
         let (o, saved) = attn.attend(li, &q, &k, &v)?;
-        let mut h_mid = linear_forward(g, &o, m, &lp.o, None, prec)?;
-        add_into(g, &mut h_mid, &x, m * h)?;
-        let (b, rstd2) = rmsnorm_forward(g, &h_mid, w.t(lx.post_attention_layernorm), m, h, eps)?;
-        let bo = &mut XOperand::default();
+        // The residual adds ride in the o and down projections' epilogues.
+        let h_mid = linear_forward_residual(g, &o, &mut XOperand::default(), m, &lp.o, prec, &x)?;
+        let post = w.t(lx.post_attention_layernorm);
+        let (b, rstd2, mut bo) = rmsnorm_with_operand(g, &h_mid, post, (m, h), eps, prec)?;
+        let bo = &mut bo;
         let gate = linear_forward_shared(g, &b, bo, m, &lp.gate, None, prec)?;
         let up = linear_forward_shared(g, &b, bo, m, &lp.up, None, prec)?;
-        let mm = swiglu_forward(g, &gate, &up, m * cfg.intermediate_size)?;
-        let mut out = linear_forward(g, &mm, m, &lp.down, None, prec)?;
-        add_into(g, &mut out, &h_mid, m * h)?;
+        let (mm, mut mo) = swiglu_with_operand(g, &gate, &up, (m, cfg.intermediate_size), prec)?;
+        let out = linear_forward_residual(g, &mm, &mut mo, m, &lp.down, prec, &h_mid)?;
         let x_in = std::mem::replace(&mut x, out);
         if let Some(acts) = acts.as_deref_mut() {
             acts.push(GpuLayerActs {

@@ -124,6 +124,9 @@ pub struct Gpu {
     stats: Mutex<KernelStats>,
     pub(crate) lt: LtState,
     pub(crate) prof: Mutex<super::profile::ProfState>,
+    /// Launch with programmatic dependent launch (`pdl_entry` in common.cuh):
+    /// compute capability 9.0 and up, unless `JET_PDL=0`.
+    pdl: bool,
 }
 
 /// The shared device 0, or why there is none. Probed once per process.
@@ -395,6 +398,7 @@ impl Gpu {
                 stats: Mutex::new(KernelStats::default()),
                 lt,
                 prof: Mutex::new(Default::default()),
+                pdl: cc.0 >= 9 && std::env::var("JET_PDL").map_or(true, |v| v != "0"),
             })
         })
     }
@@ -539,6 +543,12 @@ impl Gpu {
                 opted.insert((src.name, name), smem);
             }
         }
+        if self.pdl {
+            return self.span(super::profile::category(src.name), name, || {
+                self.launch_pdl(&f, (grid, block, smem), args)
+                    .ctx(&format!("launching {name}"))
+            });
+        }
         let mut b = self.stream.launch_builder(&f);
         for a in args {
             match a {
@@ -561,6 +571,57 @@ impl Gpu {
                 .map(|_| ())
                 .ctx(&format!("launching {name}"))
         })
+    }
+
+    /// `cuLaunchKernelEx` with programmatic stream serialization allowed: the
+    /// kernel may be scheduled while the stream's previous kernel finishes; its
+    /// `pdl_entry` waits for that kernel's completion before touching memory.
+    fn launch_pdl(
+        &self,
+        f: &CudaFunction,
+        (grid, block, smem): ((u32, u32, u32), (u32, u32, u32), u32),
+        args: &[Arg],
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        use cudarc::driver::sys;
+        use std::ffi::c_void;
+        let mut params: Vec<*mut c_void> = args
+            .iter()
+            .map(|a| match a {
+                Arg::P(p) => p as *const u64 as *mut c_void,
+                Arg::I(i) => i as *const i32 as *mut c_void,
+                Arg::L(l) => l as *const i64 as *mut c_void,
+                Arg::F(x) => x as *const f32 as *mut c_void,
+                Arg::D(x) => x as *const f64 as *mut c_void,
+            })
+            .collect();
+        // SAFETY: a zeroed attribute is valid; id and value are set below.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: smem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        self.ctx.bind_to_thread()?;
+        // SAFETY: `params` points at the argument values, which outlive the call;
+        // each caller passes the arguments its kernel declares (see `launch`).
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
     }
 
     /// The device address of a buffer (one stream, so no events to record).

@@ -24,15 +24,16 @@ use crate::fp8::{Grouping, GROUP};
 pub const GEMV_MAX_TOKENS: usize = 64;
 
 /// The linear layer's epilogue done by the rows kernel itself (`linear_epilogue`'s
-/// ops: the total, then the bias, then the BF16 rounding when `round`): `y
-/// [m][ldy]` at device address `y` (0: no fused epilogue, write `p`). The split-K
-/// kernels ignore it.
+/// ops: the total, then the bias, then the BF16 rounding when `round`, then the
+/// residual `res [m][ldy]` added when not 0): `y [m][ldy]` at device address `y`
+/// (0: no fused epilogue, write `p`). The split-K kernels ignore it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Epi {
     pub y: u64,
     pub ldy: usize,
     pub bias: u64,
     pub round: bool,
+    pub res: u64,
 }
 
 impl Epi {
@@ -41,6 +42,7 @@ impl Epi {
         ldy: 0,
         bias: 0,
         round: false,
+        res: 0,
     };
 }
 
@@ -123,16 +125,21 @@ fn check_out(x: &Fp8Quantized, w: &Fp8Quantized, len: usize, ld: usize) -> Resul
     })
 }
 
-/// K splits and groups per split: about two blocks per SM, and a partial-sum
-/// workspace for 64 tokens no larger than an eighth of the weight bytes. It depends
-/// on the shape and the GPU only, never on the number of tokens: the splits fix the
-/// order in which a row's group sums are added, and [`gemm_fp8_rows`] repeats that
-/// order for any batch (rollout and training agree bit for bit).
+/// Weight rows a split-K block covers (4 warps of 16; the rows kernels take 128).
+const SK_ROWS: usize = 64;
+
+/// K splits and groups per split: about two split-K blocks per SM, each split at
+/// least two groups (a warp has both groups' weight bytes in flight at once, so a
+/// block is one HBM round trip, not one per group). It depends on the shape and
+/// the GPU only, never on the number of tokens: the splits fix the order in which
+/// a row's group sums are added, and [`gemm_fp8_rows`] repeats that order for any
+/// batch (rollout and training agree bit for bit).
 pub(crate) fn splits(gpu: &Gpu, n: usize, k_pad: usize) -> (usize, usize) {
     let l = k_pad.div_ceil(GROUP);
-    let blocks_n = n.div_ceil(128);
-    let ks = (2 * gpu.sm_count()).div_ceil(blocks_n).clamp(1, l.max(1));
-    let ks = ks.min((k_pad / (8 * GEMV_MAX_TOKENS)).max(1));
+    let blocks_n = n.div_ceil(SK_ROWS);
+    let ks = (2 * gpu.sm_count())
+        .div_ceil(blocks_n)
+        .clamp(1, (l / 2).max(1));
     let gps = l.div_ceil(ks);
     (l.div_ceil(gps), gps)
 }
@@ -201,6 +208,7 @@ impl SkOps {
                 Arg::L(epi.ldy as i64),
                 Arg::P(epi.bias),
                 Arg::I(epi.round as i32),
+                Arg::P(epi.res),
             ],
         ]
         .concat()
@@ -228,8 +236,8 @@ pub(crate) fn launch_sk(
     gpu.launch(
         &GEMV,
         name,
-        (n.div_ceil(128) as u32, ks as u32, chunks as u32),
-        (256, 1, 1),
+        (n.div_ceil(SK_ROWS) as u32, ks as u32, chunks as u32),
+        ((SK_ROWS / 16 * 32) as u32, 1, 1),
         0,
         &ops.args(mc, p, ldp, sstride, gps, epi),
     )?;

@@ -23,8 +23,10 @@ use super::context::{Arg, OPS};
 use super::gemm::{dense_gemm, fp8_gemm_nt, Dense, LtType};
 use super::gemv::{gemm_fp8_rows_fused, gemv_fp8_partial, split_k_pays, Epi, GEMV_MAX_TOKENS};
 use super::gemv_bf16::{gemm_bf16_rows_fused, gemv_bf16_partial, Bf16Rows};
+use super::ops::{rmsnorm_forward, swiglu_forward};
 use super::quantize::{
-    quantize_block128, quantize_col128x1, quantize_row1x128, to_bf16_padded, Fp8Quantized,
+    quantize_block128, quantize_col128x1, quantize_row1x128, rmsnorm_operand, swiglu_operand,
+    to_bf16_padded, Fp8Quantized, FusedOperand, NORM_OPERAND_MAX_DIM,
 };
 use super::{check_len, ensure, pad16, Ctx, Gpu, Result};
 use crate::{Flow, GemmPrecision, GemmRole};
@@ -118,8 +120,18 @@ impl GpuWeight {
     }
 }
 
-/// `y [rows, cols] = d (row stride ldd) + bias`, rounded to BF16 unless F32; `d`
-/// may hold `splits` slices `sstride` apart (split-K), added in order.
+/// What an epilogue adds to its result (one f32 add a value, as `tensor::add_into`).
+#[derive(Clone, Copy)]
+enum Add<'a> {
+    Nothing,
+    /// `y += result` (WGrad into the step's gradient).
+    Into,
+    /// `y = res + result` (a residual `[rows, cols]`).
+    Res(&'a CudaSlice<f32>),
+}
+
+/// `y [rows, cols] = d (row stride ldd) + bias`, rounded to BF16 unless F32, plus
+/// `add`; `d` may hold `splits` slices `sstride` apart (split-K), added in order.
 #[allow(clippy::too_many_arguments)]
 fn epilogue(
     gpu: &Gpu,
@@ -129,6 +141,7 @@ fn epilogue(
     rows: usize,
     cols: usize,
     prec: GemmPrecision,
+    add: Add,
 ) -> Result<CudaSlice<f32>> {
     let mut y = gpu.uninit::<f32>(rows * cols)?;
     epilogue_to(
@@ -138,13 +151,12 @@ fn epilogue(
         bias,
         (rows, cols),
         prec,
-        (&mut y, false),
+        (&mut y, add),
     )?;
     Ok(y)
 }
 
-/// [`epilogue`] into `y`, or added into it (`y += result`, one f32 add a value,
-/// as `tensor::add_into`) when `acc`.
+/// [`epilogue`] into `y`.
 fn epilogue_to(
     gpu: &Gpu,
     d: &CudaSlice<f32>,
@@ -152,10 +164,15 @@ fn epilogue_to(
     bias: Option<&CudaSlice<f32>>,
     (rows, cols): (usize, usize),
     prec: GemmPrecision,
-    (y, acc): (&mut CudaSlice<f32>, bool),
+    (y, add): (&mut CudaSlice<f32>, Add),
 ) -> Result<()> {
     let n = rows * cols;
     check_len("linear output", y, n, format!("[{rows}, {cols}]"))?;
+    let add = match add {
+        Add::Nothing => 0,
+        Add::Into => gpu.ptr(y),
+        Add::Res(r) => gpu.ptr(r),
+    };
     gpu.launch(
         &OPS,
         "linear_epilogue",
@@ -171,7 +188,7 @@ fn epilogue_to(
             Arg::I(rows as i32),
             Arg::I(cols as i32),
             Arg::I((prec != GemmPrecision::F32) as i32),
-            Arg::I(acc as i32),
+            Arg::P(add),
             Arg::P(gpu.ptr(y)),
         ],
     )
@@ -238,19 +255,74 @@ impl XOperand {
     }
 }
 
-/// The epilogue the FP8 / BF16 rows kernels fuse: `y [m][n]`, `bias`, rounding.
+impl XOperand {
+    /// The operand of an `[m, k]` input written by its producer's kernel.
+    fn fused(m: usize, k: usize, op: FusedOperand) -> XOperand {
+        let mut xo = XOperand {
+            shape: Some((m, k)),
+            ..XOperand::default()
+        };
+        match op {
+            FusedOperand::Fp8(q) => xo.fp8 = Some(q),
+            FusedOperand::Bf16(b) => xo.bf16 = Some(b),
+        }
+        xo
+    }
+}
+
+/// RMSNorm of `x [m, k]` (weight `w [k]`) and, for GEMMs in `prec`, the operand
+/// of its output made by the same kernel (`quantize::rmsnorm_operand`; F32 and
+/// rows wider than it takes: `ops::rmsnorm_forward`, no operand yet):
+/// `(y [m, k], rstd [m], y's operand)`.
+pub fn rmsnorm_with_operand(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    (m, k): (usize, usize),
+    eps: f64,
+    prec: GemmPrecision,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, XOperand)> {
+    if prec == GemmPrecision::F32 || k > NORM_OPERAND_MAX_DIM {
+        let (y, rstd) = rmsnorm_forward(gpu, x, w, m, k, eps)?;
+        return Ok((y, rstd, XOperand::default()));
+    }
+    let (y, rstd, op) = rmsnorm_operand(gpu, x, w, (m, k), eps, prec == GemmPrecision::Fp8)?;
+    Ok((y, rstd, XOperand::fused(m, k, op)))
+}
+
+/// SwiGLU of `gate`, `up [m, k]` and, for GEMMs in `prec`, the operand of its
+/// output made by the same kernel (`quantize::swiglu_operand`; F32:
+/// `ops::swiglu_forward`, no operand yet): `(h [m, k], h's operand)`.
+pub fn swiglu_with_operand(
+    gpu: &Gpu,
+    gate: &CudaSlice<f32>,
+    up: &CudaSlice<f32>,
+    (m, k): (usize, usize),
+    prec: GemmPrecision,
+) -> Result<(CudaSlice<f32>, XOperand)> {
+    if prec == GemmPrecision::F32 {
+        return Ok((swiglu_forward(gpu, gate, up, m * k)?, XOperand::default()));
+    }
+    let (h, op) = swiglu_operand(gpu, gate, up, (m, k), prec == GemmPrecision::Fp8)?;
+    Ok((h, XOperand::fused(m, k, op)))
+}
+
+/// The epilogue the FP8 / BF16 rows kernels fuse: `y [m][n]`, `bias`, rounding,
+/// the residual.
 fn fused_epi(
     gpu: &Gpu,
     y: &CudaSlice<f32>,
     n: usize,
     bias: Option<&CudaSlice<f32>>,
     prec: GemmPrecision,
+    res: Option<&CudaSlice<f32>>,
 ) -> Epi {
     Epi {
         y: gpu.ptr(y),
         ldy: n,
         bias: bias.map_or(0, |b| gpu.ptr(b)),
         round: prec != GemmPrecision::F32,
+        res: res.map_or(0, |r| gpu.ptr(r)),
     }
 }
 
@@ -263,7 +335,23 @@ pub fn linear_forward(
     bias: Option<&CudaSlice<f32>>,
     prec: GemmPrecision,
 ) -> Result<CudaSlice<f32>> {
-    linear_forward_shared(gpu, x, &mut XOperand::default(), m, w, bias, prec)
+    forward(gpu, x, &mut XOperand::default(), m, w, bias, prec, None)
+}
+
+/// [`linear_forward`] plus the residual `res [m, n]`, added after the rounding (one
+/// f32 add a value, as `tensor::add_into`; fused into the GEMM's epilogue); x's
+/// low-precision copy taken from (or left in) `xo` as in [`linear_forward_shared`].
+pub fn linear_forward_residual(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    w: &GpuWeight,
+    prec: GemmPrecision,
+    res: &CudaSlice<f32>,
+) -> Result<CudaSlice<f32>> {
+    check_len("linear residual", res, m * w.n, format!("[{m}, {}]", w.n))?;
+    forward(gpu, x, xo, m, w, None, prec, Some(res))
 }
 
 /// [`linear_forward`] taking (or leaving) x's low-precision copy in `xo`, for
@@ -277,6 +365,20 @@ pub fn linear_forward_shared(
     bias: Option<&CudaSlice<f32>>,
     prec: GemmPrecision,
 ) -> Result<CudaSlice<f32>> {
+    forward(gpu, x, xo, m, w, bias, prec, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    w: &GpuWeight,
+    bias: Option<&CudaSlice<f32>>,
+    prec: GemmPrecision,
+    res: Option<&CudaSlice<f32>>,
+) -> Result<CudaSlice<f32>> {
     let (n, k) = (w.n, w.k);
     check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
     let xo = xo.of(m, k)?;
@@ -286,6 +388,7 @@ pub fn linear_forward_shared(
     if m == 0 {
         return gpu.uninit(0);
     }
+    let add = res.map_or(Add::Nothing, Add::Res);
     let (np, kp) = (pad16(n), pad16(k));
     let (d, ldd) = match prec {
         GemmPrecision::F32 => {
@@ -318,11 +421,20 @@ pub fn linear_forward_shared(
                 };
                 if m <= GEMV_MAX_TOKENS || split_k_pays(gpu, m, n) {
                     let p = gemv_bf16_partial(gpu, xr, wr)?;
-                    return epilogue(gpu, &p.p, (p.ldp, p.splits, p.sstride), bias, m, n, prec);
+                    return epilogue(
+                        gpu,
+                        &p.p,
+                        (p.ldp, p.splits, p.sstride),
+                        bias,
+                        m,
+                        n,
+                        prec,
+                        add,
+                    );
                 }
                 // The rows kernel writes y itself (linear_epilogue fused).
                 let y = gpu.uninit::<f32>(m * n)?;
-                gemm_bf16_rows_fused(gpu, xr, wr, fused_epi(gpu, &y, n, bias, prec))?;
+                gemm_bf16_rows_fused(gpu, xr, wr, fused_epi(gpu, &y, n, bias, prec, res))?;
                 return Ok(y);
             } else {
                 let d = gpu.uninit::<f32>(m * np)?;
@@ -340,19 +452,28 @@ pub fn linear_forward_shared(
             let inv = w.batch_invariant;
             if m <= GEMV_MAX_TOKENS || (inv && split_k_pays(gpu, m, n)) {
                 let p = gemv_fp8_partial(gpu, qx, wq)?;
-                return epilogue(gpu, &p.p, (p.ldp, p.splits, p.sstride), bias, m, n, prec);
+                return epilogue(
+                    gpu,
+                    &p.p,
+                    (p.ldp, p.splits, p.sstride),
+                    bias,
+                    m,
+                    n,
+                    prec,
+                    add,
+                );
             }
             if inv {
                 // The rows kernel writes y itself (linear_epilogue fused).
                 let y = gpu.uninit::<f32>(m * n)?;
-                gemm_fp8_rows_fused(gpu, qx, wq, fused_epi(gpu, &y, n, bias, prec))?;
+                gemm_fp8_rows_fused(gpu, qx, wq, fused_epi(gpu, &y, n, bias, prec, res))?;
                 return Ok(y);
             } else {
                 fp8_gemm_nt(gpu, qx, wq)?
             }
         }
     };
-    epilogue(gpu, &d, (ldd, 1, 0), bias, m, n, prec)
+    epilogue(gpu, &d, (ldd, 1, 0), bias, m, n, prec, add)
 }
 
 /// Gradients of a linear layer, on the device.
@@ -455,7 +576,7 @@ fn backward_to(
             fp8_gemm_nt(gpu, &qdy, wt)?
         }
     };
-    let dx = epilogue(gpu, &d, (ldd, 1, 0), None, m, k, dgrad)?;
+    let dx = epilogue(gpu, &d, (ldd, 1, 0), None, m, k, dgrad, Add::Nothing)?;
     drop(d);
     // WGrad: dw [n, k] = dy [m, n]^T x [m, k]
     let (d, ldd) = match wgrad {
@@ -489,6 +610,7 @@ fn backward_to(
             fp8_gemm_nt(gpu, &qdy, &qx)?
         }
     };
-    epilogue_to(gpu, &d, (ldd, 1, 0), None, (n, k), wgrad, (dw, acc))?;
+    let add = if acc { Add::Into } else { Add::Nothing };
+    epilogue_to(gpu, &d, (ldd, 1, 0), None, (n, k), wgrad, (dw, add))?;
     Ok(dx)
 }

@@ -6,6 +6,10 @@ use cudarc::driver::CudaSlice;
 use super::context::{Arg, LOGSOFTMAX};
 use super::{check_len, Gpu, Result};
 
+/// Threads of every kernel that reduces a whole row (`row_shift`): the block size
+/// fixes the order of the sum, so all of them use one.
+const ROW_THREADS: u32 = 512;
+
 /// Per-row results, each `[rows]` on the device.
 pub struct GpuTokenLogprobs {
     pub logp: CudaSlice<f32>,
@@ -47,7 +51,7 @@ pub fn token_logprobs_forward(
         &LOGSOFTMAX,
         "token_logprobs_fwd",
         (rows as u32, 1, 1),
-        (512, 1, 1),
+        (ROW_THREADS, 1, 1),
         0,
         &[
             Arg::P(gpu.ptr(logits)),
@@ -76,7 +80,7 @@ pub fn log_softmax_rows(
         &LOGSOFTMAX,
         "log_softmax_rows",
         (rows as u32, 1, 1),
-        (512, 1, 1),
+        (ROW_THREADS, 1, 1),
         0,
         &[
             Arg::P(gpu.ptr(logits)),
@@ -86,6 +90,34 @@ pub fn log_softmax_rows(
         ],
     )?;
     Ok(out)
+}
+
+/// Each row's max and `ln S` (`row_shift` in `logsoftmax.cu`): `(m [rows], lns
+/// [rows])`, the numbers [`token_logprobs_forward`] and [`log_softmax_rows`] shift
+/// by, bit for bit.
+pub(crate) fn row_stats(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    rows: usize,
+    vocab: usize,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+    check_len("logits", logits, rows * vocab, format!("[{rows}, {vocab}]"))?;
+    let (m, lns) = (gpu.uninit::<f32>(rows)?, gpu.uninit::<f32>(rows)?);
+    gpu.launch(
+        &LOGSOFTMAX,
+        "row_stats",
+        (rows as u32, 1, 1),
+        (ROW_THREADS, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(logits)),
+            Arg::I(rows as i32),
+            Arg::I(vocab as i32),
+            Arg::P(gpu.ptr(&m)),
+            Arg::P(gpu.ptr(&lns)),
+        ],
+    )?;
+    Ok((m, lns))
 }
 
 /// Backward: `dlogits [rows, vocab]` for `dlogp [rows]` and optional `dentropy [rows]`.

@@ -363,6 +363,83 @@ fn rotate_dev(
     )
 }
 
+/// Whether [`qk_norm_rope`] takes heads of `head_dim` values.
+pub fn qk_norm_rope_fits(head_dim: usize) -> bool {
+    head_dim.is_multiple_of(64) && head_dim <= 256
+}
+
+/// Qwen3's per-head q and k norms then RoPE at the device positions, one kernel
+/// (fuses [`rmsnorm_forward`] on rows of `head_dim` and [`rope_forward_dev`]; the
+/// norm's sum in an order of its own): from `q_pre [rows, nh * hd]`, `k_pre [rows,
+/// nkv * hd]` and the norms' weights `[hd]` -> `(q, k, q rstd [rows * nh], k rstd
+/// [rows * nkv])`. Heads of a multiple of 64 values, at most 256 ([`qk_norm_rope_fits`]).
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn qk_norm_rope(
+    gpu: &Gpu,
+    (q_pre, k_pre): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (qw, kw): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (rows, nh, nkv): (usize, usize, usize),
+    eps: f64,
+    positions: &CudaSlice<i32>,
+    t: &GpuRope,
+) -> Result<(
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+)> {
+    let hd = t.head_dim;
+    ensure(qk_norm_rope_fits(hd), || {
+        format!("q/k norm with RoPE: head_dim {hd} (must be a multiple of 64, at most 256)")
+    })?;
+    check_len("q", q_pre, rows * nh * hd, format!("[{rows}, {nh} * {hd}]"))?;
+    check_len(
+        "k",
+        k_pre,
+        rows * nkv * hd,
+        format!("[{rows}, {nkv} * {hd}]"),
+    )?;
+    check_len("q_norm weight", qw, hd, format!("[{hd}]"))?;
+    check_len("k_norm weight", kw, hd, format!("[{hd}]"))?;
+    check_len("rope positions", positions, rows, format!("[{rows}]"))?;
+    let (q, k) = (
+        gpu.uninit::<f32>(rows * nh * hd)?,
+        gpu.uninit::<f32>(rows * nkv * hd)?,
+    );
+    let (qr, kr) = (
+        gpu.uninit::<f32>(rows * nh)?,
+        gpu.uninit::<f32>(rows * nkv)?,
+    );
+    if rows > 0 {
+        gpu.launch(
+            &OPS,
+            "qk_norm_rope",
+            (rows as u32, (nh + nkv).div_ceil(8) as u32, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::P(gpu.ptr(q_pre)),
+                Arg::P(gpu.ptr(k_pre)),
+                Arg::P(gpu.ptr(qw)),
+                Arg::P(gpu.ptr(kw)),
+                Arg::I(rows as i32),
+                Arg::I(nh as i32),
+                Arg::I(nkv as i32),
+                Arg::I(hd as i32),
+                Arg::F(eps as f32),
+                Arg::P(gpu.ptr(positions)),
+                Arg::P(gpu.ptr(&t.cos)),
+                Arg::P(gpu.ptr(&t.sin)),
+                Arg::P(gpu.ptr(&q)),
+                Arg::P(gpu.ptr(&k)),
+                Arg::P(gpu.ptr(&qr)),
+                Arg::P(gpu.ptr(&kr)),
+            ],
+        )?;
+    }
+    Ok((q, k, qr, kr))
+}
+
 /// [`rope_forward`] with the positions on the device ([`upload_positions`]):
 /// uploaded once for all layers, or replayed by a CUDA graph.
 pub fn rope_forward_dev(

@@ -191,6 +191,147 @@ fn row1x128(
     })
 }
 
+/// The GEMM operand a fused producer ([`rmsnorm_operand`], [`swiglu_operand`])
+/// writes beside its f32 output.
+pub enum FusedOperand {
+    /// 1x128 E4M3 groups, as [`quantize_row1x128`] of the output.
+    Fp8(Fp8Quantized),
+    /// BF16 copy `[rows][pad16(cols)]`, as [`to_bf16_padded`] of the output.
+    Bf16(CudaSlice<u16>),
+}
+
+impl FusedOperand {
+    /// An unwritten operand of `[rows, cols]`.
+    fn alloc(gpu: &Gpu, rows: usize, cols: usize, fp8: bool) -> Result<FusedOperand> {
+        let (l, cp) = (cols.div_ceil(GROUP), pad16(cols));
+        Ok(match fp8 {
+            true => FusedOperand::Fp8(Fp8Quantized {
+                grouping: Grouping::Row1x128,
+                rows,
+                cols,
+                rows_pad: pad16(rows),
+                cols_pad: cp,
+                codes: gpu.uninit::<u8>(pad16(rows) * cp)?,
+                scales: gpu.uninit::<f32>(l * pad16(rows))?,
+                lds: 0,
+            }),
+            false => FusedOperand::Bf16(gpu.uninit::<u16>(rows * cp)?),
+        })
+    }
+
+    /// The kernel arguments after the output: rows_pad, cols_pad, codes, scales,
+    /// BF16 copy (the absent ones null).
+    fn args(&self, gpu: &Gpu, rows: usize, cols: usize) -> [Arg; 5] {
+        let (rp, codes, scales, yb) = match self {
+            FusedOperand::Fp8(q) => (q.rows_pad, gpu.ptr(&q.codes), gpu.ptr(&q.scales), 0),
+            FusedOperand::Bf16(b) => (rows, 0, 0, gpu.ptr(b)),
+        };
+        [
+            Arg::I(rp as i32),
+            Arg::I(pad16(cols) as i32),
+            Arg::P(codes),
+            Arg::P(scales),
+            Arg::P(yb),
+        ]
+    }
+
+    fn rows_pad(&self, rows: usize) -> usize {
+        match self {
+            FusedOperand::Fp8(q) => q.rows_pad,
+            FusedOperand::Bf16(_) => rows,
+        }
+    }
+}
+
+/// Widest row [`rmsnorm_operand`] takes (32 warps of 8 groups of 128).
+pub const NORM_OPERAND_MAX_DIM: usize = 32 * 8 * GROUP;
+
+/// RMSNorm of `x [rows, dim]` with weight `w [dim]` fused with the operand of its
+/// output that the next GEMM reads (`fp8`: 1x128 groups, else the BF16 copy):
+/// `(y [rows, dim], rstd [rows], operand)`. The output's bits are those of this
+/// kernel's own sum order (not `ops::rmsnorm_forward`'s); the operand's are those
+/// of the quantizer or the BF16 copy of that output.
+pub fn rmsnorm_operand(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    (rows, dim): (usize, usize),
+    eps: f64,
+    fp8: bool,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, FusedOperand)> {
+    check_shape("rmsnorm x", x, rows, dim)?;
+    check_len("rmsnorm w", w, dim, format!("[{dim}]"))?;
+    ensure(dim > 0 && dim <= NORM_OPERAND_MAX_DIM, || {
+        format!("rmsnorm with operand: dim {dim} (must be 1 ..= {NORM_OPERAND_MAX_DIM})")
+    })?;
+    let y = gpu.uninit::<f32>(rows * dim)?;
+    let rstd = gpu.uninit::<f32>(rows)?;
+    let op = FusedOperand::alloc(gpu, rows, dim, fp8)?;
+    let rp = op.rows_pad(rows);
+    if rp > 0 {
+        gpu.launch(
+            &QUANTIZE,
+            "rmsnorm_operand",
+            (rp as u32, 1, 1),
+            ((32 * dim.div_ceil(GROUP).min(32)) as u32, 1, 1),
+            0,
+            &[
+                &[
+                    Arg::P(gpu.ptr(x)),
+                    Arg::P(gpu.ptr(w)),
+                    Arg::I(rows as i32),
+                    Arg::I(dim as i32),
+                    Arg::F(eps as f32),
+                    Arg::P(gpu.ptr(&y)),
+                    Arg::P(gpu.ptr(&rstd)),
+                ][..],
+                &op.args(gpu, rows, dim),
+            ]
+            .concat(),
+        )?;
+    }
+    Ok((y, rstd, op))
+}
+
+/// SwiGLU `h = g * sigmoid(g) * u` of `gate`, `up [rows, cols]` (as
+/// `ops::swiglu_forward`, bit for bit) fused with the operand of `h` that the
+/// down projection reads: `(h [rows, cols], operand)`.
+pub fn swiglu_operand(
+    gpu: &Gpu,
+    gate: &CudaSlice<f32>,
+    up: &CudaSlice<f32>,
+    (rows, cols): (usize, usize),
+    fp8: bool,
+) -> Result<(CudaSlice<f32>, FusedOperand)> {
+    check_shape("swiglu gate", gate, rows, cols)?;
+    check_shape("swiglu up", up, rows, cols)?;
+    let h = gpu.uninit::<f32>(rows * cols)?;
+    let op = FusedOperand::alloc(gpu, rows, cols, fp8)?;
+    // One warp per (row, group), 8 warps a block.
+    let warps = op.rows_pad(rows) * cols.div_ceil(GROUP);
+    if warps > 0 {
+        gpu.launch(
+            &QUANTIZE,
+            "swiglu_operand",
+            (warps.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                &[
+                    Arg::P(gpu.ptr(gate)),
+                    Arg::P(gpu.ptr(up)),
+                    Arg::I(rows as i32),
+                    Arg::I(cols as i32),
+                    Arg::P(gpu.ptr(&h)),
+                ][..],
+                &op.args(gpu, rows, cols),
+            ]
+            .concat(),
+        )?;
+    }
+    Ok((h, op))
+}
+
 /// 128x1 groups along the rows (tokens), stored transposed: the WGrad operands
 /// `dY [tokens, N]` and `X [tokens, K]` as `[N_pad][tokens_pad]`, `[K_pad][tokens_pad]`.
 pub fn quantize_col128x1(

@@ -1,5 +1,5 @@
-//! Token sampling on the device (`sample.cu`) from log-probability rows, and its
-//! CPU specification [`sample_reference`].
+//! Token sampling on the device (`sample.cu`) from log-probability rows or straight
+//! from logits, and its CPU specification [`sample_reference`].
 //!
 //! Sampling is Gumbel-max: the token is `argmax_j (logp_j + G_j)` with standard
 //! Gumbel noise `G_j = -ln(-ln u_j)`, which draws `j` with probability
@@ -14,6 +14,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, SAMPLE};
+use super::logsoftmax::row_stats;
 use super::{check_len, ensure, Gpu, Result};
 
 /// Tokens and their logprobs, `[rows]` each, on the device.
@@ -138,6 +139,95 @@ pub fn sample_rows(
             Arg::P(gpu.ptr(&out.tokens)),
             Arg::P(gpu.ptr(&out.logp)),
         ],
+    )?;
+    Ok(out)
+}
+
+/// [`sample_rows`] over [`log_softmax_rows`](super::logsoftmax::log_softmax_rows)`(logits)`,
+/// the same tokens and logprobs bit for bit, without writing the log-probability
+/// rows: each row's max and `ln S` (one block a row, as training's logprobs), then
+/// the row scored in chunks by several blocks (a decode batch of 64 rows kept 64
+/// SMs busy and 68 idle), then the best chunk. `logits [rows, vocab]` already tempered.
+pub fn sample_logits(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    rows: usize,
+    vocab: usize,
+    greedy: bool,
+    seeds: &[u64],
+) -> Result<GpuSampled> {
+    ensure(vocab > 0 && vocab <= i32::MAX as usize, || {
+        format!("sample_logits: vocabulary of {vocab} (must be 1 ..= 2^31 - 1)")
+    })?;
+    ensure(greedy || seeds.len() == rows, || {
+        format!("sample_logits: {} seeds for {rows} rows", seeds.len())
+    })?;
+    let (m, lns) = row_stats(gpu, logits, rows, vocab)?;
+    let out = GpuSampled {
+        tokens: gpu.uninit(rows)?,
+        logp: gpu.uninit(rows)?,
+    };
+    if rows == 0 {
+        return Ok(out);
+    }
+    let dseeds = if greedy {
+        None
+    } else {
+        Some(gpu.upload(seeds)?)
+    };
+    // About four blocks an SM, chunks of at least 1,024 entries.
+    let chunks = (4 * gpu.sm_count())
+        .div_ceil(rows)
+        .clamp(1, vocab.div_ceil(1024));
+    let len = vocab.div_ceil(chunks);
+    let chunks = vocab.div_ceil(len);
+    let (cs, ci) = (
+        gpu.uninit::<f64>(rows * chunks)?,
+        gpu.uninit::<i32>(rows * chunks)?,
+    );
+    let stats = [
+        Arg::P(gpu.ptr(logits)),
+        Arg::P(gpu.ptr(&m)),
+        Arg::P(gpu.ptr(&lns)),
+    ];
+    gpu.launch(
+        &SAMPLE,
+        "sample_chunks",
+        (rows as u32, chunks as u32, 1),
+        (256, 1, 1),
+        0,
+        &[
+            &stats[..],
+            &[
+                Arg::I(rows as i32),
+                Arg::I(vocab as i32),
+                Arg::I(len as i32),
+                Arg::I(greedy as i32),
+                Arg::P(dseeds.as_ref().map_or(0, |d| gpu.ptr(d))),
+                Arg::P(gpu.ptr(&cs)),
+                Arg::P(gpu.ptr(&ci)),
+            ],
+        ]
+        .concat(),
+    )?;
+    gpu.launch(
+        &SAMPLE,
+        "sample_pick",
+        (rows as u32, 1, 1),
+        (32, 1, 1),
+        0,
+        &[
+            &stats[..],
+            &[
+                Arg::I(vocab as i32),
+                Arg::I(chunks as i32),
+                Arg::P(gpu.ptr(&cs)),
+                Arg::P(gpu.ptr(&ci)),
+                Arg::P(gpu.ptr(&out.tokens)),
+                Arg::P(gpu.ptr(&out.logp)),
+            ],
+        ]
+        .concat(),
     )?;
     Ok(out)
 }

@@ -19,6 +19,7 @@ __device__ __forceinline__ void adamw_elem(float* p, const float* g, float* m, f
 extern "C" __global__ void adamw_step(float* p, const float* g, float* m, float* v, long n, double lr,
                                       float b1, float b2, double eps, double bc1, double bc2, float wd_factor,
                                       int decay, float grad_scale) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     adamw_elem(p, g, m, v, i, lr, b1, b2, eps, bc1, bc2, wd_factor, decay, grad_scale);
@@ -40,6 +41,7 @@ __device__ __forceinline__ int tensor_of(const long long* tab, int stride, int T
 // blocks, tensor t's element i in block first + i / 256.
 extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, float b1, float b2, double eps,
                                        double bc1, double bc2, float wd_factor, float grad_scale) {
+    pdl_entry();
     __shared__ int st;
     if (threadIdx.x == 0) st = tensor_of(tab, 7, T, blockIdx.x);
     __syncthreads();

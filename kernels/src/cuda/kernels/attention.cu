@@ -12,6 +12,7 @@
 extern "C" __global__ void attn_fwd(const float* q, const float* k, const float* v, const int* kv0,
                                     const int* len, const long long* poff, const int* pstride, int nh,
                                     int nkv, int hd, float scale, float* out, float* probs) {
+    pdl_entry();
     extern __shared__ float sm[];  // [hd] q, then [len] scores
     __shared__ float red[32];
     int r = blockIdx.x, h = blockIdx.y, n = len[r];
@@ -58,6 +59,7 @@ extern "C" __global__ void attn_bwd_q(const float* dout, const float* q, const f
                                       const float* probs, const int* kv0, const int* len,
                                       const long long* poff, const int* pstride, int nh, int nkv, int hd,
                                       float scale, float* ds, float* dq) {
+    pdl_entry();
     extern __shared__ float sm[];  // [hd] g, then [len] ds
     __shared__ float red[32];
     int r = blockIdx.x, h = blockIdx.y, n = len[r];
@@ -101,6 +103,7 @@ extern "C" __global__ void attn_bwd_kv(const float* dout, const float* q, const 
                                        const float* ds, const int* kv0, const int* end,
                                        const long long* poff, const int* pstride, int nh, int nkv, int hd,
                                        float* dk, float* dv) {
+    pdl_entry();
     int c = blockIdx.x, kh = blockIdx.y;
     int group = nh / nkv, qw = nh * hd, kvw = nkv * hd;
     int j = c - kv0[c];

@@ -95,3 +95,23 @@ __device__ float block_max(float v, float* sh) {
     v = lane < nw ? sh[lane] : -__uint_as_float(0x7f800000u);
     return warp_max(v);
 }
+
+// The logistic function as ops/swiglu.rs computes it (swiglu in ops.cu and quantize.cu).
+__device__ __forceinline__ float sigmoid(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+
+// Programmatic dependent launch (context.rs launches every kernel with it on sm_90):
+// the first statement of every kernel. It lets the stream's next kernel be scheduled
+// as soon as all of this grid's blocks have started, then waits until the previous
+// kernel has finished and its writes are visible, so nothing before it touches
+// memory and the stream's order of effects is unchanged; what it saves is the gap
+// between kernels (launch and block scheduling overlap the previous kernel's tail).
+__device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

@@ -123,6 +123,7 @@ __device__ __forceinline__ void kv_next(bf16_t* sb, const bf16_t* kb, const bf16
 // x (f32) -> y (BF16, RNE), n a multiple of 4: the operand copies of the
 // tensor-core attention, the same rounding stage() applies.
 extern "C" __global__ void fa_to_bf16(const float* x, bf16_t* y, long n) {
+    pdl_entry();
     for (long i = (blockIdx.x * (long)blockDim.x + threadIdx.x) * 4; i < n; i += (long)gridDim.x * blockDim.x * 4) {
         float4 v = *(const float4*)(x + i);
         *(uint2*)(y + i) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
@@ -381,6 +382,7 @@ __device__ void fa_dec(const float* q, const bf16_t* kc, const bf16_t* vc, const
 // BF16 KV cache, rounded as fa_to_bf16 rounds the training forward's k, v.
 extern "C" __global__ void fa_scatter_bf16(bf16_t* dst, const long* rows, long nrows, long cols,
                                            const float* src) {
+    pdl_entry();
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 2;
     if (i >= nrows * cols) return;
     long j = i / cols, c = i % cols;
@@ -390,6 +392,7 @@ extern "C" __global__ void fa_scatter_bf16(bf16_t* dst, const long* rows, long n
 // delta[r, h] = dout[r, h, :] . out[r, h, :] (the softmax backward's row term).
 // Grid rows, 128 threads: warp w takes heads w, w+4, ..; lanes split d.
 extern "C" __global__ void fa_bwd_delta(const float* dout, const float* out, int nh, int hd, float* delta) {
+    pdl_entry();
     int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int h = warp; h < nh; h += 4) {
         const float* a = dout + ((long)r * nh + h) * hd;
@@ -591,30 +594,30 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
 #define FA_INSTANTIATE(D)                                                                                   \
     extern "C" __global__ void __launch_bounds__(128) fa_fwd_##D(const bf16_t* q, const bf16_t* k,         \
                                                                  const bf16_t* v, const int* tiles, int nh, \
-                                                                 int nkv, float sl2, float* out, float* lse) { \
+                                                                 int nkv, float sl2, float* out, float* lse) { pdl_entry(); \
         fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse);                                                 \
     }                                                                                                       \
     /* The same, capped at 168 registers for 3 CTAs an SM (spills a little at D = 128). */                 \
     extern "C" __global__ void __launch_bounds__(128, 3) fa_fwd_occ3_##D(const bf16_t* q, const bf16_t* k, \
                                                                  const bf16_t* v, const int* tiles, int nh, \
-                                                                 int nkv, float sl2, float* out, float* lse) { \
+                                                                 int nkv, float sl2, float* out, float* lse) { pdl_entry(); \
         fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse);                                                 \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_dec_##D(const float* q, const bf16_t* kc, const bf16_t* vc, const int* kv0, const int* len, int nh, \
-                   int nkv, float sl2, float* out) {                                                        \
+                   int nkv, float sl2, float* out) { pdl_entry();                                                        \
         fa_dec<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out);                                                  \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_kv_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse, \
                       const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,        \
-                      float* dk, float* dv) {                                                               \
+                      float* dk, float* dv) { pdl_entry();                                                               \
         fa_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv);                        \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_q_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,  \
                      const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,         \
-                     float* dq) {                                                                           \
+                     float* dq) { pdl_entry();                                                                           \
         fa_bwd_q<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dq);                             \
     }
 

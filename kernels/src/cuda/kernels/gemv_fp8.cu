@@ -170,6 +170,7 @@ __device__ void gemv_fp8(const u8* __restrict__ w, const float* __restrict__ ws,
         gemv_fp8_t##TT##_w##WK##_m##MT(const u8* w, const float* ws, int lds, const u8* x,        \
                                        const float* xs, int ldxs, float* d, long ldd, int M,      \
                                        int N, int N_pad, int K_pad) {                             \
+        pdl_entry();                                                                              \
         gemv_fp8<TT, WK, MT>(w, ws, lds, x, xs, ldxs, d, ldd, M, N, N_pad, K_pad);                \
     }
 GEMV(1, 8, 2)
@@ -183,8 +184,9 @@ GEMV(8, 8, 1)
 // precisions share the split design, so in both a row's products are added in one
 // order whichever kernel and batch computed it.
 //
-// Block = 8 warps = 128 weight rows (warp w: rows n0 + 16w .. +16, one m16 tile);
-// grid (ceil(N/128), KS, token chunks): block (bx, ks, c) takes the K groups [ks*gps, (ks+1)*gps) and
+// Block = WN warps = WN*16 weight rows (warp w: rows n0 + 16w .. +16, one m16 tile;
+// split-K launches WN = 4, rows launches WN = 8);
+// grid (ceil(N/(WN*16)), KS, token chunks): block (bx, ks, c) takes the K groups [ks*gps, (ks+1)*gps) and
 // writes its partial sums to p[ks][token][n] (stride ldp, slices sstride apart);
 // the slices are added in ks order afterwards (splitk_sum or the linear epilogue),
 // so the result is deterministic and a token's row never depends on the others.
@@ -246,21 +248,22 @@ struct Bf16E {
 // ws, xs the FP8 scales (unused for BF16).
 //
 // Fused epilogue (ROWS, y != null; fuses linear_epilogue: the total, then the bias,
-// then the BF16 rounding when `round`): y [M][ldy] gets the linear layer's output
-// and p is not written. (The split-K launch always writes partials: folding them in
+// then the BF16 rounding when `round`, then + res [M][ldy] when not null): y [M][ldy]
+// gets the linear layer's output and p is not written. (The split-K launch always writes partials: folding them in
 // its last block per tile measured slower than the separate epilogue, NOTES.md.)
-template <class E, int TT, bool ROWS>
+template <class E, int TT, bool ROWS, int WN>
 __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, int lds,
                         const u8* __restrict__ x, const float* __restrict__ xs, int ldxs,
                         float* __restrict__ p, long ldp, long sstride, int M, int N, int N_pad,
                         int K_pad, int gps, float* __restrict__ y, long ldy, const float* __restrict__ bias,
-                        int round) {
-    constexpr int GB = E::GB, H = GB / 64, XS = GB + 64;
+                        int round, const float* __restrict__ res) {
+    constexpr int GB = E::GB, H = GB / 64, XS = GB + 64, NT = WN * 32;
+    static_assert(NT >= TT * 8, "one thread per token loads the token scales");
     __shared__ __align__(16) u8 xt[2][TT * 8 * XS];
     __shared__ float sxs[2][E::SCALED ? TT * 8 : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
-    const int n0 = (ROWS ? blockIdx.y : blockIdx.x) * 128;
+    const int n0 = (ROWS ? blockIdx.y : blockIdx.x) * (WN * 16);
     const int L = (K_pad + 127) / 128;
     const long RB = (long)K_pad * (GB / 128);  // bytes of a row
     // This block's chunk of TT*8 tokens (grid z of the split-K launch).
@@ -269,6 +272,7 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
     xs += E::SCALED ? t0 : 0;
     p += (long)t0 * ldp;
     if (ROWS && y) y += (long)t0 * ldy;
+    if (ROWS && res) res += (long)t0 * ldy;
     M = min(M - t0, TT * 8);
     const int g0 = ROWS ? 0 : blockIdx.y * gps, g1 = ROWS ? L : min(L, g0 + gps);
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
@@ -278,11 +282,11 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
 
     constexpr int CPR = GB / 16;       // 16-byte chunks of a token's group
     constexpr int XCH = TT * 8 * CPR;  // ... of a token tile
-    constexpr int XPT = (XCH + 255) / 256;
+    constexpr int XPT = (XCH + NT - 1) / NT;
     auto load_x = [&](int g, uint4 (&r)[XPT], float& sc) {
 #pragma unroll
         for (int i = 0; i < XPT; i++) {
-            int c = threadIdx.x + i * 256, tok = c / CPR;
+            int c = threadIdx.x + i * NT, tok = c / CPR;
             long b = (long)g * GB + (c % CPR) * 16;
             r[i] = (c < XCH && tok < M && b < RB) ? *reinterpret_cast<const uint4*>(x + tok * RB + b) : zero;
         }
@@ -291,7 +295,7 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
     auto store_x = [&](int b, const uint4 (&r)[XPT], float sc) {
 #pragma unroll
         for (int i = 0; i < XPT; i++) {
-            int c = threadIdx.x + i * 256;
+            int c = threadIdx.x + i * NT;
             if (c < XCH) *reinterpret_cast<uint4*>(&xt[b][(c / CPR) * XS + (c % CPR) * 16]) = r[i];
         }
         if (E::SCALED && threadIdx.x < TT * 8) sxs[b][threadIdx.x] = sc;
@@ -387,39 +391,45 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
             if (ROWS && y) {  // linear_epilogue, fused
                 float v = tot[ROWS ? tt : 0][i];
                 if (bias) v += bias[row];
-                y[(long)tok * ldy + row] = round ? round_bf16(v) : v;
+                v = round ? round_bf16(v) : v;
+                y[(long)tok * ldy + row] = res ? __fadd_rn(res[(long)tok * ldy + row], v) : v;
             } else {
                 out[(long)tok * ldp + row] = ROWS ? tot[ROWS ? tt : 0][i] : acc[tt][i];
             }
         }
 }
 
-// NAME(element, token tiles, min blocks per SM, rows mode).
-#define GEMM_SK(NAME, E, TT, MINB, ROWS)                                                                \
-    extern "C" __global__ void __launch_bounds__(256, MINB)                                             \
+// NAME(element, token tiles, min blocks per SM, rows mode, warps a block).
+// Split-K blocks are 64 weight rows (4 warps): at decode sizes a GEMM of a few MB
+// has to spread over every SM to stream at HBM speed (128-row blocks left 16-48
+// blocks for 132 SMs and took ~9 us whatever the size: NOTES.md).
+#define GEMM_SK(NAME, E, TT, MINB, ROWS, WN)                                                            \
+    extern "C" __global__ void __launch_bounds__(WN * 32, MINB)                                         \
         NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p,   \
              long ldp, long sstride, int M, int N, int N_pad, int K_pad, int gps, float* y, long ldy,   \
-             const float* bias, int round) {                                                             \
-        gemm_sk<E, TT, ROWS>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps, y, ldy, \
-                             bias, round);                                                               \
+             const float* bias, int round, const float* res) {                                           \
+        pdl_entry();                                                                                    \
+        gemm_sk<E, TT, ROWS, WN>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps, y,  \
+                                 ldy, bias, round, res);                                                 \
     }
-GEMM_SK(gemv_fp8_sk_t1, Fp8E, 1, 2, false)
-GEMM_SK(gemv_fp8_sk_t2, Fp8E, 2, 2, false)
-GEMM_SK(gemv_fp8_sk_t4, Fp8E, 4, 1, false)
-GEMM_SK(gemv_fp8_sk_t8, Fp8E, 8, 1, false)
-GEMM_SK(gemm_fp8_rows, Fp8E, 8, 1, true)
+GEMM_SK(gemv_fp8_sk_t1, Fp8E, 1, 4, false, 4)
+GEMM_SK(gemv_fp8_sk_t2, Fp8E, 2, 4, false, 4)
+GEMM_SK(gemv_fp8_sk_t4, Fp8E, 4, 2, false, 4)
+GEMM_SK(gemv_fp8_sk_t8, Fp8E, 8, 2, false, 4)
+GEMM_SK(gemm_fp8_rows, Fp8E, 8, 1, true, 8)
 // 32-token tiles, two blocks an SM (fewer registers: 16 warps resident to hide the
 // weight loads); the same per-output arithmetic.
-GEMM_SK(gemm_fp8_rows_t4, Fp8E, 4, 2, true)
-GEMM_SK(gemv_bf16_sk_t1, Bf16E, 1, 2, false)
-GEMM_SK(gemv_bf16_sk_t2, Bf16E, 2, 2, false)
-GEMM_SK(gemv_bf16_sk_t4, Bf16E, 4, 1, false)
-GEMM_SK(gemv_bf16_sk_t8, Bf16E, 8, 1, false)
-GEMM_SK(gemm_bf16_rows, Bf16E, 8, 1, true)
+GEMM_SK(gemm_fp8_rows_t4, Fp8E, 4, 2, true, 8)
+GEMM_SK(gemv_bf16_sk_t1, Bf16E, 1, 4, false, 4)
+GEMM_SK(gemv_bf16_sk_t2, Bf16E, 2, 4, false, 4)
+GEMM_SK(gemv_bf16_sk_t4, Bf16E, 4, 2, false, 4)
+GEMM_SK(gemv_bf16_sk_t8, Bf16E, 8, 2, false, 4)
+GEMM_SK(gemm_bf16_rows, Bf16E, 8, 1, true, 8)
 
 // y [rows, cols] (stride ldy) = sum over s < splits, in order, of p[s] (stride ldp).
 extern "C" __global__ void splitk_sum(const float* p, long ldp, long sstride, int splits, int rows, int cols,
                                       float* y, long ldy) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)rows * cols) return;
     int r = (int)(i / cols), c = (int)(i % cols);

@@ -5,6 +5,7 @@
 // ---- embedding -------------------------------------------------------------------
 // out [n, dim] = table [vocab, dim] rows at tokens [n] (checked < vocab on the host).
 extern "C" __global__ void embedding_fwd(const float* table, const int* tokens, int n, int dim, float* out) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)n * dim) return;
     int r = (int)(i / dim), c = (int)(i % dim);
@@ -16,6 +17,7 @@ extern "C" __global__ void embedding_fwd(const float* table, const int* tokens, 
 // Grid (n_uniq, ceil(dim / blockDim)).
 extern "C" __global__ void embedding_bwd(const int* tok, const int* off, const int* pos, int n_uniq,
                                          const float* dy, int dim, float* dtable) {
+    pdl_entry();
     int u = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (u >= n_uniq || c >= dim) return;
@@ -29,6 +31,7 @@ extern "C" __global__ void embedding_bwd(const int* tok, const int* off, const i
 // One block per row: y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps).
 extern "C" __global__ void rmsnorm_fwd(const float* x, const float* w, int rows, int dim, float eps,
                                        float* y, float* rstd) {
+    pdl_entry();
     __shared__ float sh[32];
     int r = blockIdx.x;
     const float* xr = x + (long)r * dim;
@@ -43,6 +46,7 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const float* w, int rows,
 // dx = rstd * (dy*w - xh * mean(dy*w*xh)), xh = x * rstd; one block per row.
 extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const float* w, const float* rstd,
                                           int rows, int dim, float* dx) {
+    pdl_entry();
     __shared__ float sh[32];
     int r = blockIdx.x;
     long o = (long)r * dim;
@@ -60,6 +64,7 @@ extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const
 // out[c] (+)= sum over chunks, optionally rounded to BF16.
 extern "C" __global__ void colsum_partial(const float* a, const float* x, const float* rstd, int rows,
                                           int cols, int chunk, float* part) {
+    pdl_entry();
     int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
     if (c >= cols) return;
     int r1 = min(rows, (ch + 1) * chunk);
@@ -72,6 +77,7 @@ extern "C" __global__ void colsum_partial(const float* a, const float* x, const 
 }
 extern "C" __global__ void colsum_final(const float* part, int chunks, int cols, int accumulate, int round,
                                         float* out) {
+    pdl_entry();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     float s = 0.0f;
@@ -85,6 +91,7 @@ extern "C" __global__ void colsum_final(const float* part, int chunks, int cols,
 // table's angle at pos[r]; sign -1 is the backward (the inverse rotation).
 extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, const float* sin_t, int rows,
                                 int n_heads, int hd, float sign) {
+    pdl_entry();
     int half = hd / 2;
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)rows * n_heads * half) return;
@@ -99,13 +106,56 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, co
     x[base + j + half] = v * c + u * s;
 }
 
-// ---- swiglu ----------------------------------------------------------------------
-__device__ __forceinline__ float sigmoid(float x) {
-    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
-    float e = expf(x);
-    return e / (1.0f + e);
+// ---- Qwen3's q/k norms with RoPE ----------------------------------------------------
+// Fuses rmsnorm_fwd over each head's hd values (q_norm on q, k_norm on k), then rope
+// (sign +1) on the normed heads. Grid (rows, ceil((nh + nkv) / 8)), block 256: one
+// warp per head (heads nh.. are k's); lane l holds columns l + 32i (i < hd/32), so a
+// RoPE pair (j, j + hd/2) sits in one lane (hd a multiple of 64, at most 256). A
+// lane adds its squares in i order, then warp_sum: an order of its own (not
+// rmsnorm_fwd's), the same for every caller of the layer stack. q, k, qr, kr: the
+// outputs [rows, heads * hd] and the norms' rstd [rows * heads].
+extern "C" __global__ void qk_norm_rope(const float* q_pre, const float* k_pre, const float* qw, const float* kw,
+                                        int rows, int nh, int nkv, int hd, float eps, const int* pos,
+                                        const float* cos_t, const float* sin_t, float* q, float* k, float* qr,
+                                        float* kr) {
+    pdl_entry();
+    const int r = blockIdx.x, head = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (head >= nh + nkv) return;
+    const bool isq = head < nh;
+    const int hh = isq ? head : head - nh, heads = isq ? nh : nkv, n = hd / 32, half = hd / 2;
+    const long o = ((long)r * heads + hh) * hd;
+    const float* src = (isq ? q_pre : k_pre) + o;
+    const float* w = isq ? qw : kw;
+    float* dst = (isq ? q : k) + o;
+    float v[8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < n) {
+            v[i] = src[lane + 32 * i];
+            ss += v[i] * v[i];
+        }
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / (float)hd + eps);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < n) v[i] = w[lane + 32 * i] * (v[i] * rs);
+    const long t0 = (long)pos[r] * half;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i < n / 2) {
+            int j = lane + 32 * i;
+            float c = cos_t[t0 + j], sn = 1.0f * sin_t[t0 + j];
+            float u = v[i], x = v[i + n / 2];
+            dst[j] = u * c - x * sn;
+            dst[j + half] = x * c + u * sn;
+        }
+    if (lane == 0) (isq ? qr : kr)[(long)r * heads + hh] = rs;
 }
+
+// ---- swiglu ----------------------------------------------------------------------
 extern "C" __global__ void swiglu_fwd(const float* gate, const float* up, long n, float* h) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = gate[i];
@@ -113,6 +163,7 @@ extern "C" __global__ void swiglu_fwd(const float* gate, const float* up, long n
 }
 extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const float* up, long n,
                                       float* dgate, float* dup) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float d = dh[i], g = gate[i], u = up[i], s = sigmoid(g);
@@ -124,16 +175,30 @@ extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const 
 // y [rows, cols] = d (stride ldd) + bias, rounded to BF16 when `round` (the
 // low-precision GEMMs: f32 accumulation, BF16 output, as linear.rs). A split-K
 // decode GEMM leaves `splits` slices of d, `sstride` apart, added here in order.
-// acc: y += the result (one f32 add, as add_into): WGrad adds into the step's
-// gradient without a dW buffer of its own.
+// add (when not null; [rows, cols]): y = add + the result (one f32 add, as add_into):
+// WGrad adds into the step's gradient (add = y) without a dW buffer of its own, and
+// the o and down projections add the residual (fuses the layer's add_into).
 extern "C" __global__ void linear_epilogue(const float* d, long ldd, int splits, long sstride, const float* bias,
-                                           int rows, int cols, int round, int acc, float* y) {
+                                           int rows, int cols, int round, const float* add, float* y) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)rows * cols) return;
     int r = (int)(i / cols), c = (int)(i % cols);
-    float v = d[(long)r * ldd + c];
-    for (int s = 1; s < splits; s++) v += d[s * sstride + (long)r * ldd + c];
+    const float* dr = d + (long)r * ldd + c;
+    float v = dr[0];
+    // Slices 4 at a time, all four loads issued before the adds (the same order of
+    // adds; one load at a time left the decode epilogue latency-bound).
+    int s = 1;
+    for (; s + 3 < splits; s += 4) {
+        float t0 = dr[s * sstride], t1 = dr[(s + 1) * sstride], t2 = dr[(s + 2) * sstride],
+              t3 = dr[(s + 3) * sstride];
+        v += t0;
+        v += t1;
+        v += t2;
+        v += t3;
+    }
+    for (; s < splits; s++) v += dr[s * sstride];
     if (bias) v += bias[c];
     v = round ? round_bf16(v) : v;
-    y[i] = acc ? __fadd_rn(y[i], v) : v;
+    y[i] = add ? __fadd_rn(add[i], v) : v;
 }

@@ -78,14 +78,17 @@ __device__ void row1x128(const T* x, long ldx, int rows, int cols, int rows_pad,
 
 extern "C" __global__ void quant_row1x128_f32(const float* x, long ldx, int rows, int cols, int rows_pad,
                                               int cols_pad, u8* codes, float* scales) {
+    pdl_entry();
     row1x128(x, ldx, rows, cols, rows_pad, cols_pad, codes, scales);
 }
 extern "C" __global__ void quant_row1x128_f32_sw(const float* x, long ldx, int rows, int cols, int rows_pad,
                                                  int cols_pad, u8* codes, float* scales) {
+    pdl_entry();
     row1x128<float, true>(x, ldx, rows, cols, rows_pad, cols_pad, codes, scales);
 }
 extern "C" __global__ void quant_row1x128_bf16(const bf16_t* x, long ldx, int rows, int cols, int rows_pad,
                                                int cols_pad, u8* codes, float* scales) {
+    pdl_entry();
     row1x128(x, ldx, rows, cols, rows_pad, cols_pad, codes, scales);
 }
 
@@ -123,10 +126,12 @@ __device__ void col128x1(const T* x, long ldx, int rows, int cols, int rows_pad,
 
 extern "C" __global__ void quant_col128x1_f32(const float* x, long ldx, int rows, int cols, int rows_pad,
                                               int cols_pad, u8* codes_t, float* scales) {
+    pdl_entry();
     col128x1(x, ldx, rows, cols, rows_pad, cols_pad, codes_t, scales);
 }
 extern "C" __global__ void quant_col128x1_bf16(const bf16_t* x, long ldx, int rows, int cols, int rows_pad,
                                                int cols_pad, u8* codes_t, float* scales) {
+    pdl_entry();
     col128x1(x, ldx, rows, cols, rows_pad, cols_pad, codes_t, scales);
 }
 
@@ -135,6 +140,7 @@ extern "C" __global__ void quant_col128x1_bf16(const bf16_t* x, long ldx, int ro
 extern "C" __global__ void quant_block128_f32(const float* w, long ldw, int rows, int cols, int rows_pad,
                                               int cols_pad, u8* codes, float* scales, int lds,
                                               u8* codes_t, float* scales_t, int lds_t) {
+    pdl_entry();
     __shared__ u32 red[8];
     __shared__ u32 tile[128][33];  // codes of the block, 4 per word, for the transposed copy
     int t = threadIdx.x, kb = blockIdx.x, nb = blockIdx.y;
@@ -187,6 +193,7 @@ extern "C" __global__ void quant_block128_f32(const float* w, long ldw, int rows
 // y [rows_pad][cols_pad] bf16 = x [rows, cols] rounded to nearest even, zero padding.
 extern "C" __global__ void pad_bf16_f32(const float* x, long ldx, int rows, int cols, int rows_pad,
                                         int cols_pad, bf16_t* y) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)rows_pad * cols_pad) return;
     int r = (int)(i / cols_pad), c = (int)(i % cols_pad);
@@ -197,6 +204,7 @@ extern "C" __global__ void pad_bf16_f32(const float* x, long ldx, int rows, int 
 // ldx multiples of 4 (the caller checks). Same rounding, bit for bit.
 extern "C" __global__ void pad_bf16_f32_x4(const float* x, long ldx, int rows, int cols, int rows_pad,
                                            int cols_pad, bf16_t* y) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     int q = cols_pad / 4;
     if (i >= (long)rows_pad * q) return;
@@ -218,9 +226,106 @@ extern "C" __global__ void pad_bf16_f32_x4(const float* x, long ldx, int rows, i
 
 // Fill with deterministic pseudo-random values in [-amp, amp) (tests and timings).
 extern "C" __global__ void fill_random_f32(float* y, long n, u32 seed, float amp) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     u32 h = (u32)i * 0x9e3779b9u ^ seed;
     h ^= h >> 16; h *= 0x7feb352du; h ^= h >> 15; h *= 0x846ca68bu; h ^= h >> 16;
     y[i] = ((float)(h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * amp;
+}
+
+// ---- rmsnorm with its GEMM operand ------------------------------------------------
+// Fuses ops.cu's rmsnorm_fwd (y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps))
+// with the operand the next GEMM reads of y: quant_row1x128_f32 (codes != null) or
+// pad_bf16_f32 (yb != null, [rows_pad][cols_pad]). One block per row of rows_pad
+// (rows past `rows` write only padding: code 0, scale 1, BF16 0); warp w takes the
+// 128-column groups w, w + nw, ... (at most RN_G a warp), lane l the columns
+// g*128 + 4l .. +3, the layout of row1x128. A thread adds its squares in column
+// order, then block_sum: an order of its own (not rmsnorm_fwd's), the same for
+// every caller of the layer stack, rollout and training alike. Block 32 * min(L, 32).
+#define RN_G 8
+extern "C" __global__ void rmsnorm_operand(const float* x, const float* w, int rows, int dim, float eps,
+                                           float* y, float* rstd, int rows_pad, int cols_pad, u8* codes,
+                                           float* scales, bf16_t* yb) {
+    pdl_entry();
+    __shared__ float sh[32];
+    const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int L = (dim + 127) / 128;
+    const bool real = r < rows;
+    const bool vec = (dim & 3) == 0;
+    const float* xr = x + (long)r * dim;
+    float v[RN_G][4];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < RN_G; i++) {
+        int g = warp + i * nw, c = g * 128 + lane * 4;
+        for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
+        if (real && g < L) load4(xr, c, dim, vec, v[i]);
+        for (int j = 0; j < 4; j++) ss += v[i][j] * v[i][j];
+    }
+    ss = block_sum(ss, sh);
+    const float rs = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+    for (int i = 0; i < RN_G; i++) {
+        int g = warp + i * nw, c = g * 128 + lane * 4;
+        if (g >= L) break;  // warp-uniform
+        for (int j = 0; j < 4; j++) {
+            float o = real && c + j < dim ? w[c + j] * (v[i][j] * rs) : 0.0f;
+            if (real && c + j < dim) y[(long)r * dim + c + j] = o;
+            v[i][j] = o;
+        }
+        if (codes) {
+            u32 m = 0;
+            for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
+            m = __reduce_max_sync(0xffffffffu, m);
+            float s = e4m3_scale(m);
+            if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v[i], s);
+            if (lane == 0) scales[(long)g * rows_pad + r] = s;
+        }
+        if (yb && c < cols_pad) {
+            u32 lo = (u32)f32_to_bf16(v[i][0]) | ((u32)f32_to_bf16(v[i][1]) << 16);
+            u32 hi = (u32)f32_to_bf16(v[i][2]) | ((u32)f32_to_bf16(v[i][3]) << 16);
+            *(uint2*)(yb + (long)r * cols_pad + c) = make_uint2(lo, hi);
+        }
+    }
+    if (threadIdx.x == 0 && real) rstd[r] = rs;
+}
+
+// ---- swiglu with its GEMM operand -------------------------------------------------
+// Fuses ops.cu's swiglu_fwd (h = g * sigmoid(g) * u, as written there) with the
+// operand the down projection reads of h: quant_row1x128_f32 (codes != null) or
+// pad_bf16_f32 (yb != null). One warp per (row, 128-column group) of rows_pad x L,
+// lane l the columns g*128 + 4l .. +3 (row1x128's layout); padding rows write code 0
+// and scale 1, padding columns 0.
+extern "C" __global__ void swiglu_operand(const float* gate, const float* up, int rows, int cols, float* h,
+                                          int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
+    pdl_entry();
+    const int L = (cols + 127) / 128, lane = threadIdx.x & 31;
+    const long wi = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (wi >= (long)rows_pad * L) return;  // warp-uniform
+    const int r = (int)(wi / L), g = (int)(wi % L), c = g * 128 + lane * 4;
+    const bool vec = (cols & 3) == 0;
+    float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f}, v[4];
+    if (r < rows) {
+        load4(gate + (long)r * cols, c, cols, vec, gv);
+        load4(up + (long)r * cols, c, cols, vec, uv);
+    }
+    for (int j = 0; j < 4; j++) {
+        bool in = r < rows && c + j < cols;
+        v[j] = in ? gv[j] * sigmoid(gv[j]) * uv[j] : 0.0f;
+        if (in) h[(long)r * cols + c + j] = v[j];
+    }
+    if (codes) {
+        u32 m = 0;
+        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[j]);
+        m = __reduce_max_sync(0xffffffffu, m);
+        float s = e4m3_scale(m);
+        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v, s);
+        if (lane == 0) scales[(long)g * rows_pad + r] = s;
+    }
+    if (yb && c < cols_pad) {
+        u32 lo = (u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16);
+        u32 hi = (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16);
+        *(uint2*)(yb + (long)r * cols_pad + c) = make_uint2(lo, hi);
+    }
 }

@@ -27,9 +27,38 @@ __device__ __forceinline__ bool beats(double s, int i, double bs, int bi) {
 
 #define NO_INDEX 0x7fffffff
 
+// The block's best (score, index) into thread 0's bs, bi (all threads must call).
+__device__ void block_argmax(double& bs, int& bi, double* sh_s, int* sh_i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        double os = __shfl_xor_sync(0xffffffffu, bs, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (beats(os, oi, bs, bi)) {
+            bs = os;
+            bi = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) {
+        sh_s[w] = bs;
+        sh_i[w] = bi;
+    }
+    __syncthreads();
+    bs = lane < nw ? sh_s[lane] : -__longlong_as_double(0x7ff0000000000000ll);
+    bi = lane < nw ? sh_i[lane] : NO_INDEX;
+    for (int o = 16; o > 0; o >>= 1) {
+        double os = __shfl_xor_sync(0xffffffffu, bs, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (beats(os, oi, bs, bi)) {
+            bs = os;
+            bi = oi;
+        }
+    }
+}
+
 // Grid (rows), block 1024 (any multiple of 32 up to 1024 works).
 extern "C" __global__ void sample_rows(const float* logp, int rows, int vocab, int greedy, const u64* seeds,
                                        int* tokens, float* out_logp) {
+    pdl_entry();
     __shared__ double sh_s[32];
     __shared__ int sh_i[32];
     int r = blockIdx.x;
@@ -45,23 +74,63 @@ extern "C" __global__ void sample_rows(const float* logp, int rows, int vocab, i
             bi = j;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        double os = __shfl_xor_sync(0xffffffffu, bs, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (beats(os, oi, bs, bi)) {
-            bs = os;
-            bi = oi;
+    block_argmax(bs, bi, sh_s, sh_i);
+    if (threadIdx.x == 0) {
+        int t = bi == NO_INDEX ? 0 : bi;
+        tokens[r] = t;
+        out_logp[r] = lr[t];
+    }
+}
+
+// sample_rows over log_softmax_rows(z) without the log-probability rows (fuses
+// log_softmax_rows' entry (z_j - m) - ln S, with m and ln S from row_stats, into the
+// scoring). Grid (rows, chunks), block 256: block (r, c) scores the entries
+// [c * len, (c + 1) * len) of row r and writes its best (score, index) to cs, ci
+// [rows][chunks]; sample_pick takes the best of a row's chunks. Lowest index on
+// exact ties, as sample_rows, so the chunking changes no token.
+extern "C" __global__ void sample_chunks(const float* z, const float* m, const float* lns, int rows, int vocab,
+                                         int len, int greedy, const u64* seeds, double* cs, int* ci) {
+    pdl_entry();
+    __shared__ double sh_s[32];
+    __shared__ int sh_i[32];
+    int r = blockIdx.x, c = blockIdx.y, chunks = gridDim.y;
+    const float* zr = z + (long)r * vocab;
+    const float mr = m[r], lr = lns[r];
+    u64 key = greedy ? 0ull : mix64(seeds[r] ^ SEED_SALT);
+    double bs = -__longlong_as_double(0x7ff0000000000000ll);
+    int bi = NO_INDEX;
+    const int j1 = min(vocab, (c + 1) * len);
+    for (int j = c * len + threadIdx.x; j < j1; j += blockDim.x) {
+        double s = (double)((zr[j] - mr) - lr);
+        if (!greedy) s = __dadd_rn(s, gumbel(key, j));
+        if (s > bs) {
+            bs = s;
+            bi = j;
         }
     }
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) {
-        sh_s[w] = bs;
-        sh_i[w] = bi;
+    block_argmax(bs, bi, sh_s, sh_i);
+    if (threadIdx.x == 0) {
+        cs[(long)r * chunks + c] = bs;
+        ci[(long)r * chunks + c] = bi;
     }
-    __syncthreads();
-    if (w != 0) return;
-    bs = lane < nw ? sh_s[lane] : -__longlong_as_double(0x7ff0000000000000ll);
-    bi = lane < nw ? sh_i[lane] : NO_INDEX;
+}
+
+// Grid (rows), block 32: a row's token from its chunks' bests and its logp (the
+// log_softmax_rows entry, computed as there).
+extern "C" __global__ void sample_pick(const float* z, const float* m, const float* lns, int vocab, int chunks,
+                                       const double* cs, const int* ci, int* tokens, float* out_logp) {
+    pdl_entry();
+    int r = blockIdx.x, lane = threadIdx.x;
+    double bs = -__longlong_as_double(0x7ff0000000000000ll);
+    int bi = NO_INDEX;
+    for (int c = lane; c < chunks; c += 32) {
+        double s = cs[(long)r * chunks + c];
+        int i = ci[(long)r * chunks + c];
+        if (beats(s, i, bs, bi)) {
+            bs = s;
+            bi = i;
+        }
+    }
     for (int o = 16; o > 0; o >>= 1) {
         double os = __shfl_xor_sync(0xffffffffu, bs, o);
         int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -73,6 +142,6 @@ extern "C" __global__ void sample_rows(const float* logp, int rows, int vocab, i
     if (lane == 0) {
         int t = bi == NO_INDEX ? 0 : bi;
         tokens[r] = t;
-        out_logp[r] = lr[t];
+        out_logp[r] = (z[(long)r * vocab + t] - m[r]) - lns[r];
     }
 }

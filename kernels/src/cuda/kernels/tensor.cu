@@ -4,23 +4,28 @@
 
 // ---- element-wise (grid ceil(n / 256) x 256) -------------------------------------
 extern "C" __global__ void add_into(float* acc, const float* x, long n) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) acc[i] = __fadd_rn(acc[i], x[i]);
 }
 extern "C" __global__ void div_scalar(float* x, long n, float s) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __fdiv_rn(x[i], s);
 }
 extern "C" __global__ void mul_scalar(float* x, long n, float s) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __fmul_rn(x[i], s);
 }
 // Round to BF16 (nearest even) and back, as bf16::round_slice.
 extern "C" __global__ void round_bf16_inplace(float* x, long n) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = round_bf16(x[i]);
 }
 extern "C" __global__ void fill_f32(float* x, long n, float v) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = v;
 }
@@ -28,6 +33,7 @@ extern "C" __global__ void fill_f32(float* x, long n, float v) {
 // ---- rows (indices checked on the host) -------------------------------------------
 // out [nrows, cols] = x rows at rows[j].
 extern "C" __global__ void gather_rows(const float* x, const long* rows, long nrows, long cols, float* out) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nrows * cols) return;
     long j = i / cols, c = i % cols;
@@ -35,6 +41,7 @@ extern "C" __global__ void gather_rows(const float* x, const long* rows, long nr
 }
 // dst rows at rows[j] = src [nrows, cols] row j (indices distinct, checked on the host).
 extern "C" __global__ void scatter_rows(float* dst, const long* rows, long nrows, long cols, const float* src) {
+    pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nrows * cols) return;
     long j = i / cols, c = i % cols;
@@ -77,10 +84,12 @@ __device__ __forceinline__ void sumsq_fin(const double* part, int blocks, double
     if (threadIdx.x == 0) *acc = __dadd_rn(*acc, s);
 }
 extern "C" __global__ void sumsq_partial(const float* x, long n, double* part) {
+    pdl_entry();
     __shared__ double sh[32];
     sumsq_part(x, n, gridDim.x, blockIdx.x, sh, part + blockIdx.x);
 }
 extern "C" __global__ void sumsq_final(const double* part, int blocks, double* acc, long slot) {
+    pdl_entry();
     __shared__ double sh[32];
     sumsq_fin(part, blocks, sh, acc + slot);
 }
@@ -88,6 +97,7 @@ extern "C" __global__ void sumsq_final(const double* part, int blocks, double* a
 // and sums exactly as its own launches would do: tab[t] = {x, n, blocks, first
 // block} as 4 int64 (first ascending); part has one double per block in all.
 extern "C" __global__ void sumsq_partial_multi(const long long* tab, int T, double* part) {
+    pdl_entry();
     __shared__ double sh[32];
     __shared__ int st;
     if (threadIdx.x == 0) {
@@ -104,6 +114,7 @@ extern "C" __global__ void sumsq_partial_multi(const long long* tab, int T, doub
 }
 // Block t: acc[t] += the sum of tensor t's partials.
 extern "C" __global__ void sumsq_final_multi(const long long* tab, const double* part, double* acc) {
+    pdl_entry();
     __shared__ double sh[32];
     const long long* e = tab + (long)blockIdx.x * 4;
     sumsq_fin(part + e[3], (int)e[2], sh, acc + blockIdx.x);

@@ -413,9 +413,26 @@ fn rmsnorm_matches_cpu() {
             rel(&dl(&g, &rs, rows), &crs),
             1e-5,
         );
+        let ddy = up(&g, &dy);
         let (gdx, gdw) =
-            gops::rmsnorm_backward(&g, &up(&g, &dy), &dx, &dw, &rs, rows, dim).unwrap();
+            gops::rmsnorm_backward(&g, &ddy, &dx, &dw, &rs, (rows, dim), (false, None)).unwrap();
         let (cdx, cdw) = rmsnorm::rmsnorm_backward(&dy, &x, &w, &crs, rows, dim);
+        // Rounded to BF16 and a residual added, in the kernel: the bits of the
+        // unfused round + add_into.
+        let res = up(&g, &rnd(rows * dim, 19, 1.0));
+        let (fdx, fdw) =
+            gops::rmsnorm_backward(&g, &ddy, &dx, &dw, &rs, (rows, dim), (true, Some(&res)))
+                .unwrap();
+        let (mut want_dx, mut want_dw) = (gdx.clone(), gdw.clone());
+        gten::round_bf16(&g, &mut want_dx, rows * dim).unwrap();
+        gten::add_into(&g, &mut want_dx, &res, rows * dim).unwrap();
+        gten::round_bf16(&g, &mut want_dw, dim).unwrap();
+        report_exact(
+            "rmsnorm bwd rounded + residual == round, add_into",
+            &shape,
+            bits_differ(&dl(&g, &fdx, rows * dim), &dl(&g, &want_dx, rows * dim))
+                + bits_differ(&dl(&g, &fdw, dim), &dl(&g, &want_dw, dim)),
+        );
         report(
             "rmsnorm bwd dx",
             &shape,
@@ -637,12 +654,24 @@ fn rope_matches_cpu() {
         "130 rows, 4 heads x 128",
         bits(&dl(&g, &dx, x.len()), &want),
     );
+    // The backward rounding its output to BF16 (device positions): the bits of the
+    // backward, then round_bf16.
+    let mut rounded = dx.clone();
+    let dpos = gops::upload_positions(&g, &positions, &gt).unwrap();
+    gops::rope_backward_dev(&g, &mut rounded, &dpos, (130, nh), &gt, true).unwrap();
     gops::rope_backward(&g, &mut dx, &positions, nh, &gt).unwrap();
     rope::rope_backward(&mut want, &positions, nh, &table);
     report_exact(
         "rope bwd",
         "130 rows, 4 heads x 128",
         bits(&dl(&g, &dx, x.len()), &want),
+    );
+    let mut want_r = dx.clone();
+    gten::round_bf16(&g, &mut want_r, x.len()).unwrap();
+    report_exact(
+        "rope bwd rounded == rope bwd, round_bf16",
+        "130 rows, 4 heads x 128",
+        bits(&dl(&g, &rounded, x.len()), &dl(&g, &want_r, x.len())),
     );
     assert!(gops::rope_forward(&g, &mut dx, &[4096; 130], nh, &gt).is_err());
     done();
@@ -662,8 +691,19 @@ fn swiglu_matches_cpu() {
         rel(&dl(&g, &h, n), &swiglu::swiglu_forward(&gate, &upv)),
         1e-5,
     );
-    let (gg, gu) = gops::swiglu_backward(&g, &up(&g, &dh), &dg, &du, n).unwrap();
+    let ddh = up(&g, &dh);
+    let (gg, gu) = gops::swiglu_backward(&g, &ddh, &dg, &du, n, false).unwrap();
     let (cg, cu) = swiglu::swiglu_backward(&dh, &gate, &upv);
+    let (rg, ru) = gops::swiglu_backward(&g, &ddh, &dg, &du, n, true).unwrap();
+    let (mut wg, mut wu) = (gg.clone(), gu.clone());
+    gten::round_bf16(&g, &mut wg, n).unwrap();
+    gten::round_bf16(&g, &mut wu, n).unwrap();
+    report_exact(
+        "swiglu bwd rounded == round_bf16",
+        "[130, 4864]",
+        bits_differ(&dl(&g, &rg, n), &dl(&g, &wg, n))
+            + bits_differ(&dl(&g, &ru, n), &dl(&g, &wu, n)),
+    );
     report(
         "swiglu bwd dgate",
         "[130, 4864]",

@@ -7,7 +7,9 @@
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
 use jet_kernels::cuda::flash::flash_backward;
-use jet_kernels::cuda::linear::{linear_backward_into, linear_bias_grad, GpuWeight};
+use jet_kernels::cuda::linear::{
+    linear_backward_add, linear_backward_into, linear_bias_grad, GpuWeight,
+};
 use jet_kernels::cuda::ops::{
     embedding_backward, rmsnorm_backward, rope_backward_dev, swiglu_backward,
 };
@@ -36,6 +38,46 @@ impl Ctx<'_> {
         Ok(v)
     }
 
+    /// Whether gradients between ops are rounded to BF16 (the low-precision flows);
+    /// the producing kernels round as they store.
+    fn round(&self) -> bool {
+        self.model.flow.low_precision()
+    }
+
+    /// [`Ctx::linear`] adding dx into `dx_acc [m, k]` (in the DGrad epilogue).
+    #[allow(clippy::too_many_arguments)]
+    fn linear_add(
+        &self,
+        dy: &CudaSlice<f32>,
+        x: &CudaSlice<f32>,
+        w: &GpuWeight,
+        grads: &mut GpuWeights,
+        (dw, db): (usize, Option<usize>),
+        dx_acc: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let f = self.model.flow;
+        let precs = (f.precision(GemmRole::DGrad), f.precision(GemmRole::WGrad));
+        let acc = (&mut grads.bufs[dw], dx_acc);
+        linear_backward_add(self.g, (dy, x, self.m), w, precs, acc)?;
+        self.bias(dy, w, grads, db)
+    }
+
+    /// db += the column sums of dy (rounded as the WGrad), when the layer has a bias.
+    fn bias(
+        &self,
+        dy: &CudaSlice<f32>,
+        w: &GpuWeight,
+        grads: &mut GpuWeights,
+        db: Option<usize>,
+    ) -> Result<()> {
+        if let Some(db) = db {
+            let wgrad = self.model.flow.precision(GemmRole::WGrad);
+            let gb = linear_bias_grad(self.g, dy, self.m, w.n, wgrad)?;
+            add_into(self.g, &mut grads.bufs[db], &gb, w.n)?;
+        }
+        Ok(())
+    }
+
     /// Linear backward; adds dW (in the WGrad epilogue) and db into `grads`,
     /// returns dx `[m, k]`.
     fn linear(
@@ -56,10 +98,7 @@ impl Ctx<'_> {
             (dgrad, wgrad),
             &mut grads.bufs[dw],
         )?;
-        if let Some(db) = db {
-            let gb = linear_bias_grad(self.g, dy, self.m, w.n, wgrad)?;
-            add_into(self.g, &mut grads.bufs[db], &gb, w.n)?;
-        }
+        self.bias(dy, w, grads, db)?;
         Ok(dx)
     }
 }
@@ -81,44 +120,29 @@ pub fn backward(
     // Head: logits = normed lm_head^T; normed = rmsnorm(h_final).
     let head_ix = w.ix.lm_head.unwrap_or(w.ix.embed);
     let dn = cx.linear(dlogits, &acts.normed, &model.lm_head, grads, head_ix, None)?;
-    let (dh, dnorm) = rmsnorm_backward(
-        g,
-        &dn,
-        &acts.h_final,
-        w.t(w.ix.norm),
-        &acts.rstd_final,
-        m,
-        h,
-    )?;
-    add_into(g, &mut grads.bufs[w.ix.norm], &cx.lp(dnorm)?, h)?;
-    let mut dx = cx.lp(dh)?;
+    let hs = &acts.h_final;
+    let rs = (cx.round(), None);
+    let (dh, dnorm) = rmsnorm_backward(g, &dn, hs, w.t(w.ix.norm), &acts.rstd_final, (m, h), rs)?;
+    add_into(g, &mut grads.bufs[w.ix.norm], &dnorm, h)?;
+    let mut dx = dh;
 
+    // Gradients between ops are rounded to BF16 by the kernels that produce them
+    // (`round`), residual branches added in the norms' backward, and the inputs
+    // shared by several projections accumulate in the DGrad epilogues.
+    let round = cx.round();
     for li in (0..w.ix.layers.len()).rev() {
         let (a, lx, lp) = (&acts.layers[li], &w.ix.layers[li], &model.layers[li]);
         // MLP: out = h_mid + down(swiglu(gate(b), up(b))), b = norm(h_mid).
         let dmm = cx.linear(&dx, &a.m, &lp.down, grads, lx.down, None)?;
-        let (dgate, dup) = swiglu_backward(g, &dmm, &a.gate, &a.up, m * cfg.intermediate_size)?;
-        let (dgate, dup) = (cx.lp(dgate)?, cx.lp(dup)?);
+        let n_mlp = m * cfg.intermediate_size;
+        let (dgate, dup) = swiglu_backward(g, &dmm, &a.gate, &a.up, n_mlp, round)?;
         let mut db = cx.linear(&dgate, &a.b, &lp.gate, grads, lx.gate, None)?;
-        let dbu = cx.linear(&dup, &a.b, &lp.up, grads, lx.up, None)?;
-        add_into(g, &mut db, &dbu, m * h)?;
-        let (dh_mid, dw2) = rmsnorm_backward(
-            g,
-            &db,
-            &a.h_mid,
-            w.t(lx.post_attention_layernorm),
-            &a.rstd2,
-            m,
-            h,
-        )?;
-        add_into(
-            g,
-            &mut grads.bufs[lx.post_attention_layernorm],
-            &cx.lp(dw2)?,
-            h,
-        )?;
-        let mut dh_mid = cx.lp(dh_mid)?;
-        add_into(g, &mut dh_mid, &dx, m * h)?;
+        cx.linear_add(&dup, &a.b, &lp.up, grads, (lx.up, None), &mut db)?;
+        let post = w.t(lx.post_attention_layernorm);
+        let rs2 = &a.rstd2;
+        let (dh_mid, dw2) =
+            rmsnorm_backward(g, &db, &a.h_mid, post, rs2, (m, h), (round, Some(&dx)))?;
+        add_into(g, &mut grads.bufs[lx.post_attention_layernorm], &dw2, h)?;
 
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
         let dattn = cx.linear(&dh_mid, &a.attn, &lp.o, grads, lx.o, None)?;
@@ -136,28 +160,28 @@ pub fn backward(
                 ))
             }
         };
-        rope_backward_dev(g, &mut dq, &acts.rows.positions, m, nh, &model.rope)?;
-        rope_backward_dev(g, &mut dk, &acts.rows.positions, m, nkv, &model.rope)?;
-        let (mut dq, mut dk, dv) = (cx.lp(dq)?, cx.lp(dk)?, cx.lp(dv)?);
+        let pos = &acts.rows.positions;
+        rope_backward_dev(g, &mut dq, pos, (m, nh), &model.rope, round)?;
+        rope_backward_dev(g, &mut dk, pos, (m, nkv), &model.rope, round)?;
+        let dv = cx.lp(dv)?;
         if let (Some(qn), Some(kn), Some((q_pre, k_pre, q_rstd, k_rstd))) =
             (lx.q_norm, lx.k_norm, a.qk_pre.as_ref())
         {
-            let (dqp, dqn) = rmsnorm_backward(g, &dq, q_pre, w.t(qn), q_rstd, m * nh, hd)?;
-            let (dkp, dkn) = rmsnorm_backward(g, &dk, k_pre, w.t(kn), k_rstd, m * nkv, hd)?;
-            add_into(g, &mut grads.bufs[qn], &cx.lp(dqn)?, hd)?;
-            add_into(g, &mut grads.bufs[kn], &cx.lp(dkn)?, hd)?;
-            (dq, dk) = (cx.lp(dqp)?, cx.lp(dkp)?);
+            let rq = (round, None);
+            let (dqp, dqn) = rmsnorm_backward(g, &dq, q_pre, w.t(qn), q_rstd, (m * nh, hd), rq)?;
+            let (dkp, dkn) = rmsnorm_backward(g, &dk, k_pre, w.t(kn), k_rstd, (m * nkv, hd), rq)?;
+            add_into(g, &mut grads.bufs[qn], &dqn, hd)?;
+            add_into(g, &mut grads.bufs[kn], &dkn, hd)?;
+            (dq, dk) = (dqp, dkp);
         }
         let mut da = cx.linear(&dq, &a.a, &lp.q, grads, lx.q, lx.q_bias)?;
-        let dak = cx.linear(&dk, &a.a, &lp.k, grads, lx.k, lx.k_bias)?;
-        add_into(g, &mut da, &dak, m * h)?;
-        let dav = cx.linear(&dv, &a.a, &lp.v, grads, lx.v, lx.v_bias)?;
-        add_into(g, &mut da, &dav, m * h)?;
+        cx.linear_add(&dk, &a.a, &lp.k, grads, (lx.k, lx.k_bias), &mut da)?;
+        cx.linear_add(&dv, &a.a, &lp.v, grads, (lx.v, lx.v_bias), &mut da)?;
+        let inorm = w.t(lx.input_layernorm);
+        let rs1 = &a.rstd1;
         let (dx_in, dw1) =
-            rmsnorm_backward(g, &da, &a.x_in, w.t(lx.input_layernorm), &a.rstd1, m, h)?;
-        add_into(g, &mut grads.bufs[lx.input_layernorm], &cx.lp(dw1)?, h)?;
-        let mut dx_in = cx.lp(dx_in)?;
-        add_into(g, &mut dx_in, &dh_mid, m * h)?;
+            rmsnorm_backward(g, &da, &a.x_in, inorm, rs1, (m, h), (round, Some(&dh_mid)))?;
+        add_into(g, &mut grads.bufs[lx.input_layernorm], &dw1, h)?;
         dx = dx_in;
     }
     embedding_backward(

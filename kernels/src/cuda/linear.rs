@@ -499,7 +499,9 @@ pub fn linear_backward(
     wgrad: GemmPrecision,
 ) -> Result<GpuLinearGrads> {
     let mut dw = gpu.uninit::<f32>(w.n * w.k)?;
-    let dx = backward_to(gpu, (dy, x, m), w, (dgrad, wgrad), (&mut dw, false))?;
+    let mut dx = gpu.uninit::<f32>(m * w.k)?;
+    let dxo = (&mut dx, false);
+    backward_to(gpu, (dy, x, m), w, (dgrad, wgrad), (&mut dw, false), dxo)?;
     let db = match has_bias {
         true => Some(linear_bias_grad(gpu, dy, m, w.n, wgrad)?),
         false => None,
@@ -517,7 +519,35 @@ pub fn linear_backward_into(
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     dw_acc: &mut CudaSlice<f32>,
 ) -> Result<CudaSlice<f32>> {
-    backward_to(gpu, (dy, x, m), w, (dgrad, wgrad), (dw_acc, true))
+    let mut dx = gpu.uninit::<f32>(m * w.k)?;
+    backward_to(
+        gpu,
+        (dy, x, m),
+        w,
+        (dgrad, wgrad),
+        (dw_acc, true),
+        (&mut dx, false),
+    )?;
+    Ok(dx)
+}
+
+/// [`linear_backward_into`] adding dx too, into `dx_acc [m, k]` (the inputs shared
+/// by several layers: q, k, v and gate, up), as `tensor::add_into` would.
+pub fn linear_backward_add(
+    gpu: &Gpu,
+    (dy, x, m): (&CudaSlice<f32>, &CudaSlice<f32>, usize),
+    w: &GpuWeight,
+    (dgrad, wgrad): (GemmPrecision, GemmPrecision),
+    (dw_acc, dx_acc): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+) -> Result<()> {
+    backward_to(
+        gpu,
+        (dy, x, m),
+        w,
+        (dgrad, wgrad),
+        (dw_acc, true),
+        (dx_acc, true),
+    )
 }
 
 /// The bias gradient `[n]` of a linear layer: dy's column sums (rounded to
@@ -532,14 +562,16 @@ pub fn linear_bias_grad(
     super::ops::column_sums(gpu, dy, m, n, wgrad != GemmPrecision::F32)
 }
 
-/// DGrad (returned) and WGrad (written, or added when `acc`, into `dw`).
+/// DGrad (written, or added when `dx_acc`, into `dx`) and WGrad (written, or added
+/// when `acc`, into `dw`).
 fn backward_to(
     gpu: &Gpu,
     (dy, x, m): (&CudaSlice<f32>, &CudaSlice<f32>, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     (dw, acc): (&mut CudaSlice<f32>, bool),
-) -> Result<CudaSlice<f32>> {
+    (dx, dx_acc): (&mut CudaSlice<f32>, bool),
+) -> Result<()> {
     let (n, k) = (w.n, w.k);
     check_len("linear dy", dy, m * n, format!("[{m}, {n}]"))?;
     check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
@@ -576,7 +608,8 @@ fn backward_to(
             fp8_gemm_nt(gpu, &qdy, wt)?
         }
     };
-    let dx = epilogue(gpu, &d, (ldd, 1, 0), None, m, k, dgrad, Add::Nothing)?;
+    let dx_add = if dx_acc { Add::Into } else { Add::Nothing };
+    epilogue_to(gpu, &d, (ldd, 1, 0), None, (m, k), dgrad, (dx, dx_add))?;
     drop(d);
     // WGrad: dw [n, k] = dy [m, n]^T x [m, k]
     let (d, ldd) = match wgrad {
@@ -611,6 +644,5 @@ fn backward_to(
         }
     };
     let add = if acc { Add::Into } else { Add::Nothing };
-    epilogue_to(gpu, &d, (ldd, 1, 0), None, (n, k), wgrad, (dw, add))?;
-    Ok(dx)
+    epilogue_to(gpu, &d, (ldd, 1, 0), None, (n, k), wgrad, (dw, add))
 }

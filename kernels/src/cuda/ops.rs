@@ -178,15 +178,18 @@ pub fn rmsnorm_forward(
     Ok((y, rstd))
 }
 
-/// Backward: `(dx [rows, dim], dw [dim])` from `dy`, the forward's `x`, `w`, `rstd`.
+/// Backward: `(dx [rows, dim], dw [dim])` from `dy`, the forward's `x`, `w`, `rstd`;
+/// both rounded to BF16 when `round` (the low-precision flows round every gradient
+/// passed between ops), and `res [rows, dim]` (a residual branch's gradient), when
+/// given, added to dx after the rounding (as `tensor::add_into`).
 pub fn rmsnorm_backward(
     gpu: &Gpu,
     dy: &CudaSlice<f32>,
     x: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     rstd: &CudaSlice<f32>,
-    rows: usize,
-    dim: usize,
+    (rows, dim): (usize, usize),
+    (round, res): (bool, Option<&CudaSlice<f32>>),
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
     for (what, b, n) in [
         ("rmsnorm dy", dy, rows * dim),
@@ -195,6 +198,14 @@ pub fn rmsnorm_backward(
         ("rmsnorm rstd", rstd, rows),
     ] {
         check_len(what, b, n, format!("rows {rows}, dim {dim}"))?;
+    }
+    if let Some(r) = res {
+        check_len(
+            "rmsnorm residual gradient",
+            r,
+            rows * dim,
+            format!("rows {rows}, dim {dim}"),
+        )?;
     }
     let dx = gpu.uninit::<f32>(rows * dim)?;
     gpu.launch(
@@ -211,9 +222,11 @@ pub fn rmsnorm_backward(
             Arg::I(rows as i32),
             Arg::I(dim as i32),
             Arg::P(gpu.ptr(&dx)),
+            Arg::I(round as i32),
+            Arg::P(res.map_or(0, |r| gpu.ptr(r))),
         ],
     )?;
-    let dw = colsum(gpu, dy, Some((x, rstd)), rows, dim, false)?;
+    let dw = colsum(gpu, dy, Some((x, rstd)), rows, dim, round)?;
     Ok((dx, dw))
 }
 
@@ -323,11 +336,11 @@ fn rotate(
     sign: f32,
 ) -> Result<()> {
     let dpos = upload_positions(gpu, positions, t)?;
-    rotate_dev(gpu, x, &dpos, positions.len(), n_heads, t, sign)
+    rotate_dev(gpu, x, &dpos, positions.len(), n_heads, t, (sign, false))
 }
 
 /// RoPE of `rows` rows whose positions `[rows]` (i32, within the table) are
-/// already on the device.
+/// already on the device; the results rounded to BF16 when `round`.
 fn rotate_dev(
     gpu: &Gpu,
     x: &mut CudaSlice<f32>,
@@ -335,7 +348,7 @@ fn rotate_dev(
     rows: usize,
     n_heads: usize,
     t: &GpuRope,
-    sign: f32,
+    (sign, round): (f32, bool),
 ) -> Result<()> {
     check_len(
         "rope x",
@@ -359,6 +372,7 @@ fn rotate_dev(
             Arg::I(n_heads as i32),
             Arg::I(t.head_dim as i32),
             Arg::F(sign),
+            Arg::I(round as i32),
         ],
     )
 }
@@ -450,19 +464,20 @@ pub fn rope_forward_dev(
     n_heads: usize,
     table: &GpuRope,
 ) -> Result<()> {
-    rotate_dev(gpu, x, positions, rows, n_heads, table, 1.0)
+    rotate_dev(gpu, x, positions, rows, n_heads, table, (1.0, false))
 }
 
-/// [`rope_backward`] with the positions on the device.
+/// [`rope_backward`] with the positions on the device, dx rounded to BF16 when
+/// `round` (the low-precision flows' gradient rounding, fused).
 pub fn rope_backward_dev(
     gpu: &Gpu,
     dx: &mut CudaSlice<f32>,
     positions: &CudaSlice<i32>,
-    rows: usize,
-    n_heads: usize,
+    (rows, n_heads): (usize, usize),
     table: &GpuRope,
+    round: bool,
 ) -> Result<()> {
-    rotate_dev(gpu, dx, positions, rows, n_heads, table, -1.0)
+    rotate_dev(gpu, dx, positions, rows, n_heads, table, (-1.0, round))
 }
 
 /// Forward, in place: `x [positions.len(), n_heads * head_dim]`.
@@ -513,13 +528,15 @@ pub fn swiglu_forward(
     Ok(h)
 }
 
-/// Backward: `(dgate [n], dup [n])` from `dh` and the forward's `gate`, `up`.
+/// Backward: `(dgate [n], dup [n])` from `dh` and the forward's `gate`, `up`, rounded
+/// to BF16 when `round`.
 pub fn swiglu_backward(
     gpu: &Gpu,
     dh: &CudaSlice<f32>,
     gate: &CudaSlice<f32>,
     up: &CudaSlice<f32>,
     n: usize,
+    round: bool,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
     for (what, b) in [("swiglu dh", dh), ("swiglu gate", gate), ("swiglu up", up)] {
         check_len(what, b, n, n)?;
@@ -539,6 +556,7 @@ pub fn swiglu_backward(
             Arg::L(n as i64),
             Arg::P(gpu.ptr(&dg)),
             Arg::P(gpu.ptr(&du)),
+            Arg::I(round as i32),
         ],
     )?;
     Ok((dg, du))

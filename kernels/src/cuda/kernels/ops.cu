@@ -43,9 +43,11 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const float* w, int rows,
     if (threadIdx.x == 0) rstd[r] = rs;
 }
 
-// dx = rstd * (dy*w - xh * mean(dy*w*xh)), xh = x * rstd; one block per row.
+// dx = rstd * (dy*w - xh * mean(dy*w*xh)), xh = x * rstd; one block per row. In the
+// low-precision flows `round` gives the BF16 value (fuses the backward's rounding) and
+// `res` (when not null) is then added (fuses the residual's add_into).
 extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const float* w, const float* rstd,
-                                          int rows, int dim, float* dx) {
+                                          int rows, int dim, float* dx, int round, const float* res) {
     pdl_entry();
     __shared__ float sh[32];
     int r = blockIdx.x;
@@ -55,8 +57,11 @@ extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const
     for (int c = threadIdx.x; c < dim; c += blockDim.x) dot += dy[o + c] * w[c] * (x[o + c] * rs);
     dot = block_sum(dot, sh);
     float mean = dot / (float)dim;
-    for (int c = threadIdx.x; c < dim; c += blockDim.x)
-        dx[o + c] = rs * (dy[o + c] * w[c] - x[o + c] * rs * mean);
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+        float v = rs * (dy[o + c] * w[c] - x[o + c] * rs * mean);
+        v = round ? round_bf16(v) : v;
+        dx[o + c] = res ? __fadd_rn(v, res[o + c]) : v;
+    }
 }
 
 // Column sums in a fixed order: part[chunk][c] = sum over the chunk's rows of
@@ -90,7 +95,7 @@ extern "C" __global__ void colsum_final(const float* part, int chunks, int cols,
 // In place on x [rows, n_heads * hd]: pairs (j, j + hd/2) of each head rotated by the
 // table's angle at pos[r]; sign -1 is the backward (the inverse rotation).
 extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, const float* sin_t, int rows,
-                                int n_heads, int hd, float sign) {
+                                int n_heads, int hd, float sign, int round) {
     pdl_entry();
     int half = hd / 2;
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -102,8 +107,10 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, co
     long t = (long)pos[r] * half + j;
     float c = cos_t[t], s = sign * sin_t[t];
     float u = x[base + j], v = x[base + j + half];
-    x[base + j] = u * c - v * s;
-    x[base + j + half] = v * c + u * s;
+    float a = u * c - v * s, b = v * c + u * s;
+    // round: the backward's rounding of its gradient to BF16, fused.
+    x[base + j] = round ? round_bf16(a) : a;
+    x[base + j + half] = round ? round_bf16(b) : b;
 }
 
 // ---- Qwen3's q/k norms with RoPE ----------------------------------------------------
@@ -161,14 +168,16 @@ extern "C" __global__ void swiglu_fwd(const float* gate, const float* up, long n
     float g = gate[i];
     h[i] = g * sigmoid(g) * up[i];
 }
+// round: the gradients' BF16 rounding of the low-precision flows, fused.
 extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const float* up, long n,
-                                      float* dgate, float* dup) {
+                                      float* dgate, float* dup, int round) {
     pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float d = dh[i], g = gate[i], u = up[i], s = sigmoid(g);
-    dgate[i] = d * u * s * (1.0f + g * (1.0f - s));
-    dup[i] = d * g * s;
+    float dg = d * u * s * (1.0f + g * (1.0f - s)), du = d * g * s;
+    dgate[i] = round ? round_bf16(dg) : dg;
+    dup[i] = round ? round_bf16(du) : du;
 }
 
 // ---- linear epilogue ---------------------------------------------------------------

@@ -243,10 +243,11 @@ extern "C" __global__ void fill_random_f32(float* y, long n, u32 seed, float amp
 // g*128 + 4l .. +3, the layout of row1x128. A thread adds its squares in column
 // order, then block_sum: an order of its own (not rmsnorm_fwd's), the same for
 // every caller of the layer stack, rollout and training alike. Block 32 * min(L, 32).
+// Launch bounds 1024: dim 4096 takes 1024 threads, so at most 64 registers a thread.
 #define RN_G 8
-extern "C" __global__ void rmsnorm_operand(const float* x, const float* w, int rows, int dim, float eps,
-                                           float* y, float* rstd, int rows_pad, int cols_pad, u8* codes,
-                                           float* scales, bf16_t* yb) {
+extern "C" __global__ void __launch_bounds__(1024)
+    rmsnorm_operand(const float* x, const float* w, int rows, int dim, float eps, float* y, float* rstd,
+                    int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
     pdl_entry();
     __shared__ float sh[32];
     const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;

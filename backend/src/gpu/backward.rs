@@ -15,7 +15,7 @@ use jet_kernels::cuda::ops::{
 };
 use jet_kernels::cuda::tensor::{add_into, round_bf16};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
-use jet_kernels::GemmRole;
+use jet_kernels::{GemmPrecision, GemmRole};
 
 use super::forward::GpuActivations;
 use super::layers::AttnSaved;
@@ -44,6 +44,12 @@ impl Ctx<'_> {
         self.model.flow.low_precision()
     }
 
+    /// The flow's DGrad and WGrad precisions.
+    fn precs(&self) -> (GemmPrecision, GemmPrecision) {
+        let f = self.model.flow;
+        (f.precision(GemmRole::DGrad), f.precision(GemmRole::WGrad))
+    }
+
     /// [`Ctx::linear`] adding dx into `dx_acc [m, k]` (in the DGrad epilogue).
     #[allow(clippy::too_many_arguments)]
     fn linear_add(
@@ -55,10 +61,8 @@ impl Ctx<'_> {
         (dw, db): (usize, Option<usize>),
         dx_acc: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        let f = self.model.flow;
-        let precs = (f.precision(GemmRole::DGrad), f.precision(GemmRole::WGrad));
         let acc = (&mut grads.bufs[dw], dx_acc);
-        linear_backward_add(self.g, (dy, x, self.m), w, precs, acc)?;
+        linear_backward_add(self.g, (dy, x, self.m), w, self.precs(), acc)?;
         self.bias(dy, w, grads, db)
     }
 
@@ -71,8 +75,7 @@ impl Ctx<'_> {
         db: Option<usize>,
     ) -> Result<()> {
         if let Some(db) = db {
-            let wgrad = self.model.flow.precision(GemmRole::WGrad);
-            let gb = linear_bias_grad(self.g, dy, self.m, w.n, wgrad)?;
+            let gb = linear_bias_grad(self.g, dy, self.m, w.n, self.precs().1)?;
             add_into(self.g, &mut grads.bufs[db], &gb, w.n)?;
         }
         Ok(())
@@ -89,13 +92,11 @@ impl Ctx<'_> {
         dw: usize,
         db: Option<usize>,
     ) -> Result<CudaSlice<f32>> {
-        let f = self.model.flow;
-        let (dgrad, wgrad) = (f.precision(GemmRole::DGrad), f.precision(GemmRole::WGrad));
         let dx = linear_backward_into(
             self.g,
             (dy, x, self.m),
             w,
-            (dgrad, wgrad),
+            self.precs(),
             &mut grads.bufs[dw],
         )?;
         self.bias(dy, w, grads, db)?;

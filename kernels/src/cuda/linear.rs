@@ -21,7 +21,9 @@ use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, OPS};
 use super::gemm::{dense_gemm, fp8_gemm_nt, Dense, LtType};
-use super::gemv::{gemm_fp8_rows_fused, gemv_fp8_partial, split_k_pays, Epi, GEMV_MAX_TOKENS};
+use super::gemv::{
+    gemm_fp8_rows_fused, gemv_fp8_partial, split_k_pays, Epi, Partial, GEMV_MAX_TOKENS,
+};
 use super::gemv_bf16::{gemm_bf16_rows_fused, gemv_bf16_partial, Bf16Rows};
 use super::ops::{rmsnorm_forward, swiglu_forward};
 use super::quantize::{
@@ -154,6 +156,28 @@ fn epilogue(
         (&mut y, add),
     )?;
     Ok(y)
+}
+
+/// The `[m, n]` output of a split-K launch's partial sums (their slices added in
+/// order by the epilogue).
+fn from_partial(
+    gpu: &Gpu,
+    p: &Partial,
+    bias: Option<&CudaSlice<f32>>,
+    (m, n): (usize, usize),
+    prec: GemmPrecision,
+    add: Add,
+) -> Result<CudaSlice<f32>> {
+    epilogue(
+        gpu,
+        &p.p,
+        (p.ldp, p.splits, p.sstride),
+        bias,
+        m,
+        n,
+        prec,
+        add,
+    )
 }
 
 /// [`epilogue`] into `y`.
@@ -421,16 +445,7 @@ fn forward(
                 };
                 if m <= GEMV_MAX_TOKENS || split_k_pays(gpu, m, n) {
                     let p = gemv_bf16_partial(gpu, xr, wr)?;
-                    return epilogue(
-                        gpu,
-                        &p.p,
-                        (p.ldp, p.splits, p.sstride),
-                        bias,
-                        m,
-                        n,
-                        prec,
-                        add,
-                    );
+                    return from_partial(gpu, &p, bias, (m, n), prec, add);
                 }
                 // The rows kernel writes y itself (linear_epilogue fused).
                 let y = gpu.uninit::<f32>(m * n)?;
@@ -452,16 +467,7 @@ fn forward(
             let inv = w.batch_invariant;
             if m <= GEMV_MAX_TOKENS || (inv && split_k_pays(gpu, m, n)) {
                 let p = gemv_fp8_partial(gpu, qx, wq)?;
-                return epilogue(
-                    gpu,
-                    &p.p,
-                    (p.ldp, p.splits, p.sstride),
-                    bias,
-                    m,
-                    n,
-                    prec,
-                    add,
-                );
+                return from_partial(gpu, &p, bias, (m, n), prec, add);
             }
             if inv {
                 // The rows kernel writes y itself (linear_epilogue fused).

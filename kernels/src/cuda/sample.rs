@@ -85,6 +85,16 @@ pub fn sample_reference(
         .collect()
 }
 
+/// A vocabulary the kernels index with i32, and one seed a row unless greedy.
+fn check_draw(what: &str, rows: usize, vocab: usize, greedy: bool, seeds: &[u64]) -> Result<()> {
+    ensure(vocab > 0 && vocab <= i32::MAX as usize, || {
+        format!("{what}: vocabulary of {vocab} (must be 1 ..= 2^31 - 1)")
+    })?;
+    ensure(greedy || seeds.len() == rows, || {
+        format!("{what}: {} seeds for {rows} rows", seeds.len())
+    })
+}
+
 /// Threads per row: 1024 threads cover a 151936-entry vocabulary in 149 steps each.
 const THREADS: u32 = 1024;
 
@@ -102,18 +112,14 @@ pub fn sample_rows(
     greedy: bool,
     seeds: &[u64],
 ) -> Result<GpuSampled> {
-    ensure(vocab > 0 && vocab <= i32::MAX as usize, || {
-        format!("sample_rows: vocabulary of {vocab} (must be 1 ..= 2^31 - 1)")
-    })?;
+    check_draw("sample_rows", rows, vocab, greedy, seeds)?;
     check_len(
         "sample_rows logp",
         logp,
         rows * vocab,
         format!("[{rows}, {vocab}]"),
     )?;
-    ensure(greedy || seeds.len() == rows, || {
-        format!("sample_rows: {} seeds for {rows} rows", seeds.len())
-    })?;
+
     // Greedy rows never read their seed: no upload, a null pointer.
     let dseeds = if greedy {
         None
@@ -156,12 +162,7 @@ pub fn sample_logits(
     greedy: bool,
     seeds: &[u64],
 ) -> Result<GpuSampled> {
-    ensure(vocab > 0 && vocab <= i32::MAX as usize, || {
-        format!("sample_logits: vocabulary of {vocab} (must be 1 ..= 2^31 - 1)")
-    })?;
-    ensure(greedy || seeds.len() == rows, || {
-        format!("sample_logits: {} seeds for {rows} rows", seeds.len())
-    })?;
+    check_draw("sample_logits", rows, vocab, greedy, seeds)?;
     let (m, lns) = row_stats(gpu, logits, rows, vocab)?;
     let out = GpuSampled {
         tokens: gpu.uninit(rows)?,

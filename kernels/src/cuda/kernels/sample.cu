@@ -27,8 +27,8 @@ __device__ __forceinline__ bool beats(double s, int i, double bs, int bi) {
 
 #define NO_INDEX 0x7fffffff
 
-// The block's best (score, index) into thread 0's bs, bi (all threads must call).
-__device__ void block_argmax(double& bs, int& bi, double* sh_s, int* sh_i) {
+// The warp's best (score, index) into every lane's bs, bi.
+__device__ __forceinline__ void warp_argmax(double& bs, int& bi) {
     for (int o = 16; o > 0; o >>= 1) {
         double os = __shfl_xor_sync(0xffffffffu, bs, o);
         int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -37,6 +37,11 @@ __device__ void block_argmax(double& bs, int& bi, double* sh_s, int* sh_i) {
             bi = oi;
         }
     }
+}
+
+// The block's best (score, index) into thread 0's bs, bi (all threads must call).
+__device__ void block_argmax(double& bs, int& bi, double* sh_s, int* sh_i) {
+    warp_argmax(bs, bi);
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     if (lane == 0) {
         sh_s[w] = bs;
@@ -45,14 +50,7 @@ __device__ void block_argmax(double& bs, int& bi, double* sh_s, int* sh_i) {
     __syncthreads();
     bs = lane < nw ? sh_s[lane] : -__longlong_as_double(0x7ff0000000000000ll);
     bi = lane < nw ? sh_i[lane] : NO_INDEX;
-    for (int o = 16; o > 0; o >>= 1) {
-        double os = __shfl_xor_sync(0xffffffffu, bs, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (beats(os, oi, bs, bi)) {
-            bs = os;
-            bi = oi;
-        }
-    }
+    warp_argmax(bs, bi);
 }
 
 // Grid (rows), block 1024 (any multiple of 32 up to 1024 works).
@@ -131,14 +129,7 @@ extern "C" __global__ void sample_pick(const float* z, const float* m, const flo
             bi = i;
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        double os = __shfl_xor_sync(0xffffffffu, bs, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (beats(os, oi, bs, bi)) {
-            bs = os;
-            bi = oi;
-        }
-    }
+    warp_argmax(bs, bi);
     if (lane == 0) {
         int t = bi == NO_INDEX ? 0 : bi;
         tokens[r] = t;

@@ -314,6 +314,8 @@ fn compare_view_overlays_two_real_runs() {
             && s.contains("held-out accuracy")
             && s.contains("r0002 tiny-flows (bf16-fp8rollout)")
             && !s.contains("no data yet")
+            // The legend marks a run whose history is still being fetched.
+            && !s.contains("(loading)")
     });
     let titles: Vec<&str> = screen
         .lines()

@@ -203,16 +203,16 @@ pub enum FusedOperand {
 impl FusedOperand {
     /// An unwritten operand of `[rows, cols]`.
     fn alloc(gpu: &Gpu, rows: usize, cols: usize, fp8: bool) -> Result<FusedOperand> {
-        let (l, cp) = (cols.div_ceil(GROUP), pad16(cols));
+        let (l, rp, cp) = (cols.div_ceil(GROUP), pad16(rows), pad16(cols));
         Ok(match fp8 {
             true => FusedOperand::Fp8(Fp8Quantized {
                 grouping: Grouping::Row1x128,
                 rows,
                 cols,
-                rows_pad: pad16(rows),
+                rows_pad: rp,
                 cols_pad: cp,
-                codes: gpu.uninit::<u8>(pad16(rows) * cp)?,
-                scales: gpu.uninit::<f32>(l * pad16(rows))?,
+                codes: gpu.uninit::<u8>(rp * cp)?,
+                scales: gpu.uninit::<f32>(l * rp)?,
                 lds: 0,
             }),
             false => FusedOperand::Bf16(gpu.uninit::<u16>(rows * cp)?),
@@ -222,12 +222,12 @@ impl FusedOperand {
     /// The kernel arguments after the output: rows_pad, cols_pad, codes, scales,
     /// BF16 copy (the absent ones null).
     fn args(&self, gpu: &Gpu, rows: usize, cols: usize) -> [Arg; 5] {
-        let (rp, codes, scales, yb) = match self {
-            FusedOperand::Fp8(q) => (q.rows_pad, gpu.ptr(&q.codes), gpu.ptr(&q.scales), 0),
-            FusedOperand::Bf16(b) => (rows, 0, 0, gpu.ptr(b)),
+        let (codes, scales, yb) = match self {
+            FusedOperand::Fp8(q) => (gpu.ptr(&q.codes), gpu.ptr(&q.scales), 0),
+            FusedOperand::Bf16(b) => (0, 0, gpu.ptr(b)),
         };
         [
-            Arg::I(rp as i32),
+            Arg::I(self.rows_pad(rows) as i32),
             Arg::I(pad16(cols) as i32),
             Arg::P(codes),
             Arg::P(scales),

@@ -234,6 +234,27 @@ extern "C" __global__ void fill_random_f32(float* y, long n, u32 seed, float amp
     y[i] = ((float)(h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * amp;
 }
 
+// A fused producer's GEMM operand for one lane's four values v of row r, group g,
+// columns c .. c+3 (row1x128's layout; the whole warp calls it): their 1x128 E4M3
+// codes and the group's scale (codes != null, as row1x128) or their BF16 copy
+// (yb != null, as pad_bf16_f32).
+__device__ __forceinline__ void store_operand4(const float v[4], int r, int g, int c, int lane, int rows_pad,
+                                               int cols_pad, u8* codes, float* scales, bf16_t* yb) {
+    if (codes) {
+        u32 m = 0;
+        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[j]);
+        m = __reduce_max_sync(0xffffffffu, m);
+        float s = e4m3_scale(m);
+        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v, s);
+        if (lane == 0) scales[(long)g * rows_pad + r] = s;
+    }
+    if (yb && c < cols_pad) {
+        u32 lo = (u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16);
+        u32 hi = (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16);
+        *(uint2*)(yb + (long)r * cols_pad + c) = make_uint2(lo, hi);
+    }
+}
+
 // ---- rmsnorm with its GEMM operand ------------------------------------------------
 // Fuses ops.cu's rmsnorm_fwd (y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps))
 // with the operand the next GEMM reads of y: quant_row1x128_f32 (codes != null) or
@@ -275,19 +296,7 @@ extern "C" __global__ void __launch_bounds__(1024)
             if (real && c + j < dim) y[(long)r * dim + c + j] = o;
             v[i][j] = o;
         }
-        if (codes) {
-            u32 m = 0;
-            for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
-            m = __reduce_max_sync(0xffffffffu, m);
-            float s = e4m3_scale(m);
-            if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v[i], s);
-            if (lane == 0) scales[(long)g * rows_pad + r] = s;
-        }
-        if (yb && c < cols_pad) {
-            u32 lo = (u32)f32_to_bf16(v[i][0]) | ((u32)f32_to_bf16(v[i][1]) << 16);
-            u32 hi = (u32)f32_to_bf16(v[i][2]) | ((u32)f32_to_bf16(v[i][3]) << 16);
-            *(uint2*)(yb + (long)r * cols_pad + c) = make_uint2(lo, hi);
-        }
+        store_operand4(v[i], r, g, c, lane, rows_pad, cols_pad, codes, scales, yb);
     }
     if (threadIdx.x == 0 && real) rstd[r] = rs;
 }
@@ -316,17 +325,5 @@ extern "C" __global__ void swiglu_operand(const float* gate, const float* up, in
         v[j] = in ? gv[j] * sigmoid(gv[j]) * uv[j] : 0.0f;
         if (in) h[(long)r * cols + c + j] = v[j];
     }
-    if (codes) {
-        u32 m = 0;
-        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[j]);
-        m = __reduce_max_sync(0xffffffffu, m);
-        float s = e4m3_scale(m);
-        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v, s);
-        if (lane == 0) scales[(long)g * rows_pad + r] = s;
-    }
-    if (yb && c < cols_pad) {
-        u32 lo = (u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16);
-        u32 hi = (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16);
-        *(uint2*)(yb + (long)r * cols_pad + c) = make_uint2(lo, hi);
-    }
+    store_operand4(v, r, g, c, lane, rows_pad, cols_pad, codes, scales, yb);
 }

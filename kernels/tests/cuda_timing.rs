@@ -369,19 +369,15 @@ fn fp8_rows_timing() {
                 gemm::fp8_gemm_nt_into(&g, &qx, &qw, &mut d).unwrap()
             });
             let r64 = time_us(&g, pre, 10, |_| {
-                gemv::gemm_fp8_rows_with(&g, &qx, &qw, &d, n, gemv::RowsTile::T64).unwrap()
-            });
-            let r32 = time_us(&g, pre, 10, |_| {
-                gemv::gemm_fp8_rows_with(&g, &qx, &qw, &d, n, gemv::RowsTile::T32).unwrap()
+                gemv::gemm_fp8_rows(&g, &qx, &qw, &d, n).unwrap()
             });
             let sk = time_us(&g, pre, 10, |_| {
                 gemv::gemv_fp8_into(&g, &qx, &qw, &mut d, n).unwrap()
             });
             println!(
-                "TIMING fp8 rows {m}x{k}x{n} {name:<8}: cuBLASLt {lt:8.1} us {:5.0} TF | rows64 {r64:8.1} us {:5.0} TF | rows32 {r32:8.1} us {:5.0} TF | split-K chunks {sk:8.1} us {:5.0} TF",
+                "TIMING fp8 rows {m}x{k}x{n} {name:<8}: cuBLASLt {lt:8.1} us {:5.0} TF | rows {r64:8.1} us {:5.0} TF | split-K chunks {sk:8.1} us {:5.0} TF",
                 tf(lt),
                 tf(r64),
-                tf(r32),
                 tf(sk)
             );
             // The BF16 forward: cuBLASLt against the batch-invariant kernels.

@@ -33,6 +33,10 @@ pub(crate) const GEMV: Source = Source {
     name: "gemv_fp8",
     code: include_str!("kernels/gemv_fp8.cu"),
 };
+pub(crate) const ROWS: Source = Source {
+    name: "gemm_rows",
+    code: include_str!("kernels/gemm_rows.cu"),
+};
 pub(crate) const OPS: Source = Source {
     name: "ops",
     code: include_str!("kernels/ops.cu"),
@@ -61,9 +65,10 @@ pub(crate) const FLASH: Source = Source {
     name: "flash",
     code: include_str!("kernels/flash.cu"),
 };
-const SOURCES: [&Source; 9] = [
+const SOURCES: [&Source; 10] = [
     &QUANTIZE,
     &GEMV,
+    &ROWS,
     &OPS,
     &ATTENTION,
     &LOGSOFTMAX,

@@ -15,7 +15,7 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::context::{Arg, GEMV};
+use super::context::{Arg, GEMV, ROWS};
 use super::quantize::Fp8Quantized;
 use super::{ensure, Gpu, Result};
 use crate::fp8::{Grouping, GROUP};
@@ -181,37 +181,40 @@ impl SkOps {
         self
     }
 
-    /// The arguments of `gemv_*_sk_*` and `gemm_*_rows`: `mc` tokens into `p`
-    /// (and through `epi` into its `y`).
-    #[allow(clippy::too_many_arguments)]
-    fn args(
-        &self,
-        mc: usize,
-        p: u64,
-        ldp: usize,
-        sstride: usize,
-        gps: usize,
-        epi: Epi,
-    ) -> Vec<Arg> {
+    /// The arguments of `gemv_*_sk_*`: `mc` tokens into the partials at `p` (row
+    /// stride `ldp`, slices `sstride` apart), `gps` groups a split.
+    fn sk_args(&self, mc: usize, (p, ldp, sstride): (u64, usize, usize), gps: usize) -> Vec<Arg> {
+        let mut a = self.args.to_vec();
+        a.extend([Arg::P(p), Arg::L(ldp as i64), Arg::L(sstride as i64)]);
+        a.extend(self.shape(mc, gps));
+        a
+    }
+
+    /// The arguments of `gemm_*_rows`: all tokens into `d` (row stride `ldd`), or
+    /// through `epi` into its `y`.
+    fn rows_args(&self, (d, ldd): (u64, usize), gps: usize, epi: Epi) -> Vec<Arg> {
+        let mut a = self.args.to_vec();
+        a.extend([Arg::P(d), Arg::L(ldd as i64)]);
+        a.extend(self.shape(self.m, gps));
+        a.extend([
+            Arg::P(epi.y),
+            Arg::L(epi.ldy as i64),
+            Arg::P(epi.bias),
+            Arg::I(epi.round as i32),
+            Arg::P(epi.res),
+        ]);
+        a
+    }
+
+    /// M, N, N_pad, K_pad and the groups a split.
+    fn shape(&self, m: usize, gps: usize) -> [Arg; 5] {
         [
-            &self.args[..],
-            &[
-                Arg::P(p),
-                Arg::L(ldp as i64),
-                Arg::L(sstride as i64),
-                Arg::I(mc as i32),
-                Arg::I(self.n as i32),
-                Arg::I(self.n_pad as i32),
-                Arg::I(self.k_pad as i32),
-                Arg::I(gps as i32),
-                Arg::P(epi.y),
-                Arg::L(epi.ldy as i64),
-                Arg::P(epi.bias),
-                Arg::I(epi.round as i32),
-                Arg::P(epi.res),
-            ],
+            Arg::I(m as i32),
+            Arg::I(self.n as i32),
+            Arg::I(self.n_pad as i32),
+            Arg::I(self.k_pad as i32),
+            Arg::I(gps as i32),
         ]
-        .concat()
     }
 }
 
@@ -222,7 +225,6 @@ pub(crate) fn launch_sk(
     ops: &SkOps,
     mc: usize,
     (p, ldp, sstride): (u64, usize, usize),
-    epi: Epi,
 ) -> Result<usize> {
     let n = ops.n;
     let (ks, gps) = splits(gpu, n, ops.k_pad);
@@ -239,7 +241,7 @@ pub(crate) fn launch_sk(
         (n.div_ceil(SK_ROWS) as u32, ks as u32, chunks as u32),
         ((SK_ROWS / 16 * 32) as u32, 1, 1),
         0,
-        &ops.args(mc, p, ldp, sstride, gps, epi),
+        &ops.sk_args(mc, (p, ldp, sstride), gps),
     )?;
     Ok(ks)
 }
@@ -250,7 +252,7 @@ pub(crate) fn partial(gpu: &Gpu, ops: &SkOps) -> Result<Partial> {
     let (m, n) = (ops.m, ops.n);
     let (ks, _) = splits(gpu, n, ops.k_pad);
     let p = gpu.uninit::<f32>(ks * m * n)?;
-    let splits = launch_sk(gpu, ops, m, (gpu.ptr(&p), n, m * n), Epi::NONE)?;
+    let splits = launch_sk(gpu, ops, m, (gpu.ptr(&p), n, m * n))?;
     Ok(Partial {
         p,
         ldp: n,
@@ -259,12 +261,39 @@ pub(crate) fn partial(gpu: &Gpu, ops: &SkOps) -> Result<Partial> {
     })
 }
 
-/// The rows kernel `name` over all tokens of `ops` into `d` (row stride `ldd`),
-/// `tokens` a block.
+/// A rows kernel of `gemm_rows.cu`: 64 tokens x 128 outputs a block of 256 threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowsKernel {
+    Fp8,
+    Bf16,
+}
+
+impl RowsKernel {
+    fn name(self) -> &'static str {
+        match self {
+            RowsKernel::Fp8 => "gemm_fp8_rows",
+            RowsKernel::Bf16 => "gemm_bf16_rows",
+        }
+    }
+
+    /// Dynamic shared memory, `RowsSmem::BYTES` in `gemm_rows.cu`: S stages of a
+    /// 128-row W tile, a 64-token X tile (GB bytes a row each) and 64 token scales,
+    /// plus (FP8) two f16 token tiles of 64 rows x 272 bytes.
+    fn smem_bytes(self) -> u32 {
+        let stage = |gb: u32| 128 * gb + 64 * gb + 64 * 4;
+        match self {
+            RowsKernel::Fp8 => 4 * stage(128) + 2 * 64 * 272,
+            RowsKernel::Bf16 => 3 * stage(256),
+        }
+    }
+}
+
+/// The rows kernel over all tokens of `ops` into `d` (row stride `ldd`), or
+/// through `epi`.
 pub(crate) fn launch_rows(
     gpu: &Gpu,
     ops: &SkOps,
-    (name, tokens): (&'static str, usize),
+    kernel: RowsKernel,
     (d, ldd): (u64, usize),
     epi: Epi,
 ) -> Result<()> {
@@ -273,12 +302,12 @@ pub(crate) fn launch_rows(
     }
     let (_, gps) = splits(gpu, ops.n, ops.k_pad);
     gpu.launch(
-        &GEMV,
-        name,
-        (ops.m.div_ceil(tokens) as u32, ops.n.div_ceil(128) as u32, 1),
+        &ROWS,
+        kernel.name(),
+        (ops.m.div_ceil(64) as u32, ops.n.div_ceil(128) as u32, 1),
         (256, 1, 1),
-        0,
-        &ops.args(ops.m, d, ldd, 0, gps, epi),
+        kernel.smem_bytes(),
+        &ops.rows_args((d, ldd), gps, epi),
     )
 }
 
@@ -341,37 +370,10 @@ pub fn gemm_fp8_rows(
     d: &CudaSlice<f32>,
     ldd: usize,
 ) -> Result<()> {
-    gemm_fp8_rows_with(gpu, x, w, d, ldd, RowsTile::T64)
-}
-
-/// The token tile of a [`gemm_fp8_rows`] block (timings pick between them; both
-/// give the same bits).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowsTile {
-    /// 64 tokens x 128 outputs, one block an SM (255 registers).
-    T64,
-    /// 32 tokens x 128 outputs, two blocks an SM (128 registers).
-    T32,
-}
-
-/// [`gemm_fp8_rows`] with a chosen tile.
-#[doc(hidden)]
-pub fn gemm_fp8_rows_with(
-    gpu: &Gpu,
-    x: &Fp8Quantized,
-    w: &Fp8Quantized,
-    d: &CudaSlice<f32>,
-    ldd: usize,
-    tile: RowsTile,
-) -> Result<()> {
     check(x, w)?;
     check_out(x, w, d.len(), ldd)?;
-    let (name, tokens) = match tile {
-        RowsTile::T64 => ("gemm_fp8_rows", 64),
-        RowsTile::T32 => ("gemm_fp8_rows_t4", 32),
-    };
     let ops = SkOps::fp8(gpu, x, w, 0);
-    launch_rows(gpu, &ops, (name, tokens), (gpu.ptr(d), ldd), Epi::NONE)
+    launch_rows(gpu, &ops, RowsKernel::Fp8, (gpu.ptr(d), ldd), Epi::NONE)
 }
 
 /// [`gemm_fp8_rows`] with the linear layer's epilogue fused (`epi.y`).
@@ -384,7 +386,7 @@ pub(crate) fn gemm_fp8_rows_fused(
     check(x, w)?;
     check_out(x, w, usize::MAX, epi.ldy)?;
     let ops = SkOps::fp8(gpu, x, w, 0);
-    launch_rows(gpu, &ops, ("gemm_fp8_rows", 64), (0, 0), epi)
+    launch_rows(gpu, &ops, RowsKernel::Fp8, (0, 0), epi)
 }
 
 /// Whether the split-K kernel fills the GPU better than [`gemm_fp8_rows`] for `m`
@@ -439,11 +441,11 @@ pub fn gemv_fp8_with(
                 let ops = SkOps::fp8(gpu, x, w, m0);
                 match &ws {
                     Some(ws) => {
-                        launch_sk(gpu, &ops, mc, (gpu.ptr(ws), n, mc * n), Epi::NONE)?;
+                        launch_sk(gpu, &ops, mc, (gpu.ptr(ws), n, mc * n))?;
                         splitk_sum(gpu, gpu.ptr(ws), ks, (mc, n), yc, ldy)?;
                     }
                     None => {
-                        launch_sk(gpu, &ops, mc, (yc, ldy, 0), Epi::NONE)?;
+                        launch_sk(gpu, &ops, mc, (yc, ldy, 0))?;
                     }
                 }
             }

@@ -115,3 +115,92 @@ __device__ __forceinline__ void pdl_entry() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+// ---- Shared memory and asynchronous copies (flash.cu, gemm_rows.cu) -------------
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+// 16-byte asynchronous copy global -> shared; zero-filled when !valid (a copy of
+// source size 0 reads nothing).
+__device__ __forceinline__ void cp16(void* s, const void* g, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(s)), "l"(g),
+                 "r"(valid ? 16 : 0));
+}
+// The same for one 4-byte word (through L1).
+__device__ __forceinline__ void cp4(void* s, const void* g, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(s)), "l"(g),
+                 "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+// Wait until at most N of this thread's committed copy groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// ---- The forward GEMM's arithmetic, shared by the split-K decode kernels
+// (gemv_fp8.cu) and the rows kernels (gemm_rows.cu): one definition, so a row's bits
+// do not depend on which kernel (or batch) computed it. ---------------------------
+__device__ __forceinline__ void mma_bf16_k16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16_k16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// The f16 pair of E4M3 bytes 0-1 (j = 0) or 2-3 (j = 1) of v, low byte in the low
+// half; exact (every E4M3 value is an f16).
+__device__ __forceinline__ u32 e4m3x2_f16x2(u32 v, int j) {
+    u32 r;
+    if (j)
+        asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h; }" : "=r"(r) : "r"(v));
+    else
+        asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l; }" : "=r"(r) : "r"(v));
+    return r;
+}
+// Weight operand of one 64-value half of an FP8 group for an m16 tile: w0 / w1 the
+// 16 E4M3 bytes of rows gid / gid + 8 at k = h*64 + tig*16, as the f16 words of the
+// four k16 steps fp8_half_mma takes: step (s, j) = bytes s*8.. , pair j of each word.
+__device__ __forceinline__ void fp8_a_words(u32 (&a)[16], uint4 w0, uint4 w1) {
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            u32* q = a + (s * 2 + j) * 4;
+            q[0] = e4m3x2_f16x2(s ? w0.z : w0.x, j);
+            q[1] = e4m3x2_f16x2(s ? w1.z : w1.x, j);
+            q[2] = e4m3x2_f16x2(s ? w0.w : w0.y, j);
+            q[3] = e4m3x2_f16x2(s ? w1.w : w1.y, j);
+        }
+}
+// c (an m16n8 tile) += one 64-value half of an FP8 group: four k16 f16 mma steps
+// chained in c. (sm_90 has no e4m3 mma.sync: ptxas lowers one k32 e4m3 step to E4M3
+// -> f16 conversions and two f16 HMMAs from zero, then an f32 add; written out as f16
+// steps, a whole group chains in one accumulator, without the adds.) x: the token's
+// same 16 k values as f16 pairs (k 0-1, 2-3, ..., 14-15), so step (s, j) takes words
+// s*4 + j and s*4 + 2 + j.
+__device__ __forceinline__ void fp8_half_mma(float* c, const u32 (&a)[16], const u32 (&x)[8]) {
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const u32* q = a + (s * 2 + j) * 4;
+            mma_f16_k16(c, q[0], q[1], q[2], q[3], x[s * 4 + j], x[s * 4 + 2 + j]);
+        }
+}
+// c += one 32-value quarter of a BF16 group: w0 / w1 the 16 bytes (8 values) of rows
+// gid / gid + 8 at k = h*32 + tig*8, x the token's; two k16 steps, each thread's
+// values 0-3 first, then 4-7 (the k slots of A and B permuted alike).
+__device__ __forceinline__ void bf16_quarter_mma(float* c, uint4 w0, uint4 w1, uint4 x) {
+    mma_bf16_k16(c, w0.x, w1.x, w0.y, w1.y, x.x, x.y);
+    mma_bf16_k16(c, w0.z, w1.z, w0.w, w1.w, x.z, x.w);
+}

@@ -32,12 +32,6 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     return r;
 }
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u64 a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (u32)a;
-}
-
 __device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const bf16_t* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
@@ -72,17 +66,6 @@ __device__ __forceinline__ void stage(bf16_t* s, const float* g, long ld, int nr
         d[0] = pack_bf16x2(x.x, x.y);
         d[1] = pack_bf16x2(x.z, x.w);
     }
-}
-
-// 16-byte asynchronous copy global -> shared; zero-filled when !valid.
-__device__ __forceinline__ void cp16(bf16_t* s, const bf16_t* g, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(s)), "l"(g),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
 // Start copying rows [0, NROWS) of a BF16 matrix (row stride `ld` values, D

@@ -184,97 +184,60 @@ GEMV(8, 8, 1)
 // precisions share the split design, so in both a row's products are added in one
 // order whichever kernel and batch computed it.
 //
-// Block = WN warps = WN*16 weight rows (warp w: rows n0 + 16w .. +16, one m16 tile;
-// split-K launches WN = 4, rows launches WN = 8);
-// grid (ceil(N/(WN*16)), KS, token chunks): block (bx, ks, c) takes the K groups [ks*gps, (ks+1)*gps) and
-// writes its partial sums to p[ks][token][n] (stride ldp, slices sstride apart);
-// the slices are added in ks order afterwards (splitk_sum or the linear epilogue),
-// so the result is deterministic and a token's row never depends on the others.
-// The token values of a group (TT*8 rows x E::GB bytes) are staged in shared memory
-// once per block (rows GB + 64 bytes apart: the 16-byte reads of a quarter warp hit
-// distinct banks), double-buffered; the weight bytes stream from HBM with the next
-// group's requested before this group's mma. (Holding a whole chunk of groups in
-// flight instead measured slower: NOTES.md.)
+// Block = 4 warps = 64 weight rows (warp w: rows n0 + 16w .. +16, one m16 tile);
+// grid (ceil(N/64), KS, token chunks): block (bx, ks, c) takes the K groups
+// [ks*gps, (ks+1)*gps) and writes its partial sums to p[ks][token][n] (stride ldp,
+// slices sstride apart); the slices are added in ks order afterwards (splitk_sum or
+// the linear epilogue), so the result is deterministic and a token's row never
+// depends on the others. The token values of a group (TT*8 rows x E::GB bytes) are
+// staged in shared memory once per block (rows GB + 64 bytes apart: the 16-byte
+// reads of a quarter warp hit distinct banks), double-buffered; the weight bytes
+// stream from HBM with the next group's requested before this group's mma.
+// (Holding a whole chunk of groups in flight instead measured slower: NOTES.md.)
 //
-// A group is 128 values of k: 128 E4M3 bytes (two 64-byte halves, four k32 mma
-// steps from a zero accumulator, scaled per group: y = fma(xs * ws, group sum, y),
-// the terms of fp8_gemm) or 256 BF16
-// bytes (four halves, eight k16 steps chained straight into the f32 accumulator,
-// no scales). Thread (gid, tig) loads 16 bytes at half offset tig*16 of its weight
-// rows and token and feeds them to two mma steps, the same k slots in A and B.
-//
-// ROWS = the batch-invariant GEMM for any number of tokens (training forward,
-// prefill, large decode batches): grid (ceil(M/64), ceil(N/128)), each block walks
-// all K groups of 64 tokens and adds the split slices in registers: acc restarts
-// at every gps-group boundary and tot = acc0, tot += acc1, ... is exactly the
-// split-K launch's partial sums followed by its in-order sum. A row's result is then
-// bit-identical whichever of the two kernels (and whichever batch) computed it; the
-// weight bytes are read with the default cache policy since 64-token chunks reuse
-// them from L2.
-__device__ __forceinline__ void mma_bf16_k16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+// A group is 128 values of k: 128 E4M3 bytes (two 64-byte halves of four k16 f16
+// mma steps each, fp8_half_mma, chained from zero over the group, then scaled:
+// y = fma(xs * ws, group sum, y), the terms of fp8_gemm) or 256 BF16 bytes (four
+// 64-byte quarters of two k16 steps, bf16_quarter_mma, chained straight into the
+// f32 accumulator, no scales). Thread (gid, tig) loads 16 bytes at offset tig*16
+// of each 64-byte part of its weight rows and token. The rows kernels
+// (gemm_rows.cu) repeat this arithmetic and the split order for any number of
+// tokens, so a row's bits do not depend on which kernel computed it.
+
 // E4M3 codes, 128x128 weight blocks and 1x128 token scales.
 struct Fp8E {
     static constexpr int GB = 128;  // bytes of a row in a 128-value group
     static constexpr bool SCALED = true;
-    static __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-        mma_e4m3(c, a0, a1, a2, a3, b0, b1);
-    }
-    // c = a b (a zero accumulator in, no zeroing instructions).
-    static __device__ __forceinline__ void mma0(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-            : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
-    }
 };
 // BF16 values, no scales.
 struct Bf16E {
     static constexpr int GB = 256;
     static constexpr bool SCALED = false;
-    static __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-        mma_bf16_k16(c, a0, a1, a2, a3, b0, b1);
-    }
-    static __device__ __forceinline__ void mma0(float*, u32, u32, u32, u32, u32, u32) {}  // unused
 };
 
 // w [N_pad][K_pad] and x [M][K_pad] values of E (row strides K_pad * sizeof);
 // ws, xs the FP8 scales (unused for BF16).
-//
-// Fused epilogue (ROWS, y != null; fuses linear_epilogue: the total, then the bias,
-// then the BF16 rounding when `round`, then + res [M][ldy] when not null): y [M][ldy]
-// gets the linear layer's output and p is not written. (The split-K launch always writes partials: folding them in
-// its last block per tile measured slower than the separate epilogue, NOTES.md.)
-template <class E, int TT, bool ROWS, int WN>
+template <class E, int TT>
 __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, int lds,
                         const u8* __restrict__ x, const float* __restrict__ xs, int ldxs,
                         float* __restrict__ p, long ldp, long sstride, int M, int N, int N_pad,
-                        int K_pad, int gps, float* __restrict__ y, long ldy, const float* __restrict__ bias,
-                        int round, const float* __restrict__ res) {
-    constexpr int GB = E::GB, H = GB / 64, XS = GB + 64, NT = WN * 32;
+                        int K_pad, int gps) {
+    constexpr int WN = 4, GB = E::GB, H = GB / 64, XS = GB + 64, NT = WN * 32;
     static_assert(NT >= TT * 8, "one thread per token loads the token scales");
     __shared__ __align__(16) u8 xt[2][TT * 8 * XS];
     __shared__ float sxs[2][E::SCALED ? TT * 8 : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
-    const int n0 = (ROWS ? blockIdx.y : blockIdx.x) * (WN * 16);
+    const int n0 = blockIdx.x * (WN * 16);
     const int L = (K_pad + 127) / 128;
     const long RB = (long)K_pad * (GB / 128);  // bytes of a row
-    // This block's chunk of TT*8 tokens (grid z of the split-K launch).
-    const int t0 = (ROWS ? blockIdx.x : blockIdx.z) * (TT * 8);
+    // This block's chunk of TT*8 tokens (grid z).
+    const int t0 = blockIdx.z * (TT * 8);
     x += (long)t0 * RB;
     xs += E::SCALED ? t0 : 0;
     p += (long)t0 * ldp;
-    if (ROWS && y) y += (long)t0 * ldy;
-    if (ROWS && res) res += (long)t0 * ldy;
     M = min(M - t0, TT * 8);
-    const int g0 = ROWS ? 0 : blockIdx.y * gps, g1 = ROWS ? L : min(L, g0 + gps);
+    const int g0 = blockIdx.y * gps, g1 = min(L, g0 + gps);
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     const u8* wr0 = w + (long)min(n0 + warp * 16 + gid, N_pad - 1) * RB;
     const u8* wr1 = w + (long)min(n0 + warp * 16 + gid + 8, N_pad - 1) * RB;
@@ -300,18 +263,17 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
         }
         if (E::SCALED && threadIdx.x < TT * 8) sxs[b][threadIdx.x] = sc;
     };
-    auto ld_w = [&](const u8* q) { return ROWS ? __ldg(reinterpret_cast<const uint4*>(q)) : ld_stream(q); };
     auto load_w = [&](int g, uint4 (&a)[H][2]) {
 #pragma unroll
         for (int h = 0; h < H; h++) {
             long b = (long)g * GB + h * 64 + tig * 16;
             bool in = g < g1 && b < RB;
-            a[h][0] = in ? ld_w(wr0 + b) : zero;
-            a[h][1] = in ? ld_w(wr1 + b) : zero;
+            a[h][0] = in ? ld_stream(wr0 + b) : zero;
+            a[h][1] = in ? ld_stream(wr1 + b) : zero;
         }
     };
 
-    float acc[TT][4], tot[ROWS ? TT : 1][4];
+    float acc[TT][4];
 #pragma unroll
     for (int tt = 0; tt < TT; tt++)
 #pragma unroll
@@ -319,7 +281,6 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
     if (g0 < g1) {
         uint4 xr[XPT], a[H][2], an[H][2];
         float sc;
-        int fold_at = g0 + gps;  // ROWS: the group after which the current slice ends
         load_x(g0, xr, sc);
         load_w(g0, a);
         store_x(0, xr, sc);
@@ -331,46 +292,44 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
             const int b = (g - g0) & 1;
             load_w(g + 1, nxt);
             if (g + 1 < g1) load_x(g + 1, xr, sc);
-            // FP8: the group's sums, the first k32 step from a zero accumulator,
-            // scaled below; BF16: straight into acc.
-            float part[E::SCALED ? TT : 1][4];
-#pragma unroll
-            for (int h = 0; h < H; h++)
-#pragma unroll
-                for (int tt = 0; tt < TT; tt++) {
-                    uint4 bb = *reinterpret_cast<const uint4*>(&xt[b][(tt * 8 + gid) * XS + h * 64 + tig * 16]);
-                    float* c = E::SCALED ? part[E::SCALED ? tt : 0] : acc[tt];
-                    if (E::SCALED && h == 0)
-                        E::mma0(c, cur[h][0].x, cur[h][1].x, cur[h][0].y, cur[h][1].y, bb.x, bb.y);
-                    else
-                        E::mma(c, cur[h][0].x, cur[h][1].x, cur[h][0].y, cur[h][1].y, bb.x, bb.y);
-                    E::mma(c, cur[h][0].z, cur[h][1].z, cur[h][0].w, cur[h][1].w, bb.z, bb.w);
-                }
-            if (E::SCALED) {
-                // y += (x scale * w scale) * group sum (fp8_gemm's terms, one fma).
-                float sw = wsr[g];
-#pragma unroll
-                for (int tt = 0; tt < TT; tt++) {
-                    const int pt = E::SCALED ? tt : 0;
-                    float s0 = sxs[b][tt * 8 + tig * 2] * sw, s1 = sxs[b][tt * 8 + tig * 2 + 1] * sw;
-                    acc[tt][0] = __fmaf_rn(s0, part[pt][0], acc[tt][0]);
-                    acc[tt][1] = __fmaf_rn(s1, part[pt][1], acc[tt][1]);
-                    acc[tt][2] = __fmaf_rn(s0, part[pt][2], acc[tt][2]);
-                    acc[tt][3] = __fmaf_rn(s1, part[pt][3], acc[tt][3]);
-                }
-            }
-            // The end of a split slice: fold it into the total as the in-order sum
-            // of the slices would (the first slice is taken as is).
-            if (ROWS && (g + 1 == fold_at || g + 1 == g1)) {
-                const bool first = g < gps;
+            if constexpr (E::SCALED) {
+                // The group's sums from zero, then y += (x scale * w scale) * sum
+                // (fp8_gemm's terms, one fma).
+                float part[TT][4];
 #pragma unroll
                 for (int tt = 0; tt < TT; tt++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        tot[ROWS ? tt : 0][i] = first ? acc[tt][i] : tot[ROWS ? tt : 0][i] + acc[tt][i];
-                        acc[tt][i] = 0.0f;
+                    for (int i = 0; i < 4; i++) part[tt][i] = 0.0f;
+#pragma unroll
+                for (int h = 0; h < H; h++) {
+                    u32 aw[16];
+                    fp8_a_words(aw, cur[h][0], cur[h][1]);
+#pragma unroll
+                    for (int tt = 0; tt < TT; tt++) {
+                        uint4 bb = *reinterpret_cast<const uint4*>(&xt[b][(tt * 8 + gid) * XS + h * 64 + tig * 16]);
+                        const u32 xw[8] = {e4m3x2_f16x2(bb.x, 0), e4m3x2_f16x2(bb.x, 1), e4m3x2_f16x2(bb.y, 0),
+                                           e4m3x2_f16x2(bb.y, 1), e4m3x2_f16x2(bb.z, 0), e4m3x2_f16x2(bb.z, 1),
+                                           e4m3x2_f16x2(bb.w, 0), e4m3x2_f16x2(bb.w, 1)};
+                        fp8_half_mma(part[tt], aw, xw);
                     }
-                fold_at += gps;
+                }
+                float sw = wsr[g];
+#pragma unroll
+                for (int tt = 0; tt < TT; tt++) {
+                    float s0 = sxs[b][tt * 8 + tig * 2] * sw, s1 = sxs[b][tt * 8 + tig * 2 + 1] * sw;
+                    acc[tt][0] = __fmaf_rn(s0, part[tt][0], acc[tt][0]);
+                    acc[tt][1] = __fmaf_rn(s1, part[tt][1], acc[tt][1]);
+                    acc[tt][2] = __fmaf_rn(s0, part[tt][2], acc[tt][2]);
+                    acc[tt][3] = __fmaf_rn(s1, part[tt][3], acc[tt][3]);
+                }
+            } else {
+#pragma unroll
+                for (int h = 0; h < H; h++)
+#pragma unroll
+                    for (int tt = 0; tt < TT; tt++) {
+                        uint4 bb = *reinterpret_cast<const uint4*>(&xt[b][(tt * 8 + gid) * XS + h * 64 + tig * 16]);
+                        bf16_quarter_mma(acc[tt], cur[h][0], cur[h][1], bb);
+                    }
             }
             if (g + 1 < g1) store_x(b ^ 1, xr, sc);
             __syncthreads();
@@ -380,51 +339,36 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
             if (g + 1 < g1) step(g + 1, an, a);
         }
     }
-    float* out = p + (ROWS ? 0 : (long)blockIdx.y * sstride);
+    float* out = p + (long)blockIdx.y * sstride;
 #pragma unroll
     for (int tt = 0; tt < TT; tt++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int row = n0 + warp * 16 + gid + (i >= 2 ? 8 : 0);
             int tok = tt * 8 + tig * 2 + (i & 1);
-            if (row >= N || tok >= M) continue;
-            if (ROWS && y) {  // linear_epilogue, fused
-                float v = tot[ROWS ? tt : 0][i];
-                if (bias) v += bias[row];
-                v = round ? round_bf16(v) : v;
-                y[(long)tok * ldy + row] = res ? __fadd_rn(res[(long)tok * ldy + row], v) : v;
-            } else {
-                out[(long)tok * ldp + row] = ROWS ? tot[ROWS ? tt : 0][i] : acc[tt][i];
-            }
+            if (row < N && tok < M) out[(long)tok * ldp + row] = acc[tt][i];
         }
 }
 
-// NAME(element, token tiles, min blocks per SM, rows mode, warps a block).
-// Split-K blocks are 64 weight rows (4 warps): at decode sizes a GEMM of a few MB
-// has to spread over every SM to stream at HBM speed (128-row blocks left 16-48
-// blocks for 132 SMs and took ~9 us whatever the size: NOTES.md).
-#define GEMM_SK(NAME, E, TT, MINB, ROWS, WN)                                                            \
-    extern "C" __global__ void __launch_bounds__(WN * 32, MINB)                                         \
-        NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p,   \
-             long ldp, long sstride, int M, int N, int N_pad, int K_pad, int gps, float* y, long ldy,   \
-             const float* bias, int round, const float* res) {                                           \
-        pdl_entry();                                                                                    \
-        gemm_sk<E, TT, ROWS, WN>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps, y,  \
-                                 ldy, bias, round, res);                                                 \
+// NAME(element, token tiles, min blocks per SM). Blocks of 64 weight rows (4 warps):
+// at decode sizes a GEMM of a few MB has to spread over every SM to stream at HBM
+// speed (128-row blocks left 16-48 blocks for 132 SMs and took ~9 us whatever the
+// size: NOTES.md).
+#define GEMM_SK(NAME, E, TT, MINB)                                                                     \
+    extern "C" __global__ void __launch_bounds__(128, MINB)                                           \
+        NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p, \
+             long ldp, long sstride, int M, int N, int N_pad, int K_pad, int gps) {                   \
+        pdl_entry();                                                                                  \
+        gemm_sk<E, TT>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);            \
     }
-GEMM_SK(gemv_fp8_sk_t1, Fp8E, 1, 4, false, 4)
-GEMM_SK(gemv_fp8_sk_t2, Fp8E, 2, 4, false, 4)
-GEMM_SK(gemv_fp8_sk_t4, Fp8E, 4, 2, false, 4)
-GEMM_SK(gemv_fp8_sk_t8, Fp8E, 8, 2, false, 4)
-GEMM_SK(gemm_fp8_rows, Fp8E, 8, 1, true, 8)
-// 32-token tiles, two blocks an SM (fewer registers: 16 warps resident to hide the
-// weight loads); the same per-output arithmetic.
-GEMM_SK(gemm_fp8_rows_t4, Fp8E, 4, 2, true, 8)
-GEMM_SK(gemv_bf16_sk_t1, Bf16E, 1, 4, false, 4)
-GEMM_SK(gemv_bf16_sk_t2, Bf16E, 2, 4, false, 4)
-GEMM_SK(gemv_bf16_sk_t4, Bf16E, 4, 2, false, 4)
-GEMM_SK(gemv_bf16_sk_t8, Bf16E, 8, 2, false, 4)
-GEMM_SK(gemm_bf16_rows, Bf16E, 8, 1, true, 8)
+GEMM_SK(gemv_fp8_sk_t1, Fp8E, 1, 4)
+GEMM_SK(gemv_fp8_sk_t2, Fp8E, 2, 4)
+GEMM_SK(gemv_fp8_sk_t4, Fp8E, 4, 2)
+GEMM_SK(gemv_fp8_sk_t8, Fp8E, 8, 2)
+GEMM_SK(gemv_bf16_sk_t1, Bf16E, 1, 4)
+GEMM_SK(gemv_bf16_sk_t2, Bf16E, 2, 4)
+GEMM_SK(gemv_bf16_sk_t4, Bf16E, 4, 2)
+GEMM_SK(gemv_bf16_sk_t8, Bf16E, 8, 2)
 
 // y [rows, cols] (stride ldy) = sum over s < splits, in order, of p[s] (stride ldp).
 extern "C" __global__ void splitk_sum(const float* p, long ldp, long sstride, int splits, int rows, int cols,

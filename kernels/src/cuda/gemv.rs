@@ -261,7 +261,7 @@ pub(crate) fn partial(gpu: &Gpu, ops: &SkOps) -> Result<Partial> {
     })
 }
 
-/// A rows kernel of `gemm_rows.cu`: 64 tokens x 128 outputs a block of 256 threads.
+/// A rows kernel of `gemm_rows.cu`: 128 tokens x 128 outputs a block of 256 threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RowsKernel {
     Fp8,
@@ -277,12 +277,12 @@ impl RowsKernel {
     }
 
     /// Dynamic shared memory, `RowsSmem::BYTES` in `gemm_rows.cu`: S stages of a
-    /// 128-row W tile, a 64-token X tile (GB bytes a row each) and 64 token scales,
-    /// plus (FP8) two f16 token tiles of 64 rows x 272 bytes.
+    /// 128-row W tile, a 128-token X tile (GB bytes a row each) and 128 token
+    /// scales, plus (FP8) two f16 token tiles of 128 rows x 272 bytes.
     fn smem_bytes(self) -> u32 {
-        let stage = |gb: u32| 128 * gb + 64 * gb + 64 * 4;
+        let stage = |gb: u32| 128 * gb + 128 * gb + 128 * 4;
         match self {
-            RowsKernel::Fp8 => 4 * stage(128) + 2 * 64 * 272,
+            RowsKernel::Fp8 => 4 * stage(128) + 2 * 128 * 272,
             RowsKernel::Bf16 => 3 * stage(256),
         }
     }
@@ -304,7 +304,11 @@ pub(crate) fn launch_rows(
     gpu.launch(
         &ROWS,
         kernel.name(),
-        (ops.m.div_ceil(64) as u32, ops.n.div_ceil(128) as u32, 1),
+        (
+            ops.m.div_ceil(ROWS_TOKENS) as u32,
+            ops.n.div_ceil(128) as u32,
+            1,
+        ),
         (256, 1, 1),
         kernel.smem_bytes(),
         &ops.rows_args((d, ldd), gps, epi),
@@ -389,10 +393,13 @@ pub(crate) fn gemm_fp8_rows_fused(
     launch_rows(gpu, &ops, RowsKernel::Fp8, (0, 0), epi)
 }
 
+/// Tokens a rows-kernel block covers.
+const ROWS_TOKENS: usize = 128;
+
 /// Whether the split-K kernel fills the GPU better than [`gemm_fp8_rows`] for `m`
-/// tokens: the rows kernel has one block per 64 tokens x 128 outputs.
+/// tokens: the rows kernel has one block per 128 tokens x 128 outputs.
 pub(crate) fn split_k_pays(gpu: &Gpu, m: usize, n: usize) -> bool {
-    m.div_ceil(GEMV_MAX_TOKENS) * n.div_ceil(128) < gpu.sm_count()
+    m.div_ceil(ROWS_TOKENS) * n.div_ceil(128) < gpu.sm_count()
 }
 
 /// `y [M][ldy] = x [M, K] w [N, K]^T` for quantized `x` (1x128) and `w` (blocks);

@@ -95,7 +95,7 @@ fn check_out(x: &Bf16Rows, w: &Bf16Rows, len: usize, ld: usize) -> Result<()> {
     })
 }
 
-/// `d [M][ldd] = x [M, K] w [N, K]^T` for any number of rows in one launch (64
+/// `d [M][ldd] = x [M, K] w [N, K]^T` for any number of rows in one launch (128
 /// tokens x 128 outputs a block), each row's bits those of the split-K kernel.
 pub fn gemm_bf16_rows(
     gpu: &Gpu,

@@ -6,19 +6,21 @@
 // the slices added in order, the first taken as is. A row's bits are then the same
 // whichever kernel and batch computed it (rollout == training).
 //
-// Block: 256 threads = 8 warps, 128 weight rows (warp w: rows n0 + 16w .. +16, one
-// m16 tile) x 64 tokens (8 n8 tiles); grid (ceil(M/64), ceil(N/128)). Each block walks
-// all K groups: acc restarts every gps groups and tot = slice0, tot += slice1, ... is
-// the split-K launch's in-order sum of its partials.
+// Block: 256 threads = 8 warps, 128 weight rows x 128 tokens; grid (ceil(M/128),
+// ceil(N/128)). Warp w: rows 32 (w & 3) .. +32 (two m16 tiles) x tokens 64 (w >> 2)
+// .. +64 (eight n8 tiles), so each fragment read from shared memory feeds two or
+// eight mma (shared-memory bandwidth is what bounds a mma.sync GEMM here: NOTES.md).
+// Each block walks all K groups: acc restarts every gps groups and tot = slice0,
+// tot += slice1, ... is the split-K launch's in-order sum of its partials.
 //
 // Operands stream through S shared-memory stages by cp.async (a group's W tile
-// 128 x GB bytes, X tile 64 x GB bytes, and the FP8 token scales), S - 1 groups in
+// 128 x GB bytes, X tile 128 x GB bytes, and the FP8 token scales), S - 1 groups in
 // flight. W and X rows are GB bytes apart with their 16-byte units swizzled (unit u
 // of row r at u ^ 4(r & 1)), so a quarter warp's 16-byte reads (rows gid = 0, 1,
 // units tig = 0..3) hit distinct banks.
 //
 // FP8: sm_90 has no e4m3 mma.sync (ptxas converts both operands to f16 around each
-// mma, 16 conversions a clock an SM: that bound the previous kernel, every warp
+// mma, 16 conversions a clock an SM: that bound the first rows kernel, every warp
 // converting the whole token tile). Here the block converts each group's token tile
 // to f16 once (xh, double-buffered, rows XHS bytes apart), and a warp converts only
 // its own weight rows.
@@ -38,22 +40,15 @@ struct Bf16R {
     static constexpr bool FP8 = false;
 };
 
-// Shared memory: S stages of [W tile | X tile | 64 token scales], then (FP8) two
-// f16 token tiles. gemv.rs `rows_smem_bytes` repeats BYTES.
+// Shared memory: S stages of [W tile | X tile | 128 token scales], then (FP8) two
+// f16 token tiles. gemv.rs `RowsKernel::smem_bytes` repeats BYTES.
 template <class C>
 struct RowsSmem {
-    static constexpr int W = 128 * C::GB, X = 64 * C::GB, STAGE = W + X + 64 * 4;
-    static constexpr int XH = C::FP8 ? 64 * XHS : 0;
+    static constexpr int W = 128 * C::GB, X = 128 * C::GB, STAGE = W + X + 128 * 4;
+    static constexpr int XH = C::FP8 ? 128 * XHS : 0;
     static constexpr int BYTES = C::S * STAGE + 2 * XH;
 };
 
-// Shared-memory loads at 32-bit shared addresses (the 32-bit one never merged
-// into a wider load).
-__device__ __forceinline__ u32 lds32(u32 a) {
-    u32 v;
-    asm volatile("ld.volatile.shared.b32 %0, [%1];" : "=r"(v) : "r"(a));
-    return v;
-}
 __device__ __forceinline__ uint4 lds128(u32 a) {
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
@@ -82,12 +77,12 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
     extern __shared__ __align__(128) u8 smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
-    const int n0 = blockIdx.y * 128, t0 = blockIdx.x * 64;
+    const int n0 = blockIdx.y * 128, t0 = blockIdx.x * 128;
     const int L = (K_pad + 127) / 128;
     const long RB = (long)K_pad * (GB / 128);  // bytes of a row
     x += (long)t0 * RB;
     if (C::FP8) xs += t0;
-    M = min(M - t0, 64);
+    M = min(M - t0, 128);
 
     // Start copying group g into stage g % S (all threads; one commit group). A
     // thread copies unit cu of rows cr + i * RSTEP (RSTEP even: one swizzle for all);
@@ -109,11 +104,11 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
                 cp16(st + i * RSTEP * GB, wsrc + i * RSTEP * RB + off, ok);
             }
 #pragma unroll
-            for (int i = 0; i < 64 / RSTEP; i++) {
+            for (int i = 0; i < 128 / RSTEP; i++) {
                 bool ok = kin && cr + i * RSTEP < M;
                 cp16(st + SM::W + i * RSTEP * GB, xsrc + i * RSTEP * RB + off, ok);
             }
-            if (C::FP8 && threadIdx.x < 64) {
+            if (C::FP8 && threadIdx.x < 128) {
                 bool ok = threadIdx.x < M;
                 cp4(smem + (g % S) * SM::STAGE + SM::W + SM::X + threadIdx.x * 4,
                     xs + (ok ? (long)g * ldxs + threadIdx.x : 0), ok);
@@ -122,7 +117,7 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
         cp_commit();
     };
     // FP8: the token tile of group g (stage g % S) as f16 into xh[g & 1]; each
-    // thread two 16-byte units -> 32 bytes. The f16 words of a unit are stored in
+    // thread four 16-byte units -> 32 bytes each. The f16 words of a unit are stored in
     // the order 0 2 1 3 4 6 5 7, so the two B words of each mma step (s*4 + j,
     // s*4 + 2 + j: fp8_half_mma) come as an adjacent register pair.
     auto convert = [&](int g) {
@@ -130,7 +125,7 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
             const u8* xt = smem + (g % S) * SM::STAGE + SM::W;
             u8* xh = smem + S * SM::STAGE + (g & 1) * SM::XH;
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
+            for (int i = 0; i < 4; i++) {
                 int c = threadIdx.x + i * 256, r = c >> 3, u = c & 7;
                 uint4 v = *reinterpret_cast<const uint4*>(xt + swz<GB>(r, u));
                 uint4 lo = make_uint4(e4m3x2_f16x2(v.x, 0), e4m3x2_f16x2(v.y, 0), e4m3x2_f16x2(v.x, 1),
@@ -143,14 +138,16 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
         }
     };
 
-    float acc[8][4], tot[8][4];
+    float acc[2][8][4], tot[2][8][4];
 #pragma unroll
-    for (int tt = 0; tt < 8; tt++)
+    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[tt][i] = tot[tt][i] = 0.0f;
-    // This thread's weight rows r0, r0 + 8 and tokens gid + 8 tt: all of swizzle
-    // parity par, so unit h*4 + tig of a row sits at ((h ^ par) * 4 + tig) * 16.
-    const int r0 = warp * 16 + gid, par = gid & 1;
+        for (int tt = 0; tt < 8; tt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mt][tt][i] = tot[mt][tt][i] = 0.0f;
+    // This thread's weight rows r0 + 16 mt (+ 8) and tokens tk + 8 tt: all of
+    // swizzle parity par, so unit h*4 + tig of a row sits at ((h ^ par)*4 + tig)*16.
+    const int r0 = (warp & 3) * 32 + gid, tk = (warp >> 2) * 64 + gid, par = gid & 1;
     const u32 sbase = smem_addr(smem), wa = r0 * GB + tig * 16;
     const float* wsr = ws + (C::FP8 ? (long)(n0 / 128) * lds : 0);
 
@@ -174,56 +171,61 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
         convert(g + 1);
         const u32 st = sbase + (g % S) * SM::STAGE;
         if constexpr (C::FP8) {
-            const u32 xh = sbase + S * SM::STAGE + (g & 1) * SM::XH + gid * XHS + tig * 32;
+            // The weight words of the whole group (both m16 tiles, both halves),
+            // then token tile by token tile: each tile's group sums from zero, then
+            // acc += (x scale * w scale) * sum.
+            u32 aw[2][2][16];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const u32 wp = st + wa + mt * 16 * GB + ((h ^ par) << 6);
+                    fp8_a_words(aw[mt][h], lds128(wp), lds128(wp + 8 * GB));
+                }
+            const u32 xh = sbase + S * SM::STAGE + (g & 1) * SM::XH + tk * XHS + tig * 32;
             const float* sx = reinterpret_cast<const float*>(smem + (g % S) * SM::STAGE + SM::W + SM::X);
             const float sw = wsr[g];
-            float part[8][4];
 #pragma unroll
-            for (int tt = 0; tt < 8; tt++)
+            for (int tt = 0; tt < 8; tt++) {
+                float part[2][4];
 #pragma unroll
-                for (int i = 0; i < 4; i++) part[tt][i] = 0.0f;
+                for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const u32 wp = st + wa + ((h ^ par) << 6);
-                u32 aw[16];
-                fp8_a_words(aw, lds128(wp), lds128(wp + 8 * GB));
+                    for (int i = 0; i < 4; i++) part[mt][i] = 0.0f;
 #pragma unroll
-                for (int tt = 0; tt < 8; tt++) {
+                for (int h = 0; h < 2; h++) {
                     const u32 xp = xh + tt * 8 * XHS + h * 128;
                     uint4 lo = lds128(xp), hi = lds128(xp + 16);
                     const u32 xw[8] = {lo.x, lo.z, lo.y, lo.w, hi.x, hi.z, hi.y, hi.w};
-                    fp8_half_mma(part[tt], aw, xw);
-                }
-            }
 #pragma unroll
-            for (int tt = 0; tt < 8; tt++) {
-                float s0 = sx[tt * 8 + tig * 2] * sw, s1 = sx[tt * 8 + tig * 2 + 1] * sw;
-                acc[tt][0] = __fmaf_rn(s0, part[tt][0], acc[tt][0]);
-                acc[tt][1] = __fmaf_rn(s1, part[tt][1], acc[tt][1]);
-                acc[tt][2] = __fmaf_rn(s0, part[tt][2], acc[tt][2]);
-                acc[tt][3] = __fmaf_rn(s1, part[tt][3], acc[tt][3]);
+                    for (int mt = 0; mt < 2; mt++) fp8_half_mma(part[mt], aw[mt][h], xw);
+                }
+                const int tok = tk - gid + tt * 8 + tig * 2;
+                float s0 = sx[tok] * sw, s1 = sx[tok + 1] * sw;
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    acc[mt][tt][0] = __fmaf_rn(s0, part[mt][0], acc[mt][tt][0]);
+                    acc[mt][tt][1] = __fmaf_rn(s1, part[mt][1], acc[mt][tt][1]);
+                    acc[mt][tt][2] = __fmaf_rn(s0, part[mt][2], acc[mt][tt][2]);
+                    acc[mt][tt][3] = __fmaf_rn(s1, part[mt][3], acc[mt][tt][3]);
+                }
             }
         } else {
 #pragma unroll
             for (int h = 0; h < 4; h++) {
-                // The A words of bf16_quarter_mma's two steps, each loaded into its
-                // place (rows r0 and r0 + 8 interleave word by word: 16-byte loads
-                // cost a register copy per mma).
-                const u32 wp = st + wa + ((h ^ par) << 6);
-                u32 a[2][4];
+                uint4 wv[2][2];
 #pragma unroll
-                for (int s = 0; s < 2; s++) {
-                    a[s][0] = lds32(wp + s * 8);
-                    a[s][1] = lds32(wp + 8 * GB + s * 8);
-                    a[s][2] = lds32(wp + s * 8 + 4);
-                    a[s][3] = lds32(wp + 8 * GB + s * 8 + 4);
+                for (int mt = 0; mt < 2; mt++) {
+                    const u32 wp = st + wa + mt * 16 * GB + ((h ^ par) << 6);
+                    wv[mt][0] = lds128(wp);
+                    wv[mt][1] = lds128(wp + 8 * GB);
                 }
-                const u32 xp = st + SM::W + gid * GB + tig * 16 + ((h ^ par) << 6);
+                const u32 xp = st + SM::W + tk * GB + tig * 16 + ((h ^ par) << 6);
 #pragma unroll
                 for (int tt = 0; tt < 8; tt++) {
                     uint4 xb = lds128(xp + tt * 8 * GB);
-                    mma_bf16_k16(acc[tt], a[0][0], a[0][1], a[0][2], a[0][3], xb.x, xb.y);
-                    mma_bf16_k16(acc[tt], a[1][0], a[1][1], a[1][2], a[1][3], xb.z, xb.w);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) bf16_quarter_mma(acc[mt][tt], wv[mt][0], wv[mt][1], xb);
                 }
             }
         }
@@ -232,12 +234,14 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
         if (g + 1 == fold_at || g + 1 == L) {
             const bool first = g < gps;
 #pragma unroll
-            for (int tt = 0; tt < 8; tt++)
+            for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    tot[tt][i] = first ? acc[tt][i] : tot[tt][i] + acc[tt][i];
-                    acc[tt][i] = 0.0f;
-                }
+                for (int tt = 0; tt < 8; tt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        tot[mt][tt][i] = first ? acc[mt][tt][i] : tot[mt][tt][i] + acc[mt][tt][i];
+                        acc[mt][tt][i] = 0.0f;
+                    }
             fold_at += gps;
         }
     }
@@ -250,13 +254,15 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
         d += (long)t0 * ldd;
     }
 #pragma unroll
-    for (int tt = 0; tt < 8; tt++)
+    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int row = n0 + r0 + (i >= 2 ? 8 : 0);
-            int tok = tt * 8 + tig * 2 + (i & 1);
+        for (int tt = 0; tt < 8; tt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+            int row = n0 + r0 + mt * 16 + (i >= 2 ? 8 : 0);
+            int tok = tk - gid + tt * 8 + tig * 2 + (i & 1);
             if (row >= N || tok >= M) continue;
-            float v = tot[tt][i];
+            float v = tot[mt][tt][i];
             if (y) {  // linear_epilogue, fused
                 if (bias) v += bias[row];
                 v = round ? round_bf16(v) : v;

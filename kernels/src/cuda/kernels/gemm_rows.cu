@@ -259,18 +259,18 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
         for (int tt = 0; tt < 8; tt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-            int row = n0 + r0 + mt * 16 + (i >= 2 ? 8 : 0);
-            int tok = tk - gid + tt * 8 + tig * 2 + (i & 1);
-            if (row >= N || tok >= M) continue;
-            float v = tot[mt][tt][i];
-            if (y) {  // linear_epilogue, fused
-                if (bias) v += bias[row];
-                v = round ? round_bf16(v) : v;
-                y[(long)tok * ldy + row] = res ? __fadd_rn(res[(long)tok * ldy + row], v) : v;
-            } else {
-                d[(long)tok * ldd + row] = v;
+                int row = n0 + r0 + mt * 16 + (i >= 2 ? 8 : 0);
+                int tok = tk - gid + tt * 8 + tig * 2 + (i & 1);
+                if (row >= N || tok >= M) continue;
+                float v = tot[mt][tt][i];
+                if (y) {  // linear_epilogue, fused
+                    if (bias) v += bias[row];
+                    v = round ? round_bf16(v) : v;
+                    y[(long)tok * ldy + row] = res ? __fadd_rn(res[(long)tok * ldy + row], v) : v;
+                } else {
+                    d[(long)tok * ldd + row] = v;
+                }
             }
-        }
 }
 
 #define GEMM_ROWS(NAME, C)                                                                                    \

@@ -37,6 +37,14 @@ pub(crate) const ROWS: Source = Source {
     name: "gemm_rows",
     code: include_str!("kernels/gemm_rows.cu"),
 };
+/// The wgmma twins of the split-K and rows kernels (sm_90a only; empty elsewhere).
+pub(crate) const WG: Source = Source {
+    name: "gemm_wg",
+    code: concat!(
+        include_str!("kernels/wgmma.cuh"),
+        include_str!("kernels/gemm_wg.cu")
+    ),
+};
 pub(crate) const OPS: Source = Source {
     name: "ops",
     code: include_str!("kernels/ops.cu"),
@@ -65,10 +73,11 @@ pub(crate) const FLASH: Source = Source {
     name: "flash",
     code: include_str!("kernels/flash.cu"),
 };
-const SOURCES: [&Source; 10] = [
+const SOURCES: [&Source; 11] = [
     &QUANTIZE,
     &GEMV,
     &ROWS,
+    &WG,
     &OPS,
     &ATTENTION,
     &LOGSOFTMAX,
@@ -132,6 +141,9 @@ pub struct Gpu {
     /// Launch with programmatic dependent launch (`pdl_entry` in common.cuh):
     /// compute capability 9.0 and up, unless `JET_PDL=0`.
     pdl: bool,
+    /// The forward GEMMs run on wgmma (`gemm_wg.cu`): compute capability 9.0,
+    /// unless `JET_WGMMA=0` (then the mma.sync kernels, as on other GPUs).
+    wgmma: bool,
 }
 
 /// The shared device 0, or why there is none. Probed once per process.
@@ -404,6 +416,7 @@ impl Gpu {
                 lt,
                 prof: Mutex::new(Default::default()),
                 pdl: cc.0 >= 9 && std::env::var("JET_PDL").map_or(true, |v| v != "0"),
+                wgmma: cc == (9, 0) && std::env::var("JET_WGMMA").map_or(true, |v| v != "0"),
             })
         })
     }
@@ -457,8 +470,16 @@ impl Gpu {
         ))
     }
 
+    /// Whether the batch-invariant forward GEMMs run on wgmma (see the field).
+    pub fn wgmma(&self) -> bool {
+        self.wgmma
+    }
+
+    /// The NVRTC target: `sm_90a` on Hopper (wgmma is an arch-specific feature;
+    /// the image then runs on compute capability 9.0 only, which is this device).
     fn arch(&self) -> String {
-        format!("sm_{}{}", self.cc.0, self.cc.1)
+        let a = if self.cc == (9, 0) { "a" } else { "" };
+        format!("sm_{}{}{a}", self.cc.0, self.cc.1)
     }
 
     /// The module of `src`, compiled or taken from the caches.

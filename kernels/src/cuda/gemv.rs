@@ -1,21 +1,25 @@
-//! The decode-sized FP8 GEMM (`gemv_fp8.cu`): `Y = X W^T` for a few tokens,
-//! reading the E4M3 weight bytes directly with tensor cores (mma.sync e4m3).
+//! The batch-invariant forward GEMMs `Y = X W^T`: the split-K decode kernels (a few
+//! tokens, K split over blocks, the slices added in order) and the rows kernels
+//! (any number of tokens, the same sums in the same order), FP8 and BF16.
+//!
+//! Two kernel families compute them; a device uses one, so rollout and training
+//! agree bit for bit:
+//! - wgmma (`gemm_wg.cu`, Hopper, the default there): E4M3 at twice the BF16 rate;
+//!   a group's E4M3 sum keeps fewer bits than f32 (as cuBLASLt's on this hardware);
+//! - mma.sync (`gemv_fp8.cu`, `gemm_rows.cu`; other GPUs, or `JET_WGMMA=0`): E4M3
+//!   through f16 HMMA on sm_90, exact group sums.
 //!
 //! At decode sizes cuBLASLt's block-scaled GEMM is slower than BF16 (DEVICE.md:
 //! 22.5 us vs 14.8 us at 64x4096x4096), so rollout speed has to come from moving
-//! half the weight bytes: this kernel streams `N*K` bytes of W once and computes
-//! the numbers of `fp8::fp8_gemm` (f32 sums per 128-group, scaled per group).
+//! half the weight bytes: the decode kernels stream `N*K` bytes of W once and
+//! compute the numbers of `fp8::fp8_gemm` (sums per 128-group, scaled per group).
 //!
 //! Operands are the quantizer's: X 1x128 (`[M_pad][K_pad]`, VEC128 scales
 //! `[L][M_pad]`), W 128x128 blocks (`[N_pad][K_pad]`, scales `[ceil(N/128)][lds]`).
-//!
-//! Status (NOTES.md): exact to 1e-7 of `fp8_gemm`, and a token's output does not
-//! depend on the rest of the batch, but it streams the weights at 0.7-1.4 TB/s, so
-//! it is not yet faster than BF16 cuBLASLt at decode sizes.
 
 use cudarc::driver::CudaSlice;
 
-use super::context::{Arg, GEMV, ROWS};
+use super::context::{Arg, Source, GEMV, ROWS, WG};
 use super::quantize::Fp8Quantized;
 use super::{ensure, Gpu, Result};
 use crate::fp8::{Grouping, GROUP};
@@ -144,11 +148,91 @@ pub(crate) fn splits(gpu: &Gpu, n: usize, k_pad: usize) -> (usize, usize) {
     (l.div_ceil(gps), gps)
 }
 
-/// What the split-K and rows kernels read (`gemm_sk` in `gemv_fp8.cu`): W and X
-/// from token `m0` on, with their FP8 scales (none for BF16), and the shapes.
+/// The element type of a batch-invariant forward GEMM's operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Elem {
+    /// E4M3 codes with 1x128 (X) and 128x128 (W) scales.
+    Fp8,
+    /// BF16 values.
+    Bf16,
+}
+
+impl Elem {
+    /// Bytes of a row's 128-value group, and the cp.async stages of the wgmma
+    /// split-K and rows kernels (`Fp8W` / `Bf16W` in `gemm_wg.cu`).
+    fn wg_geometry(self) -> (u32, u32, u32) {
+        match self {
+            Elem::Fp8 => (128, 4, 6),
+            Elem::Bf16 => (256, 3, 3),
+        }
+    }
+
+    /// The split-K kernel for token tile `i` (8, 16, 32, 64 tokens): its module,
+    /// name, and dynamic shared memory (`WgSkSmem::BYTES`: stages of a 64-row W tile
+    /// and an X tile, the token scales, 1 KiB to align the tiles).
+    fn sk(self, wgmma: bool, i: usize) -> (&'static Source, &'static str, u32) {
+        if !wgmma {
+            let names = match self {
+                Elem::Fp8 => [
+                    "gemv_fp8_sk_t1",
+                    "gemv_fp8_sk_t2",
+                    "gemv_fp8_sk_t4",
+                    "gemv_fp8_sk_t8",
+                ],
+                Elem::Bf16 => [
+                    "gemv_bf16_sk_t1",
+                    "gemv_bf16_sk_t2",
+                    "gemv_bf16_sk_t4",
+                    "gemv_bf16_sk_t8",
+                ],
+            };
+            return (&GEMV, names[i], 0);
+        }
+        let names = match self {
+            Elem::Fp8 => [
+                "wg_fp8_sk_n8",
+                "wg_fp8_sk_n16",
+                "wg_fp8_sk_n32",
+                "wg_fp8_sk_n64",
+            ],
+            Elem::Bf16 => [
+                "wg_bf16_sk_n8",
+                "wg_bf16_sk_n16",
+                "wg_bf16_sk_n32",
+                "wg_bf16_sk_n64",
+            ],
+        };
+        let (gb, s, _) = self.wg_geometry();
+        let nt = 8u32 << i;
+        (&WG, names[i], s * (64 + nt) * gb + s * nt * 4 + 1024)
+    }
+
+    /// The rows kernel: module, name, threads, dynamic shared memory. mma.sync
+    /// (`RowsSmem::BYTES`): S stages of a 128-row W tile, a 128-token X tile and 128
+    /// token scales, plus (FP8) two f16 token tiles of 128 rows x 272 bytes. wgmma
+    /// (`WgRowsSmem::BYTES`): S stages of both tiles and the scales, 1 KiB to align.
+    fn rows(self, wgmma: bool) -> (&'static Source, &'static str, u32) {
+        if wgmma {
+            let (gb, _, s) = self.wg_geometry();
+            let name = match self {
+                Elem::Fp8 => "wg_fp8_rows",
+                Elem::Bf16 => "wg_bf16_rows",
+            };
+            return (&WG, name, s * 256 * gb + s * 128 * 4 + 1024);
+        }
+        let stage = |gb: u32| 128 * gb + 128 * gb + 128 * 4;
+        match self {
+            Elem::Fp8 => (&ROWS, "gemm_fp8_rows", 4 * stage(128) + 2 * 128 * 272),
+            Elem::Bf16 => (&ROWS, "gemm_bf16_rows", 3 * stage(256)),
+        }
+    }
+}
+
+/// What the split-K and rows kernels read (`gemm_sk` in `gemv_fp8.cu`, `wg_sk` in
+/// `gemm_wg.cu`): W and X from token `m0` on, with their FP8 scales (none for BF16),
+/// and the shapes.
 pub(crate) struct SkOps {
-    /// The split-K kernels for 8, 16, 32 and 64 tokens a block.
-    pub sk: [&'static str; 4],
+    pub elem: Elem,
     /// W values, W scales, their stride, X values, X scales, their stride.
     pub args: [Arg; 6],
     /// X rows from `m0`.
@@ -161,12 +245,7 @@ pub(crate) struct SkOps {
 impl SkOps {
     fn fp8(gpu: &Gpu, x: &Fp8Quantized, w: &Fp8Quantized, m0: usize) -> SkOps {
         SkOps {
-            sk: [
-                "gemv_fp8_sk_t1",
-                "gemv_fp8_sk_t2",
-                "gemv_fp8_sk_t4",
-                "gemv_fp8_sk_t8",
-            ],
+            elem: Elem::Fp8,
             args: operands(gpu, x, w, m0),
             m: x.rows - m0,
             n: w.rows,
@@ -228,19 +307,20 @@ pub(crate) fn launch_sk(
 ) -> Result<usize> {
     let n = ops.n;
     let (ks, gps) = splits(gpu, n, ops.k_pad);
-    let name = ops.sk[match mc {
+    let tile = match mc {
         0..=8 => 0,
         9..=16 => 1,
         17..=32 => 2,
         _ => 3,
-    }];
+    };
+    let (src, name, smem) = ops.elem.sk(gpu.wgmma(), tile);
     let chunks = mc.div_ceil(GEMV_MAX_TOKENS);
     gpu.launch(
-        &GEMV,
+        src,
         name,
         (n.div_ceil(SK_ROWS) as u32, ks as u32, chunks as u32),
         ((SK_ROWS / 16 * 32) as u32, 1, 1),
-        0,
+        smem,
         &ops.sk_args(mc, (p, ldp, sstride), gps),
     )?;
     Ok(ks)
@@ -261,56 +341,24 @@ pub(crate) fn partial(gpu: &Gpu, ops: &SkOps) -> Result<Partial> {
     })
 }
 
-/// A rows kernel of `gemm_rows.cu`: 128 tokens x 128 outputs a block of 256 threads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RowsKernel {
-    Fp8,
-    Bf16,
-}
-
-impl RowsKernel {
-    fn name(self) -> &'static str {
-        match self {
-            RowsKernel::Fp8 => "gemm_fp8_rows",
-            RowsKernel::Bf16 => "gemm_bf16_rows",
-        }
-    }
-
-    /// Dynamic shared memory, `RowsSmem::BYTES` in `gemm_rows.cu`: S stages of a
-    /// 128-row W tile, a 128-token X tile (GB bytes a row each) and 128 token
-    /// scales, plus (FP8) two f16 token tiles of 128 rows x 272 bytes.
-    fn smem_bytes(self) -> u32 {
-        let stage = |gb: u32| 128 * gb + 128 * gb + 128 * 4;
-        match self {
-            RowsKernel::Fp8 => 4 * stage(128) + 2 * 128 * 272,
-            RowsKernel::Bf16 => 3 * stage(256),
-        }
-    }
-}
-
 /// The rows kernel over all tokens of `ops` into `d` (row stride `ldd`), or
 /// through `epi`.
-pub(crate) fn launch_rows(
-    gpu: &Gpu,
-    ops: &SkOps,
-    kernel: RowsKernel,
-    (d, ldd): (u64, usize),
-    epi: Epi,
-) -> Result<()> {
+pub(crate) fn launch_rows(gpu: &Gpu, ops: &SkOps, (d, ldd): (u64, usize), epi: Epi) -> Result<()> {
     if ops.m == 0 {
         return Ok(());
     }
     let (_, gps) = splits(gpu, ops.n, ops.k_pad);
+    let (src, name, smem) = ops.elem.rows(gpu.wgmma());
     gpu.launch(
-        &ROWS,
-        kernel.name(),
+        src,
+        name,
         (
             ops.m.div_ceil(ROWS_TOKENS) as u32,
             ops.n.div_ceil(128) as u32,
             1,
         ),
         (256, 1, 1),
-        kernel.smem_bytes(),
+        smem,
         &ops.rows_args((d, ldd), gps, epi),
     )
 }
@@ -377,7 +425,7 @@ pub fn gemm_fp8_rows(
     check(x, w)?;
     check_out(x, w, d.len(), ldd)?;
     let ops = SkOps::fp8(gpu, x, w, 0);
-    launch_rows(gpu, &ops, RowsKernel::Fp8, (gpu.ptr(d), ldd), Epi::NONE)
+    launch_rows(gpu, &ops, (gpu.ptr(d), ldd), Epi::NONE)
 }
 
 /// [`gemm_fp8_rows`] with the linear layer's epilogue fused (`epi.y`).
@@ -390,7 +438,7 @@ pub(crate) fn gemm_fp8_rows_fused(
     check(x, w)?;
     check_out(x, w, usize::MAX, epi.ldy)?;
     let ops = SkOps::fp8(gpu, x, w, 0);
-    launch_rows(gpu, &ops, RowsKernel::Fp8, (0, 0), epi)
+    launch_rows(gpu, &ops, (0, 0), epi)
 }
 
 /// Tokens a rows-kernel block covers.

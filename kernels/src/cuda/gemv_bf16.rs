@@ -13,9 +13,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::Arg;
-use super::gemv::{
-    launch_rows, partial, splitk_sum, Epi, Partial, RowsKernel, SkOps, GEMV_MAX_TOKENS,
-};
+use super::gemv::{launch_rows, partial, splitk_sum, Elem, Epi, Partial, SkOps, GEMV_MAX_TOKENS};
 use super::{ensure, Gpu, Result};
 
 /// A BF16 matrix on the device: `rows x cols` values stored `[rows_pad][cols_pad]`.
@@ -60,12 +58,7 @@ fn check(x: &Bf16Rows, w: &Bf16Rows) -> Result<()> {
 
 fn ops(gpu: &Gpu, x: &Bf16Rows, w: &Bf16Rows, m0: usize) -> SkOps {
     SkOps {
-        sk: [
-            "gemv_bf16_sk_t1",
-            "gemv_bf16_sk_t2",
-            "gemv_bf16_sk_t4",
-            "gemv_bf16_sk_t8",
-        ],
+        elem: Elem::Bf16,
         args: [
             Arg::P(gpu.ptr(w.v)),
             Arg::P(0),
@@ -107,14 +100,14 @@ pub fn gemm_bf16_rows(
     check(&x, &w)?;
     check_out(&x, &w, d.len(), ldd)?;
     let o = ops(gpu, &x, &w, 0);
-    launch_rows(gpu, &o, RowsKernel::Bf16, (gpu.ptr(d), ldd), Epi::NONE)
+    launch_rows(gpu, &o, (gpu.ptr(d), ldd), Epi::NONE)
 }
 
 /// [`gemm_bf16_rows`] with the linear layer's epilogue fused (`epi.y`).
 pub(crate) fn gemm_bf16_rows_fused(gpu: &Gpu, x: Bf16Rows, w: Bf16Rows, epi: Epi) -> Result<()> {
     check(&x, &w)?;
     check_out(&x, &w, usize::MAX, epi.ldy)?;
-    launch_rows(gpu, &ops(gpu, &x, &w, 0), RowsKernel::Bf16, (0, 0), epi)
+    launch_rows(gpu, &ops(gpu, &x, &w, 0), (0, 0), epi)
 }
 
 /// `y [M][ldy] = x w^T` through the split-K decode kernel, [`GEMV_MAX_TOKENS`]

@@ -35,7 +35,7 @@ pub type Profile = Vec<(String, f64)>;
 pub(crate) fn category(module: &str) -> &'static str {
     match module {
         "flash" | "attention" => "attention",
-        "gemv_fp8" => "gemm",
+        "gemv_fp8" | "gemm_rows" | "gemm_wg" => "gemm",
         "quantize" => "quantize",
         "logsoftmax" => "loss",
         "adamw" => "optimizer",

@@ -1,0 +1,327 @@
+// The batch-invariant forward GEMMs on Hopper's warpgroup MMA (sm_90a `wgmma`):
+// d [M][N] = x [M, K] w [N, K]^T, the twins of the split-K decode kernel (gemm_sk,
+// gemv_fp8.cu) and the rows kernel (gemm_rows.cu) for GPUs that have wgmma. sm_90
+// has no E4M3 mma.sync (ptxas turns it into f16 HMMA after conversions, so FP8 ran
+// at BF16's rate there); wgmma runs E4M3 at twice the BF16 rate, and reads both
+// operands from shared memory, so the shared-memory bound of mma.sync goes too.
+//
+// One arithmetic for both kernels (group_mma below), so a row's bits do not depend
+// on the kernel or the batch (rollout == training). A group is 128 values of k:
+//   FP8:  four k32 wgmma steps chained from zero (part), then acc = fma(xs * ws,
+//         part, acc), the terms of fp8_gemm;
+//   BF16: eight k16 steps chained straight into acc.
+// acc restarts at each split of gps groups (splits() in gemv.rs), and the splits
+// are added in order, the first taken as is. The hardware's order inside a step
+// differs from mma.sync's, so these kernels agree bit for bit with each other, not
+// with the mma.sync family (gemv.rs picks one family for a device).
+//
+// Shared-memory tiles (both operands K-major, the only FP8 wgmma layout): rows of
+// 128 bytes in the 128-byte swizzle (16-byte unit u of row r at u ^ (r & 7)),
+// 8-row atoms 1024 bytes apart, tiles 1024-byte aligned. A group's row is 128 FP8
+// bytes, one tile; a BF16 group (256 bytes) is two tiles ("planes"), k 0-63 and
+// 64-127. A k step moves the descriptor's start 32 bytes along the row (the
+// hardware applies the swizzle to the address bits). Operands stream in through
+// cp.async stages. context.rs prepends wgmma.cuh (gen_wgmma.py) to this file.
+
+// E4M3 codes, 128x128 weight blocks and 1x128 token scales.
+struct Fp8W {
+    static constexpr int GB = 128;                // bytes of a row's group
+    static constexpr int S_SK = 4, S_ROWS = 6;    // cp.async stages
+    static constexpr bool FP8 = true;
+};
+// BF16 values, no scales.
+struct Bf16W {
+    static constexpr int GB = 256;
+    static constexpr int S_SK = 3, S_ROWS = 3;
+    static constexpr bool FP8 = false;
+};
+
+// Descriptor of a K-major tile in the 128-byte swizzle at shared address s: start
+// >> 4 (bits 0-13), leading offset unused (0), stride 1024 >> 4 between 8-row atoms
+// (bits 32-45), layout 1 = 128-byte swizzle (bits 62-63).
+__device__ __forceinline__ u64 sw128_desc(u32 s) {
+    return (u64)((s & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// cp.async writes are the generic proxy's; wgmma reads through the async proxy.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads and writes across the wgmma
+// issue and wait (it cannot see that the asynchronous MMA owns them in between).
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ u8* align1024(u8* p) {
+    return p + ((1024 - (smem_addr(p) & 1023)) & 1023);
+}
+
+// Start copying the group at byte `off` of R rows (row stride RB bytes, rows >= rv
+// and bytes past RB zero-filled) into the swizzled tile at dst: NT threads, thread
+// tid. GB / 16 units a row; a BF16 row's units 8-15 go to the second plane.
+template <int GB, int R, int NT>
+__device__ __forceinline__ void load_tile(u8* dst, const u8* src, long RB, long off, int rv, int tid) {
+    constexpr int UPR = GB / 16, UNITS = R * UPR;
+#pragma unroll
+    for (int i = 0; i < (UNITS + NT - 1) / NT; i++) {
+        const int c = tid + i * NT;
+        if (UNITS % NT == 0 || c < UNITS) {
+            const int r = c / UPR, u = c % UPR;
+            const long b = off + u * 16;
+            const bool ok = r < rv && b < RB;
+            cp16(dst + (u >> 3) * (R * 128) + r * 128 + (((u & 7) ^ (r & 7)) << 4), ok ? src + r * RB + b : src, ok);
+        }
+    }
+}
+
+// One group for this warpgroup: 64 weight rows at shared address wt (planes WP
+// bytes apart) x N tokens at xt (planes XP apart). FP8: d = the group's sums from
+// zero; BF16: d += them.
+template <class E, int N>
+__device__ __forceinline__ void group_mma(float (&d)[N / 2], u32 wt, u32 wp, u32 xt, u32 xp) {
+    wg_fence();
+    fence_regs(d);
+    if constexpr (E::FP8) {
+        const u64 a = sw128_desc(wt), b = sw128_desc(xt);
+#pragma unroll
+        for (int j = 0; j < 4; j++) wgmma_fp8(d, a + 2 * j, b + 2 * j, j);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            wgmma_bf16(d, sw128_desc(wt + (j >> 2) * wp) + 2 * (j & 3), sw128_desc(xt + (j >> 2) * xp) + 2 * (j & 3), 1);
+    }
+    wg_commit();
+    wg_wait0();
+    fence_regs(d);
+}
+
+// acc = fma(xs[token] * sw, part, acc) for the thread's N / 2 accumulators (token
+// 8 j + 2 (lane % 4) (+1) of register 4 j + i): fp8_gemm's scaled group term.
+template <int N>
+__device__ __forceinline__ void scale_fold(float (&acc)[N / 2], const float (&part)[N / 2], const float* sx, float sw,
+                                           int lane) {
+#pragma unroll
+    for (int j = 0; j < N / 8; j++) {
+        const float2 s = *reinterpret_cast<const float2*>(sx + j * 8 + (lane & 3) * 2);
+        const float s0 = s.x * sw, s1 = s.y * sw;
+        acc[4 * j + 0] = __fmaf_rn(s0, part[4 * j + 0], acc[4 * j + 0]);
+        acc[4 * j + 1] = __fmaf_rn(s1, part[4 * j + 1], acc[4 * j + 1]);
+        acc[4 * j + 2] = __fmaf_rn(s0, part[4 * j + 2], acc[4 * j + 2]);
+        acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
+    }
+}
+
+template <int R>
+__device__ __forceinline__ void zero(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) d[i] = 0.0f;
+}
+
+// ---- split-K decode kernel: gemm_sk's grid and outputs ----------------------------
+// Block = one warpgroup = 64 weight rows x NT tokens; grid (ceil(N/64), splits, token
+// chunks of NT): block (bx, ks, c) takes groups [ks*gps, (ks+1)*gps) and writes its
+// partial sums to p[ks][token][n] (stride ldp, slices sstride apart). Dynamic shared
+// memory: WgSkSmem<E, NT>::BYTES (gemv.rs `WgKernel::smem_bytes` repeats it).
+template <class E, int NT>
+struct WgSkSmem {
+    static constexpr int S = E::S_SK, WT = 64 * E::GB, STAGE = WT + NT * E::GB;
+    static constexpr int BYTES = S * STAGE + S * NT * 4 + 1024;
+};
+
+template <class E, int NT>
+__device__ void wg_sk(const u8* __restrict__ w, const float* __restrict__ ws, int lds, const u8* __restrict__ x,
+                      const float* __restrict__ xs, int ldxs, float* __restrict__ p, long ldp, long sstride, int M,
+                      int N, int N_pad, int K_pad, int gps) {
+    using SM = WgSkSmem<E, NT>;
+    constexpr int S = SM::S, GB = E::GB;
+    extern __shared__ u8 smem_raw[];
+    u8* smem = align1024(smem_raw);
+    float* sxs = reinterpret_cast<float*>(smem + S * SM::STAGE);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n0 = blockIdx.x * 64, t0 = blockIdx.z * NT;
+    const int L = (K_pad + 127) / 128;
+    const long RB = (long)K_pad * (GB / 128);  // bytes of a row
+    x += (long)t0 * RB;
+    if (E::FP8) xs += t0;
+    p += (long)t0 * ldp;
+    M = min(M - t0, NT);
+    const int g0 = blockIdx.y * gps, g1 = min(L, g0 + gps);
+    const u8* wsrc = w + (long)n0 * RB;
+    const float* wsr = ws + (E::FP8 ? (long)(n0 / 128) * lds : 0);
+    auto load = [&](int g) {
+        if (g < g1) {
+            const int b = (g - g0) % S;
+            u8* st = smem + b * SM::STAGE;
+            load_tile<GB, 64, 128>(st, wsrc, RB, (long)g * GB, N_pad - n0, tid);
+            load_tile<GB, NT, 128>(st + SM::WT, x, RB, (long)g * GB, M, tid);
+            if (E::FP8 && tid < NT) cp4(sxs + b * NT + tid, xs + (tid < M ? (long)g * ldxs + tid : 0), tid < M);
+        }
+        cp_commit();
+    };
+
+    float acc[NT / 2];
+    zero(acc);
+    const u32 sbase = smem_addr(smem);
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) load(g0 + s);
+    for (int g = g0; g < g1; g++) {
+        // Group g has landed and every thread is done with group g - 1's stage.
+        cp_wait<S - 2>();
+        fence_async_smem();
+        __syncthreads();
+        load(g + S - 1);
+        const int b = (g - g0) % S;
+        const u32 wt = sbase + b * SM::STAGE, xt = wt + SM::WT;
+        if constexpr (E::FP8) {
+            float part[NT / 2];
+            group_mma<E, NT>(part, wt, 0, xt, 0);
+            scale_fold<NT>(acc, part, sxs + b * NT, wsr[g], lane);
+        } else {
+            group_mma<E, NT>(acc, wt, 64 * 128, xt, NT * 128);
+        }
+    }
+    cp_wait<0>();
+    float* out = p + (long)blockIdx.y * sstride;
+#pragma unroll
+    for (int r = 0; r < NT / 2; r++) {
+        const int row = n0 + warp * 16 + (lane >> 2) + ((r & 2) ? 8 : 0);
+        const int tok = (r >> 2) * 8 + (lane & 3) * 2 + (r & 1);
+        if (row < N && tok < M) out[(long)tok * ldp + row] = acc[r];
+    }
+}
+
+#define WG_SK(NAME, E, NT)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(128)                                                        \
+        NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p, long ldp, \
+             long sstride, int M, int N, int N_pad, int K_pad, int gps) {                                    \
+        pdl_entry();                                                                                         \
+        wg_sk<E, NT>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);                     \
+    }
+
+// ---- rows kernel: gemm_rows's grid and epilogue --------------------------------
+// Block = 2 warpgroups = 128 weight rows x 128 tokens (warpgroup h: rows 64 h .. +64,
+// all 128 tokens, m64n128 steps); grid (ceil(M/128), ceil(N/128)). Each block walks
+// all K groups: acc restarts every gps groups and tot = slice 0, tot += slice 1, ...
+// is the split-K launch's in-order sum of its partials. Dynamic shared memory:
+// WgRowsSmem<E>::BYTES (gemv.rs repeats it).
+template <class E>
+struct WgRowsSmem {
+    static constexpr int S = E::S_ROWS, WT = 128 * E::GB, STAGE = 2 * WT;
+    static constexpr int BYTES = S * STAGE + S * 128 * 4 + 1024;
+};
+
+// Output: the fused linear epilogue when y != null (fuses linear_epilogue: the
+// total, then the bias, then the BF16 rounding when `round`, then + res [M][ldy] when
+// not null) into y [M][ldy], else the totals into d [M][ldd].
+template <class E>
+__device__ void wg_rows(const u8* __restrict__ w, const float* __restrict__ ws, int lds, const u8* __restrict__ x,
+                        const float* __restrict__ xs, int ldxs, float* __restrict__ d, long ldd, int M, int N,
+                        int N_pad, int K_pad, int gps, float* __restrict__ y, long ldy,
+                        const float* __restrict__ bias, int round, const float* __restrict__ res) {
+    using SM = WgRowsSmem<E>;
+    constexpr int S = SM::S, GB = E::GB;
+    extern __shared__ u8 smem_raw[];
+    u8* smem = align1024(smem_raw);
+    float* sxs = reinterpret_cast<float*>(smem + S * SM::STAGE);
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int n0 = blockIdx.y * 128, t0 = blockIdx.x * 128;
+    const int L = (K_pad + 127) / 128;
+    const long RB = (long)K_pad * (GB / 128);  // bytes of a row
+    x += (long)t0 * RB;
+    if (E::FP8) xs += t0;
+    M = min(M - t0, 128);
+    const u8* wsrc = w + (long)n0 * RB;
+    const float* wsr = ws + (E::FP8 ? (long)(n0 / 128) * lds : 0);
+    auto load = [&](int g) {
+        if (g < L) {
+            const int b = g % S;
+            u8* st = smem + b * SM::STAGE;
+            load_tile<GB, 128, 256>(st, wsrc, RB, (long)g * GB, N_pad - n0, tid);
+            load_tile<GB, 128, 256>(st + SM::WT, x, RB, (long)g * GB, M, tid);
+            if (E::FP8 && tid < 128) cp4(sxs + b * 128 + tid, xs + (tid < M ? (long)g * ldxs + tid : 0), tid < M);
+        }
+        cp_commit();
+    };
+
+    float acc[64], tot[64];
+    zero(acc);
+    zero(tot);
+    const u32 sbase = smem_addr(smem);
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) load(s);
+    int fold_at = gps;
+    for (int g = 0; g < L; g++) {
+        cp_wait<S - 2>();
+        fence_async_smem();
+        __syncthreads();
+        load(g + S - 1);
+        const int b = g % S;
+        const u32 wt = sbase + b * SM::STAGE + wg * 64 * 128, xt = sbase + b * SM::STAGE + SM::WT;
+        if constexpr (E::FP8) {
+            float part[64];
+            group_mma<E, 128>(part, wt, 0, xt, 0);
+            scale_fold<128>(acc, part, sxs + b * 128, wsr[g], lane);
+        } else {
+            group_mma<E, 128>(acc, wt, 128 * 128, xt, 128 * 128);
+        }
+        // The end of a split slice: fold it into the total as the in-order sum of
+        // the slices would (the first slice is taken as is).
+        if (g + 1 == fold_at || g + 1 == L) {
+            const bool first = g < gps;
+#pragma unroll
+            for (int r = 0; r < 64; r++) {
+                tot[r] = first ? acc[r] : tot[r] + acc[r];
+                acc[r] = 0.0f;
+            }
+            fold_at += gps;
+        }
+    }
+    cp_wait<0>();
+
+    if (y) {
+        y += (long)t0 * ldy;
+        if (res) res += (long)t0 * ldy;
+    } else {
+        d += (long)t0 * ldd;
+    }
+#pragma unroll
+    for (int r = 0; r < 64; r++) {
+        const int row = n0 + wg * 64 + warp * 16 + (lane >> 2) + ((r & 2) ? 8 : 0);
+        const int tok = (r >> 2) * 8 + (lane & 3) * 2 + (r & 1);
+        if (row >= N || tok >= M) continue;
+        float v = tot[r];
+        if (y) {  // linear_epilogue, fused
+            if (bias) v += bias[row];
+            v = round ? round_bf16(v) : v;
+            y[(long)tok * ldy + row] = res ? __fadd_rn(res[(long)tok * ldy + row], v) : v;
+        } else {
+            d[(long)tok * ldd + row] = v;
+        }
+    }
+}
+
+#define WG_ROWS(NAME, E)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                       \
+        NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* d, long ldd, \
+             int M, int N, int N_pad, int K_pad, int gps, float* y, long ldy, const float* bias, int round,     \
+             const float* res) {                                                                               \
+        pdl_entry();                                                                                           \
+        wg_rows<E>(w, ws, lds, x, xs, ldxs, d, ldd, M, N, N_pad, K_pad, gps, y, ldy, bias, round, res);        \
+    }
+
+// Only sm_90a has wgmma: elsewhere this module is empty and gemv.rs never asks it.
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+WG_SK(wg_fp8_sk_n8, Fp8W, 8)
+WG_SK(wg_fp8_sk_n16, Fp8W, 16)
+WG_SK(wg_fp8_sk_n32, Fp8W, 32)
+WG_SK(wg_fp8_sk_n64, Fp8W, 64)
+WG_SK(wg_bf16_sk_n8, Bf16W, 8)
+WG_SK(wg_bf16_sk_n16, Bf16W, 16)
+WG_SK(wg_bf16_sk_n32, Bf16W, 32)
+WG_SK(wg_bf16_sk_n64, Bf16W, 64)
+WG_ROWS(wg_fp8_rows, Fp8W)
+WG_ROWS(wg_bf16_rows, Bf16W)
+#endif

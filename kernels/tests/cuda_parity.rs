@@ -55,6 +55,19 @@ fn nasty(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
     x
 }
 
+/// Both groupings of one pass (dY's DGrad and WGrad operands) against the CPU's.
+fn dual_is_bit_exact(g: &cuda::Gpu, x: &[f32], rows: usize, cols: usize) {
+    let (r, c) = gq::quantize_dual(g, &up(g, x), rows, cols).unwrap();
+    let shape = format!("[{rows}, {cols}]");
+    let cpu = |grouping| Fp8Matrix::quantize(x, rows, cols, grouping);
+    report_exact(
+        "quantize 1x128 + 128x1^T in one pass",
+        &shape,
+        diff_q(&r.to_host(g).unwrap(), &cpu(Grouping::Row1x128))
+            + diff_q(&c.to_host(g).unwrap(), &cpu(Grouping::Col128x1)),
+    );
+}
+
 #[test]
 fn quantize_is_bit_exact() {
     let Some(g) = gpu() else { return };
@@ -80,6 +93,7 @@ fn quantize_is_bit_exact() {
             &shape,
             diff_q(&q, &Fp8Matrix::quantize(&x, rows, cols, Grouping::Col128x1)),
         );
+        dual_is_bit_exact(&g, &x, rows, cols);
         let (q, qt) = gq::quantize_block128(&g, &dx, rows, cols, true).unwrap();
         let cpu = Fp8Matrix::quantize(&x, rows, cols, Grouping::Block128);
         report_exact(
@@ -115,6 +129,8 @@ fn quantize_is_bit_exact() {
             ),
         );
     }
+    // Columns not a multiple of 4 (scalar loads) and more than one row tile.
+    dual_is_bit_exact(&g, &nasty(259, 203, 5), 259, 203);
     done();
 }
 

@@ -8,7 +8,7 @@ use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
 use jet_kernels::cuda::flash::flash_backward;
 use jet_kernels::cuda::linear::{
-    linear_backward_add, linear_backward_into, linear_bias_grad, GpuWeight,
+    linear_backward_add, linear_backward_into, linear_bias_grad, GpuWeight, SharedInput,
 };
 use jet_kernels::cuda::ops::{
     embedding_backward, rmsnorm_backward, rope_backward_dev, swiglu_backward,
@@ -55,14 +55,14 @@ impl Ctx<'_> {
     fn linear_add(
         &self,
         dy: &CudaSlice<f32>,
-        x: &CudaSlice<f32>,
+        (x, xin): (&CudaSlice<f32>, &mut SharedInput),
         w: &GpuWeight,
         grads: &mut GpuWeights,
         (dw, db): (usize, Option<usize>),
         dx_acc: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let acc = (&mut grads.bufs[dw], dx_acc);
-        linear_backward_add(self.g, (dy, x, self.m), w, self.precs(), acc)?;
+        linear_backward_add(self.g, (dy, x, self.m), w, self.precs(), acc, xin)?;
         self.bias(dy, w, grads, db)
     }
 
@@ -82,11 +82,12 @@ impl Ctx<'_> {
     }
 
     /// Linear backward; adds dW (in the WGrad epilogue) and db into `grads`,
-    /// returns dx `[m, k]`.
+    /// returns dx `[m, k]`. `xin`: x's WGrad operand, kept for the projections
+    /// that read x after this one.
     fn linear(
         &self,
         dy: &CudaSlice<f32>,
-        x: &CudaSlice<f32>,
+        (x, xin): (&CudaSlice<f32>, &mut SharedInput),
         w: &GpuWeight,
         grads: &mut GpuWeights,
         dw: usize,
@@ -98,6 +99,7 @@ impl Ctx<'_> {
             w,
             self.precs(),
             &mut grads.bufs[dw],
+            xin,
         )?;
         self.bias(dy, w, grads, db)?;
         Ok(dx)
@@ -120,7 +122,8 @@ pub fn backward(
 
     // Head: logits = normed lm_head^T; normed = rmsnorm(h_final).
     let head_ix = w.ix.lm_head.unwrap_or(w.ix.embed);
-    let dn = cx.linear(dlogits, &acts.normed, &model.lm_head, grads, head_ix, None)?;
+    let normed = (&acts.normed, &mut SharedInput::default());
+    let dn = cx.linear(dlogits, normed, &model.lm_head, grads, head_ix, None)?;
     let hs = &acts.h_final;
     let rs = (cx.round(), None);
     let (dh, dnorm) = rmsnorm_backward(g, &dn, hs, w.t(w.ix.norm), &acts.rstd_final, (m, h), rs)?;
@@ -134,11 +137,20 @@ pub fn backward(
     for li in (0..w.ix.layers.len()).rev() {
         let (a, lx, lp) = (&acts.layers[li], &w.ix.layers[li], &model.layers[li]);
         // MLP: out = h_mid + down(swiglu(gate(b), up(b))), b = norm(h_mid).
-        let dmm = cx.linear(&dx, &a.m, &lp.down, grads, lx.down, None)?;
+        let dmm = cx.linear(
+            &dx,
+            (&a.m, &mut SharedInput::default()),
+            &lp.down,
+            grads,
+            lx.down,
+            None,
+        )?;
         let n_mlp = m * cfg.intermediate_size;
         let (dgate, dup) = swiglu_backward(g, &dmm, &a.gate, &a.up, n_mlp, round)?;
-        let mut db = cx.linear(&dgate, &a.b, &lp.gate, grads, lx.gate, None)?;
-        cx.linear_add(&dup, &a.b, &lp.up, grads, (lx.up, None), &mut db)?;
+        // gate and up read one input b: its WGrad operand is made once.
+        let bin = &mut SharedInput::default();
+        let mut db = cx.linear(&dgate, (&a.b, bin), &lp.gate, grads, lx.gate, None)?;
+        cx.linear_add(&dup, (&a.b, bin), &lp.up, grads, (lx.up, None), &mut db)?;
         let post = w.t(lx.post_attention_layernorm);
         let rs2 = &a.rstd2;
         let (dh_mid, dw2) =
@@ -146,7 +158,8 @@ pub fn backward(
         add_into(g, &mut grads.bufs[lx.post_attention_layernorm], &dw2, h)?;
 
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
-        let dattn = cx.linear(&dh_mid, &a.attn, &lp.o, grads, lx.o, None)?;
+        let attn_in = (&a.attn, &mut SharedInput::default());
+        let dattn = cx.linear(&dh_mid, attn_in, &lp.o, grads, lx.o, None)?;
         let shape = model.attn_shape();
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
             (AttnSaved::Flash(saved), Some(plan)) => {
@@ -175,9 +188,11 @@ pub fn backward(
             add_into(g, &mut grads.bufs[kn], &dkn, hd)?;
             (dq, dk) = (dqp, dkp);
         }
-        let mut da = cx.linear(&dq, &a.a, &lp.q, grads, lx.q, lx.q_bias)?;
-        cx.linear_add(&dk, &a.a, &lp.k, grads, (lx.k, lx.k_bias), &mut da)?;
-        cx.linear_add(&dv, &a.a, &lp.v, grads, (lx.v, lx.v_bias), &mut da)?;
+        // q, k and v read one input a.
+        let ain = &mut SharedInput::default();
+        let mut da = cx.linear(&dq, (&a.a, ain), &lp.q, grads, lx.q, lx.q_bias)?;
+        cx.linear_add(&dk, (&a.a, ain), &lp.k, grads, (lx.k, lx.k_bias), &mut da)?;
+        cx.linear_add(&dv, (&a.a, ain), &lp.v, grads, (lx.v, lx.v_bias), &mut da)?;
         let inorm = w.t(lx.input_layernorm);
         let rs1 = &a.rstd1;
         let (dx_in, dw1) =

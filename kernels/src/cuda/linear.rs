@@ -27,8 +27,8 @@ use super::gemv::{
 use super::gemv_bf16::{gemm_bf16_rows_fused, gemv_bf16_partial, Bf16Rows};
 use super::ops::{rmsnorm_forward, swiglu_forward};
 use super::quantize::{
-    quantize_block128, quantize_col128x1, quantize_row1x128, rmsnorm_operand, swiglu_operand,
-    to_bf16_padded, Fp8Quantized, FusedOperand, NORM_OPERAND_MAX_DIM,
+    quantize_block128, quantize_col128x1, quantize_dual, quantize_row1x128, rmsnorm_operand,
+    swiglu_operand, to_bf16_padded, Fp8Quantized, FusedOperand, NORM_OPERAND_MAX_DIM,
 };
 use super::{check_len, ensure, pad16, Ctx, Gpu, Result};
 use crate::{Flow, GemmPrecision, GemmRole};
@@ -507,7 +507,16 @@ pub fn linear_backward(
     let mut dw = gpu.uninit::<f32>(w.n * w.k)?;
     let mut dx = gpu.uninit::<f32>(m * w.k)?;
     let dxo = (&mut dx, false);
-    backward_to(gpu, (dy, x, m), w, (dgrad, wgrad), (&mut dw, false), dxo)?;
+    let xin = &mut SharedInput::default();
+    backward_to(
+        gpu,
+        (dy, x, m),
+        w,
+        (dgrad, wgrad),
+        (&mut dw, false),
+        dxo,
+        xin,
+    )?;
     let db = match has_bias {
         true => Some(linear_bias_grad(gpu, dy, m, w.n, wgrad)?),
         false => None,
@@ -515,15 +524,27 @@ pub fn linear_backward(
     Ok(GpuLinearGrads { dx, dw, db })
 }
 
+/// The WGrad operand made of a layer input `x [m, k]`: its 128x1 codes (FP8
+/// WGrad) or its BF16 copy (BF16 WGrad). The projections that read one input (q,
+/// k and v; gate and up) share one, so the operand is made once; a fresh one for
+/// each input.
+#[derive(Default)]
+pub struct SharedInput {
+    fp8: Option<Fp8Quantized>,
+    bf16: Option<CudaSlice<u16>>,
+}
+
 /// [`linear_backward`] adding dW (rounded as there) into `dw_acc [n, k]` (as
 /// `tensor::add_into` would) without a dW buffer of its own; the bias gradient,
-/// if any, is [`linear_bias_grad`]'s. Returns dx `[m, k]`.
+/// if any, is [`linear_bias_grad`]'s. `xin` holds x's WGrad operand for the
+/// projections that share x. Returns dx `[m, k]`.
 pub fn linear_backward_into(
     gpu: &Gpu,
     (dy, x, m): (&CudaSlice<f32>, &CudaSlice<f32>, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     dw_acc: &mut CudaSlice<f32>,
+    xin: &mut SharedInput,
 ) -> Result<CudaSlice<f32>> {
     let mut dx = gpu.uninit::<f32>(m * w.k)?;
     backward_to(
@@ -533,6 +554,7 @@ pub fn linear_backward_into(
         (dgrad, wgrad),
         (dw_acc, true),
         (&mut dx, false),
+        xin,
     )?;
     Ok(dx)
 }
@@ -545,6 +567,7 @@ pub fn linear_backward_add(
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     (dw_acc, dx_acc): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    xin: &mut SharedInput,
 ) -> Result<()> {
     backward_to(
         gpu,
@@ -553,6 +576,7 @@ pub fn linear_backward_add(
         (dgrad, wgrad),
         (dw_acc, true),
         (dx_acc, true),
+        xin,
     )
 }
 
@@ -577,14 +601,17 @@ fn backward_to(
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     (dw, acc): (&mut CudaSlice<f32>, bool),
     (dx, dx_acc): (&mut CudaSlice<f32>, bool),
+    xin: &mut SharedInput,
 ) -> Result<()> {
     let (n, k) = (w.n, w.k);
     check_len("linear dy", dy, m * n, format!("[{m}, {n}]"))?;
     check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
     ensure(m > 0, || "linear backward of 0 rows".into())?;
     let (np, kp, mp) = (pad16(n), pad16(k), pad16(m));
-    // dy's BF16 copy, made once when DGrad and WGrad both read it.
+    // dy's BF16 copy, or its 128x1 codes, made with DGrad's operand when WGrad
+    // reads it too.
     let mut dyb: Option<CudaSlice<u16>> = None;
+    let mut qdy_t: Option<Fp8Quantized> = None;
     // DGrad: dx [m, k] = dy [m, n] w [n, k]
     let (d, ldd) = match dgrad {
         GemmPrecision::F32 => {
@@ -610,7 +637,14 @@ fn backward_to(
         }
         GemmPrecision::Fp8 => {
             let wt = w.fp8_t.as_ref().ok_or_else(|| w.missing(dgrad))?;
-            let qdy = quantize_row1x128(gpu, dy, m, n)?;
+            let qdy = match wgrad {
+                GemmPrecision::Fp8 => {
+                    let (row, col) = quantize_dual(gpu, dy, m, n)?;
+                    qdy_t = Some(col);
+                    row
+                }
+                _ => quantize_row1x128(gpu, dy, m, n)?,
+            };
             fp8_gemm_nt(gpu, &qdy, wt)?
         }
     };
@@ -633,20 +667,31 @@ fn backward_to(
                 Some(b) => b,
                 None => to_bf16_padded(gpu, dy, m, n, m, np)?,
             };
-            let xb = to_bf16_padded(gpu, x, m, k, m, kp)?;
+            let xb = match xin.bf16.take() {
+                Some(b) if b.len() == m * kp => b,
+                _ => to_bf16_padded(gpu, x, m, k, m, kp)?,
+            };
+            let xb = xin.bf16.insert(xb);
             let d = gpu.uninit::<f32>(n * kp)?;
             let (a, b) = (
                 dense(gpu, &dyb, LtType::Bf16, m, n, np),
-                dense(gpu, &xb, LtType::Bf16, m, k, kp),
+                dense(gpu, xb, LtType::Bf16, m, k, kp),
             );
             dense_gemm(gpu, a, true, b, false, gpu.ptr(&d), kp)?;
             (d, kp)
         }
         GemmPrecision::Fp8 => {
-            let qdy = quantize_col128x1(gpu, dy, m, n)?;
-            let qx = quantize_col128x1(gpu, x, m, k)?;
+            let qdy = match qdy_t {
+                Some(q) => q,
+                None => quantize_col128x1(gpu, dy, m, n)?,
+            };
+            let qx = match xin.fp8.take() {
+                Some(q) if (q.rows, q.cols) == (m, k) => q,
+                _ => quantize_col128x1(gpu, x, m, k)?,
+            };
+            let qx = xin.fp8.insert(qx);
             debug_assert_eq!(qdy.rows_pad, mp);
-            fp8_gemm_nt(gpu, &qdy, &qx)?
+            fp8_gemm_nt(gpu, &qdy, qx)?
         }
     };
     let add = if acc { Add::Into } else { Add::Nothing };

@@ -341,15 +341,52 @@ pub fn quantize_col128x1(
     cols: usize,
 ) -> Result<Fp8Quantized> {
     check_shape("quantize 128x1 input", x, rows, cols)?;
+    tiles(gpu, x, rows, cols, None)
+}
+
+/// [`quantize_row1x128`] and [`quantize_col128x1`] of one matrix in one pass (the
+/// same bits): dY, read by DGrad in 1x128 groups and by WGrad in 128x1.
+pub fn quantize_dual(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+) -> Result<(Fp8Quantized, Fp8Quantized)> {
+    check_shape("quantize 1x128 + 128x1 input", x, rows, cols)?;
+    let (rp, cp, l) = (pad16(rows), pad16(cols), cols.div_ceil(GROUP));
+    let (codes, scales) = (gpu.uninit::<u8>(rp * cp)?, gpu.uninit::<f32>(l * rp)?);
+    let col = tiles(
+        gpu,
+        x,
+        rows,
+        cols,
+        Some((gpu.ptr(&codes), gpu.ptr(&scales))),
+    )?;
+    Ok((
+        quantized(Grouping::Row1x128, rows, cols, codes, scales),
+        col,
+    ))
+}
+
+/// `quant_dual_f32` over 128 x 128 tiles: the 128x1 operand, and the 1x128 one
+/// into `row` (codes, scales; device addresses) when given.
+fn tiles(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+    row: Option<(u64, u64)>,
+) -> Result<Fp8Quantized> {
     let (rp, cp) = (pad16(rows), pad16(cols));
-    let codes = gpu.uninit::<u8>(cp * rp)?;
-    let scales = gpu.uninit::<f32>(rows.div_ceil(GROUP) * cp)?;
+    let codes_t = gpu.uninit::<u8>(cp * rp)?;
+    let scales_t = gpu.uninit::<f32>(rows.div_ceil(GROUP) * cp)?;
+    let (cd, sc) = row.unwrap_or((0, 0));
     gpu.launch(
         &QUANTIZE,
-        "quant_col128x1_f32",
-        (cp.div_ceil(32) as u32, rows.div_ceil(GROUP) as u32, 1),
+        "quant_dual_f32",
+        (cp.div_ceil(GROUP) as u32, rows.div_ceil(GROUP) as u32, 1),
         (256, 1, 1),
-        0,
+        (GROUP * GROUP * 4) as u32,
         &[
             Arg::P(gpu.ptr(x)),
             Arg::L(cols as i64),
@@ -357,20 +394,33 @@ pub fn quantize_col128x1(
             Arg::I(cols as i32),
             Arg::I(rp as i32),
             Arg::I(cp as i32),
-            Arg::P(gpu.ptr(&codes)),
-            Arg::P(gpu.ptr(&scales)),
+            Arg::P(cd),
+            Arg::P(sc),
+            Arg::P(gpu.ptr(&codes_t)),
+            Arg::P(gpu.ptr(&scales_t)),
         ],
     )?;
-    Ok(Fp8Quantized {
-        grouping: Grouping::Col128x1,
+    Ok(quantized(Grouping::Col128x1, rows, cols, codes_t, scales_t))
+}
+
+/// An activation operand (no block scales) of a `[rows, cols]` source.
+fn quantized(
+    grouping: Grouping,
+    rows: usize,
+    cols: usize,
+    codes: CudaSlice<u8>,
+    scales: CudaSlice<f32>,
+) -> Fp8Quantized {
+    Fp8Quantized {
+        grouping,
         rows,
         cols,
-        rows_pad: rp,
-        cols_pad: cp,
+        rows_pad: pad16(rows),
+        cols_pad: pad16(cols),
         codes,
         scales,
         lds: 0,
-    })
+    }
 }
 
 /// 128x128 blocks of a weight `w [rows, cols]` (= `[N, K]`), and, when

@@ -124,10 +124,65 @@ __device__ void col128x1(const T* x, long ldx, int rows, int cols, int rows_pad,
     }
 }
 
-extern "C" __global__ void quant_col128x1_f32(const float* x, long ldx, int rows, int cols, int rows_pad,
-                                              int cols_pad, u8* codes_t, float* scales) {
+// Both groupings of one f32 matrix in one pass, bit for bit row1x128's (codes !=
+// null) and col128x1's (codes_t): dY, read by DGrad in 1x128 groups and by WGrad in
+// 128x1; with codes null, col128x1 alone (X for WGrad). One block of 256 threads per
+// 128 x 128 tile, grid (ceil(cols_pad/128), ceil(rows/128)), 64 KiB of dynamic
+// shared memory. Warp w loads rows 16w .. +16 of the tile (lane l: columns 4l .. +3,
+// all sixteen 16-byte loads in flight: the f32 input is the cost), quantizes each
+// row's group from registers as row1x128 does, and stores the values in shared
+// memory; then thread t takes column t % 128, rows 64 (t / 128) .. +64 (reads of a
+// warp in distinct banks), the two halves' maxima are combined, and each thread's
+// 64 codes^T go out as four 16-byte stores.
+extern "C" __global__ void __launch_bounds__(256)
+    quant_dual_f32(const float* x, long ldx, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
+                   float* scales, u8* codes_t, float* scales_t) {
     pdl_entry();
-    col128x1(x, ldx, rows, cols, rows_pad, cols_pad, codes_t, scales);
+    extern __shared__ float qtile[];  // [128][128]
+    __shared__ u32 half_max[2][128];
+    const int t = threadIdx.x, lane = t & 31, w = t >> 5;
+    const int g = blockIdx.x, c0 = g * 128, r0 = blockIdx.y * 128;
+    const bool vec = (ldx & 3) == 0 && ((u64)x & 15) == 0;
+    float v[16][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int r = r0 + w * 16 + i;
+        for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
+        if (r < rows) load4(x + (long)r * ldx, c0 + lane * 4, cols, vec, v[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const int rl = w * 16 + i, r = r0 + rl, c = c0 + lane * 4;
+        *reinterpret_cast<float4*>(&qtile[rl * 128 + lane * 4]) = make_float4(v[i][0], v[i][1], v[i][2], v[i][3]);
+        if (codes && r < rows_pad) {  // row1x128, warp-uniform
+            u32 m = 0;
+            for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
+            m = __reduce_max_sync(0xffffffffu, m);
+            const float s = e4m3_scale(m);
+            if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v[i], s);
+            if (lane == 0) scales[(long)g * rows_pad + r] = s;
+        }
+    }
+    __syncthreads();
+    const int cl = t & 127, h = t >> 7, c = c0 + cl;
+    u32 m = 0;
+    for (int i = 0; i < 64; i++) m = max_abs_bits(m, qtile[(h * 64 + i) * 128 + cl]);
+    half_max[h][cl] = m;
+    __syncthreads();
+    const float s = e4m3_scale(max(half_max[0][cl], half_max[1][cl]));
+    if (c >= cols_pad) return;
+    if (h == 0) scales_t[(long)blockIdx.y * cols_pad + c] = s;
+    for (int q = 0; q < 4; q++) {
+        const int rl = h * 64 + q * 16;
+        if (r0 + rl >= rows_pad) break;  // rows_pad % 16 == 0: whole 16-row runs
+        u32 wv[4];
+        for (int k = 0; k < 4; k++) {
+            float f[4];
+            for (int j = 0; j < 4; j++) f[j] = qtile[(rl + k * 4 + j) * 128 + cl];
+            wv[k] = encode4(f, s);
+        }
+        *reinterpret_cast<uint4*>(codes_t + (long)c * rows_pad + r0 + rl) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
+    }
 }
 extern "C" __global__ void quant_col128x1_bf16(const bf16_t* x, long ldx, int rows, int cols, int rows_pad,
                                                int cols_pad, u8* codes_t, float* scales) {

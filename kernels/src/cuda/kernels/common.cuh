@@ -140,6 +140,21 @@ __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
+// ---- The rows kernels' output (gemm_rows.cu, gemm_wg.cu) -------------------------
+// One total v of (row, tok): through the fused linear epilogue when y != null (fuses
+// linear_epilogue: + bias, the BF16 rounding when `round`, then + res [M][ldy] when
+// not null) into y [M][ldy], else as is into d [M][ldd].
+__device__ __forceinline__ void rows_out(float v, int row, int tok, float* d, long ldd, float* y, long ldy,
+                                         const float* bias, int round, const float* res) {
+    if (y) {
+        if (bias) v += bias[row];
+        v = round ? round_bf16(v) : v;
+        y[(long)tok * ldy + row] = res ? __fadd_rn(res[(long)tok * ldy + row], v) : v;
+    } else {
+        d[(long)tok * ldd + row] = v;
+    }
+}
+
 // ---- The forward GEMM's arithmetic, shared by the split-K decode kernels
 // (gemv_fp8.cu) and the rows kernels (gemm_rows.cu): one definition, so a row's bits
 // do not depend on which kernel (or batch) computed it. ---------------------------

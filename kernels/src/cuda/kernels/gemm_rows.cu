@@ -261,15 +261,7 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
             for (int i = 0; i < 4; i++) {
                 int row = n0 + r0 + mt * 16 + (i >= 2 ? 8 : 0);
                 int tok = tk - gid + tt * 8 + tig * 2 + (i & 1);
-                if (row >= N || tok >= M) continue;
-                float v = tot[mt][tt][i];
-                if (y) {  // linear_epilogue, fused
-                    if (bias) v += bias[row];
-                    v = round ? round_bf16(v) : v;
-                    y[(long)tok * ldy + row] = res ? __fadd_rn(res[(long)tok * ldy + row], v) : v;
-                } else {
-                    d[(long)tok * ldd + row] = v;
-                }
+                if (row < N && tok < M) rows_out(tot[mt][tt][i], row, tok, d, ldd, y, ldy, bias, round, res);
             }
 }
 

@@ -291,15 +291,7 @@ __device__ void wg_rows(const u8* __restrict__ w, const float* __restrict__ ws, 
     for (int r = 0; r < 64; r++) {
         const int row = n0 + wg * 64 + warp * 16 + (lane >> 2) + ((r & 2) ? 8 : 0);
         const int tok = (r >> 2) * 8 + (lane & 3) * 2 + (r & 1);
-        if (row >= N || tok >= M) continue;
-        float v = tot[r];
-        if (y) {  // linear_epilogue, fused
-            if (bias) v += bias[row];
-            v = round ? round_bf16(v) : v;
-            y[(long)tok * ldy + row] = res ? __fadd_rn(res[(long)tok * ldy + row], v) : v;
-        } else {
-            d[(long)tok * ldd + row] = v;
-        }
+        if (row < N && tok < M) rows_out(tot[r], row, tok, d, ldd, y, ldy, bias, round, res);
     }
 }
 

@@ -10,9 +10,6 @@
 // layout pads the K stride to 4). Padding holds code 0; a padding-only group has scale 1.
 // Inputs are f32 or bf16 (`_bf16` kernels), with a row stride ldx.
 
-__device__ __forceinline__ float ldv(const float* p, long i) { return p[i]; }
-__device__ __forceinline__ float ldv(const bf16_t* p, long i) { return bf16_to_f32(p[i]); }
-
 // Four consecutive values at column c (c % 4 == 0) of a row; zero beyond `cols`.
 __device__ __forceinline__ void load4(const float* row, int c, int cols, bool vec, float v[4]) {
     if (vec && c + 3 < cols) {
@@ -92,41 +89,10 @@ extern "C" __global__ void quant_row1x128_bf16(const bf16_t* x, long ldx, int ro
     row1x128(x, ldx, rows, cols, rows_pad, cols_pad, codes, scales);
 }
 
-// 256 threads per 128-row x 32-column tile; grid (ceil(cols_pad/32), ceil(rows/128)).
-// The tile goes through shared memory so that both the loads (rows of x) and the
-// stores (rows of codes^T, 128 tokens = 128 bytes) are contiguous.
-template <typename T>
-__device__ void col128x1(const T* x, long ldx, int rows, int cols, int rows_pad, int cols_pad,
-                         u8* codes_t, float* scales) {
-    __shared__ float tile[128][33];
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int c0 = blockIdx.x * 32, r0 = blockIdx.y * 128;
-    for (int i = w; i < 128; i += 8) {
-        int r = r0 + i, c = c0 + lane;
-        tile[i][lane] = (r < rows && c < cols) ? ldv(x, (long)r * ldx + c) : 0.0f;
-    }
-    __syncthreads();
-    for (int j = 0; j < 4; j++) {
-        int cl = w * 4 + j, c = c0 + cl;
-        float v[4];
-        u32 m = 0;
-        for (int i = 0; i < 4; i++) {
-            v[i] = tile[lane * 4 + i][cl];
-            m = max_abs_bits(m, v[i]);
-        }
-        m = __reduce_max_sync(0xffffffffu, m);
-        float s = e4m3_scale(m);
-        if (c < cols_pad) {
-            int r = r0 + lane * 4;
-            if (r < rows_pad) *reinterpret_cast<u32*>(codes_t + (long)c * rows_pad + r) = encode4(v, s);
-            if (lane == 0) scales[(long)blockIdx.y * cols_pad + c] = s;
-        }
-    }
-}
-
-// Both groupings of one f32 matrix in one pass, bit for bit row1x128's (codes !=
-// null) and col128x1's (codes_t): dY, read by DGrad in 1x128 groups and by WGrad in
-// 128x1; with codes null, col128x1 alone (X for WGrad). One block of 256 threads per
+// Both groupings of one f32 matrix in one pass: row1x128's codes and scales (codes !=
+// null, bit for bit that kernel's) and the col128x1 layout (codes_t, scales_t; see the
+// top of this file): dY, read by DGrad in 1x128 groups and by WGrad in 128x1; with
+// codes null, the 128x1 groups alone (X for WGrad). One block of 256 threads per
 // 128 x 128 tile, grid (ceil(cols_pad/128), ceil(rows/128)), 64 KiB of dynamic
 // shared memory. Warp w loads rows 16w .. +16 of the tile (lane l: columns 4l .. +3,
 // all sixteen 16-byte loads in flight: the f32 input is the cost), quantizes each
@@ -183,11 +149,6 @@ extern "C" __global__ void __launch_bounds__(256)
         }
         *reinterpret_cast<uint4*>(codes_t + (long)c * rows_pad + r0 + rl) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
     }
-}
-extern "C" __global__ void quant_col128x1_bf16(const bf16_t* x, long ldx, int rows, int cols, int rows_pad,
-                                               int cols_pad, u8* codes_t, float* scales) {
-    pdl_entry();
-    col128x1(x, ldx, rows, cols, rows_pad, cols_pad, codes_t, scales);
 }
 
 // One block of 256 threads per 128x128 block; grid (L, ceil(rows/128)).

@@ -8,7 +8,7 @@ use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
 use jet_kernels::cuda::flash::flash_backward;
 use jet_kernels::cuda::linear::{
-    linear_backward_add, linear_backward_into, linear_bias_grad, GpuWeight, SharedInput,
+    linear_backward_add, linear_backward_into, linear_bias_grad, GpuWeight, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_backward, rmsnorm_backward, rope_backward_dev, swiglu_backward,
@@ -55,7 +55,7 @@ impl Ctx<'_> {
     fn linear_add(
         &self,
         dy: &CudaSlice<f32>,
-        (x, xin): (&CudaSlice<f32>, &mut SharedInput),
+        (x, xin): (&CudaSlice<f32>, &mut XOperand),
         w: &GpuWeight,
         grads: &mut GpuWeights,
         (dw, db): (usize, Option<usize>),
@@ -87,7 +87,7 @@ impl Ctx<'_> {
     fn linear(
         &self,
         dy: &CudaSlice<f32>,
-        (x, xin): (&CudaSlice<f32>, &mut SharedInput),
+        (x, xin): (&CudaSlice<f32>, &mut XOperand),
         w: &GpuWeight,
         grads: &mut GpuWeights,
         dw: usize,
@@ -122,7 +122,7 @@ pub fn backward(
 
     // Head: logits = normed lm_head^T; normed = rmsnorm(h_final).
     let head_ix = w.ix.lm_head.unwrap_or(w.ix.embed);
-    let normed = (&acts.normed, &mut SharedInput::default());
+    let normed = (&acts.normed, &mut XOperand::default());
     let dn = cx.linear(dlogits, normed, &model.lm_head, grads, head_ix, None)?;
     let hs = &acts.h_final;
     let rs = (cx.round(), None);
@@ -139,7 +139,7 @@ pub fn backward(
         // MLP: out = h_mid + down(swiglu(gate(b), up(b))), b = norm(h_mid).
         let dmm = cx.linear(
             &dx,
-            (&a.m, &mut SharedInput::default()),
+            (&a.m, &mut XOperand::default()),
             &lp.down,
             grads,
             lx.down,
@@ -148,7 +148,7 @@ pub fn backward(
         let n_mlp = m * cfg.intermediate_size;
         let (dgate, dup) = swiglu_backward(g, &dmm, &a.gate, &a.up, n_mlp, round)?;
         // gate and up read one input b: its WGrad operand is made once.
-        let bin = &mut SharedInput::default();
+        let bin = &mut XOperand::default();
         let mut db = cx.linear(&dgate, (&a.b, bin), &lp.gate, grads, lx.gate, None)?;
         cx.linear_add(&dup, (&a.b, bin), &lp.up, grads, (lx.up, None), &mut db)?;
         let post = w.t(lx.post_attention_layernorm);
@@ -158,7 +158,7 @@ pub fn backward(
         add_into(g, &mut grads.bufs[lx.post_attention_layernorm], &dw2, h)?;
 
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
-        let attn_in = (&a.attn, &mut SharedInput::default());
+        let attn_in = (&a.attn, &mut XOperand::default());
         let dattn = cx.linear(&dh_mid, attn_in, &lp.o, grads, lx.o, None)?;
         let shape = model.attn_shape();
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
@@ -189,7 +189,7 @@ pub fn backward(
             (dq, dk) = (dqp, dkp);
         }
         // q, k and v read one input a.
-        let ain = &mut SharedInput::default();
+        let ain = &mut XOperand::default();
         let mut da = cx.linear(&dq, (&a.a, ain), &lp.q, grads, lx.q, lx.q_bias)?;
         cx.linear_add(&dk, (&a.a, ain), &lp.k, grads, (lx.k, lx.k_bias), &mut da)?;
         cx.linear_add(&dv, (&a.a, ain), &lp.v, grads, (lx.v, lx.v_bias), &mut da)?;

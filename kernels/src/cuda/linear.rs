@@ -237,12 +237,14 @@ fn dense(
 
 /// The low-precision copy of one linear input `x [m, k]`, made by the first
 /// layer that reads it and reused by the others (q, k and v read one x, gate
-/// and up another): a BF16 copy `[m][pad16(k)]` or its 1x128 E4M3 groups.
+/// and up another): a BF16 copy `[m][pad16(k)]` (forward and WGrad), its 1x128
+/// E4M3 groups (forward) or its 128x1 groups (WGrad).
 #[derive(Default)]
 pub struct XOperand {
     shape: Option<(usize, usize)>,
     bf16: Option<CudaSlice<u16>>,
     fp8: Option<Fp8Quantized>,
+    fp8_t: Option<Fp8Quantized>,
 }
 
 impl XOperand {
@@ -275,6 +277,20 @@ impl XOperand {
         match self.fp8 {
             Some(ref q) => Ok(q),
             None => Ok(self.fp8.insert(quantize_row1x128(gpu, x, m, k)?)),
+        }
+    }
+
+    /// The 128x1 groups (tokens), the WGrad operand.
+    fn fp8_t(
+        &mut self,
+        gpu: &Gpu,
+        x: &CudaSlice<f32>,
+        m: usize,
+        k: usize,
+    ) -> Result<&Fp8Quantized> {
+        match self.fp8_t {
+            Some(ref q) => Ok(q),
+            None => Ok(self.fp8_t.insert(quantize_col128x1(gpu, x, m, k)?)),
         }
     }
 }
@@ -507,7 +523,7 @@ pub fn linear_backward(
     let mut dw = gpu.uninit::<f32>(w.n * w.k)?;
     let mut dx = gpu.uninit::<f32>(m * w.k)?;
     let dxo = (&mut dx, false);
-    let xin = &mut SharedInput::default();
+    let xin = &mut XOperand::default();
     backward_to(
         gpu,
         (dy, x, m),
@@ -524,27 +540,17 @@ pub fn linear_backward(
     Ok(GpuLinearGrads { dx, dw, db })
 }
 
-/// The WGrad operand made of a layer input `x [m, k]`: its 128x1 codes (FP8
-/// WGrad) or its BF16 copy (BF16 WGrad). The projections that read one input (q,
-/// k and v; gate and up) share one, so the operand is made once; a fresh one for
-/// each input.
-#[derive(Default)]
-pub struct SharedInput {
-    fp8: Option<Fp8Quantized>,
-    bf16: Option<CudaSlice<u16>>,
-}
-
 /// [`linear_backward`] adding dW (rounded as there) into `dw_acc [n, k]` (as
 /// `tensor::add_into` would) without a dW buffer of its own; the bias gradient,
 /// if any, is [`linear_bias_grad`]'s. `xin` holds x's WGrad operand for the
-/// projections that share x. Returns dx `[m, k]`.
+/// projections that share x (a fresh one for each x). Returns dx `[m, k]`.
 pub fn linear_backward_into(
     gpu: &Gpu,
     (dy, x, m): (&CudaSlice<f32>, &CudaSlice<f32>, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     dw_acc: &mut CudaSlice<f32>,
-    xin: &mut SharedInput,
+    xin: &mut XOperand,
 ) -> Result<CudaSlice<f32>> {
     let mut dx = gpu.uninit::<f32>(m * w.k)?;
     backward_to(
@@ -567,7 +573,7 @@ pub fn linear_backward_add(
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     (dw_acc, dx_acc): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
-    xin: &mut SharedInput,
+    xin: &mut XOperand,
 ) -> Result<()> {
     backward_to(
         gpu,
@@ -601,7 +607,7 @@ fn backward_to(
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     (dw, acc): (&mut CudaSlice<f32>, bool),
     (dx, dx_acc): (&mut CudaSlice<f32>, bool),
-    xin: &mut SharedInput,
+    xin: &mut XOperand,
 ) -> Result<()> {
     let (n, k) = (w.n, w.k);
     check_len("linear dy", dy, m * n, format!("[{m}, {n}]"))?;
@@ -667,11 +673,7 @@ fn backward_to(
                 Some(b) => b,
                 None => to_bf16_padded(gpu, dy, m, n, m, np)?,
             };
-            let xb = match xin.bf16.take() {
-                Some(b) if b.len() == m * kp => b,
-                _ => to_bf16_padded(gpu, x, m, k, m, kp)?,
-            };
-            let xb = xin.bf16.insert(xb);
+            let xb = xin.of(m, k)?.bf16(gpu, x, m, k)?;
             let d = gpu.uninit::<f32>(n * kp)?;
             let (a, b) = (
                 dense(gpu, &dyb, LtType::Bf16, m, n, np),
@@ -685,11 +687,7 @@ fn backward_to(
                 Some(q) => q,
                 None => quantize_col128x1(gpu, dy, m, n)?,
             };
-            let qx = match xin.fp8.take() {
-                Some(q) if (q.rows, q.cols) == (m, k) => q,
-                _ => quantize_col128x1(gpu, x, m, k)?,
-            };
-            let qx = xin.fp8.insert(qx);
+            let qx = xin.of(m, k)?.fp8_t(gpu, x, m, k)?;
             debug_assert_eq!(qdy.rows_pad, mp);
             fp8_gemm_nt(gpu, &qdy, qx)?
         }

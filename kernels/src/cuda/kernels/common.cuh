@@ -140,7 +140,18 @@ __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
-// ---- The rows kernels' output (gemm_rows.cu, gemm_wg.cu) -------------------------
+// ---- The rows kernels' split folds and output (gemm_rows.cu, gemm_wg.cu) ----------
+// The end of a split slice: fold the slice's sums acc into the totals as the split-K
+// launch's in-order sum of its slices would (the first slice taken as is), then
+// restart acc. R accumulators, contiguous.
+template <int R>
+__device__ __forceinline__ void fold_slice(float* tot, float* acc, bool first) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        tot[r] = first ? acc[r] : tot[r] + acc[r];
+        acc[r] = 0.0f;
+    }
+}
 // One total v of (row, tok): through the fused linear epilogue when y != null (fuses
 // linear_epilogue: + bias, the BF16 rounding when `round`, then + res [M][ldy] when
 // not null) into y [M][ldy], else as is into d [M][ldd].

@@ -229,30 +229,13 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
                 }
             }
         }
-        // The end of a split slice: fold it into the total as the in-order sum of
-        // the slices would (the first slice is taken as is).
         if (g + 1 == fold_at || g + 1 == L) {
-            const bool first = g < gps;
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int tt = 0; tt < 8; tt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        tot[mt][tt][i] = first ? acc[mt][tt][i] : tot[mt][tt][i] + acc[mt][tt][i];
-                        acc[mt][tt][i] = 0.0f;
-                    }
+            fold_slice<64>(&tot[0][0][0], &acc[0][0][0], g < gps);
             fold_at += gps;
         }
     }
     cp_wait<0>();  // no copy in flight at exit (the last loads were empty groups)
 
-    if (y) {
-        y += (long)t0 * ldy;
-        if (res) res += (long)t0 * ldy;
-    } else {
-        d += (long)t0 * ldd;
-    }
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -261,7 +244,7 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
             for (int i = 0; i < 4; i++) {
                 int row = n0 + r0 + mt * 16 + (i >= 2 ? 8 : 0);
                 int tok = tk - gid + tt * 8 + tig * 2 + (i & 1);
-                if (row < N && tok < M) rows_out(tot[mt][tt][i], row, tok, d, ldd, y, ldy, bias, round, res);
+                if (row < N && tok < M) rows_out(tot[mt][tt][i], row, t0 + tok, d, ldd, y, ldy, bias, round, res);
             }
 }
 

@@ -267,31 +267,18 @@ __device__ void wg_rows(const u8* __restrict__ w, const float* __restrict__ ws, 
         } else {
             group_mma<E, 128>(acc, wt, 128 * 128, xt, 128 * 128);
         }
-        // The end of a split slice: fold it into the total as the in-order sum of
-        // the slices would (the first slice is taken as is).
         if (g + 1 == fold_at || g + 1 == L) {
-            const bool first = g < gps;
-#pragma unroll
-            for (int r = 0; r < 64; r++) {
-                tot[r] = first ? acc[r] : tot[r] + acc[r];
-                acc[r] = 0.0f;
-            }
+            fold_slice<64>(tot, acc, g < gps);
             fold_at += gps;
         }
     }
     cp_wait<0>();
 
-    if (y) {
-        y += (long)t0 * ldy;
-        if (res) res += (long)t0 * ldy;
-    } else {
-        d += (long)t0 * ldd;
-    }
 #pragma unroll
     for (int r = 0; r < 64; r++) {
         const int row = n0 + wg * 64 + warp * 16 + (lane >> 2) + ((r & 2) ? 8 : 0);
         const int tok = (r >> 2) * 8 + (lane & 3) * 2 + (r & 1);
-        if (row < N && tok < M) rows_out(tot[r], row, tok, d, ldd, y, ldy, bias, round, res);
+        if (row < N && tok < M) rows_out(tot[r], row, t0 + tok, d, ldd, y, ldy, bias, round, res);
     }
 }
 

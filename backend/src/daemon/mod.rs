@@ -67,18 +67,33 @@ fn check_data_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Remove temporary checkpoint folders a crash left behind: they were never
-/// entered in the catalog.
-fn clean_temporaries(dir: &Path) {
+/// Remove checkpoint folders that are not in the catalog: temporaries a crash
+/// left mid-write, folders renamed into place before their catalog entry was
+/// durable, and pruned ones whose durable removal a crash cut off from their
+/// deletion. None of them is trusted or reachable; a later checkpoint at the
+/// same position is written afresh.
+fn clean_checkpoints(dir: &Path, store: &Store) {
     let Ok(runs) = std::fs::read_dir(dir.join("runs")) else {
         return;
     };
     for r in runs.flatten() {
+        let id = r.file_name().to_string_lossy().into_owned();
+        let Ok(cat) = store.checkpoints(&id) else {
+            continue;
+        };
+        let kept: std::collections::HashSet<String> = cat
+            .iter()
+            .filter_map(|c| {
+                Path::new(&c.info.path)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+            .collect();
         let Ok(cks) = std::fs::read_dir(r.path().join("checkpoints")) else {
             continue;
         };
         for c in cks.flatten() {
-            if c.file_name().to_string_lossy().starts_with(".tmp-") {
+            if !kept.contains(c.file_name().to_string_lossy().as_ref()) {
                 let _ = std::fs::remove_dir_all(c.path());
             }
         }
@@ -103,7 +118,7 @@ fn remove_deleted_runs(dir: &Path, store: &Store) {
 pub fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     check_data_dir(&opts.data_dir)?;
     let store = Store::open(&opts.data_dir)?;
-    clean_temporaries(&opts.data_dir);
+    clean_checkpoints(&opts.data_dir, &store);
     remove_deleted_runs(&opts.data_dir, &store);
     let devices = devices::Devices::open(&opts.gpus, devices::sled_kernels(&store))?;
     eprintln!("jetd: {}", devices.describe());

@@ -296,14 +296,24 @@ impl Active<'_> {
                 }
             });
         let pinned = self.rec.restore.as_ref().map(|r| r.path.clone());
+        let mut doomed = Vec::new();
         for c in lineage::prunable(&cat, at, cfg.keep_last) {
             let is_best = cfg.keep_best && best.as_ref().is_some_and(|b| b.1 == c.info.path);
             if is_best || pinned.as_deref() == Some(c.info.path.as_str()) {
                 continue;
             }
             if self.sh.store.remove_checkpoint(&self.rec.id, &c).is_ok() {
-                let _ = std::fs::remove_dir_all(&c.info.path);
+                doomed.push(c.info.path);
             }
+        }
+        // The removals must be durable before any file goes: a kill -9 between
+        // an unflushed removal and the folder's deletion would otherwise leave
+        // a catalogued checkpoint with files missing.
+        if doomed.is_empty() || self.sh.store.flush().is_err() {
+            return;
+        }
+        for path in doomed {
+            let _ = std::fs::remove_dir_all(&path);
         }
     }
 

@@ -919,6 +919,69 @@ fn logsoftmax_matches_cpu() {
     done();
 }
 
+/// The training pass scores response rows in place in the LM head's logits
+/// `[total, vocab]`: `token_logprobs_forward_at` / `_backward_at` must equal the
+/// forward and backward over those rows gathered, the gradient scaled by the
+/// temperature's 1/T and scattered into zeros, bit for bit; a repeated or
+/// out-of-range row is refused.
+#[test]
+fn token_logprobs_in_place_match_gathered() {
+    let Some(g) = gpu() else { return };
+    for (total, vocab, scale) in [(9, 1000, 1.0f32), (6, 151_936, 1.0 / 0.7), (7, 1003, 0.5)] {
+        let shape = format!("[{total}, {vocab}]");
+        let at = [4usize, 1, total - 1];
+        let r = at.len();
+        let z = rnd(total * vocab, 63, 8.0);
+        let tg: Vec<u32> = (0..r).map(|i| ((i * 7919 + 3) % vocab) as u32).collect();
+        let (dlp, dent) = (up(&g, &rnd(r, 64, 1.0)), up(&g, &rnd(r, 65, 1.0)));
+        let gathered: Vec<f32> = at
+            .iter()
+            .flat_map(|&i| z[i * vocab..(i + 1) * vocab].to_vec())
+            .collect();
+        let (dz, dzg) = (up(&g, &z), up(&g, &gathered));
+        let f = glsm::token_logprobs_forward_at(&g, &dz, total, vocab, &at, &tg).unwrap();
+        let want = glsm::token_logprobs_forward(&g, &dzg, r, vocab, &tg).unwrap();
+        let differ = [
+            (&f.logp, &want.logp),
+            (&f.entropy, &want.entropy),
+            (&f.lse, &want.lse),
+        ]
+        .iter()
+        .map(|(a, b)| bits_differ(&dl(&g, a, r), &dl(&g, b, r)))
+        .sum();
+        report_exact("token logprobs fwd in place", &shape, differ);
+        let d = glsm::ScoredGrad {
+            tgt: &tg,
+            fwd: &f,
+            dlogp: &dlp,
+            dentropy: Some(&dent),
+        };
+        let got = glsm::token_logprobs_backward_at(&g, &dz, (total, vocab), &at, &d, scale);
+        let got = dl(&g, &got.unwrap(), total * vocab);
+        let dg = glsm::token_logprobs_backward(&g, &dzg, r, vocab, &tg, &want, &dlp, Some(&dent));
+        let dg = dl(&g, &dg.unwrap(), r * vocab);
+        let mut want_full = vec![0.0f32; total * vocab];
+        for (i, &row) in at.iter().enumerate() {
+            for j in 0..vocab {
+                want_full[row * vocab + j] = dg[i * vocab + j] * scale;
+            }
+        }
+        report_exact(
+            "token logprobs bwd in place",
+            &shape,
+            bits_differ(&got, &want_full),
+        );
+    }
+    let dz = up(&g, &rnd(4 * 10, 66, 1.0));
+    for (at, why) in [(vec![1usize, 1], "repeated"), (vec![4], "outside")] {
+        let tg = vec![0u32; at.len()];
+        let err = glsm::token_logprobs_forward_at(&g, &dz, 4, 10, &at, &tg);
+        let msg = err.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg.contains(why), "scored rows {at:?}: {msg:?}");
+    }
+    done();
+}
+
 /// Values whose bits differ; any two NaNs count as equal (the GPU writes its own
 /// canonical NaN, x86 keeps the operand's payload).
 fn bits_differ(a: &[f32], b: &[f32]) -> usize {

@@ -7,8 +7,10 @@
 //! micro-batch the response tokens' logprobs and entropies come down (a few
 //! floats per token) and d loss / d logp, d entropy go back up.
 
-use jet_kernels::cuda::logsoftmax::{token_logprobs_backward, token_logprobs_forward};
-use jet_kernels::cuda::tensor::{div_scalar, gather_rows, mul_scalar, scatter_rows};
+use jet_kernels::cuda::logsoftmax::{
+    token_logprobs_backward_at, token_logprobs_forward_at, ScoredGrad,
+};
+use jet_kernels::cuda::tensor::div_scalar;
 use jet_kernels::cuda::Result;
 use jet_kernels::GemmRole;
 
@@ -36,7 +38,7 @@ pub fn run_pass_gpu(
     let micro = micro.max(1);
     for (mb, chunk) in seqs.chunks(micro).enumerate() {
         let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
-        let out = forward(model, &refs, GemmRole::TrainForward, grad.is_some())?;
+        let mut out = forward(model, &refs, GemmRole::TrainForward, grad.is_some())?;
         let m: usize = refs.iter().map(|s| s.len()).sum();
         // Row prompt_len-1+t predicts token prompt_len+t.
         let mut rows = Vec::new();
@@ -55,12 +57,14 @@ pub fn run_pass_gpu(
             scored.entropy.extend(chunk.iter().map(|_| Vec::new()));
             continue;
         }
-        let mut gathered = gather_rows(g, &out.logits, vocab, &rows)?;
-        drop(out.logits);
+        // The scored rows are read in place from the logits [m, vocab] (no
+        // gathered copy); a temperature divides all of them first, as the
+        // CPU divides the gathered rows (the same bits).
+        let mut logits = out.logits;
         if tempered {
-            div_scalar(g, &mut gathered, r * vocab, temperature as f32)?;
+            div_scalar(g, &mut logits, m * vocab, temperature as f32)?;
         }
-        let tl = token_logprobs_forward(g, &gathered, r, vocab, &targets)?;
+        let tl = token_logprobs_forward_at(g, &logits, m, vocab, &rows, &targets)?;
         let logp = g.download_n(&tl.logp, r)?;
         let ent = g.download_n(&tl.entropy, r)?;
         let mut k = 0;
@@ -81,18 +85,25 @@ pub fn run_pass_gpu(
             scored.logp.push(lp);
             scored.entropy.push(en);
         }
-        let (Some((_, grads)), Some(acts)) = (grad.as_mut(), out.acts.as_ref()) else {
+        let (Some((_, grads)), Some(acts)) = (grad.as_mut(), out.acts.as_mut()) else {
             continue;
         };
         let (dl, de) = (g.upload(&dlogp)?, g.upload(&dent)?);
-        let mut dg =
-            token_logprobs_backward(g, &gathered, r, vocab, &targets, &tl, &dl, Some(&de))?;
-        if tempered {
-            mul_scalar(g, &mut dg, r * vocab, (1.0 / temperature) as f32)?;
-        }
-        let mut dlogits = g.zeros::<f32>(m * vocab)?;
-        scatter_rows(g, &mut dlogits, vocab, &rows, &dg)?;
-        drop(dg);
+        let d = ScoredGrad {
+            tgt: &targets,
+            fwd: &tl,
+            dlogp: &dl,
+            dentropy: Some(&de),
+        };
+        // Each scored row's gradient in place, every other row 0, times 1/T
+        // when tempered (fuses the scatter into zeros and mul_scalar).
+        let scale = if tempered {
+            (1.0 / temperature) as f32
+        } else {
+            1.0
+        };
+        let dlogits = token_logprobs_backward_at(g, &logits, (m, vocab), &rows, &d, scale)?;
+        drop(logits);
         backward(model, acts, &dlogits, grads)?;
     }
     Ok(scored)

@@ -41,12 +41,66 @@ pub fn token_logprobs_forward(
     tgt: &[u32],
 ) -> Result<GpuTokenLogprobs> {
     check_len("logits", logits, rows * vocab, format!("[{rows}, {vocab}]"))?;
+    scored_forward(gpu, logits, None, rows, vocab, tgt)
+}
+
+/// [`token_logprobs_forward`] of the rows `at` (distinct, each `< total`) of
+/// `logits [total, vocab]`, read in place: result `i` scores row `at[i]` for
+/// `tgt[i]`, the same bits as the forward over those rows gathered.
+pub fn token_logprobs_forward_at(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    total: usize,
+    vocab: usize,
+    at: &[usize],
+    tgt: &[u32],
+) -> Result<GpuTokenLogprobs> {
+    check_len(
+        "logits",
+        logits,
+        total * vocab,
+        format!("[{total}, {vocab}]"),
+    )?;
+    slots(at, total)?;
+    let src = gpu.upload(&at.iter().map(|&r| r as i32).collect::<Vec<_>>())?;
+    scored_forward(gpu, logits, Some(&src), at.len(), vocab, tgt)
+}
+
+/// `at` as the map from a logits row to its scored slot (-1: not scored), after
+/// checking that the rows are distinct and inside `[0, total)`.
+fn slots(at: &[usize], total: usize) -> Result<Vec<i32>> {
+    super::ensure(total <= i32::MAX as usize, || {
+        format!("token_logprobs: {total} logits rows exceed the i32 row index")
+    })?;
+    let mut slot = vec![-1i32; total];
+    for (i, &r) in at.iter().enumerate() {
+        super::ensure(r < total && slot[r] < 0, || {
+            format!(
+                "token_logprobs: scored row {r} (entry {i}) is repeated or outside [0, {total})"
+            )
+        })?;
+        slot[r] = i as i32;
+    }
+    Ok(slot)
+}
+
+fn scored_forward(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    src: Option<&CudaSlice<i32>>,
+    rows: usize,
+    vocab: usize,
+    tgt: &[u32],
+) -> Result<GpuTokenLogprobs> {
     let t = targets(gpu, tgt, rows, vocab)?;
     let out = GpuTokenLogprobs {
         logp: gpu.uninit(rows)?,
         entropy: gpu.uninit(rows)?,
         lse: gpu.uninit(rows)?,
     };
+    if rows == 0 {
+        return Ok(out);
+    }
     gpu.launch(
         &LOGSOFTMAX,
         "token_logprobs_fwd",
@@ -57,6 +111,7 @@ pub fn token_logprobs_forward(
             Arg::P(gpu.ptr(logits)),
             Arg::I(rows as i32),
             Arg::I(vocab as i32),
+            Arg::P(src.map_or(0, |s| gpu.ptr(s))),
             Arg::P(gpu.ptr(&t)),
             Arg::P(gpu.ptr(&out.logp)),
             Arg::P(gpu.ptr(&out.entropy)),
@@ -133,33 +188,86 @@ pub fn token_logprobs_backward(
     dentropy: Option<&CudaSlice<f32>>,
 ) -> Result<CudaSlice<f32>> {
     check_len("logits", logits, rows * vocab, format!("[{rows}, {vocab}]"))?;
+    let d = ScoredGrad {
+        tgt,
+        fwd,
+        dlogp,
+        dentropy,
+    };
+    scored_backward(gpu, logits, (None, rows), vocab, &d, 1.0)
+}
+
+/// The per-scored-row inputs of the backward, each `[scored rows]`.
+pub struct ScoredGrad<'a> {
+    pub tgt: &'a [u32],
+    pub fwd: &'a GpuTokenLogprobs,
+    pub dlogp: &'a CudaSlice<f32>,
+    pub dentropy: Option<&'a CudaSlice<f32>>,
+}
+
+/// The backward of [`token_logprobs_forward_at`]: `dlogits [total, vocab]`, row
+/// `at[i]` the gradient of result `i` times `scale` (`1 / temperature` for logits
+/// that were divided by it; 1 is exact), every other row 0. The same bits as the
+/// gathered backward scattered into zeros and scaled.
+pub fn token_logprobs_backward_at(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    (total, vocab): (usize, usize),
+    at: &[usize],
+    d: &ScoredGrad,
+    scale: f32,
+) -> Result<CudaSlice<f32>> {
+    check_len(
+        "logits",
+        logits,
+        total * vocab,
+        format!("[{total}, {vocab}]"),
+    )?;
+    let slot = gpu.upload(&slots(at, total)?)?;
+    scored_backward(gpu, logits, (Some(&slot), total), vocab, d, scale)
+}
+
+fn scored_backward(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    (slot, out_rows): (Option<&CudaSlice<i32>>, usize),
+    vocab: usize,
+    d: &ScoredGrad,
+    scale: f32,
+) -> Result<CudaSlice<f32>> {
+    let rows = d.tgt.len();
     for (what, b) in [
-        ("lse", &fwd.lse),
-        ("entropy", &fwd.entropy),
-        ("dlogp", dlogp),
+        ("lse", &d.fwd.lse),
+        ("entropy", &d.fwd.entropy),
+        ("dlogp", d.dlogp),
     ] {
         check_len(what, b, rows, format!("[{rows}]"))?;
     }
-    if let Some(d) = dentropy {
-        check_len("dentropy", d, rows, format!("[{rows}]"))?;
+    if let Some(de) = d.dentropy {
+        check_len("dentropy", de, rows, format!("[{rows}]"))?;
     }
-    let t = targets(gpu, tgt, rows, vocab)?;
-    let dz = gpu.uninit::<f32>(rows * vocab)?;
+    let t = targets(gpu, d.tgt, rows, vocab)?;
+    let dz = gpu.uninit::<f32>(out_rows * vocab)?;
+    if out_rows == 0 {
+        return Ok(dz);
+    }
     gpu.launch(
         &LOGSOFTMAX,
         "token_logprobs_bwd",
-        (rows as u32, vocab.div_ceil(256) as u32, 1),
+        (out_rows as u32, vocab.div_ceil(1024) as u32, 1),
         (256, 1, 1),
         0,
         &[
             Arg::P(gpu.ptr(logits)),
-            Arg::I(rows as i32),
+            Arg::I(out_rows as i32),
             Arg::I(vocab as i32),
+            Arg::P(slot.map_or(0, |s| gpu.ptr(s))),
             Arg::P(gpu.ptr(&t)),
-            Arg::P(gpu.ptr(&fwd.lse)),
-            Arg::P(gpu.ptr(&fwd.entropy)),
-            Arg::P(gpu.ptr(dlogp)),
-            Arg::P(dentropy.map_or(0, |d| gpu.ptr(d))),
+            Arg::P(gpu.ptr(&d.fwd.lse)),
+            Arg::P(gpu.ptr(&d.fwd.entropy)),
+            Arg::P(gpu.ptr(d.dlogp)),
+            Arg::P(d.dentropy.map_or(0, |x| gpu.ptr(x))),
+            Arg::F(scale),
             Arg::P(gpu.ptr(&dz)),
         ],
     )?;

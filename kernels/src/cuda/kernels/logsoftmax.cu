@@ -47,11 +47,13 @@ extern "C" __global__ void row_stats(const float* z, int rows, int vocab, float*
 }
 
 // logp = (z_t - m) - ln S, entropy = ln S - sum_j p_j (z_j - m), lse = m + ln S.
-extern "C" __global__ void token_logprobs_fwd(const float* z, int rows, int vocab, const int* targets,
-                                              float* logp, float* entropy, float* lse) {
+// Row r of the results scores logits row src[r] (src null: row r), so the scored
+// rows are read in place from the LM head's full output (no gathered copy).
+extern "C" __global__ void token_logprobs_fwd(const float* z, int rows, int vocab, const int* src,
+                                              const int* targets, float* logp, float* entropy, float* lse) {
     pdl_entry();
     __shared__ float sh[32];
-    const float* zr = z + (long)blockIdx.x * vocab;
+    const float* zr = z + (long)(src ? src[blockIdx.x] : blockIdx.x) * vocab;
     float m, lns;
     row_shift(zr, vocab, sh, &m, &lns);
     float pz = 0.0f;
@@ -78,18 +80,47 @@ extern "C" __global__ void log_softmax_rows(const float* z, int rows, int vocab,
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) out[o + j] = (z[o + j] - m) - lns;
 }
 
-// dz = -gl p - ge p (log p + H), plus gl at the target; grid (rows, ceil(vocab/256)).
-extern "C" __global__ void token_logprobs_bwd(const float* z, int rows, int vocab, const int* targets,
-                                              const float* lse, const float* entropy, const float* dlogp,
-                                              const float* dentropy, float* dz) {
+// dz = (-gl p - ge p (log p + H), plus gl at the target) * scale; grid (out_rows,
+// ceil(vocab/1024)), four entries a thread. Output row o is logits row o; its
+// per-row inputs (targets, lse, entropy, dlogp, dentropy) are at c = slot[o] (slot
+// null: c = o), and a row with c < 0 is not scored: its dz is 0. Fuses the gathered
+// backward's scatter into zeros and the temperature's mul_scalar (scale 1 is exact).
+extern "C" __global__ void token_logprobs_bwd(const float* z, int out_rows, int vocab, const int* slot,
+                                              const int* targets, const float* lse, const float* entropy,
+                                              const float* dlogp, const float* dentropy, float scale,
+                                              float* dz) {
     pdl_entry();
-    int r = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
-    if (j >= vocab) return;
-    long i = (long)r * vocab + j;
-    float gl = dlogp[r], ge = dentropy ? dentropy[r] : 0.0f;
-    float lp = z[i] - lse[r];
-    float p = expf(lp);
-    float d = -gl * p - ge * p * (lp + entropy[r]);
-    if (j == targets[r]) d += gl;
-    dz[i] = d;
+    int o = blockIdx.x, j0 = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
+    if (j0 >= vocab) return;
+    long base = (long)o * vocab;
+    int c = slot ? slot[o] : o;
+    int n = min(4, vocab - j0);
+    // float4 when the four entries are whole and 16-byte aligned (vocab % 4 == 0).
+    bool vec = n == 4 && ((base + j0) & 3) == 0;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (c < 0) {
+        if (vec) *reinterpret_cast<float4*>(dz + base + j0) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        else
+            for (int u = 0; u < n; u++) dz[base + j0 + u] = 0.0f;
+        return;
+    }
+    float gl = dlogp[c], ge = dentropy ? dentropy[c] : 0.0f, l = lse[c], h = entropy[c];
+    int t = targets[c];
+    if (vec) {
+        float4 q = *reinterpret_cast<const float4*>(z + base + j0);
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    } else {
+        for (int u = 0; u < n; u++) v[u] = z[base + j0 + u];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        float lp = v[u] - l;
+        float p = expf(lp);
+        float d = -gl * p - ge * p * (lp + h);
+        if (j0 + u == t) d += gl;
+        v[u] = __fmul_rn(d, scale);
+    }
+    if (vec) *reinterpret_cast<float4*>(dz + base + j0) = make_float4(v[0], v[1], v[2], v[3]);
+    else
+        for (int u = 0; u < n; u++) dz[base + j0 + u] = v[u];
 }

@@ -200,7 +200,7 @@ fn epilogue_to(
     gpu.launch(
         &OPS,
         "linear_epilogue",
-        (n.div_ceil(256) as u32, 1, 1),
+        (n.div_ceil(1024) as u32, 1, 1),
         (256, 1, 1),
         0,
         &[

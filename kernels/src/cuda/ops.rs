@@ -212,7 +212,9 @@ pub fn rmsnorm_backward(
         &OPS,
         "rmsnorm_bwd_dx",
         (rows as u32, 1, 1),
-        (256, 1, 1),
+        // 256 threads; fewer for a row of at most 256 (a q/k norm's 128): the
+        // threads left out would each add 0, so the sum's bits are the same.
+        (dim.next_multiple_of(32).clamp(32, 256) as u32, 1, 1),
         0,
         &[
             Arg::P(gpu.ptr(dy)),

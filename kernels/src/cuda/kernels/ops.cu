@@ -50,14 +50,36 @@ extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const
                                           int rows, int dim, float* dx, int round, const float* res) {
     pdl_entry();
     __shared__ float sh[32];
-    int r = blockIdx.x;
+    int r = blockIdx.x, B = blockDim.x, t = threadIdx.x;
     long o = (long)r * dim;
     float rs = rstd[r];
+    // Thread t adds c = t, t + B, ... in that order (the block size fixes the sum's
+    // order), with its first RB entries' loads all issued before the adds and kept
+    // for the second pass (one load at a time left it latency-bound).
+    const int RB = 4;
+    float gy[RB], gx[RB];
+#pragma unroll
+    for (int u = 0; u < RB; u++) {
+        int c = t + u * B;
+        gy[u] = c < dim ? dy[o + c] * w[c] : 0.0f;
+        gx[u] = c < dim ? x[o + c] : 0.0f;
+    }
     float dot = 0.0f;
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) dot += dy[o + c] * w[c] * (x[o + c] * rs);
+#pragma unroll
+    for (int u = 0; u < RB; u++)
+        if (t + u * B < dim) dot += gy[u] * (gx[u] * rs);
+    for (int c = t + RB * B; c < dim; c += B) dot += dy[o + c] * w[c] * (x[o + c] * rs);
     dot = block_sum(dot, sh);
     float mean = dot / (float)dim;
-    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+#pragma unroll
+    for (int u = 0; u < RB; u++) {
+        int c = t + u * B;
+        if (c >= dim) continue;
+        float v = rs * (gy[u] - gx[u] * rs * mean);
+        v = round ? round_bf16(v) : v;
+        dx[o + c] = res ? __fadd_rn(v, res[o + c]) : v;
+    }
+    for (int c = t + RB * B; c < dim; c += B) {
         float v = rs * (dy[o + c] * w[c] - x[o + c] * rs * mean);
         v = round ? round_bf16(v) : v;
         dx[o + c] = res ? __fadd_rn(v, res[o + c]) : v;
@@ -190,24 +212,50 @@ extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const 
 extern "C" __global__ void linear_epilogue(const float* d, long ldd, int splits, long sstride, const float* bias,
                                            int rows, int cols, int round, const float* add, float* y) {
     pdl_entry();
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)rows * cols) return;
-    int r = (int)(i / cols), c = (int)(i % cols);
+    // Four consecutive outputs a thread, loaded as float4 when every row and slice
+    // keeps them 16-byte aligned; each value's adds are in the same order either way.
+    long i0 = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4, n = (long)rows * cols;
+    if (i0 >= n) return;
+    bool vec = ((cols | ldd | sstride) & 3) == 0 &&
+               (((unsigned long long)d | (unsigned long long)y | (unsigned long long)add |
+                 (unsigned long long)bias) & 15) == 0;
+    if (!vec) {
+        for (long i = i0; i < min(i0 + 4, n); i++) {
+            int r = (int)(i / cols), c = (int)(i % cols);
+            const float* dr = d + (long)r * ldd + c;
+            float v = dr[0];
+            for (int s = 1; s < splits; s++) v += dr[s * sstride];
+            if (bias) v += bias[c];
+            v = round ? round_bf16(v) : v;
+            y[i] = add ? __fadd_rn(add[i], v) : v;
+        }
+        return;
+    }
+    int r = (int)(i0 / cols), c = (int)(i0 % cols);
     const float* dr = d + (long)r * ldd + c;
-    float v = dr[0];
-    // Slices 4 at a time, all four loads issued before the adds (the same order of
-    // adds; one load at a time left the decode epilogue latency-bound).
+    float4 v = *reinterpret_cast<const float4*>(dr);
+    // Slices 4 at a time, all four loads issued before the adds (one load at a time
+    // left the decode epilogue latency-bound).
     int s = 1;
     for (; s + 3 < splits; s += 4) {
-        float t0 = dr[s * sstride], t1 = dr[(s + 1) * sstride], t2 = dr[(s + 2) * sstride],
-              t3 = dr[(s + 3) * sstride];
-        v += t0;
-        v += t1;
-        v += t2;
-        v += t3;
+        float4 t[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) t[u] = *reinterpret_cast<const float4*>(dr + (s + u) * sstride);
+#pragma unroll
+        for (int u = 0; u < 4; u++) v.x += t[u].x, v.y += t[u].y, v.z += t[u].z, v.w += t[u].w;
     }
-    for (; s < splits; s++) v += dr[s * sstride];
-    if (bias) v += bias[c];
-    v = round ? round_bf16(v) : v;
-    y[i] = add ? __fadd_rn(add[i], v) : v;
+    for (; s < splits; s++) {
+        float4 t = *reinterpret_cast<const float4*>(dr + s * sstride);
+        v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
+    }
+    if (bias) {
+        float4 b = *reinterpret_cast<const float4*>(bias + c);
+        v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
+    }
+    if (round) v = make_float4(round_bf16(v.x), round_bf16(v.y), round_bf16(v.z), round_bf16(v.w));
+    if (add) {
+        float4 a = *reinterpret_cast<const float4*>(add + i0);
+        v = make_float4(__fadd_rn(a.x, v.x), __fadd_rn(a.y, v.y), __fadd_rn(a.z, v.z), __fadd_rn(a.w, v.w));
+    }
+    *reinterpret_cast<float4*>(y + i0) = v;
 }

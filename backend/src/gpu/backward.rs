@@ -110,7 +110,7 @@ impl Ctx<'_> {
 /// kept with `keep_acts`, into `grads` (tied: the LM head's into the embedding's).
 pub fn backward(
     model: &GpuModel,
-    acts: &GpuActivations,
+    acts: &mut GpuActivations,
     dlogits: &CudaSlice<f32>,
     grads: &mut GpuWeights,
 ) -> Result<()> {
@@ -135,20 +135,16 @@ pub fn backward(
     // shared by several projections accumulate in the DGrad epilogues.
     let round = cx.round();
     for li in (0..w.ix.layers.len()).rev() {
-        let (a, lx, lp) = (&acts.layers[li], &w.ix.layers[li], &model.layers[li]);
+        let (lx, lp) = (&w.ix.layers[li], &model.layers[li]);
+        // The forward's BF16 copies of a, attn, b, m (WGrad's operands), freed
+        // with this layer's backward.
+        let [ain, attn_in, bin, min] = &mut std::mem::take(&mut acts.layers[li].ops);
+        let a = &acts.layers[li];
         // MLP: out = h_mid + down(swiglu(gate(b), up(b))), b = norm(h_mid).
-        let dmm = cx.linear(
-            &dx,
-            (&a.m, &mut XOperand::default()),
-            &lp.down,
-            grads,
-            lx.down,
-            None,
-        )?;
+        let dmm = cx.linear(&dx, (&a.m, min), &lp.down, grads, lx.down, None)?;
         let n_mlp = m * cfg.intermediate_size;
         let (dgate, dup) = swiglu_backward(g, &dmm, &a.gate, &a.up, n_mlp, round)?;
         // gate and up read one input b: its WGrad operand is made once.
-        let bin = &mut XOperand::default();
         let mut db = cx.linear(&dgate, (&a.b, bin), &lp.gate, grads, lx.gate, None)?;
         cx.linear_add(&dup, (&a.b, bin), &lp.up, grads, (lx.up, None), &mut db)?;
         let post = w.t(lx.post_attention_layernorm);
@@ -158,8 +154,7 @@ pub fn backward(
         add_into(g, &mut grads.bufs[lx.post_attention_layernorm], &dw2, h)?;
 
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
-        let attn_in = (&a.attn, &mut XOperand::default());
-        let dattn = cx.linear(&dh_mid, attn_in, &lp.o, grads, lx.o, None)?;
+        let dattn = cx.linear(&dh_mid, (&a.attn, attn_in), &lp.o, grads, lx.o, None)?;
         let shape = model.attn_shape();
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
             (AttnSaved::Flash(saved), Some(plan)) => {
@@ -189,7 +184,6 @@ pub fn backward(
             (dq, dk) = (dqp, dkp);
         }
         // q, k and v read one input a.
-        let ain = &mut XOperand::default();
         let mut da = cx.linear(&dq, (&a.a, ain), &lp.q, grads, lx.q, lx.q_bias)?;
         cx.linear_add(&dk, (&a.a, ain), &lp.k, grads, (lx.k, lx.k_bias), &mut da)?;
         cx.linear_add(&dv, (&a.a, ain), &lp.v, grads, (lx.v, lx.v_bias), &mut da)?;

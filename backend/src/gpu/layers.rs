@@ -48,6 +48,9 @@ pub struct GpuLayerActs {
     pub gate: CudaSlice<f32>,
     pub up: CudaSlice<f32>,
     pub m: CudaSlice<f32>,
+    /// The forward's BF16 copies of a, attn, b and m (the BF16 flows' WGrad
+    /// operands; empty in the FP8 and f32 flows), [`XOperand::for_backward`].
+    pub ops: [XOperand; 4],
 }
 
 /// What one layer's attention keeps for its backward.
@@ -122,10 +125,10 @@ pub fn run_layers(
         // one of b.
         let (a, rstd1, mut ao) =
             rmsnorm_with_operand(g, &x, w.t(lx.input_layernorm), (m, h), eps, prec)?;
-        let ao = &mut ao;
-        let mut q = linear_forward_shared(g, &a, ao, m, &lp.q, w.opt(lx.q_bias), prec)?;
-        let mut k = linear_forward_shared(g, &a, ao, m, &lp.k, w.opt(lx.k_bias), prec)?;
-        let v = linear_forward_shared(g, &a, ao, m, &lp.v, w.opt(lx.v_bias), prec)?;
+        let aop = &mut ao;
+        let mut q = linear_forward_shared(g, &a, aop, m, &lp.q, w.opt(lx.q_bias), prec)?;
+        let mut k = linear_forward_shared(g, &a, aop, m, &lp.k, w.opt(lx.k_bias), prec)?;
+        let v = linear_forward_shared(g, &a, aop, m, &lp.v, w.opt(lx.v_bias), prec)?;
         let mut qk_pre = None;
         match (lx.q_norm, lx.k_norm) {
             // Qwen3: the per-head norms and RoPE in one kernel.
@@ -151,12 +154,13 @@ pub fn run_layers(
         }
         let (o, saved) = attn.attend(li, &q, &k, &v)?;
         // The residual adds ride in the o and down projections' epilogues.
-        let h_mid = linear_forward_residual(g, &o, &mut XOperand::default(), m, &lp.o, prec, &x)?;
+        let mut oo = XOperand::default();
+        let h_mid = linear_forward_residual(g, &o, &mut oo, m, &lp.o, prec, &x)?;
         let post = w.t(lx.post_attention_layernorm);
         let (b, rstd2, mut bo) = rmsnorm_with_operand(g, &h_mid, post, (m, h), eps, prec)?;
-        let bo = &mut bo;
-        let gate = linear_forward_shared(g, &b, bo, m, &lp.gate, None, prec)?;
-        let up = linear_forward_shared(g, &b, bo, m, &lp.up, None, prec)?;
+        let bop = &mut bo;
+        let gate = linear_forward_shared(g, &b, bop, m, &lp.gate, None, prec)?;
+        let up = linear_forward_shared(g, &b, bop, m, &lp.up, None, prec)?;
         let (mm, mut mo) = swiglu_with_operand(g, &gate, &up, (m, cfg.intermediate_size), prec)?;
         let out = linear_forward_residual(g, &mm, &mut mo, m, &lp.down, prec, &h_mid)?;
         let x_in = std::mem::replace(&mut x, out);
@@ -179,6 +183,7 @@ pub fn run_layers(
                 gate,
                 up,
                 m: mm,
+                ops: [ao, oo, bo, mo].map(XOperand::for_backward),
             });
         }
     }

@@ -296,6 +296,17 @@ impl XOperand {
 }
 
 impl XOperand {
+    /// What the backward can reuse of a forward operand: the BF16 copy (WGrad's
+    /// operand in the BF16 flows, the same bits as making it again from the
+    /// BF16-valued input). The 1x128 codes go: WGrad reads 128x1 groups.
+    pub fn for_backward(self) -> XOperand {
+        XOperand {
+            shape: self.shape,
+            bf16: self.bf16,
+            ..XOperand::default()
+        }
+    }
+
     /// The operand of an `[m, k]` input written by its producer's kernel.
     fn fused(m: usize, k: usize, op: FusedOperand) -> XOperand {
         let mut xo = XOperand {

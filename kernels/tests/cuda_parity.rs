@@ -188,6 +188,107 @@ fn quantize_rounds_every_midpoint_like_the_cpu() {
     done();
 }
 
+/// The quantizers divide by a group's scale through its reciprocal and an exact
+/// residual correction (`qdiv`, quantize.cu); the E4M3 code can only differ from
+/// the CPU's division where a quotient sits next to a rounding midpoint. Each
+/// 128 x 128 tile here has one scale (amax on its diagonal, so every row, column
+/// and block of it shares it), and holds the f32 values nearest each E4M3 midpoint
+/// times that scale and their neighbours up to two ulps away, both signs: every
+/// grouping, against the CPU, bit for bit. The scales span the f32 range,
+/// including a subnormal one (the division's own path).
+#[test]
+fn quantize_rounds_midpoints_at_any_scale() {
+    let Some(g) = gpu() else { return };
+    let mut pos: Vec<f32> = (0..=0x7eu8).map(decode).collect();
+    pos.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let mut amaxes = vec![
+        492.8f32, 448.0, 1.0, 3.7e-5, 1.3e-20, 2.9e30, 0.3333, 6e-36, 1e-38, 3e38,
+    ];
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(91);
+    amaxes.extend(
+        (0..6).map(|_| rng.random_range(1.0f32..2.0) * 2f32.powi(rng.random_range(-60..60))),
+    );
+    let (t, n) = (amaxes.len(), 128);
+    let mut x = vec![0f32; t * n * n];
+    for (ti, &amax) in amaxes.iter().enumerate() {
+        let s = amax / 448.0;
+        let mut cands = vec![];
+        for w in pos.windows(2) {
+            let v0 = (w[0] + w[1]) / 2.0 * s;
+            for d in -2i32..=2 {
+                let v = f32::from_bits((v0.to_bits() as i32 + d) as u32);
+                if v.is_finite() && v.abs() <= amax {
+                    cands.extend([v, -v]);
+                }
+            }
+        }
+        let mut k = 0;
+        for i in 0..n {
+            for j in 0..n {
+                x[(ti * n + i) * n + j] = if i == j {
+                    amax
+                } else {
+                    k += 1;
+                    cands[k % cands.len()]
+                };
+            }
+        }
+    }
+    let rows = t * n;
+    let shape = format!("{t} scales, [{rows}, {n}]");
+    let cpu = |x: &[f32], rows, cols, grouping| Fp8Matrix::quantize(x, rows, cols, grouping);
+    let dx = up(&g, &x);
+    let q = gq::quantize_row1x128(&g, &dx, rows, n).unwrap();
+    report_exact(
+        "midpoints x scale, 1x128",
+        &shape,
+        diff_q(
+            &q.to_host(&g).unwrap(),
+            &cpu(&x, rows, n, Grouping::Row1x128),
+        ),
+    );
+    let q = gq::quantize_col128x1(&g, &dx, rows, n).unwrap();
+    report_exact(
+        "midpoints x scale, 128x1^T",
+        &shape,
+        diff_q(
+            &q.to_host(&g).unwrap(),
+            &cpu(&x, rows, n, Grouping::Col128x1),
+        ),
+    );
+    dual_is_bit_exact(&g, &x, rows, n);
+    let (q, _) = gq::quantize_block128(&g, &dx, rows, n, false).unwrap();
+    report_exact(
+        "midpoints x scale, 128x128",
+        &shape,
+        diff_q(
+            &q.to_host(&g).unwrap(),
+            &cpu(&x, rows, n, Grouping::Block128),
+        ),
+    );
+    // The scale itself (amax / 448, by a correction of amax 2^-6 times RN(1/7) from
+    // 2^-94 up): 8,192 groups whose largest magnitude is any positive finite f32.
+    let rows = 8192;
+    let mut y = vec![0f32; rows * n];
+    for r in 0..rows {
+        let amax = f32::from_bits(rng.random_range(1u32..0x7f80_0000));
+        y[r * n] = amax;
+        for v in &mut y[r * n + 1..(r + 1) * n] {
+            *v = amax * rng.random_range(-1.0f32..1.0);
+        }
+    }
+    let q = gq::quantize_row1x128(&g, &up(&g, &y), rows, n).unwrap();
+    report_exact(
+        "scales of any amax, 1x128",
+        &format!("[{rows}, {n}]"),
+        diff_q(
+            &q.to_host(&g).unwrap(),
+            &cpu(&y, rows, n, Grouping::Row1x128),
+        ),
+    );
+    done();
+}
+
 /// cuBLASLt VEC128 x BLK128x128 (and VEC x VEC) and the decode kernel against
 /// `fp8_gemm` on the same quantized operands. Products of E4M3 values are exact.
 /// The decode kernel (mma.sync, f32 accumulators) differs only in summation order:

@@ -417,3 +417,50 @@ fn fp8_rows_timing() {
         }
     }
 }
+
+/// The training step's quantizers at Qwen3-0.6B shapes (4,096 tokens): dY's one
+/// pass (1x128 + 128x1), X's 128x1 alone, a weight's 128x128 blocks (with the
+/// transposed copy), and the BF16 copy, each with its bytes moved (f32 in, codes,
+/// scales and copies out) over its time.
+#[test]
+#[ignore]
+fn quant_timing() {
+    let g = match cuda::cuda_available() {
+        Ok(g) => g,
+        Err(e) => {
+            println!("skipping: no CUDA device: {e}");
+            return;
+        }
+    };
+    let mut pre = g.zeros::<u8>(4 << 30).unwrap();
+    let pre = &mut pre;
+    let m = 4096usize;
+    for n in [1024usize, 2048, 3072] {
+        let x = rand_dev(&g, m * n, 3, 2.0);
+        let gbs = |bytes: usize, us: f64| bytes as f64 / us / 1e3;
+        let dual = time_us(&g, pre, 20, |_| {
+            gq::quantize_dual(&g, &x, m, n).unwrap();
+        });
+        let col = time_us(&g, pre, 20, |_| {
+            gq::quantize_col128x1(&g, &x, m, n).unwrap();
+        });
+        let row = time_us(&g, pre, 20, |_| {
+            gq::quantize_row1x128(&g, &x, m, n).unwrap();
+        });
+        let blk = time_us(&g, pre, 20, |_| {
+            gq::quantize_block128(&g, &x, n, m, true).unwrap();
+        });
+        let bf = time_us(&g, pre, 20, |_| {
+            gq::to_bf16_padded(&g, &x, m, n, m, n).unwrap();
+        });
+        let e = m * n;
+        println!(
+            "TIMING quant [{m}, {n}]: dual {dual:7.1} us {:5.0} GB/s | 128x1 {col:7.1} us {:5.0} GB/s | 1x128 {row:7.1} us {:5.0} GB/s | block128+T [{n}, {m}] {blk:7.1} us {:5.0} GB/s | bf16 copy {bf:7.1} us {:5.0} GB/s",
+            gbs(6 * e, dual),
+            gbs(5 * e, col),
+            gbs(5 * e, row),
+            gbs(6 * e, blk),
+            gbs(6 * e, bf),
+        );
+    }
+}

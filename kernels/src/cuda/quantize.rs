@@ -385,8 +385,8 @@ fn tiles(
         &QUANTIZE,
         "quant_dual_f32",
         (cp.div_ceil(GROUP) as u32, rows.div_ceil(GROUP) as u32, 1),
-        (256, 1, 1),
-        (GROUP * GROUP * 4) as u32,
+        (512, 1, 1),
+        0,
         &[
             Arg::P(gpu.ptr(x)),
             Arg::L(cols as i64),
@@ -453,7 +453,7 @@ pub fn quantize_block128(
         &QUANTIZE,
         "quant_block128_f32",
         (cb as u32, rb as u32, 1),
-        (256, 1, 1),
+        (1024, 1, 1),
         0,
         &[
             Arg::P(gpu.ptr(w)),

@@ -25,7 +25,16 @@ __device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to
 
 // fp8::scale_for, from the bit pattern of the group's largest |x| (max over
 // `bits & 0x7fffffff` is the max magnitude, and any NaN pattern wins).
+// For amax in [2^-94, inf) the division is amax / 448 = y / 7 with y = amax 2^-6
+// (exact), done as RN(y / 7) by Markstein's correction with RN(1/7): q = y r7
+// within an ulp, its residual y - 7q exact, q + residual * r7 correctly rounded
+// (three instructions in place of the division).
 __device__ __forceinline__ float e4m3_scale(u32 amax_bits) {
+    if (amax_bits >= 0x10800000u && amax_bits < 0x7f800000u) {
+        const float y = __uint_as_float(amax_bits) * 0.015625f, r7 = __uint_as_float(0x3e124925u);
+        const float q = __fmul_rn(y, r7);
+        return fmaf(fmaf(-q, 7.0f, y), r7, q);
+    }
     if (amax_bits > 0x7f800000u) return __uint_as_float(0x7fc00000u);
     float s = __uint_as_float(amax_bits) / E4M3_MAX;
     if (s > 0.0f && s <= 3.40282347e38f) return s;

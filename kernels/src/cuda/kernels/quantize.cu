@@ -29,14 +29,44 @@ __device__ __forceinline__ void load4(const bf16_t* row, int c, int cols, bool v
     }
 }
 
-// x / s exactly as the CPU divides (IEEE, --prec-div), then encoded: by the hardware
-// conversion, or (SW, kept as the check of it) by e4m3_encode alone.
+// x / s exactly as the CPU divides (IEEE, round to nearest), for a scale s shared
+// by a group: s's correctly rounded reciprocal r once a group, then a value's
+// quotient as q = x r corrected by its exact residual, q + (x - q s) r (Markstein's
+// theorem: with r within half an ulp of 1/s and q within an ulp of x/s, the residual
+// is exact and the corrected q is the correctly rounded x/s). Four instructions a
+// value in place of the division's eight and its range check. `fast` needs s in
+// [2^-88, 2^125] (r normal); then a residual can only be inexact for |x| < 2^-100,
+// where |x/s| < 2^-12 and any near quotient encodes as a zero, whose sign copysign
+// keeps (fma would turn -0 into +0). Otherwise the division itself. In the fast
+// range x and the quotients are finite and |x/s| <= 448 (1 + 2^-23): the hardware
+// conversion alone encodes them.
+struct Quot {
+    float s, r;
+    bool fast;
+};
+__device__ __forceinline__ Quot quot(float s) {
+    return {s, __frcp_rn(s), s >= 0x1p-88f && s <= 0x1p125f};
+}
+__device__ __forceinline__ float qdiv(float x, Quot d) {
+    const float q = __fmul_rn(x, d.r);
+    return copysignf(fmaf(fmaf(-q, d.s, x), d.r, q), x);
+}
+__device__ __forceinline__ u32 cvt_e4m3x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return (u32)r;
+}
+
+// The four codes of v (scale d), by the hardware conversion of the quotients, or
+// (SW, kept as the check of both) by e4m3_encode of the division itself.
 template <bool SW = false>
-__device__ __forceinline__ u32 encode4(const float v[4], float s) {
+__device__ __forceinline__ u32 encode4(const float v[4], Quot d) {
     if (SW)
-        return e4m3_encode(v[0] / s) | (e4m3_encode(v[1] / s) << 8) | (e4m3_encode(v[2] / s) << 16) |
-               (e4m3_encode(v[3] / s) << 24);
-    return e4m3x2(v[0] / s, v[1] / s) | (e4m3x2(v[2] / s, v[3] / s) << 16);
+        return e4m3_encode(v[0] / d.s) | (e4m3_encode(v[1] / d.s) << 8) | (e4m3_encode(v[2] / d.s) << 16) |
+               (e4m3_encode(v[3] / d.s) << 24);
+    if (d.fast)
+        return cvt_e4m3x2(qdiv(v[0], d), qdiv(v[1], d)) | (cvt_e4m3x2(qdiv(v[2], d), qdiv(v[3], d)) << 16);
+    return e4m3x2(v[0] / d.s, v[1] / d.s) | (e4m3x2(v[2] / d.s, v[3] / d.s) << 16);
 }
 
 // Each warp quantizes GPW consecutive (row, group) pairs, all loads first (more bytes
@@ -68,7 +98,7 @@ __device__ void row1x128(const T* x, long ldx, int rows, int cols, int rows_pad,
         for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
         m = __reduce_max_sync(0xffffffffu, m);
         float s = e4m3_scale(m);
-        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4<SW>(v[i], s);
+        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4<SW>(v[i], quot(s));
         if (lane == 0) scales[(long)g * rows_pad + r] = s;
     }
 }
@@ -92,99 +122,95 @@ extern "C" __global__ void quant_row1x128_bf16(const bf16_t* x, long ldx, int ro
 // Both groupings of one f32 matrix in one pass: row1x128's codes and scales (codes !=
 // null, bit for bit that kernel's) and the col128x1 layout (codes_t, scales_t; see the
 // top of this file): dY, read by DGrad in 1x128 groups and by WGrad in 128x1; with
-// codes null, the 128x1 groups alone (X for WGrad). One block of 256 threads per
-// 128 x 128 tile, grid (ceil(cols_pad/128), ceil(rows/128)), 64 KiB of dynamic
-// shared memory. Warp w loads rows 16w .. +16 of the tile (lane l: columns 4l .. +3,
-// all sixteen 16-byte loads in flight: the f32 input is the cost), quantizes each
-// row's group from registers as row1x128 does, and stores the values in shared
-// memory; then thread t takes column t % 128, rows 64 (t / 128) .. +64 (reads of a
-// warp in distinct banks), the two halves' maxima are combined, and each thread's
-// 64 codes^T go out as four 16-byte stores.
-extern "C" __global__ void __launch_bounds__(256)
+// codes null, the 128x1 groups alone (X for WGrad). One block of 512 threads per
+// 128 x 128 tile, grid (ceil(cols_pad/128), ceil(rows/128)), two blocks an SM (at
+// most 64 registers: occupancy hides the loads). Warp w holds rows 8w .. +8 of the
+// tile in registers (lane l: columns 4l .. +3, all eight 16-byte loads in flight)
+// and quantizes each row's group as row1x128 does; each thread's maxima of its four
+// columns over its 8 rows meet the other warps' in shared memory (8 KiB), and each
+// thread then writes its 8 x 4 block's codes^T from the same registers: per column,
+// 8 consecutive bytes.
+extern "C" __global__ void __launch_bounds__(512, 2)
     quant_dual_f32(const float* x, long ldx, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
                    float* scales, u8* codes_t, float* scales_t) {
     pdl_entry();
-    extern __shared__ float qtile[];  // [128][128]
-    __shared__ u32 half_max[2][128];
+    __shared__ uint4 colmax[16][32];  // [warp][lane]: the maxima of its four columns
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
-    const int g = blockIdx.x, c0 = g * 128, r0 = blockIdx.y * 128;
+    const int g = blockIdx.x, c = g * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
     const bool vec = (ldx & 3) == 0 && ((u64)x & 15) == 0;
-    float v[16][4];
+    float v[8][4];
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        const int r = r0 + w * 16 + i;
+    for (int i = 0; i < 8; i++) {
         for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
-        if (r < rows) load4(x + (long)r * ldx, c0 + lane * 4, cols, vec, v[i]);
+        if (r0 + i < rows) load4(x + (long)(r0 + i) * ldx, c, cols, vec, v[i]);
     }
+    u32 cm[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        const int rl = w * 16 + i, r = r0 + rl, c = c0 + lane * 4;
-        *reinterpret_cast<float4*>(&qtile[rl * 128 + lane * 4]) = make_float4(v[i][0], v[i][1], v[i][2], v[i][3]);
+    for (int i = 0; i < 8; i++) {
+        const int r = r0 + i;
+        for (int j = 0; j < 4; j++) cm[j] = max_abs_bits(cm[j], v[i][j]);
         if (codes && r < rows_pad) {  // row1x128, warp-uniform
             u32 m = 0;
             for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
             m = __reduce_max_sync(0xffffffffu, m);
             const float s = e4m3_scale(m);
-            if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v[i], s);
+            if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v[i], quot(s));
             if (lane == 0) scales[(long)g * rows_pad + r] = s;
         }
     }
+    colmax[w][lane] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
     __syncthreads();
-    const int cl = t & 127, h = t >> 7, c = c0 + cl;
-    u32 m = 0;
-    for (int i = 0; i < 64; i++) m = max_abs_bits(m, qtile[(h * 64 + i) * 128 + cl]);
-    half_max[h][cl] = m;
-    __syncthreads();
-    const float s = e4m3_scale(max(half_max[0][cl], half_max[1][cl]));
-    if (c >= cols_pad) return;
-    if (h == 0) scales_t[(long)blockIdx.y * cols_pad + c] = s;
-    for (int q = 0; q < 4; q++) {
-        const int rl = h * 64 + q * 16;
-        if (r0 + rl >= rows_pad) break;  // rows_pad % 16 == 0: whole 16-row runs
-        u32 wv[4];
-        for (int k = 0; k < 4; k++) {
-            float f[4];
-            for (int j = 0; j < 4; j++) f[j] = qtile[(rl + k * 4 + j) * 128 + cl];
-            wv[k] = encode4(f, s);
-        }
-        *reinterpret_cast<uint4*>(codes_t + (long)c * rows_pad + r0 + rl) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
+    for (int k = 0; k < 16; k++) {
+        const uint4 o = colmax[k][lane];
+        cm[0] = max(cm[0], o.x), cm[1] = max(cm[1], o.y), cm[2] = max(cm[2], o.z), cm[3] = max(cm[3], o.w);
+    }
+    const bool out = r0 < rows_pad;  // rows_pad % 16 == 0: whole 8-row runs
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (c + j >= cols_pad) break;
+        const float s = e4m3_scale(cm[j]);
+        if (w == 0) scales_t[(long)blockIdx.y * cols_pad + c + j] = s;
+        if (!out) continue;
+        const Quot d = quot(s);
+        const float f0[4] = {v[0][j], v[1][j], v[2][j], v[3][j]}, f1[4] = {v[4][j], v[5][j], v[6][j], v[7][j]};
+        *reinterpret_cast<uint2*>(codes_t + (long)(c + j) * rows_pad + r0) = make_uint2(encode4(f0, d), encode4(f1, d));
     }
 }
 
-// One block of 256 threads per 128x128 block; grid (L, ceil(rows/128)).
-// Thread t holds columns 4*(t%32) .. +3 of rows t/32 + 8i, i < 16.
-extern "C" __global__ void quant_block128_f32(const float* w, long ldw, int rows, int cols, int rows_pad,
-                                              int cols_pad, u8* codes, float* scales, int lds,
-                                              u8* codes_t, float* scales_t, int lds_t) {
+// One block of 1024 threads per 128x128 block; grid (L, ceil(rows/128)). Thread t
+// holds columns 4*(t%32) .. +3 of rows t/32 + 32i, i < 4, in registers (one pass:
+// the block's largest magnitude, then the codes; weights are small matrices, so a
+// launch has few blocks and each needs its loads in flight at once).
+extern "C" __global__ void __launch_bounds__(1024)
+    quant_block128_f32(const float* w, long ldw, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
+                       float* scales, int lds, u8* codes_t, float* scales_t, int lds_t) {
     pdl_entry();
-    __shared__ u32 red[8];
+    __shared__ u32 red[32];
     __shared__ u32 tile[128][33];  // codes of the block, 4 per word, for the transposed copy
-    int t = threadIdx.x, kb = blockIdx.x, nb = blockIdx.y;
-    int cq = t & 31, c = kb * 128 + cq * 4;
-    bool vec = (ldw & 3) == 0 && ((u64)w & 15) == 0;
-    // Pass 1: the block's largest magnitude. Pass 2 reads the block again (from L2)
-    // rather than holding 64 values per thread: weights are quantized once a step.
+    const int t = threadIdx.x, kb = blockIdx.x, nb = blockIdx.y;
+    const int cq = t & 31, c = kb * 128 + cq * 4;
+    const bool vec = (ldw & 3) == 0 && ((u64)w & 15) == 0;
+    float v[4][4];
     u32 m = 0;
-    float v[4];
-#pragma unroll 4
-    for (int i = 0; i < 16; i++) {
-        int r = nb * 128 + (t >> 5) + 8 * i;
-        if (r >= rows) break;
-        load4(w + (long)r * ldw, c, cols, vec, v);
-        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[j]);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = nb * 128 + (t >> 5) + 32 * i;
+        for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
+        if (r < rows) load4(w + (long)r * ldw, c, cols, vec, v[i]);
     }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
     m = __reduce_max_sync(0xffffffffu, m);
     if (cq == 0) red[t >> 5] = m;
     __syncthreads();
-    m = 0;
-    for (int i = 0; i < 8; i++) m = max(m, red[i]);
-    float s = e4m3_scale(m);
-#pragma unroll 2
-    for (int i = 0; i < 16; i++) {
-        int rl = (t >> 5) + 8 * i, r = nb * 128 + rl;
-        for (int j = 0; j < 4; j++) v[j] = 0.0f;
-        if (r < rows) load4(w + (long)r * ldw, c, cols, vec, v);
-        u32 q = encode4(v, s);
+    m = __reduce_max_sync(0xffffffffu, red[cq]);
+    const float s = e4m3_scale(m);
+    const Quot d = quot(s);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int rl = (t >> 5) + 32 * i, r = nb * 128 + rl;
+        const u32 q = encode4(v[i], d);
         tile[rl][cq] = q;
         if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
     }
@@ -194,16 +220,16 @@ extern "C" __global__ void quant_block128_f32(const float* w, long ldw, int rows
     }
     if (!codes_t) return;
     __syncthreads();
-    // codes^T row (column cl of the block): 128 bytes; thread t writes 64 of them.
-    int cl = t >> 1, half = t & 1, ct = kb * 128 + cl;
-    if (ct >= cols_pad) return;
-    for (int i = 0; i < 16; i++) {
-        int rl = half * 64 + i * 4, r = nb * 128 + rl;
-        if (r >= rows_pad) break;
-        u32 out = 0;
-        for (int j = 0; j < 4; j++) out |= ((tile[rl + j][cl >> 2] >> (8 * (cl & 3))) & 0xffu) << (8 * j);
-        *reinterpret_cast<u32*>(codes_t + (long)ct * rows_pad + r) = out;
+    // codes^T row (column cl of the block): 128 bytes, 16 from each of 8 threads.
+    const int cl = t >> 3, part = t & 7, ct = kb * 128 + cl, rl = part * 16, r = nb * 128 + rl;
+    if (ct >= cols_pad || r >= rows_pad) return;  // rows_pad % 16 == 0: whole runs
+    u32 o[4];
+    for (int k = 0; k < 4; k++) {
+        o[k] = 0;
+        for (int j = 0; j < 4; j++)
+            o[k] |= ((tile[rl + 4 * k + j][cl >> 2] >> (8 * (cl & 3))) & 0xffu) << (8 * j);
     }
+    *reinterpret_cast<uint4*>(codes_t + (long)ct * rows_pad + r) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 // y [rows_pad][cols_pad] bf16 = x [rows, cols] rounded to nearest even, zero padding.
@@ -261,7 +287,7 @@ __device__ __forceinline__ void store_operand4(const float v[4], int r, int g, i
         for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[j]);
         m = __reduce_max_sync(0xffffffffu, m);
         float s = e4m3_scale(m);
-        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v, s);
+        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v, quot(s));
         if (lane == 0) scales[(long)g * rows_pad + r] = s;
     }
     if (yb && c < cols_pad) {

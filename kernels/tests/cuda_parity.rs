@@ -521,11 +521,14 @@ fn rmsnorm_matches_cpu() {
     let Some(g) = gpu() else { return };
     for (rows, dim) in [(130, 896), (130 * 4, 128), (3, 4096)] {
         let shape = format!("[{rows}, {dim}]");
-        let (x, w, dy) = (
+        let (x, w, mut dy) = (
             rnd(rows * dim, 20, 2.0),
             rnd(dim, 21, 1.0),
             rnd(rows * dim, 22, 1.0),
         );
+        // Signed zeros: a row of -0 gradients, half of another.
+        dy[..dim].iter_mut().for_each(|v| *v = -0.0);
+        dy[dim..dim + dim / 2].iter_mut().for_each(|v| *v = -0.0);
         let (dx, dw) = (up(&g, &x), up(&g, &w));
         let (y, rs) = gops::rmsnorm_forward(&g, &dx, &dw, rows, dim, 1e-6).unwrap();
         let (cy, crs) = rmsnorm::rmsnorm_forward(&x, &w, rows, dim, 1e-6);
@@ -561,6 +564,25 @@ fn rmsnorm_matches_cpu() {
             bits_differ(&dl(&g, &fdx, rows * dim), &dl(&g, &want_dx, rows * dim))
                 + bits_differ(&dl(&g, &fdw, dim), &dl(&g, &want_dw, dim)),
         );
+        // Rows of 128 take a warp each: the same bits as a block a row.
+        for (round, res) in [(false, None), (true, Some(&res))] {
+            let blocks = gops::rmsnorm_bwd_dx_block_rows(
+                &g,
+                (&ddy, &dx, &dw, &rs),
+                (rows, dim),
+                (round, res),
+            );
+            let (got, _) =
+                gops::rmsnorm_backward(&g, &ddy, &dx, &dw, &rs, (rows, dim), (round, res)).unwrap();
+            report_exact(
+                &format!("rmsnorm bwd dx == a block a row ({round})"),
+                &shape,
+                bits_differ(
+                    &dl(&g, &got, rows * dim),
+                    &dl(&g, &blocks.unwrap(), rows * dim),
+                ),
+            );
+        }
         report(
             "rmsnorm bwd dx",
             &shape,

@@ -207,29 +207,83 @@ pub fn rmsnorm_backward(
             format!("rows {rows}, dim {dim}"),
         )?;
     }
-    let dx = gpu.uninit::<f32>(rows * dim)?;
-    gpu.launch(
-        &OPS,
-        "rmsnorm_bwd_dx",
-        (rows as u32, 1, 1),
-        // 256 threads; fewer for a row of at most 256 (a q/k norm's 128): the
-        // threads left out would each add 0, so the sum's bits are the same.
-        (dim.next_multiple_of(32).clamp(32, 256) as u32, 1, 1),
-        0,
-        &[
-            Arg::P(gpu.ptr(dy)),
-            Arg::P(gpu.ptr(x)),
-            Arg::P(gpu.ptr(w)),
-            Arg::P(gpu.ptr(rstd)),
-            Arg::I(rows as i32),
-            Arg::I(dim as i32),
-            Arg::P(gpu.ptr(&dx)),
-            Arg::I(round as i32),
-            Arg::P(res.map_or(0, |r| gpu.ptr(r))),
-        ],
-    )?;
+    let dx = bwd_dx(gpu, (dy, x, w, rstd), (rows, dim), (round, res), dim == 128)?;
     let dw = colsum(gpu, dy, Some((x, rstd)), rows, dim, round)?;
     Ok((dx, dw))
+}
+
+/// rmsnorm's dx: a warp a row (`warp_rows`, rows of 128 only) or a block a row;
+/// both add in one order, so the bits are the same.
+fn bwd_dx(
+    gpu: &Gpu,
+    (dy, x, w, rstd): (
+        &CudaSlice<f32>,
+        &CudaSlice<f32>,
+        &CudaSlice<f32>,
+        &CudaSlice<f32>,
+    ),
+    (rows, dim): (usize, usize),
+    (round, res): (bool, Option<&CudaSlice<f32>>),
+    warp_rows: bool,
+) -> Result<CudaSlice<f32>> {
+    let dx = gpu.uninit::<f32>(rows * dim)?;
+    let (p, res) = (
+        |b: &CudaSlice<f32>| Arg::P(gpu.ptr(b)),
+        res.map_or(0, |r| gpu.ptr(r)),
+    );
+    let (lead, tail) = (
+        [p(dy), p(x), p(w), p(rstd), Arg::I(rows as i32)],
+        [p(&dx), Arg::I(round as i32), Arg::P(res)],
+    );
+    if warp_rows {
+        ensure(dim == 128, || {
+            format!("rmsnorm_bwd_dx128 takes rows of 128, not {dim}")
+        })?;
+        let args: Vec<Arg> = lead.into_iter().chain(tail).collect();
+        gpu.launch(
+            &OPS,
+            "rmsnorm_bwd_dx128",
+            (rows.div_ceil(8) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &args,
+        )?;
+    } else {
+        let args: Vec<Arg> = lead
+            .into_iter()
+            .chain([Arg::I(dim as i32)])
+            .chain(tail)
+            .collect();
+        // 256 threads; fewer for a row of at most 256: the threads left out would
+        // each add 0, so the sum's bits are the same.
+        let threads = dim.next_multiple_of(32).clamp(32, 256) as u32;
+        gpu.launch(
+            &OPS,
+            "rmsnorm_bwd_dx",
+            (rows as u32, 1, 1),
+            (threads, 1, 1),
+            0,
+            &args,
+        )?;
+    }
+    Ok(dx)
+}
+
+/// [`rmsnorm_backward`]'s dx by a block a row whatever the width (the check that
+/// the warp-a-row kernel of 128-wide rows gives the same bits).
+#[doc(hidden)]
+pub fn rmsnorm_bwd_dx_block_rows(
+    gpu: &Gpu,
+    (dy, x, w, rstd): (
+        &CudaSlice<f32>,
+        &CudaSlice<f32>,
+        &CudaSlice<f32>,
+        &CudaSlice<f32>,
+    ),
+    (rows, dim): (usize, usize),
+    (round, res): (bool, Option<&CudaSlice<f32>>),
+) -> Result<CudaSlice<f32>> {
+    bwd_dx(gpu, (dy, x, w, rstd), (rows, dim), (round, res), false)
 }
 
 /// Column sums `out [cols] = sum_r a [r, c]`, optionally rounded to BF16 (the bias

@@ -86,6 +86,39 @@ extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const
     }
 }
 
+// rmsnorm_bwd_dx for rows of exactly 128 (the q/k norms' heads): one warp a row,
+// eight rows a block (a block a row left the SMs scheduling tiny blocks). Lane l
+// holds columns l + 32u; each u's butterfly is the 128-thread launch's warp u sum
+// (of 0 + its value, as that thread's dot starts at 0), and the four totals are
+// added as that launch's block_sum adds them (each + 0 first, then (t0 + t2) +
+// (t1 + t3)): the same bits, signed zeros included.
+extern "C" __global__ void rmsnorm_bwd_dx128(const float* dy, const float* x, const float* w, const float* rstd,
+                                             int rows, float* dx, int round, const float* res) {
+    pdl_entry();
+    const int lane = threadIdx.x & 31, r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const long o = (long)r * 128;
+    const float rs = rstd[r];
+    float gy[4], gx[4], tot[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int c = lane + 32 * u;
+        gy[u] = dy[o + c] * w[c];
+        gx[u] = x[o + c];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) tot[u] = warp_sum(0.0f + gy[u] * (gx[u] * rs)) + 0.0f;
+    const float dot = (tot[0] + tot[2]) + (tot[1] + tot[3]);
+    const float mean = dot / 128.0f;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int c = lane + 32 * u;
+        float v = rs * (gy[u] - gx[u] * rs * mean);
+        v = round ? round_bf16(v) : v;
+        dx[o + c] = res ? __fadd_rn(v, res[o + c]) : v;
+    }
+}
+
 // Column sums in a fixed order: part[chunk][c] = sum over the chunk's rows of
 // a[r, c] (times x[r, c] * rstd[r] when x is given: rmsnorm's dw), then
 // out[c] (+)= sum over chunks, optionally rounded to BF16.

@@ -100,6 +100,8 @@ fn scalars(s: &AdamStep, with_decay: bool) -> Vec<Arg> {
         Arg::D(s.eps),
         Arg::D(s.bc1),
         Arg::D(s.bc2),
+        Arg::D(recip(s.bc1)),
+        Arg::D(recip(s.bc2)),
         Arg::F(s.wd_factor),
     ];
     if with_decay {
@@ -107,6 +109,18 @@ fn scalars(s: &AdamStep, with_decay: bool) -> Vec<Arg> {
     }
     a.push(Arg::F(s.grad_scale));
     a
+}
+
+/// `1 / b` correctly rounded (Rust's f64 division), which the kernel's division
+/// by a bias correction multiplies by before its exact correction; 0, which
+/// makes the kernel divide, when `b` or its reciprocal is not a normal number.
+fn recip(b: f64) -> f64 {
+    let r = 1.0 / b;
+    if b.is_normal() && r.is_normal() {
+        r
+    } else {
+        0.0
+    }
 }
 
 /// One tensor of an [`adamw_multi`] step: `p`, `m`, `v` updated in place from
@@ -140,7 +154,7 @@ pub fn adamw_multi(gpu: &Gpu, ts: &mut [AdamTensor], s: &AdamStep) -> Result<()>
             first as i64,
             t.decay as i64,
         ]);
-        first += n.div_ceil(256);
+        first += n.div_ceil(1024);
     }
     super::ensure(first <= i32::MAX as usize, || {
         format!("adamw_multi: {first} blocks is more than one launch takes")

@@ -1,28 +1,46 @@
 // One AdamW step per element (adamw.rs), bit-exact with adamw_reference: every
 // operation is an explicit round-to-nearest intrinsic, so nothing is contracted.
 // f32 for the moments and the parameter, f64 for the update, rounded once to f32.
-__device__ __forceinline__ void adamw_elem(float* p, const float* g, float* m, float* v, long i, double lr,
-                                           float b1, float b2, double eps, double bc1, double bc2,
+
+// x / b correctly rounded for a b shared by every element (the bias corrections):
+// with r = RN(1/b) (the host's), q = x r is within an ulp, its residual x - q b is
+// exact and q + residual * r is RN(x / b) (Markstein); copysign keeps a -0's sign.
+// x is an f32 value (far from double's underflow); x not finite, or r = 0 (the
+// host's mark for a b without a normal reciprocal): the division.
+__device__ __forceinline__ double div_by(double x, double b, double r) {
+    if (r == 0.0 || !isfinite(x)) return __ddiv_rn(x, b);
+    const double q = __dmul_rn(x, r);
+    return copysign(__fma_rn(__fma_rn(-q, b, x), r, q), x);
+}
+__device__ __forceinline__ float adamw_one(float p, float g, float* m_io, float* v_io, double lr, float b1,
+                                           float b2, double eps, double bc1, double bc2, double r1, double r2,
                                            float wd_factor, int decay, float grad_scale) {
-    float gi = __fmul_rn(g[i], grad_scale);
-    float mi = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(__fsub_rn(1.0f, b1), gi));
-    float vi = __fadd_rn(__fmul_rn(b2, v[i]), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, b2), gi), gi));
+    float gi = __fmul_rn(g, grad_scale);
+    float mi = __fadd_rn(__fmul_rn(b1, *m_io), __fmul_rn(__fsub_rn(1.0f, b1), gi));
+    float vi = __fadd_rn(__fmul_rn(b2, *v_io), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, b2), gi), gi));
+    *m_io = mi;
+    *v_io = vi;
+    double mhat = div_by((double)mi, bc1, r1);
+    double vhat = div_by((double)vi, bc2, r2);
+    if (decay) p = __fmul_rn(p, wd_factor);
+    double upd = __ddiv_rn(__dmul_rn(lr, mhat), __dadd_rn(__dsqrt_rn(vhat), eps));
+    return __fsub_rn(p, __double2float_rn(upd));
+}
+__device__ __forceinline__ void adamw_elem(float* p, const float* g, float* m, float* v, long i, double lr,
+                                           float b1, float b2, double eps, double bc1, double bc2, double r1,
+                                           double r2, float wd_factor, int decay, float grad_scale) {
+    float mi = m[i], vi = v[i];
+    p[i] = adamw_one(p[i], g[i], &mi, &vi, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale);
     m[i] = mi;
     v[i] = vi;
-    double mhat = __ddiv_rn((double)mi, bc1);
-    double vhat = __ddiv_rn((double)vi, bc2);
-    float pi = p[i];
-    if (decay) pi = __fmul_rn(pi, wd_factor);
-    double upd = __ddiv_rn(__dmul_rn(lr, mhat), __dadd_rn(__dsqrt_rn(vhat), eps));
-    p[i] = __fsub_rn(pi, __double2float_rn(upd));
 }
 extern "C" __global__ void adamw_step(float* p, const float* g, float* m, float* v, long n, double lr,
-                                      float b1, float b2, double eps, double bc1, double bc2, float wd_factor,
-                                      int decay, float grad_scale) {
+                                      float b1, float b2, double eps, double bc1, double bc2, double r1,
+                                      double r2, float wd_factor, int decay, float grad_scale) {
     pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    adamw_elem(p, g, m, v, i, lr, b1, b2, eps, bc1, bc2, wd_factor, decay, grad_scale);
+    adamw_elem(p, g, m, v, i, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale);
 }
 
 // The block's tensor in a multi-tensor launch: the last t < T with first[t] <= block
@@ -38,16 +56,36 @@ __device__ __forceinline__ int tensor_of(const long long* tab, int stride, int T
 
 // adamw_step over T tensors in one launch (the same per-element operations, so the
 // same bits): tab[t] = {p, g, m, v, n, first block, decay} as 7 int64; 256-thread
-// blocks, tensor t's element i in block first + i / 256.
+// blocks of 1024 elements, thread j of tensor t's block b taking elements
+// 4j .. 4j+3 of the block (float4 loads and stores when the tensor's four arrays
+// are 16-byte aligned: more bytes in flight a thread).
 extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, float b1, float b2, double eps,
-                                       double bc1, double bc2, float wd_factor, float grad_scale) {
+                                       double bc1, double bc2, double r1, double r2, float wd_factor,
+                                       float grad_scale) {
     pdl_entry();
     __shared__ int st;
     if (threadIdx.x == 0) st = tensor_of(tab, 7, T, blockIdx.x);
     __syncthreads();
     const long long* e = tab + (long)st * 7;
-    long i = ((long)blockIdx.x - e[5]) * blockDim.x + threadIdx.x;
-    if (i >= e[4]) return;
-    adamw_elem((float*)e[0], (const float*)e[1], (float*)e[2], (float*)e[3], i, lr, b1, b2, eps, bc1, bc2,
-               wd_factor, (int)e[6], grad_scale);
+    float *p = (float*)e[0], *m = (float*)e[2], *v = (float*)e[3];
+    const float* g = (const float*)e[1];
+    const long n = e[4], i0 = (((long)blockIdx.x - e[5]) * blockDim.x + threadIdx.x) * 4;
+    const int decay = (int)e[6];
+    if (i0 >= n) return;
+    const bool vec = i0 + 3 < n && (((u64)p | (u64)g | (u64)m | (u64)v) & 15) == 0;
+    if (!vec) {
+        for (long i = i0; i < min(i0 + 4, n); i++)
+            adamw_elem(p, g, m, v, i, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale);
+        return;
+    }
+    float4 pp = *reinterpret_cast<const float4*>(p + i0), gg = *reinterpret_cast<const float4*>(g + i0);
+    float4 mm = *reinterpret_cast<const float4*>(m + i0), vv = *reinterpret_cast<const float4*>(v + i0);
+    float* P = &pp.x; const float* G = &gg.x; float* M = &mm.x; float* V = &vv.x;
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        P[u] = adamw_one(P[u], G[u], &M[u], &V[u], lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay,
+                         grad_scale);
+    *reinterpret_cast<float4*>(p + i0) = pp;
+    *reinterpret_cast<float4*>(m + i0) = mm;
+    *reinterpret_cast<float4*>(v + i0) = vv;
 }

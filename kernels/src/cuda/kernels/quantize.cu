@@ -127,14 +127,15 @@ extern "C" __global__ void quant_row1x128_bf16(const bf16_t* x, long ldx, int ro
 // most 64 registers: occupancy hides the loads). Warp w holds rows 8w .. +8 of the
 // tile in registers (lane l: columns 4l .. +3, all eight 16-byte loads in flight)
 // and quantizes each row's group as row1x128 does; each thread's maxima of its four
-// columns over its 8 rows meet the other warps' in shared memory (8 KiB), and each
-// thread then writes its 8 x 4 block's codes^T from the same registers: per column,
-// 8 consecutive bytes.
+// columns over its 8 rows meet the other warps' in shared memory (8 KiB), each
+// thread encodes its 8 x 4 block's codes^T from the same registers into a shared
+// tile, and the tile goes out a column's 128 bytes at a time.
 extern "C" __global__ void __launch_bounds__(512, 2)
     quant_dual_f32(const float* x, long ldx, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
                    float* scales, u8* codes_t, float* scales_t) {
     pdl_entry();
     __shared__ uint4 colmax[16][32];  // [warp][lane]: the maxima of its four columns
+    __shared__ u32 tcodes[128][33];    // codes^T of the tile: [column][row / 4], for whole-line stores
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const int g = blockIdx.x, c = g * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
     const bool vec = (ldx & 3) == 0 && ((u64)x & 15) == 0;
@@ -164,16 +165,25 @@ extern "C" __global__ void __launch_bounds__(512, 2)
         const uint4 o = colmax[k][lane];
         cm[0] = max(cm[0], o.x), cm[1] = max(cm[1], o.y), cm[2] = max(cm[2], o.z), cm[3] = max(cm[3], o.w);
     }
-    const bool out = r0 < rows_pad;  // rows_pad % 16 == 0: whole 8-row runs
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        if (c + j >= cols_pad) break;
         const float s = e4m3_scale(cm[j]);
-        if (w == 0) scales_t[(long)blockIdx.y * cols_pad + c + j] = s;
-        if (!out) continue;
+        if (w == 0 && c + j < cols_pad) scales_t[(long)blockIdx.y * cols_pad + c + j] = s;
         const Quot d = quot(s);
         const float f0[4] = {v[0][j], v[1][j], v[2][j], v[3][j]}, f1[4] = {v[4][j], v[5][j], v[6][j], v[7][j]};
-        *reinterpret_cast<uint2*>(codes_t + (long)(c + j) * rows_pad + r0) = make_uint2(encode4(f0, d), encode4(f1, d));
+        tcodes[lane * 4 + j][2 * w] = encode4(f0, d);
+        tcodes[lane * 4 + j][2 * w + 1] = encode4(f1, d);
+    }
+    __syncthreads();
+    // codes^T out: a column's 128 bytes from 8 threads, 16 each (8-byte stores from
+    // the registers' layout used 12 of each 32-byte sector).
+    const int rt = blockIdx.y * 128;
+    for (int k = t; k < 128 * 8; k += 512) {
+        const int lc = k >> 3, part = k & 7;
+        if (g * 128 + lc >= cols_pad || rt + part * 16 >= rows_pad) continue;  // rows_pad % 16 == 0
+        const u32* q = &tcodes[lc][part * 4];
+        *reinterpret_cast<uint4*>(codes_t + (long)(g * 128 + lc) * rows_pad + rt + part * 16) =
+            make_uint4(q[0], q[1], q[2], q[3]);
     }
 }
 

@@ -212,16 +212,19 @@ pub fn rmsnorm_backward(
     Ok((dx, dw))
 }
 
+/// rmsnorm backward's inputs: dy, the forward's x, the weight and rstd.
+type NormBwdIn<'a> = (
+    &'a CudaSlice<f32>,
+    &'a CudaSlice<f32>,
+    &'a CudaSlice<f32>,
+    &'a CudaSlice<f32>,
+);
+
 /// rmsnorm's dx: a warp a row (`warp_rows`, rows of 128 only) or a block a row;
 /// both add in one order, so the bits are the same.
 fn bwd_dx(
     gpu: &Gpu,
-    (dy, x, w, rstd): (
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-    ),
+    (dy, x, w, rstd): NormBwdIn,
     (rows, dim): (usize, usize),
     (round, res): (bool, Option<&CudaSlice<f32>>),
     warp_rows: bool,
@@ -274,12 +277,7 @@ fn bwd_dx(
 #[doc(hidden)]
 pub fn rmsnorm_bwd_dx_block_rows(
     gpu: &Gpu,
-    (dy, x, w, rstd): (
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-        &CudaSlice<f32>,
-    ),
+    (dy, x, w, rstd): NormBwdIn,
     (rows, dim): (usize, usize),
     (round, res): (bool, Option<&CudaSlice<f32>>),
 ) -> Result<CudaSlice<f32>> {

@@ -175,6 +175,29 @@ __device__ __forceinline__ void rows_out(float v, int row, int tok, float* d, lo
     }
 }
 
+// ---- The batch-invariant forward GEMMs' entry points: one parameter list per kind,
+// the one gemv.rs passes (`SkOps::sk_args`, `SkOps::rows_args`), for the mma.sync
+// (gemv_fp8.cu, gemm_rows.cu) and wgmma (gemm_wg.cu) families alike. The last
+// argument is the device function (a template instance) that does the work.
+// Split-K: 128 threads, BOUNDS the parenthesized __launch_bounds__ (128 or
+// 128, min blocks), partial sums into p.
+#define SK_KERNEL(NAME, BOUNDS, ...)                                                                         \
+    extern "C" __global__ void __launch_bounds__ BOUNDS                                                      \
+        NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p, long ldp, \
+             long sstride, int M, int N, int N_pad, int K_pad, int gps) {                                    \
+        pdl_entry();                                                                                         \
+        __VA_ARGS__(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);                      \
+    }
+// Rows: 256 threads, one block an SM, into d or through the fused epilogue into y.
+#define ROWS_KERNEL(NAME, ...)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                      \
+        NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* d, long ldd, \
+             int M, int N, int N_pad, int K_pad, int gps, float* y, long ldy, const float* bias, int round,     \
+             const float* res) {                                                                              \
+        pdl_entry();                                                                                          \
+        __VA_ARGS__(w, ws, lds, x, xs, ldxs, d, ldd, M, N, N_pad, K_pad, gps, y, ldy, bias, round, res);      \
+    }
+
 // ---- The forward GEMM's arithmetic, shared by the split-K decode kernels
 // (gemv_fp8.cu) and the rows kernels (gemm_rows.cu): one definition, so a row's bits
 // do not depend on which kernel (or batch) computed it. ---------------------------

@@ -248,13 +248,6 @@ __device__ void gemm_rows(const u8* __restrict__ w, const float* __restrict__ ws
             }
 }
 
-#define GEMM_ROWS(NAME, C)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(256, 1)                                                      \
-        NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* d, long ldd, \
-             int M, int N, int N_pad, int K_pad, int gps, float* y, long ldy, const float* bias, int round,     \
-             const float* res) {                                                                              \
-        pdl_entry();                                                                                          \
-        gemm_rows<C>(w, ws, lds, x, xs, ldxs, d, ldd, M, N, N_pad, K_pad, gps, y, ldy, bias, round, res);      \
-    }
+#define GEMM_ROWS(NAME, C) ROWS_KERNEL(NAME, gemm_rows<C>)
 GEMM_ROWS(gemm_fp8_rows, Fp8R)
 GEMM_ROWS(gemm_bf16_rows, Bf16R)

@@ -193,13 +193,7 @@ __device__ void wg_sk(const u8* __restrict__ w, const float* __restrict__ ws, in
     }
 }
 
-#define WG_SK(NAME, E, NT)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(128)                                                        \
-        NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p, long ldp, \
-             long sstride, int M, int N, int N_pad, int K_pad, int gps) {                                    \
-        pdl_entry();                                                                                         \
-        wg_sk<E, NT>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);                     \
-    }
+#define WG_SK(NAME, E, NT) SK_KERNEL(NAME, (128), wg_sk<E, NT>)
 
 // ---- rows kernel: gemm_rows's grid and epilogue --------------------------------
 // Block = 2 warpgroups = 128 weight rows x 128 tokens (warpgroup h: rows 64 h .. +64,
@@ -282,14 +276,7 @@ __device__ void wg_rows(const u8* __restrict__ w, const float* __restrict__ ws, 
     }
 }
 
-#define WG_ROWS(NAME, E)                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256, 1)                                                       \
-        NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* d, long ldd, \
-             int M, int N, int N_pad, int K_pad, int gps, float* y, long ldy, const float* bias, int round,     \
-             const float* res) {                                                                               \
-        pdl_entry();                                                                                           \
-        wg_rows<E>(w, ws, lds, x, xs, ldxs, d, ldd, M, N, N_pad, K_pad, gps, y, ldy, bias, round, res);        \
-    }
+#define WG_ROWS(NAME, E) ROWS_KERNEL(NAME, wg_rows<E>)
 
 // Only sm_90a has wgmma: elsewhere this module is empty and gemv.rs never asks it.
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL

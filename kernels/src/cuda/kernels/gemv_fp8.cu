@@ -354,13 +354,7 @@ __device__ void gemm_sk(const u8* __restrict__ w, const float* __restrict__ ws, 
 // at decode sizes a GEMM of a few MB has to spread over every SM to stream at HBM
 // speed (128-row blocks left 16-48 blocks for 132 SMs and took ~9 us whatever the
 // size: NOTES.md).
-#define GEMM_SK(NAME, E, TT, MINB)                                                                     \
-    extern "C" __global__ void __launch_bounds__(128, MINB)                                           \
-        NAME(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs, float* p, \
-             long ldp, long sstride, int M, int N, int N_pad, int K_pad, int gps) {                   \
-        pdl_entry();                                                                                  \
-        gemm_sk<E, TT>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps);            \
-    }
+#define GEMM_SK(NAME, E, TT, MINB) SK_KERNEL(NAME, (128, MINB), gemm_sk<E, TT>)
 GEMM_SK(gemv_fp8_sk_t1, Fp8E, 1, 4)
 GEMM_SK(gemv_fp8_sk_t2, Fp8E, 2, 4)
 GEMM_SK(gemv_fp8_sk_t4, Fp8E, 4, 2)

@@ -32,6 +32,11 @@ fn targets(gpu: &Gpu, t: &[u32], rows: usize, vocab: usize) -> Result<CudaSlice<
     gpu.upload(&t.iter().map(|&x| x as i32).collect::<Vec<_>>())
 }
 
+/// `logits` holds `[rows, vocab]`.
+fn check_logits(logits: &CudaSlice<f32>, rows: usize, vocab: usize) -> Result<()> {
+    check_len("logits", logits, rows * vocab, format!("[{rows}, {vocab}]"))
+}
+
 /// Forward: logp, entropy, lse of each row for its target token.
 pub fn token_logprobs_forward(
     gpu: &Gpu,
@@ -40,7 +45,7 @@ pub fn token_logprobs_forward(
     vocab: usize,
     tgt: &[u32],
 ) -> Result<GpuTokenLogprobs> {
-    check_len("logits", logits, rows * vocab, format!("[{rows}, {vocab}]"))?;
+    check_logits(logits, rows, vocab)?;
     scored_forward(gpu, logits, None, rows, vocab, tgt)
 }
 
@@ -55,12 +60,7 @@ pub fn token_logprobs_forward_at(
     at: &[usize],
     tgt: &[u32],
 ) -> Result<GpuTokenLogprobs> {
-    check_len(
-        "logits",
-        logits,
-        total * vocab,
-        format!("[{total}, {vocab}]"),
-    )?;
+    check_logits(logits, total, vocab)?;
     slots(at, total)?;
     let src = gpu.upload(&at.iter().map(|&r| r as i32).collect::<Vec<_>>())?;
     scored_forward(gpu, logits, Some(&src), at.len(), vocab, tgt)
@@ -129,7 +129,7 @@ pub fn log_softmax_rows(
     rows: usize,
     vocab: usize,
 ) -> Result<CudaSlice<f32>> {
-    check_len("logits", logits, rows * vocab, format!("[{rows}, {vocab}]"))?;
+    check_logits(logits, rows, vocab)?;
     let out = gpu.uninit::<f32>(rows * vocab)?;
     gpu.launch(
         &LOGSOFTMAX,
@@ -156,7 +156,7 @@ pub(crate) fn row_stats(
     rows: usize,
     vocab: usize,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
-    check_len("logits", logits, rows * vocab, format!("[{rows}, {vocab}]"))?;
+    check_logits(logits, rows, vocab)?;
     let (m, lns) = (gpu.uninit::<f32>(rows)?, gpu.uninit::<f32>(rows)?);
     gpu.launch(
         &LOGSOFTMAX,
@@ -187,7 +187,7 @@ pub fn token_logprobs_backward(
     dlogp: &CudaSlice<f32>,
     dentropy: Option<&CudaSlice<f32>>,
 ) -> Result<CudaSlice<f32>> {
-    check_len("logits", logits, rows * vocab, format!("[{rows}, {vocab}]"))?;
+    check_logits(logits, rows, vocab)?;
     let d = ScoredGrad {
         tgt,
         fwd,
@@ -217,12 +217,7 @@ pub fn token_logprobs_backward_at(
     d: &ScoredGrad,
     scale: f32,
 ) -> Result<CudaSlice<f32>> {
-    check_len(
-        "logits",
-        logits,
-        total * vocab,
-        format!("[{total}, {vocab}]"),
-    )?;
+    check_logits(logits, total, vocab)?;
     let slot = gpu.upload(&slots(at, total)?)?;
     scored_backward(gpu, logits, (Some(&slot), total), vocab, d, scale)
 }

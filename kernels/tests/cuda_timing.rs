@@ -8,6 +8,9 @@ use cudarc::driver::{CudaSlice, DevicePtr};
 use jet_kernels::cuda::{self, gemm, gemv, gemv_bf16, linear as glin, quantize as gq, Gpu};
 use jet_kernels::{Flow, GemmPrecision};
 
+mod common;
+use common::gpu;
+
 /// Mean device time of one call of `f` in microseconds: after a warm-up, `reps`
 /// calls are queued back to back behind a ~4 ms prelude (a memset of `pre`), so the
 /// host's launch work is hidden and the events time the GPU alone.
@@ -81,13 +84,7 @@ fn bf16_op(g: &Gpu, s: &CudaSlice<u16>, rows: usize, cols: usize) -> gemm::Dense
 #[test]
 #[ignore]
 fn timing_report() {
-    let g = match cuda::cuda_available() {
-        Ok(g) => g,
-        Err(e) => {
-            println!("skipping: no CUDA device: {e}");
-            return;
-        }
-    };
+    let Some(g) = gpu() else { return };
     println!(
         "TIMING device: {} (cc {:?}, NVRTC {:?})",
         g.name(),
@@ -338,13 +335,7 @@ fn timing_report() {
 #[test]
 #[ignore]
 fn fp8_rows_timing() {
-    let g = match cuda::cuda_available() {
-        Ok(g) => g,
-        Err(e) => {
-            println!("skipping: no CUDA device: {e}");
-            return;
-        }
-    };
+    let Some(g) = gpu() else { return };
     let mut pre = g.zeros::<u8>(4 << 30).unwrap();
     let pre = &mut pre;
     let shapes = [
@@ -425,13 +416,7 @@ fn fp8_rows_timing() {
 #[test]
 #[ignore]
 fn quant_timing() {
-    let g = match cuda::cuda_available() {
-        Ok(g) => g,
-        Err(e) => {
-            println!("skipping: no CUDA device: {e}");
-            return;
-        }
-    };
+    let Some(g) = gpu() else { return };
     let mut pre = g.zeros::<u8>(4 << 30).unwrap();
     let pre = &mut pre;
     let m = 4096usize;

@@ -157,9 +157,8 @@ fn row1x128(
     rows: usize,
     cols: usize,
 ) -> Result<Fp8Quantized> {
-    let (rp, cp, l) = (pad16(rows), pad16(cols), cols.div_ceil(GROUP));
-    let codes = gpu.uninit::<u8>(rp * cp)?;
-    let scales = gpu.uninit::<f32>(l * rp)?;
+    let q = unwritten_row1x128(gpu, rows, cols)?;
+    let (rp, cp, l) = (q.rows_pad, q.cols_pad, cols.div_ceil(GROUP));
     // Each warp takes 4 (row, group) pairs (GPW in quantize.cu), 8 warps a block.
     let warps = (rp * l).div_ceil(4);
     gpu.launch(
@@ -175,20 +174,11 @@ fn row1x128(
             Arg::I(cols as i32),
             Arg::I(rp as i32),
             Arg::I(cp as i32),
-            Arg::P(gpu.ptr(&codes)),
-            Arg::P(gpu.ptr(&scales)),
+            Arg::P(gpu.ptr(&q.codes)),
+            Arg::P(gpu.ptr(&q.scales)),
         ],
     )?;
-    Ok(Fp8Quantized {
-        grouping: Grouping::Row1x128,
-        rows,
-        cols,
-        rows_pad: rp,
-        cols_pad: cp,
-        codes,
-        scales,
-        lds: 0,
-    })
+    Ok(q)
 }
 
 /// The GEMM operand a fused producer ([`rmsnorm_operand`], [`swiglu_operand`])
@@ -203,19 +193,9 @@ pub enum FusedOperand {
 impl FusedOperand {
     /// An unwritten operand of `[rows, cols]`.
     fn alloc(gpu: &Gpu, rows: usize, cols: usize, fp8: bool) -> Result<FusedOperand> {
-        let (l, rp, cp) = (cols.div_ceil(GROUP), pad16(rows), pad16(cols));
         Ok(match fp8 {
-            true => FusedOperand::Fp8(Fp8Quantized {
-                grouping: Grouping::Row1x128,
-                rows,
-                cols,
-                rows_pad: rp,
-                cols_pad: cp,
-                codes: gpu.uninit::<u8>(rp * cp)?,
-                scales: gpu.uninit::<f32>(l * rp)?,
-                lds: 0,
-            }),
-            false => FusedOperand::Bf16(gpu.uninit::<u16>(rows * cp)?),
+            true => FusedOperand::Fp8(unwritten_row1x128(gpu, rows, cols)?),
+            false => FusedOperand::Bf16(gpu.uninit::<u16>(rows * pad16(cols))?),
         })
     }
 
@@ -353,19 +333,15 @@ pub fn quantize_dual(
     cols: usize,
 ) -> Result<(Fp8Quantized, Fp8Quantized)> {
     check_shape("quantize 1x128 + 128x1 input", x, rows, cols)?;
-    let (rp, cp, l) = (pad16(rows), pad16(cols), cols.div_ceil(GROUP));
-    let (codes, scales) = (gpu.uninit::<u8>(rp * cp)?, gpu.uninit::<f32>(l * rp)?);
+    let row = unwritten_row1x128(gpu, rows, cols)?;
     let col = tiles(
         gpu,
         x,
         rows,
         cols,
-        Some((gpu.ptr(&codes), gpu.ptr(&scales))),
+        Some((gpu.ptr(&row.codes), gpu.ptr(&row.scales))),
     )?;
-    Ok((
-        quantized(Grouping::Row1x128, rows, cols, codes, scales),
-        col,
-    ))
+    Ok((row, col))
 }
 
 /// `quant_dual_f32` over 128 x 128 tiles: the 128x1 operand, and the 1x128 one
@@ -401,6 +377,15 @@ fn tiles(
         ],
     )?;
     Ok(quantized(Grouping::Col128x1, rows, cols, codes_t, scales_t))
+}
+
+/// The buffers of a `[rows, cols]` source's 1x128 operand, for a kernel to write:
+/// codes `[rows_pad][cols_pad]`, scales `[ceil(cols/128)][rows_pad]`.
+fn unwritten_row1x128(gpu: &Gpu, rows: usize, cols: usize) -> Result<Fp8Quantized> {
+    let (rp, cp) = (pad16(rows), pad16(cols));
+    let codes = gpu.uninit::<u8>(rp * cp)?;
+    let scales = gpu.uninit::<f32>(cols.div_ceil(GROUP) * rp)?;
+    Ok(quantized(Grouping::Row1x128, rows, cols, codes, scales))
 }
 
 /// An activation operand (no block scales) of a `[rows, cols]` source.

@@ -30,7 +30,7 @@ pub const GEMV_MAX_TOKENS: usize = 64;
 /// The linear layer's epilogue done by the rows kernel itself (`linear_epilogue`'s
 /// ops: the total, then the bias, then the BF16 rounding when `round`, then the
 /// residual `res [m][ldy]` added when not 0): `y [m][ldy]` at device address `y`
-/// (0: no fused epilogue, write `p`). The split-K kernels ignore it.
+/// (0: no fused epilogue, write `d`). The split-K kernels leave it to `linear_epilogue`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Epi {
     pub y: u64,

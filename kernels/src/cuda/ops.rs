@@ -230,45 +230,38 @@ fn bwd_dx(
     warp_rows: bool,
 ) -> Result<CudaSlice<f32>> {
     let dx = gpu.uninit::<f32>(rows * dim)?;
-    let (p, res) = (
-        |b: &CudaSlice<f32>| Arg::P(gpu.ptr(b)),
-        res.map_or(0, |r| gpu.ptr(r)),
-    );
-    let (lead, tail) = (
-        [p(dy), p(x), p(w), p(rstd), Arg::I(rows as i32)],
-        [p(&dx), Arg::I(round as i32), Arg::P(res)],
-    );
-    if warp_rows {
+    let (name, grid, threads) = if warp_rows {
         ensure(dim == 128, || {
             format!("rmsnorm_bwd_dx128 takes rows of 128, not {dim}")
         })?;
-        let args: Vec<Arg> = lead.into_iter().chain(tail).collect();
-        gpu.launch(
-            &OPS,
-            "rmsnorm_bwd_dx128",
-            (rows.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &args,
-        )?;
+        ("rmsnorm_bwd_dx128", rows.div_ceil(8), 256)
     } else {
-        let args: Vec<Arg> = lead
-            .into_iter()
-            .chain([Arg::I(dim as i32)])
-            .chain(tail)
-            .collect();
         // 256 threads; fewer for a row of at most 256: the threads left out would
         // each add 0, so the sum's bits are the same.
-        let threads = dim.next_multiple_of(32).clamp(32, 256) as u32;
-        gpu.launch(
-            &OPS,
+        (
             "rmsnorm_bwd_dx",
-            (rows as u32, 1, 1),
-            (threads, 1, 1),
-            0,
-            &args,
-        )?;
-    }
+            rows,
+            dim.next_multiple_of(32).clamp(32, 256),
+        )
+    };
+    gpu.launch(
+        &OPS,
+        name,
+        (grid as u32, 1, 1),
+        (threads as u32, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(dy)),
+            Arg::P(gpu.ptr(x)),
+            Arg::P(gpu.ptr(w)),
+            Arg::P(gpu.ptr(rstd)),
+            Arg::I(rows as i32),
+            Arg::I(dim as i32),
+            Arg::P(gpu.ptr(&dx)),
+            Arg::I(round as i32),
+            Arg::P(res.map_or(0, |r| gpu.ptr(r))),
+        ],
+    )?;
     Ok(dx)
 }
 

@@ -92,8 +92,9 @@ extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const
 // (of 0 + its value, as that thread's dot starts at 0), and the four totals are
 // added as that launch's block_sum adds them (each + 0 first, then (t0 + t2) +
 // (t1 + t3)): the same bits, signed zeros included.
+// Takes rmsnorm_bwd_dx's arguments (dim is 128).
 extern "C" __global__ void rmsnorm_bwd_dx128(const float* dy, const float* x, const float* w, const float* rstd,
-                                             int rows, float* dx, int round, const float* res) {
+                                             int rows, int dim, float* dx, int round, const float* res) {
     pdl_entry();
     const int lane = threadIdx.x & 31, r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;

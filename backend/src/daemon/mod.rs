@@ -67,17 +67,25 @@ fn check_data_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Remove checkpoint folders that are not in the catalog: temporaries a crash
-/// left mid-write, folders renamed into place before their catalog entry was
-/// durable, and pruned ones whose durable removal a crash cut off from their
-/// deletion. None of them is trusted or reachable; a later checkpoint at the
-/// same position is written afresh.
-fn clean_checkpoints(dir: &Path, store: &Store) {
+/// Tidy the run folders a crash may have left untidy, in one pass:
+/// - a run folder whose run is not in the registry goes (a crash between a
+///   delete's durable removal and removing its folder leaves it; run ids are
+///   never reused, so no later run can own it);
+/// - in a registered run, checkpoint folders not in the catalog go: temporaries a
+///   crash left mid-write, folders renamed into place before their catalog entry
+///   was durable, and pruned ones whose durable removal a crash cut off from their
+///   deletion. None is trusted or reachable; a later checkpoint at the same
+///   position is written afresh.
+fn clean_run_folders(dir: &Path, store: &Store) {
     let Ok(runs) = std::fs::read_dir(dir.join("runs")) else {
         return;
     };
     for r in runs.flatten() {
         let id = r.file_name().to_string_lossy().into_owned();
+        if matches!(store.run(&id), Ok(None)) {
+            let _ = std::fs::remove_dir_all(r.path());
+            continue;
+        }
         let Ok(cat) = store.checkpoints(&id) else {
             continue;
         };
@@ -100,26 +108,10 @@ fn clean_checkpoints(dir: &Path, store: &Store) {
     }
 }
 
-/// Remove run folders whose run is not in the registry: a crash between a
-/// delete's durable removal and removing its folder leaves them. Run ids are
-/// never reused, so no later run can own such a folder.
-fn remove_deleted_runs(dir: &Path, store: &Store) {
-    let Ok(runs) = std::fs::read_dir(dir.join("runs")) else {
-        return;
-    };
-    for r in runs.flatten() {
-        let id = r.file_name().to_string_lossy().into_owned();
-        if matches!(store.run(&id), Ok(None)) {
-            let _ = std::fs::remove_dir_all(r.path());
-        }
-    }
-}
-
 pub fn serve(opts: ServeOptions) -> anyhow::Result<()> {
     check_data_dir(&opts.data_dir)?;
     let store = Store::open(&opts.data_dir)?;
-    clean_checkpoints(&opts.data_dir, &store);
-    remove_deleted_runs(&opts.data_dir, &store);
+    clean_run_folders(&opts.data_dir, &store);
     let devices = devices::Devices::open(&opts.gpus, devices::sled_kernels(&store))?;
     eprintln!("jetd: {}", devices.describe());
     if devices.gpus.is_empty() {

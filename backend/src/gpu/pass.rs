@@ -96,7 +96,7 @@ pub fn run_pass_gpu(
             dentropy: Some(&de),
         };
         // Each scored row's gradient in place, every other row 0, times 1/T
-        // when tempered (fuses the scatter into zeros and mul_scalar).
+        // when tempered (fuses the scatter into zeros and the 1/T scale).
         let scale = if tempered {
             (1.0 / temperature) as f32
         } else {

@@ -47,17 +47,6 @@ pub fn div_scalar(gpu: &Gpu, x: &mut CudaSlice<f32>, n: usize, s: f32) -> Result
     )
 }
 
-/// `x[i] = x[i] * s` for `i < n`.
-pub fn mul_scalar(gpu: &Gpu, x: &mut CudaSlice<f32>, n: usize, s: f32) -> Result<()> {
-    check_len("mul_scalar x", x, n, format!("[{n}]"))?;
-    elementwise(
-        gpu,
-        "mul_scalar",
-        n,
-        &[Arg::P(gpu.ptr(x)), Arg::L(n as i64), Arg::F(s)],
-    )
-}
-
 /// Round `x[..n]` to BF16 (nearest even) and back, as [`crate::bf16::round_slice`].
 pub fn round_bf16(gpu: &Gpu, x: &mut CudaSlice<f32>, n: usize) -> Result<()> {
     check_len("round_bf16 x", x, n, format!("[{n}]"))?;

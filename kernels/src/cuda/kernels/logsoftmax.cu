@@ -84,7 +84,7 @@ extern "C" __global__ void log_softmax_rows(const float* z, int rows, int vocab,
 // ceil(vocab/1024)), four entries a thread. Output row o is logits row o; its
 // per-row inputs (targets, lse, entropy, dlogp, dentropy) are at c = slot[o] (slot
 // null: c = o), and a row with c < 0 is not scored: its dz is 0. Fuses the gathered
-// backward's scatter into zeros and the temperature's mul_scalar (scale 1 is exact).
+// backward's scatter into zeros and the temperature's 1/T (__fmul_rn; scale 1 is exact).
 extern "C" __global__ void token_logprobs_bwd(const float* z, int out_rows, int vocab, const int* slot,
                                               const int* targets, const float* lse, const float* entropy,
                                               const float* dlogp, const float* dentropy, float scale,

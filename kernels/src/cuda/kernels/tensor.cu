@@ -13,11 +13,6 @@ extern "C" __global__ void div_scalar(float* x, long n, float s) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = __fdiv_rn(x[i], s);
 }
-extern "C" __global__ void mul_scalar(float* x, long n, float s) {
-    pdl_entry();
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = __fmul_rn(x[i], s);
-}
 // Round to BF16 (nearest even) and back, as bf16::round_slice.
 extern "C" __global__ void round_bf16_inplace(float* x, long n) {
     pdl_entry();

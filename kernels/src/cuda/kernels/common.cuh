@@ -63,13 +63,15 @@ __device__ __forceinline__ u32 e4m3_encode(float x) {
 // +-448 the satfinite path never triggers, and cvt.rn rounds to nearest even like
 // e4m3_encode, subnormals and signed zeros included. NaN keeps the software path
 // (fp8::encode gives the positive NaN code whatever the sign).
-__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
-    if (isnan(lo) || isnan(hi)) return e4m3_encode(lo) | (e4m3_encode(hi) << 8);
-    lo = fminf(fmaxf(lo, -E4M3_MAX), E4M3_MAX);
-    hi = fminf(fmaxf(hi, -E4M3_MAX), E4M3_MAX);
+// The conversion alone, lo in the low byte: for finite values within +-448 (1 + 2^-23).
+__device__ __forceinline__ u32 cvt_e4m3x2(float lo, float hi) {
     unsigned short r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     return (u32)r;
+}
+__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
+    if (isnan(lo) || isnan(hi)) return e4m3_encode(lo) | (e4m3_encode(hi) << 8);
+    return cvt_e4m3x2(fminf(fmaxf(lo, -E4M3_MAX), E4M3_MAX), fminf(fmaxf(hi, -E4M3_MAX), E4M3_MAX));
 }
 
 __device__ __forceinline__ u32 max_abs_bits(u32 m, float v) {

@@ -51,11 +51,6 @@ __device__ __forceinline__ float qdiv(float x, Quot d) {
     const float q = __fmul_rn(x, d.r);
     return copysignf(fmaf(fmaf(-q, d.s, x), d.r, q), x);
 }
-__device__ __forceinline__ u32 cvt_e4m3x2(float lo, float hi) {
-    unsigned short r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return (u32)r;
-}
 
 // The four codes of v (scale d), by the hardware conversion of the quotients, or
 // (SW, kept as the check of both) by e4m3_encode of the division itself.

@@ -119,6 +119,8 @@ pub(crate) enum Arg {
     L(i64),
     F(f32),
     D(f64),
+    /// A bulk tensor copy's map (`CUtensorMap`, 128 bytes), passed by value.
+    T(super::tma::TensorMap),
 }
 
 /// One CUDA device with its stream, compiled modules and cuBLASLt state.
@@ -569,9 +571,9 @@ impl Gpu {
                 opted.insert((src.name, name), smem);
             }
         }
-        if self.pdl {
+        if self.pdl || args.iter().any(|a| matches!(a, Arg::T(_))) {
             return self.span(super::profile::category(src.name), name, || {
-                self.launch_pdl(&f, (grid, block, smem), args)
+                self.launch_ex(&f, (grid, block, smem), args)
                     .ctx(&format!("launching {name}"))
             });
         }
@@ -583,6 +585,7 @@ impl Gpu {
                 Arg::L(l) => b.arg(l),
                 Arg::F(x) => b.arg(x),
                 Arg::D(x) => b.arg(x),
+                Arg::T(_) => unreachable!("tensor maps launch through launch_ex"),
             };
         }
         let cfg = LaunchConfig {
@@ -599,10 +602,11 @@ impl Gpu {
         })
     }
 
-    /// `cuLaunchKernelEx` with programmatic stream serialization allowed: the
-    /// kernel may be scheduled while the stream's previous kernel finishes; its
-    /// `pdl_entry` waits for that kernel's completion before touching memory.
-    fn launch_pdl(
+    /// `cuLaunchKernelEx`, with programmatic stream serialization allowed when PDL
+    /// is on (the kernel may be scheduled while the stream's previous kernel
+    /// finishes; its `pdl_entry` waits for that kernel's completion before touching
+    /// memory). Takes any argument, tensor maps included.
+    fn launch_ex(
         &self,
         f: &CudaFunction,
         (grid, block, smem): ((u32, u32, u32), (u32, u32, u32), u32),
@@ -618,12 +622,13 @@ impl Gpu {
                 Arg::L(l) => l as *const i64 as *mut c_void,
                 Arg::F(x) => x as *const f32 as *mut c_void,
                 Arg::D(x) => x as *const f64 as *mut c_void,
+                Arg::T(m) => m as *const super::tma::TensorMap as *mut c_void,
             })
             .collect();
         // SAFETY: a zeroed attribute is valid; id and value are set below.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        attr.value.programmaticStreamSerializationAllowed = self.pdl as i32;
         let cfg = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,

@@ -158,8 +158,8 @@ pub(crate) enum Elem {
 }
 
 impl Elem {
-    /// Bytes of a row's 128-value group, and the cp.async stages of the wgmma
-    /// split-K and rows kernels (`Fp8W` / `Bf16W` in `gemm_wg.cu`).
+    /// Bytes of a row's 128-value group, and the stages of the wgmma split-K and
+    /// rows kernels (`Fp8W` / `Bf16W` in `gemm_wg.cu`).
     fn wg_geometry(self) -> (u32, u32, u32) {
         match self {
             Elem::Fp8 => (128, 4, 6),
@@ -207,19 +207,11 @@ impl Elem {
         (&WG, names[i], s * (64 + nt) * gb + s * nt * 4 + 1024)
     }
 
-    /// The rows kernel: module, name, threads, dynamic shared memory. mma.sync
-    /// (`RowsSmem::BYTES`): S stages of a 128-row W tile, a 128-token X tile and 128
-    /// token scales, plus (FP8) two f16 token tiles of 128 rows x 272 bytes. wgmma
-    /// (`WgRowsSmem::BYTES`): S stages of both tiles and the scales, 1 KiB to align.
-    fn rows(self, wgmma: bool) -> (&'static Source, &'static str, u32) {
-        if wgmma {
-            let (gb, _, s) = self.wg_geometry();
-            let name = match self {
-                Elem::Fp8 => "wg_fp8_rows",
-                Elem::Bf16 => "wg_bf16_rows",
-            };
-            return (&WG, name, s * 256 * gb + s * 128 * 4 + 1024);
-        }
+    /// The mma.sync rows kernel (GPUs without wgmma; `launch_rows_tma` has
+    /// Hopper's): module, name, dynamic shared memory (`RowsSmem::BYTES`: S stages
+    /// of a 128-row W tile, a 128-token X tile and 128 token scales, plus (FP8) two
+    /// f16 token tiles of 128 rows x 272 bytes).
+    fn rows(self) -> (&'static Source, &'static str, u32) {
         let stage = |gb: u32| 128 * gb + 128 * gb + 128 * 4;
         match self {
             Elem::Fp8 => (&ROWS, "gemm_fp8_rows", 4 * stage(128) + 2 * 128 * 272),
@@ -233,8 +225,10 @@ impl Elem {
 /// and the shapes.
 pub(crate) struct SkOps {
     pub elem: Elem,
-    /// W values, W scales, their stride, X values, X scales, their stride.
-    pub args: [Arg; 6],
+    /// W values, W scales (0 for BF16), the scales' stride.
+    pub w: (u64, u64, i32),
+    /// X values from token `m0` on, their scales (0 for BF16), the scales' stride.
+    pub x: (u64, u64, i32),
     /// X rows from `m0`.
     pub m: usize,
     pub n: usize,
@@ -246,12 +240,30 @@ impl SkOps {
     fn fp8(gpu: &Gpu, x: &Fp8Quantized, w: &Fp8Quantized, m0: usize) -> SkOps {
         SkOps {
             elem: Elem::Fp8,
-            args: operands(gpu, x, w, m0),
+            w: (gpu.ptr(&w.codes), gpu.ptr(&w.scales), w.lds as i32),
+            x: (
+                gpu.ptr(&x.codes) + (m0 * x.cols_pad) as u64,
+                gpu.ptr(&x.scales) + (m0 * 4) as u64,
+                x.rows_pad as i32,
+            ),
             m: x.rows - m0,
             n: w.rows,
             n_pad: w.rows_pad,
             k_pad: w.cols_pad,
         }
+    }
+
+    /// The operand arguments every kernel of `gemv_fp8.cu` starts with: W codes,
+    /// scales and their stride, then X, its scales and their stride.
+    fn args(&self) -> [Arg; 6] {
+        [
+            Arg::P(self.w.0),
+            Arg::P(self.w.1),
+            Arg::I(self.w.2),
+            Arg::P(self.x.0),
+            Arg::P(self.x.1),
+            Arg::I(self.x.2),
+        ]
     }
 
     /// The first `m` tokens only.
@@ -263,7 +275,7 @@ impl SkOps {
     /// The arguments of `gemv_*_sk_*`: `mc` tokens into the partials at `p` (row
     /// stride `ldp`, slices `sstride` apart), `gps` groups a split.
     fn sk_args(&self, mc: usize, (p, ldp, sstride): (u64, usize, usize), gps: usize) -> Vec<Arg> {
-        let mut a = self.args.to_vec();
+        let mut a = self.args().to_vec();
         a.extend([Arg::P(p), Arg::L(ldp as i64), Arg::L(sstride as i64)]);
         a.extend(self.shape(mc, gps));
         a
@@ -272,7 +284,7 @@ impl SkOps {
     /// The arguments of `gemm_*_rows`: all tokens into `d` (row stride `ldd`), or
     /// through `epi` into its `y`.
     fn rows_args(&self, (d, ldd): (u64, usize), gps: usize, epi: Epi) -> Vec<Arg> {
-        let mut a = self.args.to_vec();
+        let mut a = self.args().to_vec();
         a.extend([Arg::P(d), Arg::L(ldd as i64)]);
         a.extend(self.shape(self.m, gps));
         a.extend([
@@ -348,7 +360,10 @@ pub(crate) fn launch_rows(gpu: &Gpu, ops: &SkOps, (d, ldd): (u64, usize), epi: E
         return Ok(());
     }
     let (_, gps) = splits(gpu, ops.n, ops.k_pad);
-    let (src, name, smem) = ops.elem.rows(gpu.wgmma());
+    if gpu.wgmma() {
+        return launch_rows_tma(gpu, ops, (d, ldd), gps, epi);
+    }
+    let (src, name, smem) = ops.elem.rows();
     gpu.launch(
         src,
         name,
@@ -360,6 +375,65 @@ pub(crate) fn launch_rows(gpu: &Gpu, ops: &SkOps, (d, ldd): (u64, usize), epi: E
         (256, 1, 1),
         smem,
         &ops.rows_args((d, ldd), gps, epi),
+    )
+}
+
+/// `wg_rows_tma` (`gemm_wg.cu`): the wgmma rows kernel's sums, its operands read
+/// through tensor maps, one persistent block an SM walking the 128 x 128 tiles.
+/// Dynamic shared memory: `WgTmaSmem::BYTES` (S stages of both tiles, the token
+/// scales, a full and an empty barrier a stage, 1 KiB to align).
+fn launch_rows_tma(
+    gpu: &Gpu,
+    ops: &SkOps,
+    (d, ldd): (u64, usize),
+    gps: usize,
+    epi: Epi,
+) -> Result<()> {
+    use super::tma::{tensor_map_2d, TmaElem};
+    let (gb, _, s) = ops.elem.wg_geometry();
+    let (name, elem, epp) = match ops.elem {
+        Elem::Fp8 => ("wg_fp8_rows_tma", TmaElem::U8, 128),
+        Elem::Bf16 => ("wg_bf16_rows_tma", TmaElem::Bf16, 64),
+    };
+    let kp = ops.k_pad;
+    let tw = tensor_map_2d(elem, ops.w.0, (ops.n_pad, kp, kp), (epp, 128), true)?;
+    let tx = tensor_map_2d(elem, ops.x.0, (ops.m, kp, kp), (epp, 128), true)?;
+    // The token scales `[L][ldxs]` (FP8); BF16 has none and never reads the map.
+    let txs = match ops.elem {
+        Elem::Fp8 => tensor_map_2d(
+            TmaElem::F32,
+            ops.x.1,
+            (kp.div_ceil(GROUP), ops.m, ops.x.2 as usize),
+            (128, 1),
+            false,
+        )?,
+        Elem::Bf16 => tw,
+    };
+    let tiles = ops.m.div_ceil(ROWS_TOKENS) * ops.n.div_ceil(128);
+    gpu.launch(
+        &WG,
+        name,
+        (tiles.min(gpu.sm_count()) as u32, 1, 1),
+        (384, 1, 1),
+        s * 256 * gb + s * 128 * 4 + 2 * s * 8 + 1024,
+        &[
+            Arg::T(tw),
+            Arg::T(tx),
+            Arg::T(txs),
+            Arg::P(ops.w.1),
+            Arg::I(ops.w.2),
+            Arg::P(d),
+            Arg::L(ldd as i64),
+            Arg::I(ops.m as i32),
+            Arg::I(ops.n as i32),
+            Arg::I(kp as i32),
+            Arg::I(gps as i32),
+            Arg::P(epi.y),
+            Arg::L(epi.ldy as i64),
+            Arg::P(epi.bias),
+            Arg::I(epi.round as i32),
+            Arg::P(epi.res),
+        ],
     )
 }
 
@@ -390,19 +464,6 @@ pub(crate) fn splitk_sum(
             Arg::L(ldy as i64),
         ],
     )
-}
-
-/// The operand arguments every kernel of `gemv_fp8.cu` starts with: W codes,
-/// scales and their stride, then X from token `m0` on, its scales and stride.
-fn operands(gpu: &Gpu, x: &Fp8Quantized, w: &Fp8Quantized, m0: usize) -> [Arg; 6] {
-    [
-        Arg::P(gpu.ptr(&w.codes)),
-        Arg::P(gpu.ptr(&w.scales)),
-        Arg::I(w.lds as i32),
-        Arg::P(gpu.ptr(&x.codes) + (m0 * x.cols_pad) as u64),
-        Arg::P(gpu.ptr(&x.scales) + (m0 * 4) as u64),
-        Arg::I(x.rows_pad as i32),
-    ]
 }
 
 /// Partial sums of the split-K kernel for all of `x`'s tokens, 64 a block on grid z
@@ -533,7 +594,7 @@ fn tiled(
         ((var.warps * 32) as u32, 1, 1),
         0,
         &[
-            &operands(gpu, x, w, m0)[..],
+            &SkOps::fp8(gpu, x, w, m0).args()[..],
             &[
                 Arg::P(yc),
                 Arg::L(ldy as i64),

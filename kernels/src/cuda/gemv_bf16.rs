@@ -12,7 +12,6 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::context::Arg;
 use super::gemv::{launch_rows, partial, splitk_sum, Elem, Epi, Partial, SkOps, GEMV_MAX_TOKENS};
 use super::{ensure, Gpu, Result};
 
@@ -59,14 +58,8 @@ fn check(x: &Bf16Rows, w: &Bf16Rows) -> Result<()> {
 fn ops(gpu: &Gpu, x: &Bf16Rows, w: &Bf16Rows, m0: usize) -> SkOps {
     SkOps {
         elem: Elem::Bf16,
-        args: [
-            Arg::P(gpu.ptr(w.v)),
-            Arg::P(0),
-            Arg::I(0),
-            Arg::P(gpu.ptr(x.v) + (m0 * x.cols_pad * 2) as u64),
-            Arg::P(0),
-            Arg::I(0),
-        ],
+        w: (gpu.ptr(w.v), 0, 0),
+        x: (gpu.ptr(x.v) + (m0 * x.cols_pad * 2) as u64, 0, 0),
         m: x.rows - m0,
         n: w.rows,
         n_pad: w.rows_pad,

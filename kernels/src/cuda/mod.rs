@@ -37,6 +37,7 @@ pub mod profile;
 pub mod quantize;
 pub mod sample;
 pub mod tensor;
+mod tma;
 
 pub use context::{
     compile_all_sources, cuda_available, cuda_device, cuda_device_count, DirKernelStore, Gpu,

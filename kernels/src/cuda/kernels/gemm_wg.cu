@@ -21,12 +21,13 @@
 // bytes, one tile; a BF16 group (256 bytes) is two tiles ("planes"), k 0-63 and
 // 64-127. A k step moves the descriptor's start 32 bytes along the row (the
 // hardware applies the swizzle to the address bits). Operands stream in through
-// cp.async stages. context.rs prepends wgmma.cuh (gen_wgmma.py) to this file.
+// cp.async stages (split-K) or bulk tensor copies (rows, whose copy engine writes
+// the same swizzle). context.rs prepends wgmma.cuh (gen_wgmma.py) to this file.
 
 // E4M3 codes, 128x128 weight blocks and 1x128 token scales.
 struct Fp8W {
     static constexpr int GB = 128;                // bytes of a row's group
-    static constexpr int S_SK = 4, S_ROWS = 6;    // cp.async stages
+    static constexpr int S_SK = 4, S_ROWS = 6;    // stages of the split-K / rows kernels
     static constexpr bool FP8 = true;
 };
 // BF16 values, no scales.
@@ -195,88 +196,205 @@ __device__ void wg_sk(const u8* __restrict__ w, const float* __restrict__ ws, in
 
 #define WG_SK(NAME, E, NT) SK_KERNEL(NAME, (128), wg_sk<E, NT>)
 
-// ---- rows kernel: gemm_rows's grid and epilogue --------------------------------
-// Block = 2 warpgroups = 128 weight rows x 128 tokens (warpgroup h: rows 64 h .. +64,
-// all 128 tokens, m64n128 steps); grid (ceil(M/128), ceil(N/128)). Each block walks
-// all K groups: acc restarts every gps groups and tot = slice 0, tot += slice 1, ...
-// is the split-K launch's in-order sum of its partials. Dynamic shared memory:
-// WgRowsSmem<E>::BYTES (gemv.rs repeats it).
-template <class E>
-struct WgRowsSmem {
-    static constexpr int S = E::S_ROWS, WT = 128 * E::GB, STAGE = 2 * WT;
-    static constexpr int BYTES = S * STAGE + S * 128 * 4 + 1024;
+// ---- rows kernel: gemm_rows's sums, fed by the tensor memory accelerator -----------
+// Each 128 x 128 tile walks all K groups: acc restarts every gps groups and tot =
+// slice 0 + slice 1 + ... is the split-K launch's in-order sum of its partials, so
+// a row's bits equal the decode kernel's. The loads and the math are decoupled
+// (warp-specialized): a producer thread issues bulk tensor copies (TMA: the 128-byte
+// swizzle applied by the copy engine, rows and bytes past the tensor's end
+// zero-filled) into S stages; two consumer warpgroups (64 weight rows each x 128
+// tokens) wait on a stage's "full" barrier, run its wgmma and fold, and free it on
+// its "empty" barrier. No block-wide barrier in the loop, so one warpgroup's fold
+// runs while the other's wgmma does. Persistent: gridDim.x blocks walk the 128 x 128
+// tiles (token tile fastest), and the producer fills the next tile's stages during
+// the consumers' epilogue. Warpgroups 0-1 consume (232 registers: part, acc, tot),
+// warpgroup 2 produces (40).
+struct alignas(64) TMap {
+    u64 v[16];
 };
 
-// Output: the fused linear epilogue when y != null (fuses linear_epilogue: the
-// total, then the bias, then the BF16 rounding when `round`, then + res [M][ldy] when
-// not null) into y [M][ldy], else the totals into d [M][ldd].
-template <class E>
-__device__ void wg_rows(const u8* __restrict__ w, const float* __restrict__ ws, int lds, const u8* __restrict__ x,
-                        const float* __restrict__ xs, int ldxs, float* __restrict__ d, long ldd, int M, int N,
-                        int N_pad, int K_pad, int gps, float* __restrict__ y, long ldy,
-                        const float* __restrict__ bias, int round, const float* __restrict__ res) {
-    using SM = WgRowsSmem<E>;
-    constexpr int S = SM::S, GB = E::GB;
-    extern __shared__ u8 smem_raw[];
-    u8* smem = align1024(smem_raw);
-    float* sxs = reinterpret_cast<float*>(smem + S * SM::STAGE);
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    const int n0 = blockIdx.y * 128, t0 = blockIdx.x * 128;
-    const int L = (K_pad + 127) / 128;
-    const long RB = (long)K_pad * (GB / 128);  // bytes of a row
-    x += (long)t0 * RB;
-    if (E::FP8) xs += t0;
-    M = min(M - t0, 128);
-    const u8* wsrc = w + (long)n0 * RB;
-    const float* wsr = ws + (E::FP8 ? (long)(n0 / 128) * lds : 0);
-    auto load = [&](int g) {
-        if (g < L) {
-            const int b = g % S;
-            u8* st = smem + b * SM::STAGE;
-            load_tile<GB, 128, 256>(st, wsrc, RB, (long)g * GB, N_pad - n0, tid);
-            load_tile<GB, 128, 256>(st + SM::WT, x, RB, (long)g * GB, M, tid);
-            if (E::FP8 && tid < 128) cp4(sxs + b * 128 + tid, xs + (tid < M ? (long)g * ldxs + tid : 0), tid < M);
-        }
-        cp_commit();
-    };
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+// Box (c0, c1) of the 2-D tensor map at generic address `map` into shared dst; the
+// bytes count on barrier bar.
+__device__ __forceinline__ void tma_2d(u32 dst, const TMap* map, int c0, int c1, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+        "l"((u64)map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
 
-    float acc[64], tot[64];
-    zero(acc);
-    zero(tot);
-    const u32 sbase = smem_addr(smem);
+// A warpgroup's 64 x 128 totals out, the ops of rows_out per value (the same bits) with
+// the addresses and the tile's bounds worked out once: the thread's rows are rb and
+// rb + 8 (< N to be written), its tokens t = tb + 8 j + i (i < 2), written while
+// t - tb < mt (tokens left from tb). Register 4 j + 2 h + i holds (row rb + 8 h,
+// token tb + 8 j + i).
+__device__ __forceinline__ void tile_out(const float (&tot)[64], int rb, int tb, int mt, int N, float* d, long ldd,
+                                         float* y, long ldy, const float* bias, int round, const float* res) {
+    const bool ok0 = rb < N, ok1 = rb + 8 < N;
+    const long ld = y ? ldy : ldd;
+    float* out = (y ? y : d) + (long)tb * ld + rb;
+    const float* rp = res ? res + (long)tb * ld + rb : nullptr;
+    const float b0 = (y && bias && ok0) ? bias[rb] : 0.0f, b1 = (y && bias && ok1) ? bias[rb + 8] : 0.0f;
 #pragma unroll
-    for (int s = 0; s < S - 1; s++) load(s);
-    int fold_at = gps;
-    for (int g = 0; g < L; g++) {
-        cp_wait<S - 2>();
-        fence_async_smem();
-        __syncthreads();
-        load(g + S - 1);
-        const int b = g % S;
-        const u32 wt = sbase + b * SM::STAGE + wg * 64 * 128, xt = sbase + b * SM::STAGE + SM::WT;
-        if constexpr (E::FP8) {
-            float part[64];
-            group_mma<E, 128>(part, wt, 0, xt, 0);
-            scale_fold<128>(acc, part, sxs + b * 128, wsr[g], lane);
-        } else {
-            group_mma<E, 128>(acc, wt, 128 * 128, xt, 128 * 128);
-        }
-        if (g + 1 == fold_at || g + 1 == L) {
-            fold_slice<64>(tot, acc, g < gps);
-            fold_at += gps;
-        }
-    }
-    cp_wait<0>();
-
+    for (int j = 0; j < 16; j++) {
 #pragma unroll
-    for (int r = 0; r < 64; r++) {
-        const int row = n0 + wg * 64 + warp * 16 + (lane >> 2) + ((r & 2) ? 8 : 0);
-        const int tok = (r >> 2) * 8 + (lane & 3) * 2 + (r & 1);
-        if (row < N && tok < M) rows_out(tot[r], row, t0 + tok, d, ldd, y, ldy, bias, round, res);
+        for (int i = 0; i < 2; i++) {
+            if (8 * j + i >= mt) continue;
+            const long o = (long)(8 * j + i) * ld;
+            float v0 = tot[4 * j + i], v1 = tot[4 * j + 2 + i];
+            if (y) {
+                if (bias) {
+                    v0 += b0;
+                    v1 += b1;
+                }
+                if (round) {
+                    v0 = round_bf16(v0);
+                    v1 = round_bf16(v1);
+                }
+                if (rp) {
+                    if (ok0) v0 = __fadd_rn(rp[o], v0);
+                    if (ok1) v1 = __fadd_rn(rp[o + 8], v1);
+                }
+            }
+            if (ok0) out[o] = v0;
+            if (ok1) out[o + 8] = v1;
+        }
     }
 }
 
-#define WG_ROWS(NAME, E) ROWS_KERNEL(NAME, wg_rows<E>)
+// Dynamic shared memory: stages (W tile then X tile, GB / 128 planes of 128 rows x
+// 128 bytes each), the token scales of each stage, then the full and empty barriers.
+template <class E>
+struct WgTmaSmem {
+    static constexpr int S = E::S_ROWS, WT = 128 * E::GB, STAGE = 2 * WT;
+    static constexpr int BYTES = S * STAGE + S * 128 * 4 + 2 * S * 8 + 1024;
+};
+
+// tot += acc, then acc = 0: the end of a split slice when tot starts at -0.
+__device__ __forceinline__ void add_slice(float (&tot)[64], float (&acc)[64]) {
+#pragma unroll
+    for (int r = 0; r < 64; r++) {
+        tot[r] += acc[r];
+        acc[r] = 0.0f;
+    }
+}
+
+// tw: W [N_pad rows][K_pad], tx: X [M rows][K_pad] (boxes of 128 bytes x 128 rows);
+// txs (FP8): the token scales [L][M] f32 (box 128 tokens x 1 group).
+template <class E>
+__device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, const float* __restrict__ ws, int lds,
+                            float* __restrict__ d, long ldd, int M, int N, int K_pad, int gps,
+                            float* __restrict__ y, long ldy, const float* __restrict__ bias, int round,
+                            const float* __restrict__ res) {
+    using SM = WgTmaSmem<E>;
+    constexpr int S = SM::S, GB = E::GB, PLANES = GB / 128, EPP = E::FP8 ? 128 : 64;  // elements a plane row
+    constexpr u32 TX_BYTES = SM::STAGE + (E::FP8 ? 128 * 4 : 0);
+    extern __shared__ u8 smem_raw[];
+    u8* smem = align1024(smem_raw);
+    const u32 sbase = smem_addr(smem), sxs = sbase + S * SM::STAGE, full = sxs + S * 128 * 4, empty = full + S * 8;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int L = (K_pad + 127) / 128, tiles_m = (M + 127) / 128, tiles = tiles_m * ((N + 127) / 128);
+    if (tid == 0) {
+        for (int s = 0; s < S; s++) {
+            mbar_init(full + s * 8, 1);
+            mbar_init(empty + s * 8, 8);  // a consumer warp each
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 2) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (tid == 256) {
+            int it = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                const int t0 = (t % tiles_m) * 128, n0 = (t / tiles_m) * 128;
+                for (int g = 0; g < L; g++, it++) {
+                    const int s = it % S;
+                    if (it >= S) mbar_wait(empty + s * 8, ((it / S) - 1) & 1);
+                    const u32 bar = full + s * 8, st = sbase + s * SM::STAGE;
+                    mbar_expect_tx(bar, TX_BYTES);
+#pragma unroll
+                    for (int p = 0; p < PLANES; p++) {
+                        tma_2d(st + p * 128 * 128, tw, g * 128 + p * EPP, n0, bar);
+                        tma_2d(st + SM::WT + p * 128 * 128, tx, g * 128 + p * EPP, t0, bar);
+                    }
+                    if (E::FP8) tma_2d(sxs + s * 512, txs, t0, g, bar);
+                }
+            }
+        }
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        const float* sxs_p = reinterpret_cast<const float*>(smem + S * SM::STAGE);
+        int it = 0;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            const int t0 = (t % tiles_m) * 128, n0 = (t / tiles_m) * 128;
+            const float* wsr = ws + (E::FP8 ? (long)(n0 / 128) * lds : 0);
+            // tot starts at -0, the identity of +: tot + slice 0 = slice 0, bits and
+            // signed zeros included (fold_slice's "first taken as is").
+            float acc[64], tot[64];
+            zero(acc);
+#pragma unroll
+            for (int r = 0; r < 64; r++) tot[r] = -0.0f;
+            int fold_at = gps;
+            for (int g = 0; g < L; g++, it++) {
+                const int s = it % S;
+                const float sw = E::FP8 ? wsr[g] : 0.0f;
+                mbar_wait(full + s * 8, (it / S) & 1);
+                const u32 wt = sbase + s * SM::STAGE + wg * 64 * 128, xt = sbase + s * SM::STAGE + SM::WT;
+                if constexpr (E::FP8) {
+                    float part[64];
+                    group_mma<E, 128>(part, wt, 0, xt, 0);
+                    scale_fold<128>(acc, part, sxs_p + s * 128, sw, lane);
+                } else {
+                    group_mma<E, 128>(acc, wt, 128 * 128, xt, 128 * 128);
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty + s * 8);
+                if (g + 1 == fold_at || g + 1 == L) {
+                    add_slice(tot, acc);
+                    fold_at += gps;
+                }
+            }
+            const int tb = (lane & 3) * 2;
+            tile_out(tot, n0 + wg * 64 + warp * 16 + (lane >> 2), t0 + tb, M - t0 - tb, N, d, ldd, y, ldy, bias, round,
+                     res);
+        }
+    }
+}
+
+// The rows kernel's parameters with the operands as tensor maps (gemv.rs
+// `launch_rows_tma`); the maps are kernel parameters (__grid_constant__: the copy
+// engine reads them where they are).
+#define WG_ROWS_TMA(NAME, E)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                                           \
+        NAME(const __grid_constant__ TMap tw, const __grid_constant__ TMap tx, const __grid_constant__ TMap txs,    \
+             const float* ws, int lds, float* d, long ldd, int M, int N, int K_pad, int gps, float* y, long ldy,   \
+             const float* bias, int round, const float* res) {                                                     \
+        pdl_entry();                                                                                               \
+        wg_rows_tma<E>(&tw, &tx, &txs, ws, lds, d, ldd, M, N, K_pad, gps, y, ldy, bias, round, res);           \
+    }
 
 // Only sm_90a has wgmma: elsewhere this module is empty and gemv.rs never asks it.
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
@@ -288,6 +406,6 @@ WG_SK(wg_bf16_sk_n8, Bf16W, 8)
 WG_SK(wg_bf16_sk_n16, Bf16W, 16)
 WG_SK(wg_bf16_sk_n32, Bf16W, 32)
 WG_SK(wg_bf16_sk_n64, Bf16W, 64)
-WG_ROWS(wg_fp8_rows, Fp8W)
-WG_ROWS(wg_bf16_rows, Bf16W)
+WG_ROWS_TMA(wg_fp8_rows_tma, Fp8W)
+WG_ROWS_TMA(wg_bf16_rows_tma, Bf16W)
 #endif

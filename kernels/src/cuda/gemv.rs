@@ -381,7 +381,8 @@ pub(crate) fn launch_rows(gpu: &Gpu, ops: &SkOps, (d, ldd): (u64, usize), epi: E
 /// `wg_rows_tma` (`gemm_wg.cu`): the wgmma rows kernel's sums, its operands read
 /// through tensor maps, one persistent block an SM walking the 128 x 128 tiles.
 /// Dynamic shared memory: `WgTmaSmem::BYTES` (S stages of both tiles, the token
-/// scales, a full and an empty barrier a stage, 1 KiB to align).
+/// scales and their products with the weight scale, a full, an empty and a scaled
+/// barrier a stage, 1 KiB to align).
 fn launch_rows_tma(
     gpu: &Gpu,
     ops: &SkOps,
@@ -415,7 +416,7 @@ fn launch_rows_tma(
         name,
         (tiles.min(gpu.sm_count()) as u32, 1, 1),
         (384, 1, 1),
-        s * 256 * gb + s * 128 * 4 + 2 * s * 8 + 1024,
+        s * 256 * gb + 2 * s * 128 * 4 + 3 * s * 8 + 1024,
         &[
             Arg::T(tw),
             Arg::T(tx),

@@ -115,6 +115,20 @@ __device__ __forceinline__ void scale_fold(float (&acc)[N / 2], const float (&pa
     }
 }
 
+// scale_fold with the products xs[token] * sw already in sp (the rows kernel's
+// scaler warp makes them): acc = fma(sp[token], part, acc).
+template <int N>
+__device__ __forceinline__ void product_fold(float (&acc)[N / 2], const float (&part)[N / 2], const float* sp, int lane) {
+#pragma unroll
+    for (int j = 0; j < N / 8; j++) {
+        const float2 s = *reinterpret_cast<const float2*>(sp + j * 8 + (lane & 3) * 2);
+        acc[4 * j + 0] = __fmaf_rn(s.x, part[4 * j + 0], acc[4 * j + 0]);
+        acc[4 * j + 1] = __fmaf_rn(s.y, part[4 * j + 1], acc[4 * j + 1]);
+        acc[4 * j + 2] = __fmaf_rn(s.x, part[4 * j + 2], acc[4 * j + 2]);
+        acc[4 * j + 3] = __fmaf_rn(s.y, part[4 * j + 3], acc[4 * j + 3]);
+    }
+}
+
 template <int R>
 __device__ __forceinline__ void zero(float (&d)[R]) {
 #pragma unroll
@@ -208,7 +222,9 @@ __device__ void wg_sk(const u8* __restrict__ w, const float* __restrict__ ws, in
 // runs while the other's wgmma does. Persistent: gridDim.x blocks walk the 128 x 128
 // tiles (token tile fastest), and the producer fills the next tile's stages during
 // the consumers' epilogue. Warpgroups 0-1 consume (232 registers: part, acc, tot),
-// warpgroup 2 produces (40).
+// warpgroup 2 produces (40): thread 256 issues the copies and, for FP8, warp 9 turns
+// each stage's token scales into their products with the group's weight scale (a
+// "scaled" barrier a stage), which leaves the consumers' fold 64 FMAs a group.
 struct alignas(64) TMap {
     u64 v[16];
 };
@@ -288,7 +304,7 @@ __device__ __forceinline__ void tile_out(const float (&tot)[64], int rb, int tb,
 template <class E>
 struct WgTmaSmem {
     static constexpr int S = E::S_ROWS, WT = 128 * E::GB, STAGE = 2 * WT;
-    static constexpr int BYTES = S * STAGE + S * 128 * 4 + 2 * S * 8 + 1024;
+    static constexpr int BYTES = S * STAGE + 2 * S * 128 * 4 + 3 * S * 8 + 1024;
 };
 
 // tot += acc, then acc = 0: the end of a split slice when tot starts at -0.
@@ -312,13 +328,17 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
     constexpr u32 TX_BYTES = SM::STAGE + (E::FP8 ? 128 * 4 : 0);
     extern __shared__ u8 smem_raw[];
     u8* smem = align1024(smem_raw);
-    const u32 sbase = smem_addr(smem), sxs = sbase + S * SM::STAGE, full = sxs + S * 128 * 4, empty = full + S * 8;
+    // Shared: stages, token scales [S][128], their products with the group's weight
+    // scale [S][128], then the full, empty and scaled barriers.
+    const u32 sbase = smem_addr(smem), sxs = sbase + S * SM::STAGE, full = sxs + 2 * S * 128 * 4, empty = full + S * 8,
+              scaled = empty + S * 8;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int L = (K_pad + 127) / 128, tiles_m = (M + 127) / 128, tiles = tiles_m * ((N + 127) / 128);
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
             mbar_init(full + s * 8, 1);
             mbar_init(empty + s * 8, 8);  // a consumer warp each
+            mbar_init(scaled + s * 8, 1);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -343,14 +363,33 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                     if (E::FP8) tma_2d(sxs + s * 512, txs, t0, g, bar);
                 }
             }
+        } else if (E::FP8 && warp == 1) {
+            // The scaler warp: once a stage lands, xs[token] * ws (scale_fold's
+            // products, the same FMUL) for its 128 tokens, so the consumers' fold is
+            // FMAs alone.
+            const float* sx = reinterpret_cast<const float*>(smem + S * SM::STAGE);
+            float* sp = reinterpret_cast<float*>(smem + S * SM::STAGE + S * 128 * 4);
+            int it = 0;
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                const float* wsr = ws + (long)(t / tiles_m) * lds;
+                for (int g = 0; g < L; g++, it++) {
+                    const int s = it % S;
+                    const float w = wsr[g];
+                    mbar_wait(full + s * 8, (it / S) & 1);
+                    const float4 x = reinterpret_cast<const float4*>(sx + s * 128)[lane];
+                    reinterpret_cast<float4*>(sp + s * 128)[lane] =
+                        make_float4(__fmul_rn(x.x, w), __fmul_rn(x.y, w), __fmul_rn(x.z, w), __fmul_rn(x.w, w));
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(scaled + s * 8);
+                }
+            }
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-        const float* sxs_p = reinterpret_cast<const float*>(smem + S * SM::STAGE);
+        const float* sps = reinterpret_cast<const float*>(smem + S * SM::STAGE + S * 128 * 4);
         int it = 0;
         for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
             const int t0 = (t % tiles_m) * 128, n0 = (t / tiles_m) * 128;
-            const float* wsr = ws + (E::FP8 ? (long)(n0 / 128) * lds : 0);
             // tot starts at -0, the identity of +: tot + slice 0 = slice 0, bits and
             // signed zeros included (fold_slice's "first taken as is").
             float acc[64], tot[64];
@@ -360,13 +399,13 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
             int fold_at = gps;
             for (int g = 0; g < L; g++, it++) {
                 const int s = it % S;
-                const float sw = E::FP8 ? wsr[g] : 0.0f;
                 mbar_wait(full + s * 8, (it / S) & 1);
                 const u32 wt = sbase + s * SM::STAGE + wg * 64 * 128, xt = sbase + s * SM::STAGE + SM::WT;
                 if constexpr (E::FP8) {
                     float part[64];
                     group_mma<E, 128>(part, wt, 0, xt, 0);
-                    scale_fold<128>(acc, part, sxs_p + s * 128, sw, lane);
+                    mbar_wait(scaled + s * 8, (it / S) & 1);
+                    product_fold<128>(acc, part, sps + s * 128, lane);
                 } else {
                     group_mma<E, 128>(acc, wt, 128 * 128, xt, 128 * 128);
                 }

@@ -113,6 +113,38 @@ fn fp8_forward_rows_do_not_depend_on_the_batch() {
     done();
 }
 
+/// Wide N (an LM head's): on 132 SMs one K split of all 7 or 8 groups, and 133
+/// weight tiles, so the persistent rows kernel's blocks take several tiles each.
+/// Rows kernel = split-K kernel bit for bit, and a row's bits do not depend on its
+/// batch.
+#[test]
+fn fp8_wide_rows_match_split_k() {
+    let Some(g) = gpu() else { return };
+    let (m, n) = (200, 17_000);
+    for k in [896, 1024] {
+        let shape = format!("{m}x{k}x{n}");
+        let (x, w) = (rnd(m * k, 21, 2.0), rnd(n * k, 22, 0.05));
+        let (qw, _) = gq::quantize_block128(&g, &up(&g, &w), n, k, false).unwrap();
+        let qx = gq::quantize_row1x128(&g, &up(&g, &x), m, k).unwrap();
+        let rows_all = g.zeros::<f32>(m * n).unwrap();
+        gemv::gemm_fp8_rows(&g, &qx, &qw, &rows_all, n).unwrap();
+        let rows_all = dl(&g, &rows_all, m * n);
+        let mut sk_all = g.zeros::<f32>(m * n).unwrap();
+        gemv::gemv_fp8_into(&g, &qx, &qw, &mut sk_all, n).unwrap();
+        let diff = bits_differ(&rows_all, &dl(&g, &sk_all, m * n));
+        report_exact("FP8 wide rows kernel vs split-K", &shape, diff);
+        let mut diff = 0;
+        for (r0, len) in [(0, 1), (130, 70)] {
+            let q = gq::quantize_row1x128(&g, &up(&g, &x[r0 * k..(r0 + len) * k]), len, k).unwrap();
+            let y = g.zeros::<f32>(len * n).unwrap();
+            gemv::gemm_fp8_rows(&g, &q, &qw, &y, n).unwrap();
+            diff += bits_differ(&dl(&g, &y, len * n), &rows_all[r0 * n..(r0 + len) * n]);
+        }
+        report_exact("FP8 wide rows of sub-batches vs batch", &shape, diff);
+    }
+    done();
+}
+
 #[test]
 fn bf16_forward_rows_do_not_depend_on_the_batch() {
     let Some(g) = gpu() else { return };

@@ -300,7 +300,8 @@ __device__ __forceinline__ void tile_out(const float (&tot)[64], int rb, int tb,
 }
 
 // Dynamic shared memory: stages (W tile then X tile, GB / 128 planes of 128 rows x
-// 128 bytes each), the token scales of each stage, then the full and empty barriers.
+// 128 bytes each), the token scales of each stage, their products with the weight
+// scale (FP8), then the full, empty and scaled barriers (gemv.rs repeats BYTES).
 template <class E>
 struct WgTmaSmem {
     static constexpr int S = E::S_ROWS, WT = 128 * E::GB, STAGE = 2 * WT;

@@ -163,15 +163,24 @@ __device__ __forceinline__ void fold_slice(float* tot, float* acc, bool first) {
         acc[r] = 0.0f;
     }
 }
+// linear_epilogue's ops on one total v, in its order: + b (the bias's value) when
+// has_bias, the BF16 rounding when `round`, then r + v (the residual's value) when
+// has_res. One definition for linear_epilogue (ops.cu) and the GEMMs' fused
+// epilogues (rows_out; tile_out in gemm_wg.cu), so fused and unfused agree bit for bit.
+__device__ __forceinline__ float epi_value(float v, bool has_bias, float b, int round, bool has_res, float r) {
+    if (has_bias) v += b;
+    v = round ? round_bf16(v) : v;
+    return has_res ? __fadd_rn(r, v) : v;
+}
+
 // One total v of (row, tok): through the fused linear epilogue when y != null (fuses
-// linear_epilogue: + bias, the BF16 rounding when `round`, then + res [M][ldy] when
-// not null) into y [M][ldy], else as is into d [M][ldd].
+// linear_epilogue: epi_value with bias [N] and res [M][ldy] when not null) into
+// y [M][ldy], else as is into d [M][ldd].
 __device__ __forceinline__ void rows_out(float v, int row, int tok, float* d, long ldd, float* y, long ldy,
                                          const float* bias, int round, const float* res) {
     if (y) {
-        if (bias) v += bias[row];
-        v = round ? round_bf16(v) : v;
-        y[(long)tok * ldy + row] = res ? __fadd_rn(res[(long)tok * ldy + row], v) : v;
+        const long i = (long)tok * ldy + row;
+        y[i] = epi_value(v, bias, bias ? bias[row] : 0.0f, round, res, res ? res[i] : 0.0f);
     } else {
         d[(long)tok * ldd + row] = v;
     }

@@ -280,18 +280,8 @@ __device__ __forceinline__ void tile_out(const float (&tot)[64], int rb, int tb,
             const long o = (long)(8 * j + i) * ld;
             float v0 = tot[4 * j + i], v1 = tot[4 * j + 2 + i];
             if (y) {
-                if (bias) {
-                    v0 += b0;
-                    v1 += b1;
-                }
-                if (round) {
-                    v0 = round_bf16(v0);
-                    v1 = round_bf16(v1);
-                }
-                if (rp) {
-                    if (ok0) v0 = __fadd_rn(rp[o], v0);
-                    if (ok1) v1 = __fadd_rn(rp[o + 8], v1);
-                }
+                v0 = epi_value(v0, bias, b0, round, rp, rp && ok0 ? rp[o] : 0.0f);
+                v1 = epi_value(v1, bias, b1, round, rp, rp && ok1 ? rp[o + 8] : 0.0f);
             }
             if (ok0) out[o] = v0;
             if (ok1) out[o + 8] = v1;

@@ -259,9 +259,7 @@ extern "C" __global__ void linear_epilogue(const float* d, long ldd, int splits,
             const float* dr = d + (long)r * ldd + c;
             float v = dr[0];
             for (int s = 1; s < splits; s++) v += dr[s * sstride];
-            if (bias) v += bias[c];
-            v = round ? round_bf16(v) : v;
-            y[i] = add ? __fadd_rn(add[i], v) : v;
+            y[i] = epi_value(v, bias, bias ? bias[c] : 0.0f, round, add, add ? add[i] : 0.0f);
         }
         return;
     }
@@ -282,14 +280,9 @@ extern "C" __global__ void linear_epilogue(const float* d, long ldd, int splits,
         float4 t = *reinterpret_cast<const float4*>(dr + s * sstride);
         v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
     }
-    if (bias) {
-        float4 b = *reinterpret_cast<const float4*>(bias + c);
-        v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
-    }
-    if (round) v = make_float4(round_bf16(v.x), round_bf16(v.y), round_bf16(v.z), round_bf16(v.w));
-    if (add) {
-        float4 a = *reinterpret_cast<const float4*>(add + i0);
-        v = make_float4(__fadd_rn(a.x, v.x), __fadd_rn(a.y, v.y), __fadd_rn(a.z, v.z), __fadd_rn(a.w, v.w));
-    }
-    *reinterpret_cast<float4*>(y + i0) = v;
+    const float4 b = bias ? *reinterpret_cast<const float4*>(bias + c) : make_float4(0, 0, 0, 0);
+    const float4 a = add ? *reinterpret_cast<const float4*>(add + i0) : make_float4(0, 0, 0, 0);
+    *reinterpret_cast<float4*>(y + i0) =
+        make_float4(epi_value(v.x, bias, b.x, round, add, a.x), epi_value(v.y, bias, b.y, round, add, a.y),
+                    epi_value(v.z, bias, b.z, round, add, a.z), epi_value(v.w, bias, b.w, round, add, a.w));
 }

@@ -101,6 +101,11 @@ fn fp8_forward_rows_do_not_depend_on_the_batch() {
             &shape,
             linear_rows_differ(&g, &lw, &x, &full, &bias),
         );
+        report_exact(
+            "FP8 linear + residual, 1 or 64 rows vs 300",
+            &shape,
+            residual_rows_differ(&g, &lw, &x, &rnd(m * n, 14, 1.0)),
+        );
         // For the record: cuBLASLt's GEMM (batch_invariant off) against decode rows.
         lw.batch_invariant = false;
         let lt = fwd(&lw, &x, m);
@@ -212,6 +217,11 @@ fn bf16_forward_rows_do_not_depend_on_the_batch() {
             &shape,
             linear_rows_differ(&g, &lw, &x, &full, &bias),
         );
+        report_exact(
+            "BF16 linear + residual, 1 or 64 rows vs 300",
+            &shape,
+            residual_rows_differ(&g, &lw, &x, &rnd(m * n, 24, 1.0)),
+        );
         // For the record: cuBLASLt's BF16 GEMM against its own decode-sized rows.
         lw.batch_invariant = false;
         let lt = fwd(&lw, &x, m);
@@ -288,6 +298,31 @@ fn linear_rows_differ(
     };
     let out =
         |r0: usize, rows: usize| linear_out(g, lw, &x[r0 * k..(r0 + rows) * k], rows, bias, prec);
+    let mut diff = 0;
+    for r in [0, 1, 64, 255, 299] {
+        diff += bits_differ(&out(r, 1), &full[r * n..(r + 1) * n]);
+    }
+    diff + bits_differ(&out(0, 64), &full[..64 * n])
+}
+
+/// [`linear_rows_differ`] for the layer with a residual `res [m, n]` (the o and
+/// down projections'; added after the rounding, in the GEMM's epilogue), the whole
+/// batch computed here.
+fn residual_rows_differ(g: &jet_kernels::cuda::Gpu, lw: &glin::GpuWeight, x: &[f32], res: &[f32]) -> usize {
+    let (k, n) = (lw.k, lw.n);
+    let prec = if lw.fp8().is_some() {
+        GemmPrecision::Fp8
+    } else {
+        GemmPrecision::Bf16
+    };
+    let out = |r0: usize, rows: usize| {
+        let xs = up(g, &x[r0 * k..(r0 + rows) * k]);
+        let rs = up(g, &res[r0 * n..(r0 + rows) * n]);
+        let mut xo = glin::XOperand::default();
+        let y = glin::linear_forward_residual(g, &xs, &mut xo, rows, lw, prec, &rs).unwrap();
+        dl(g, &y, rows * n)
+    };
+    let full = out(0, res.len() / n);
     let mut diff = 0;
     for r in [0, 1, 64, 255, 299] {
         diff += bits_differ(&out(r, 1), &full[r * n..(r + 1) * n]);

@@ -308,7 +308,12 @@ fn linear_rows_differ(
 /// [`linear_rows_differ`] for the layer with a residual `res [m, n]` (the o and
 /// down projections'; added after the rounding, in the GEMM's epilogue), the whole
 /// batch computed here.
-fn residual_rows_differ(g: &jet_kernels::cuda::Gpu, lw: &glin::GpuWeight, x: &[f32], res: &[f32]) -> usize {
+fn residual_rows_differ(
+    g: &jet_kernels::cuda::Gpu,
+    lw: &glin::GpuWeight,
+    x: &[f32],
+    res: &[f32],
+) -> usize {
     let (k, n) = (lw.k, lw.n);
     let prec = if lw.fp8().is_some() {
         GemmPrecision::Fp8

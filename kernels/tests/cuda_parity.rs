@@ -131,6 +131,11 @@ fn quantize_is_bit_exact() {
     }
     // Columns not a multiple of 4 (scalar loads) and more than one row tile.
     dual_is_bit_exact(&g, &nasty(259, 203, 5), 259, 203);
+    // More tiles than a GPU has SMs, so the persistent kernel's blocks take several
+    // (the next tile prefetched while one is encoded): 16-byte copies with a partial
+    // last group, and 4-byte copies (a row stride not a multiple of 4).
+    dual_is_bit_exact(&g, &nasty(1030, 2100, 6), 1030, 2100);
+    dual_is_bit_exact(&g, &nasty(600, 4099, 7), 600, 4099);
     done();
 }
 

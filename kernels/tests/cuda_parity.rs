@@ -1383,6 +1383,38 @@ fn pool_memory_is_given_back_when_the_device_runs_out() {
     done();
 }
 
+/// Gumbel-max with the competitors packed around the winner: rows whose logp is the
+/// row's own noise negated plus jitter of 0 to 1e-2 (so thousands of entries score
+/// within the skip bound's margin of the best), and a row of equal logp (the noise
+/// alone). The kernels skip the f64 noise of entries whose f32 upper bound already
+/// falls short of the thread's best; they must still pick the reference's tokens.
+#[test]
+fn sample_rows_skips_only_losers() {
+    let Some(g) = gpu() else { return };
+    let vocab = 151_936;
+    let jitters = [0.0f32, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2];
+    let rows = jitters.len() + 1;
+    let seeds: Vec<u64> = (0..rows as u64).map(|r| 0x5eed ^ (r << 24)).collect();
+    let noise = rnd(rows * vocab, 91, 1.0);
+    let mut lp = vec![-11.9f32; rows * vocab];
+    for (r, jit) in jitters.iter().enumerate().map(|(i, j)| (i + 1, j)) {
+        for j in 0..vocab {
+            let v = -gsam::gumbel_noise(seeds[r], j) - 12.0;
+            lp[r * vocab + j] = v as f32 + jit * noise[r * vocab + j];
+        }
+    }
+    let got = gsam::sample_rows(&g, &up(&g, &lp), rows, vocab, false, &seeds).unwrap();
+    let toks = g.download(&got.tokens).unwrap();
+    let want = gsam::sample_reference(&lp, vocab, false, &seeds);
+    let bad = (0..rows).filter(|&r| toks[r] as u32 != want[r].0).count();
+    report_exact(
+        "sample_rows gumbel, packed competitors",
+        &format!("[{rows}, {vocab}]"),
+        bad,
+    );
+    done();
+}
+
 /// Sampling on the device picks the reference's tokens and returns the stored logp;
 /// sampling straight from the logits picks the same.
 #[test]

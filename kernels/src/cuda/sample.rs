@@ -38,12 +38,20 @@ fn row_key(seed: u64) -> u64 {
     mix64(seed ^ SEED_SALT)
 }
 
-/// The Gumbel noise of entry `j`: `u = (top 53 bits + 1/2) * 2^-53`, strictly inside
-/// (0, 1) and exact in f64; then `-ln(-ln u)`.
+/// The Gumbel noise of entry `j`: `u = (top 53 bits + 1/2) * 2^-53` in f64, inside
+/// (0, 1) but for all-ones top bits (the add rounds to 2^53: u = 1, noise +inf, once
+/// in 2^53 draws); then `-ln(-ln u)`.
 fn gumbel(key: u64, j: usize) -> f64 {
     let h = mix64(key.wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN_GAMMA)));
     let u = ((h >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
     -(-u.ln()).ln()
+}
+
+/// The Gumbel noise [`sample_reference`] adds to entry `j` of a row drawn with
+/// `seed` (for tests that build rows around it).
+#[doc(hidden)]
+pub fn gumbel_noise(seed: u64, j: usize) -> f64 {
+    gumbel(row_key(seed), j)
 }
 
 /// The specification of [`sample_rows`]: `logp [rows, vocab]` with

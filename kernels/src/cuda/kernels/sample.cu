@@ -12,12 +12,81 @@ __device__ __forceinline__ u64 mix64(u64 z) {  // the splitmix64 finalizer
 #define GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
 #define SEED_SALT 0x6a09e667f3bcc909ull
 
-// Gumbel noise of entry j for a row whose key is mix64(seed ^ SEED_SALT): u is the top
-// 53 bits of the splitmix64 output plus one half, times 2^-53, so 0 < u < 1 exactly.
-__device__ __forceinline__ double gumbel(u64 key, long j) {
-    u64 h = mix64(key + ((u64)j + 1ull) * GOLDEN_GAMMA);
-    double u = __dmul_rn(__dadd_rn((double)(h >> 11), 0.5), 0x1p-53);
-    return -log(-log(u));
+// Gumbel noise of entry j for a row whose key is mix64(seed ^ SEED_SALT): from the
+// splitmix64 hash h of (key, j), u = (the top 53 bits of h + 1/2) 2^-53 in f64 (0 < u
+// < 1 but for the all-ones top bits, where the add rounds to 2^53: u = 1 and the
+// noise +inf, as the reference's), and the noise is -log(-log(u)).
+__device__ __forceinline__ u64 gumbel_hash(u64 key, long j) { return mix64(key + ((u64)j + 1ull) * GOLDEN_GAMMA); }
+__device__ __forceinline__ double gumbel_u(u64 h) { return __dmul_rn(__dadd_rn((double)(h >> 11), 0.5), 0x1p-53); }
+// An f32 upper bound of gumbel_u(h) from h's top 24 bits: u <= ((h >> 11) + 1) 2^-53
+// (the f64 add rounds up by at most 1/2) <= ((h >> 40) + 1) 2^-24, exact in f32.
+__device__ __forceinline__ float gumbel_u_upper(u64 h) { return (float)((u32)(h >> 40) + 1u) * 0x1p-24f; }
+
+// An upper bound of -log(-log(u)) given uh >= u, from f32 fast logarithms, for
+// skipping the f64 noise of entries that cannot win: each logarithm widened by
+// 1e-6 + 1e-5 |value| (__logf: at most 2^-21.4 absolute error on [0.5, 2], 3 ulp
+// elsewhere; the f32 adds' roundings are far inside), plus 1e-4. +inf where the bound
+// would not be safe (uh = 1, or -log uh not above 2^-100).
+__device__ __forceinline__ float gumbel_upper(float uh) {
+    if (!(uh < 1.0f)) return __int_as_float(0x7f800000);
+    const float l = __logf(uh);
+    const float a = -(l + (1e-6f + fabsf(l) * 1e-5f));  // <= -log(u)
+    if (!(a > 0x1p-100f)) return __int_as_float(0x7f800000);
+    const float la = __logf(a);
+    return -(la - (1e-6f + fabsf(la) * 1e-5f)) + 1e-4f;  // >= -log(a)
+}
+
+// The score of an entry of log-probability x against the thread's best bs: x
+// (greedy), or x + the exact f64 noise, or -inf (never taken) when x + the noise's
+// upper bound already falls short of bs: RN(x + G) <= RN(x + bound) < bs, so the
+// entry could neither win nor tie, and the tokens are sample_reference's. Most
+// entries stop there (the running maximum of Gumbel noise outgrows a fresh draw
+// but rarely), so the f64 noise (a 64-bit conversion and two f64 logarithms) is the
+// exception.
+__device__ __forceinline__ double score(float x, bool greedy, u64 key, long j, double bs) {
+    if (greedy) return (double)x;
+    const u64 h = gumbel_hash(key, j);
+    if (__dadd_rn((double)x, (double)gumbel_upper(gumbel_u_upper(h))) < bs)
+        return -__longlong_as_double(0x7ff0000000000000ll);
+    return __dadd_rn((double)x, -log(-log(gumbel_u(h))));
+}
+
+// The largest v of the warp's lanes (all 32 active).
+__device__ __forceinline__ double warp_max(double v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// A thread's entries j0, j0 + step, ... below j1 in that order, their values
+// (val(j)) loaded four at a time ahead of the scoring (one load in flight a thread
+// left the loop latency-bound), into its best (bs, bi). j0 - lane is the same for
+// the warp's lanes, so the loop is warp-uniform. Entries are scored against the
+// larger of the thread's best and the warp's (wbest: a score some lane holds, so
+// the row's maximum is at least it, and an entry below it can neither win nor tie):
+// a lane's own best alone let some lane of nearly every warp take the f64 path at
+// every step (each lane 1/k of its k-th entry), and the warp with it.
+#define SCORE_UNROLL 4
+template <class V>
+__device__ __forceinline__ void score_entries(int j0, int j1, int step, V val, bool greedy, u64 key, double& bs,
+                                              int& bi) {
+    const int lane = threadIdx.x & 31;
+    double wbest = -__longlong_as_double(0x7ff0000000000000ll);
+    for (int jb = j0; jb - lane < j1; jb += SCORE_UNROLL * step) {
+        float x[SCORE_UNROLL];
+#pragma unroll
+        for (int u = 0; u < SCORE_UNROLL; u++) x[u] = jb + u * step < j1 ? val(jb + u * step) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < SCORE_UNROLL; u++) {
+            const int j = jb + u * step;
+            if (j >= j1) break;
+            const double s = score(x[u], greedy, key, j, fmax(bs, wbest));
+            if (s > bs) {  // false for NaN and -inf; j rises, so the first maximum stays
+                bs = s;
+                bi = j;
+            }
+        }
+        if (!greedy) wbest = warp_max(bs);
+    }
 }
 
 // (score, index) beats (bs, bi): higher score, or the same score at a lower index.
@@ -64,14 +133,7 @@ extern "C" __global__ void sample_rows(const float* logp, int rows, int vocab, i
     u64 key = greedy ? 0ull : mix64(seeds[r] ^ SEED_SALT);
     double bs = -__longlong_as_double(0x7ff0000000000000ll);
     int bi = NO_INDEX;
-    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-        double s = (double)lr[j];
-        if (!greedy) s = __dadd_rn(s, gumbel(key, j));
-        if (s > bs) {  // false for NaN and -inf; j rises, so the first maximum stays
-            bs = s;
-            bi = j;
-        }
-    }
+    score_entries(threadIdx.x, vocab, blockDim.x, [&](int j) { return lr[j]; }, greedy, key, bs, bi);
     block_argmax(bs, bi, sh_s, sh_i);
     if (threadIdx.x == 0) {
         int t = bi == NO_INDEX ? 0 : bi;
@@ -98,14 +160,8 @@ extern "C" __global__ void sample_chunks(const float* z, const float* m, const f
     double bs = -__longlong_as_double(0x7ff0000000000000ll);
     int bi = NO_INDEX;
     const int j1 = min(vocab, (c + 1) * len);
-    for (int j = c * len + threadIdx.x; j < j1; j += blockDim.x) {
-        double s = (double)((zr[j] - mr) - lr);
-        if (!greedy) s = __dadd_rn(s, gumbel(key, j));
-        if (s > bs) {
-            bs = s;
-            bi = j;
-        }
-    }
+    score_entries(c * len + threadIdx.x, j1, blockDim.x, [&](int j) { return (zr[j] - mr) - lr; }, greedy, key, bs,
+                  bi);
     block_argmax(bs, bi, sh_s, sh_i);
     if (threadIdx.x == 0) {
         cs[(long)r * chunks + c] = bs;

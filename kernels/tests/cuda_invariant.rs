@@ -281,23 +281,19 @@ fn linear_out(
     dl(g, &y, rows * lw.n)
 }
 
-/// Values whose bits differ between single rows (and the first 64 rows) computed
-/// on their own and the same rows of the whole batch's output `full`.
-fn linear_rows_differ(
-    g: &jet_kernels::cuda::Gpu,
-    lw: &glin::GpuWeight,
-    x: &[f32],
-    full: &[f32],
-    bias: &cudarc::driver::CudaSlice<f32>,
-) -> usize {
-    let (k, n) = (lw.k, lw.n);
-    let prec = if lw.fp8().is_some() {
+/// The precision a prepared weight runs in.
+fn prec_of(lw: &glin::GpuWeight) -> GemmPrecision {
+    if lw.fp8().is_some() {
         GemmPrecision::Fp8
     } else {
         GemmPrecision::Bf16
-    };
-    let out =
-        |r0: usize, rows: usize| linear_out(g, lw, &x[r0 * k..(r0 + rows) * k], rows, bias, prec);
+    }
+}
+
+/// Values whose bits differ between rows 0, 1, 64, 255 and 299 (and the first 64
+/// rows) computed on their own by `out(first row, rows)` and the same rows of the
+/// whole batch's output `full [_, n]`.
+fn rows_vs_batch(n: usize, full: &[f32], out: impl Fn(usize, usize) -> Vec<f32>) -> usize {
     let mut diff = 0;
     for r in [0, 1, 64, 255, 299] {
         diff += bits_differ(&out(r, 1), &full[r * n..(r + 1) * n]);
@@ -305,21 +301,30 @@ fn linear_rows_differ(
     diff + bits_differ(&out(0, 64), &full[..64 * n])
 }
 
-/// [`linear_rows_differ`] for the layer with a residual `res [m, n]` (the o and
-/// down projections'; added after the rounding, in the GEMM's epilogue), the whole
-/// batch computed here.
+/// [`rows_vs_batch`] for the linear layer with a bias.
+fn linear_rows_differ(
+    g: &jet_kernels::cuda::Gpu,
+    lw: &glin::GpuWeight,
+    x: &[f32],
+    full: &[f32],
+    bias: &cudarc::driver::CudaSlice<f32>,
+) -> usize {
+    let (k, prec) = (lw.k, prec_of(lw));
+    rows_vs_batch(lw.n, full, |r0, rows| {
+        linear_out(g, lw, &x[r0 * k..(r0 + rows) * k], rows, bias, prec)
+    })
+}
+
+/// [`rows_vs_batch`] for the layer with a residual `res [m, n]` (the o and down
+/// projections'; added after the rounding, in the GEMM's epilogue), the whole batch
+/// computed here.
 fn residual_rows_differ(
     g: &jet_kernels::cuda::Gpu,
     lw: &glin::GpuWeight,
     x: &[f32],
     res: &[f32],
 ) -> usize {
-    let (k, n) = (lw.k, lw.n);
-    let prec = if lw.fp8().is_some() {
-        GemmPrecision::Fp8
-    } else {
-        GemmPrecision::Bf16
-    };
+    let (k, n, prec) = (lw.k, lw.n, prec_of(lw));
     let out = |r0: usize, rows: usize| {
         let xs = up(g, &x[r0 * k..(r0 + rows) * k]);
         let rs = up(g, &res[r0 * n..(r0 + rows) * n]);
@@ -327,10 +332,5 @@ fn residual_rows_differ(
         let y = glin::linear_forward_residual(g, &xs, &mut xo, rows, lw, prec, &rs).unwrap();
         dl(g, &y, rows * n)
     };
-    let full = out(0, res.len() / n);
-    let mut diff = 0;
-    for r in [0, 1, 64, 255, 299] {
-        diff += bits_differ(&out(r, 1), &full[r * n..(r + 1) * n]);
-    }
-    diff + bits_differ(&out(0, 64), &full[..64 * n])
+    rows_vs_batch(n, &out(0, res.len() / n), out)
 }

@@ -131,9 +131,8 @@ fn quantize_is_bit_exact() {
     }
     // Columns not a multiple of 4 (scalar loads) and more than one row tile.
     dual_is_bit_exact(&g, &nasty(259, 203, 5), 259, 203);
-    // More tiles than a GPU has SMs, so the persistent kernel's blocks take several
-    // (the next tile prefetched while one is encoded): 16-byte copies with a partial
-    // last group, and 4-byte copies (a row stride not a multiple of 4).
+    // More tiles than a GPU has SMs (blocks in more than one wave): 16-byte loads with
+    // a partial last group, and scalar loads (a row stride not a multiple of 4).
     dual_is_bit_exact(&g, &nasty(1030, 2100, 6), 1030, 2100);
     dual_is_bit_exact(&g, &nasty(600, 4099, 7), 600, 4099);
     done();
@@ -1387,7 +1386,8 @@ fn pool_memory_is_given_back_when_the_device_runs_out() {
 /// row's own noise negated plus jitter of 0 to 1e-2 (so thousands of entries score
 /// within the skip bound's margin of the best), and a row of equal logp (the noise
 /// alone). The kernels skip the f64 noise of entries whose f32 upper bound already
-/// falls short of the thread's best; they must still pick the reference's tokens.
+/// falls short of the best so far in their warp; they must still pick the
+/// reference's tokens.
 #[test]
 fn sample_rows_skips_only_losers() {
     let Some(g) = gpu() else { return };

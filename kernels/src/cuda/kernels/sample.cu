@@ -11,6 +11,8 @@ __device__ __forceinline__ u64 mix64(u64 z) {  // the splitmix64 finalizer
 }
 #define GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
 #define SEED_SALT 0x6a09e667f3bcc909ull
+// -inf in f64: the score that never wins (the start of every best, a skipped entry's).
+#define NEG_INF (-__longlong_as_double(0x7ff0000000000000ll))
 
 // Gumbel noise of entry j for a row whose key is mix64(seed ^ SEED_SALT): from the
 // splitmix64 hash h of (key, j), u = (the top 53 bits of h + 1/2) 2^-53 in f64 (0 < u
@@ -28,18 +30,20 @@ __device__ __forceinline__ float gumbel_u_upper(u64 h) { return (float)((u32)(h 
 // elsewhere; the f32 adds' roundings are far inside), plus 1e-4. +inf where the bound
 // would not be safe (uh = 1, or -log uh not above 2^-100).
 __device__ __forceinline__ float gumbel_upper(float uh) {
-    if (!(uh < 1.0f)) return __int_as_float(0x7f800000);
+    const float inf = __int_as_float(0x7f800000);
+    if (!(uh < 1.0f)) return inf;
     const float l = __logf(uh);
     const float a = -(l + (1e-6f + fabsf(l) * 1e-5f));  // <= -log(u)
-    if (!(a > 0x1p-100f)) return __int_as_float(0x7f800000);
+    if (!(a > 0x1p-100f)) return inf;
     const float la = __logf(a);
     return -(la - (1e-6f + fabsf(la) * 1e-5f)) + 1e-4f;  // >= -log(a)
 }
 
-// The score of an entry of log-probability x against the thread's best bs: x
-// (greedy), or x + the exact f64 noise, or -inf (never taken) when x + the noise's
-// upper bound already falls short of bs: RN(x + G) <= RN(x + bound) < bs, so the
-// entry could neither win nor tie, and the tokens are sample_reference's. Most
+// The score of an entry of log-probability x against a threshold bs (a score some
+// entry of the row holds): x (greedy), or x + the exact f64 noise, or -inf (never
+// taken) when x + the noise's upper bound already falls short of bs: RN(x + G) <=
+// RN(x + bound) < bs, so the entry could neither win nor tie, and the tokens are
+// sample_reference's. Most
 // entries stop there (the running maximum of Gumbel noise outgrows a fresh draw
 // but rarely), so the f64 noise (a 64-bit conversion and two f64 logarithms) is the
 // exception.
@@ -47,7 +51,7 @@ __device__ __forceinline__ double score(float x, bool greedy, u64 key, long j, d
     if (greedy) return (double)x;
     const u64 h = gumbel_hash(key, j);
     if (__dadd_rn((double)x, (double)gumbel_upper(gumbel_u_upper(h))) < bs)
-        return -__longlong_as_double(0x7ff0000000000000ll);
+        return NEG_INF;
     return __dadd_rn((double)x, -log(-log(gumbel_u(h))));
 }
 
@@ -70,7 +74,7 @@ template <class V>
 __device__ __forceinline__ void score_entries(int j0, int j1, int step, V val, bool greedy, u64 key, double& bs,
                                               int& bi) {
     const int lane = threadIdx.x & 31;
-    double wbest = -__longlong_as_double(0x7ff0000000000000ll);
+    double wbest = NEG_INF;
     for (int jb = j0; jb - lane < j1; jb += SCORE_UNROLL * step) {
         float x[SCORE_UNROLL];
 #pragma unroll
@@ -117,7 +121,7 @@ __device__ void block_argmax(double& bs, int& bi, double* sh_s, int* sh_i) {
         sh_i[w] = bi;
     }
     __syncthreads();
-    bs = lane < nw ? sh_s[lane] : -__longlong_as_double(0x7ff0000000000000ll);
+    bs = lane < nw ? sh_s[lane] : NEG_INF;
     bi = lane < nw ? sh_i[lane] : NO_INDEX;
     warp_argmax(bs, bi);
 }
@@ -131,7 +135,7 @@ extern "C" __global__ void sample_rows(const float* logp, int rows, int vocab, i
     int r = blockIdx.x;
     const float* lr = logp + (long)r * vocab;
     u64 key = greedy ? 0ull : mix64(seeds[r] ^ SEED_SALT);
-    double bs = -__longlong_as_double(0x7ff0000000000000ll);
+    double bs = NEG_INF;
     int bi = NO_INDEX;
     score_entries(threadIdx.x, vocab, blockDim.x, [&](int j) { return lr[j]; }, greedy, key, bs, bi);
     block_argmax(bs, bi, sh_s, sh_i);
@@ -157,7 +161,7 @@ extern "C" __global__ void sample_chunks(const float* z, const float* m, const f
     const float* zr = z + (long)r * vocab;
     const float mr = m[r], lr = lns[r];
     u64 key = greedy ? 0ull : mix64(seeds[r] ^ SEED_SALT);
-    double bs = -__longlong_as_double(0x7ff0000000000000ll);
+    double bs = NEG_INF;
     int bi = NO_INDEX;
     const int j1 = min(vocab, (c + 1) * len);
     score_entries(c * len + threadIdx.x, j1, blockDim.x, [&](int j) { return (zr[j] - mr) - lr; }, greedy, key, bs,
@@ -175,7 +179,7 @@ extern "C" __global__ void sample_pick(const float* z, const float* m, const flo
                                        const double* cs, const int* ci, int* tokens, float* out_logp) {
     pdl_entry();
     int r = blockIdx.x, lane = threadIdx.x;
-    double bs = -__longlong_as_double(0x7ff0000000000000ll);
+    double bs = NEG_INF;
     int bi = NO_INDEX;
     for (int c = lane; c < chunks; c += 32) {
         double s = cs[(long)r * chunks + c];

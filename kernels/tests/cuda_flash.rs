@@ -73,8 +73,19 @@ fn flash_matches_cpu_reference() {
         let plan = FlashPlan::new(&g, c.seqs).unwrap();
         let (gq, gk, gv) = (up(&g, &q), up(&g, &k), up(&g, &v));
         let (out, saved) = flash::flash_forward(&g, &plan, &gq, &gk, &gv, sh).unwrap();
-        let (dq, dk, dv) =
-            flash::flash_backward(&g, &plan, &up(&g, &dout), &out, &saved, sh).unwrap();
+        // Every build of the backward this GPU has (mma.sync, and wgmma on sm_90).
+        let mut builds = vec![flash::BwdKernel::MmaSync];
+        if g.wgmma() {
+            builds.push(flash::BwdKernel::Wgmma);
+        }
+        let gdout = up(&g, &dout);
+        let grads: Vec<_> = builds
+            .iter()
+            .map(|&b| {
+                let r = flash::flash_backward_with(&g, &plan, &gdout, &out, &saved, sh, b);
+                (b, r.unwrap())
+            })
+            .collect();
         // The capped-register build of the forward computes the same bits.
         let (out3, _) =
             flash::flash_forward_with(&g, &plan, &gq, &gk, &gv, sh, flash::FwdKernel::Occupancy3)
@@ -108,19 +119,12 @@ fn flash_matches_cpu_reference() {
             rel(&dl(&g, &out, rows * qw), &co),
             1e-2,
         );
-        report("flash bwd dq", &l, rel(&dl(&g, &dq, rows * qw), &cdq), 2e-2);
-        report(
-            "flash bwd dk",
-            &l,
-            rel(&dl(&g, &dk, rows * kvw), &cdk),
-            2e-2,
-        );
-        report(
-            "flash bwd dv",
-            &l,
-            rel(&dl(&g, &dv, rows * kvw), &cdv),
-            2e-2,
-        );
+        for (b, (dq, dk, dv)) in &grads {
+            let l = format!("{l}, {b:?}");
+            report("flash bwd dq", &l, rel(&dl(&g, dq, rows * qw), &cdq), 2e-2);
+            report("flash bwd dk", &l, rel(&dl(&g, dk, rows * kvw), &cdk), 2e-2);
+            report("flash bwd dv", &l, rel(&dl(&g, dv, rows * kvw), &cdv), 2e-2);
+        }
     }
     done();
 }
@@ -182,7 +186,8 @@ fn flash_decode_equals_forward_rows() {
     done();
 }
 
-/// No atomics: the forward and backward give the same bits twice.
+/// No atomics: the forward and backward give the same bits twice (the backward
+/// of every build this GPU has).
 #[test]
 fn flash_is_deterministic() {
     let Some(g) = gpu() else { return };
@@ -197,18 +202,29 @@ fn flash_is_deterministic() {
         up(&g, &rnd(rows * qw, 303, 1.0)),
     );
     let plan = FlashPlan::new(&g, c.seqs).unwrap();
-    let run = || {
-        let (o, saved) = flash::flash_forward(&g, &plan, &q, &k, &v, sh).unwrap();
-        let (a, b, d) = flash::flash_backward(&g, &plan, &dout, &o, &saved, sh).unwrap();
-        [o, a, b, d].map(|x| g.download(&x).unwrap())
-    };
-    let (first, second) = (run(), run());
-    let n: usize = first
-        .iter()
-        .zip(&second)
-        .map(|(a, b)| bits_differ(a, b))
-        .sum();
-    report_exact("flash fwd+bwd twice", &label(c), n);
+    let mut builds = vec![flash::BwdKernel::MmaSync];
+    if g.wgmma() {
+        builds.push(flash::BwdKernel::Wgmma);
+    }
+    for build in builds {
+        let run = || {
+            let (o, saved) = flash::flash_forward(&g, &plan, &q, &k, &v, sh).unwrap();
+            let (a, b, d) =
+                flash::flash_backward_with(&g, &plan, &dout, &o, &saved, sh, build).unwrap();
+            [o, a, b, d].map(|x| g.download(&x).unwrap())
+        };
+        let (first, second) = (run(), run());
+        let n: usize = first
+            .iter()
+            .zip(&second)
+            .map(|(a, b)| bits_differ(a, b))
+            .sum();
+        report_exact(
+            "flash fwd+bwd twice",
+            &format!("{}, {build:?}", label(c)),
+            n,
+        );
+    }
     done();
 }
 

@@ -6,8 +6,8 @@
 
 use jet_kernels::cuda::attention::{attention_backward, attention_decode, attention_forward};
 use jet_kernels::cuda::flash::{
-    flash_backward, flash_decode_at, flash_forward, flash_forward_with, flash_scatter_rows,
-    flash_supported, FlashPlan, FwdKernel,
+    flash_backward, flash_backward_with, flash_decode_at, flash_forward, flash_forward_with,
+    flash_scatter_rows, flash_supported, BwdKernel, FlashPlan, FwdKernel,
 };
 use jet_kernels::cuda::{Gpu, Result};
 use jet_kernels::ops::attention::AttnShape;
@@ -34,7 +34,7 @@ fn causal_flops(shape: AttnShape, seqs: usize, len: usize) -> f64 {
 }
 
 /// Forward and backward of the tensor-core kernels over `seqs` x `len` tokens.
-fn flash_rows(g: &Gpu, shape: AttnShape, seqs: usize, len: usize) -> Result<[OpRow; 3]> {
+fn flash_rows(g: &Gpu, shape: AttnShape, seqs: usize, len: usize) -> Result<Vec<OpRow>> {
     let (qd, kvd) = (
         shape.n_heads * shape.head_dim,
         shape.n_kv_heads * shape.head_dim,
@@ -59,7 +59,26 @@ fn flash_rows(g: &Gpu, shape: AttnShape, seqs: usize, len: usize) -> Result<[OpR
     })?;
     let f = causal_flops(shape, seqs, len);
     let desc = format!("{seqs} x {} x {len}, d {}", shape.n_heads, shape.head_dim);
-    Ok([
+    // Where the backward runs on wgmma, its mma.sync build in the same run.
+    let mut other = None;
+    if BwdKernel::default_for(g) == BwdKernel::Wgmma {
+        let mma = BwdKernel::MmaSync;
+        let us = time_us(g, 20, || {
+            flash_backward_with(g, &plan, &dout, &o, &saved, shape, mma).map(drop)
+        })?;
+        other = Some(OpRow {
+            name: "  the same, mma.sync".into(),
+            shape: desc.clone(),
+            us,
+            tflops: Some(2.5 * f / us / 1e6),
+            gb_per_s: None,
+        });
+    }
+    let name = match BwdKernel::default_for(g) {
+        BwdKernel::Wgmma => "attention bwd (wgmma)",
+        BwdKernel::MmaSync => "attention bwd (tensor cores)",
+    };
+    let mut rows = vec![
         OpRow {
             name: "attention fwd (tensor cores)".into(),
             shape: desc.clone(),
@@ -75,13 +94,15 @@ fn flash_rows(g: &Gpu, shape: AttnShape, seqs: usize, len: usize) -> Result<[OpR
             gb_per_s: None,
         },
         OpRow {
-            name: "attention bwd (tensor cores)".into(),
+            name: name.into(),
             shape: desc,
             us: bwd,
             tflops: Some(2.5 * f / bwd / 1e6),
             gb_per_s: None,
         },
-    ])
+    ];
+    rows.extend(other);
+    Ok(rows)
 }
 
 /// Every attention row of the report for `cfg`: training shape `seqs` x `len`,

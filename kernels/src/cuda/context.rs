@@ -42,6 +42,7 @@ pub(crate) const WG: Source = Source {
     name: "gemm_wg",
     code: concat!(
         include_str!("kernels/wgmma.cuh"),
+        include_str!("kernels/wg_common.cuh"),
         include_str!("kernels/gemm_wg.cu")
     ),
 };
@@ -73,7 +74,16 @@ pub(crate) const FLASH: Source = Source {
     name: "flash",
     code: include_str!("kernels/flash.cu"),
 };
-const SOURCES: [&Source; 11] = [
+/// The attention backward on wgmma (sm_90a only; empty elsewhere).
+pub(crate) const FLASH_WG: Source = Source {
+    name: "flash_wg",
+    code: concat!(
+        include_str!("kernels/wgmma.cuh"),
+        include_str!("kernels/wg_common.cuh"),
+        include_str!("kernels/flash_wg.cu")
+    ),
+};
+const SOURCES: [&Source; 12] = [
     &QUANTIZE,
     &GEMV,
     &ROWS,
@@ -85,6 +95,7 @@ const SOURCES: [&Source; 11] = [
     &ADAMW,
     &SAMPLE,
     &FLASH,
+    &FLASH_WG,
 ];
 
 /// Somewhere to keep compiled kernel images between runs (the daemon keeps them in

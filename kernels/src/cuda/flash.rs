@@ -15,13 +15,16 @@
 //! log2-sum-exp of the scaled scores, kept for the backward with the BF16
 //! operand copies of q, k, v ([`FlashSaved`]).
 //!
+//! The backward runs on warpgroup MMA (`flash_wg.cu`) where the GPU has it
+//! ([`BwdKernel`]), on mma.sync elsewhere: the same sums in the same order.
+//!
 //! The training kernels read BF16 copies (one conversion pass each, then 16-byte
 //! asynchronous copies into double-buffered shared-memory tiles); decode stages
 //! the f32 cache rows itself with the same rounding.
 
 use cudarc::driver::CudaSlice;
 
-use super::context::{Arg, FLASH};
+use super::context::{Arg, FLASH, FLASH_WG};
 use super::{check_len, ensure, Gpu, Result};
 use crate::ops::attention::AttnShape;
 
@@ -92,6 +95,31 @@ pub enum FwdKernel {
     Occupancy3,
 }
 
+/// Which build of the backward: mma.sync (`flash.cu`, every GPU) or warpgroup MMA
+/// (`flash_wg.cu`, sm_90a: the default where [`Gpu::wgmma`] holds). Same
+/// algorithm and order of sums; the gradients agree to f32 rounding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BwdKernel {
+    MmaSync,
+    Wgmma,
+}
+
+impl BwdKernel {
+    /// The build `flash_backward` uses on `gpu`.
+    pub fn default_for(gpu: &Gpu) -> BwdKernel {
+        match gpu.wgmma() {
+            true => BwdKernel::Wgmma,
+            false => BwdKernel::MmaSync,
+        }
+    }
+}
+
+/// Dynamic shared memory of the wgmma backward kernels (`flash_wg.cu`): six
+/// swizzled 64-row tiles, the lse and delta of two steps, 1024 for the alignment.
+fn wg_smem_bytes(hd: usize) -> u32 {
+    (6 * TILE * 2 * hd + 4 * TILE * 4 + 1024) as u32
+}
+
 fn kernel(kind: &str, hd: usize) -> Result<&'static str> {
     Ok(match (kind, hd) {
         ("fwd", 64) => "fa_fwd_64",
@@ -104,6 +132,10 @@ fn kernel(kind: &str, hd: usize) -> Result<&'static str> {
         ("kv", 128) => "fa_bwd_kv_128",
         ("q", 64) => "fa_bwd_q_64",
         ("q", 128) => "fa_bwd_q_128",
+        ("kv_wg", 64) => "fa_bwd_kv_wg_64",
+        ("kv_wg", 128) => "fa_bwd_kv_wg_128",
+        ("q_wg", 64) => "fa_bwd_q_wg_64",
+        ("q_wg", 128) => "fa_bwd_q_wg_128",
         _ => {
             return Err(super::CudaError::Invalid(format!(
                 "tensor-core attention: head_dim {hd} (only 64 and 128)"
@@ -225,7 +257,25 @@ pub fn flash_backward(
     saved: &FlashSaved,
     shape: AttnShape,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+    let which = BwdKernel::default_for(gpu);
+    flash_backward_with(gpu, plan, dout, out, saved, shape, which)
+}
+
+/// [`flash_backward`] with a chosen build of the kernels.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_backward_with(
+    gpu: &Gpu,
+    plan: &FlashPlan,
+    dout: &CudaSlice<f32>,
+    out: &CudaSlice<f32>,
+    saved: &FlashSaved,
+    shape: AttnShape,
+    which: BwdKernel,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
     check(shape)?;
+    ensure(which == BwdKernel::MmaSync || gpu.wgmma(), || {
+        "attention backward: the wgmma kernels need an sm_90 GPU (and JET_WGMMA not 0)".into()
+    })?;
     let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
     for (what, b, w) in [
         ("dout", dout, nh * hd),
@@ -279,26 +329,30 @@ pub fn flash_backward(
         Arg::F(sl2),
         Arg::F(scale),
     ];
+    // dK, dV: a CTA per (64-key tile, kv head); dQ: a CTA per (64-row tile, head).
+    let (src, kv, q, kv_smem, q_smem) = match which {
+        BwdKernel::MmaSync => (
+            &FLASH,
+            kernel("kv", hd)?,
+            kernel("q", hd)?,
+            2 * tile_bytes(hd, TILE) + 4 * tile_bytes(hd, BWD_Q_STEP) + (4 * BWD_Q_STEP * 4) as u32,
+            6 * tile_bytes(hd, TILE),
+        ),
+        BwdKernel::Wgmma => (
+            &FLASH_WG,
+            kernel("kv_wg", hd)?,
+            kernel("q_wg", hd)?,
+            wg_smem_bytes(hd),
+            wg_smem_bytes(hd),
+        ),
+    };
     let mut args = common.to_vec();
     args.extend([Arg::P(gpu.ptr(&dk)), Arg::P(gpu.ptr(&dv))]);
-    gpu.launch(
-        &FLASH,
-        kernel("kv", hd)?,
-        (plan.n_tiles as u32, nkv as u32, 1),
-        (128, 1, 1),
-        2 * tile_bytes(hd, TILE) + 4 * tile_bytes(hd, BWD_Q_STEP) + (4 * BWD_Q_STEP * 4) as u32,
-        &args,
-    )?;
+    let grid = |heads: usize| (plan.n_tiles as u32, heads as u32, 1);
+    gpu.launch(src, kv, grid(nkv), (128, 1, 1), kv_smem, &args)?;
     let mut args = common.to_vec();
     args.push(Arg::P(gpu.ptr(&dq)));
-    gpu.launch(
-        &FLASH,
-        kernel("q", hd)?,
-        (plan.n_tiles as u32, nh as u32, 1),
-        (128, 1, 1),
-        6 * tile_bytes(hd, TILE),
-        &args,
-    )?;
+    gpu.launch(src, q, grid(nh), (128, 1, 1), q_smem, &args)?;
     Ok((dq, dk, dv))
 }
 

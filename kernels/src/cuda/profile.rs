@@ -34,7 +34,7 @@ pub type Profile = Vec<(String, f64)>;
 /// The category of a kernel by its source module.
 pub(crate) fn category(module: &str) -> &'static str {
     match module {
-        "flash" | "attention" => "attention",
+        "flash" | "flash_wg" | "attention" => "attention",
         "gemv_fp8" | "gemm_rows" | "gemm_wg" => "gemm",
         "quantize" => "quantize",
         "logsoftmax" => "loss",

@@ -23,6 +23,14 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
 
 __device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
+// Two f32 -> packed BF16x2, round to nearest even (lo in the low half): the
+// tensor-core attention's operands (flash.cu, flash_wg.cu).
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
 // fp8::scale_for, from the bit pattern of the group's largest |x| (max over
 // `bits & 0x7fffffff` is the max magnitude, and any NaN pattern wins).
 // For amax in [2^-94, inf) the division is amax / 448 = y / 7 with y = amax 2^-6

@@ -25,13 +25,6 @@
 #define FA_BQ 32     // query rows per step of the dK/dV kernel
 #define FA_NEG_INF (-__int_as_float(0x7f800000))
 
-// Two f32 -> packed BF16x2, round to nearest even (lo in the low half).
-__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 __device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const bf16_t* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)

@@ -22,7 +22,8 @@
 // 64-127. A k step moves the descriptor's start 32 bytes along the row (the
 // hardware applies the swizzle to the address bits). Operands stream in through
 // cp.async stages (split-K) or bulk tensor copies (rows, whose copy engine writes
-// the same swizzle). context.rs prepends wgmma.cuh (gen_wgmma.py) to this file.
+// the same swizzle). context.rs prepends wgmma.cuh (gen_wgmma.py) and wg_common.cuh
+// (descriptors, fences, the swizzled tile loader) to this file.
 
 // E4M3 codes, 128x128 weight blocks and 1x128 token scales.
 struct Fp8W {
@@ -36,47 +37,6 @@ struct Bf16W {
     static constexpr int S_SK = 3, S_ROWS = 3;
     static constexpr bool FP8 = false;
 };
-
-// Descriptor of a K-major tile in the 128-byte swizzle at shared address s: start
-// >> 4 (bits 0-13), leading offset unused (0), stride 1024 >> 4 between 8-row atoms
-// (bits 32-45), layout 1 = 128-byte swizzle (bits 62-63).
-__device__ __forceinline__ u64 sw128_desc(u32 s) {
-    return (u64)((s & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// cp.async writes are the generic proxy's; wgmma reads through the async proxy.
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// Keeps the compiler from moving accumulator reads and writes across the wgmma
-// issue and wait (it cannot see that the asynchronous MMA owns them in between).
-template <int R>
-__device__ __forceinline__ void fence_regs(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ u8* align1024(u8* p) {
-    return p + ((1024 - (smem_addr(p) & 1023)) & 1023);
-}
-
-// Start copying the group at byte `off` of R rows (row stride RB bytes, rows >= rv
-// and bytes past RB zero-filled) into the swizzled tile at dst: NT threads, thread
-// tid. GB / 16 units a row; a BF16 row's units 8-15 go to the second plane.
-template <int GB, int R, int NT>
-__device__ __forceinline__ void load_tile(u8* dst, const u8* src, long RB, long off, int rv, int tid) {
-    constexpr int UPR = GB / 16, UNITS = R * UPR;
-#pragma unroll
-    for (int i = 0; i < (UNITS + NT - 1) / NT; i++) {
-        const int c = tid + i * NT;
-        if (UNITS % NT == 0 || c < UNITS) {
-            const int r = c / UPR, u = c % UPR;
-            const long b = off + u * 16;
-            const bool ok = r < rv && b < RB;
-            cp16(dst + (u >> 3) * (R * 128) + r * 128 + (((u & 7) ^ (r & 7)) << 4), ok ? src + r * RB + b : src, ok);
-        }
-    }
-}
 
 // One group for this warpgroup: 64 weight rows at shared address wt (planes WP
 // bytes apart) x N tokens at xt (planes XP apart). FP8: d = the group's sums from
@@ -127,12 +87,6 @@ __device__ __forceinline__ void product_fold(float (&acc)[N / 2], const float (&
         acc[4 * j + 2] = __fmaf_rn(s.x, part[4 * j + 2], acc[4 * j + 2]);
         acc[4 * j + 3] = __fmaf_rn(s.y, part[4 * j + 3], acc[4 * j + 3]);
     }
-}
-
-template <int R>
-__device__ __forceinline__ void zero(float (&d)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; i++) d[i] = 0.0f;
 }
 
 // ---- split-K decode kernel: gemm_sk's grid and outputs ----------------------------

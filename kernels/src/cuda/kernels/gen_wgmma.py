@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Writes wgmma.cuh: the sm_90a warpgroup MMA wrappers gemm_wg.cu calls.
+"""Writes wgmma.cuh: the sm_90a warpgroup MMA wrappers gemm_wg.cu and flash_wg.cu call.
 
 One function per (element, N): D[64 x N] (+)= A[64 x k] B[N x k]^T, both operands
 K-major in shared memory behind descriptors, f32 accumulators in N / 2 registers a
 thread. PTX needs every accumulator spelled out as an operand, hence a generator.
+wgmma_bf16_rt: A (64 x 16 BF16) from registers, B (16 x N) MN-major ("transposed":
+N contiguous) in shared memory, for attention's P V-shaped products.
 Run: python3 gen_wgmma.py > wgmma.cuh
 """
 
@@ -19,6 +21,9 @@ print("// wgmma_<e>(d, a, b, sd): d = A B^T + (sd ? d : 0) for one warpgroup, A 
 print("// and B = N x k (k = 32 E4M3 / 16 BF16) behind shared-memory descriptors, d the")
 print("// thread's N / 2 f32 accumulators (row 16 warp + lane / 4 (+8), column 8 j + 2 (lane")
 print("// % 4) (+1): the m16n8 layout of mma.sync, one m16 tile a warp).")
+print("// wgmma_bf16_rt(d, a, b, sd): d = A B + (sd ? d : 0), A = 64 x 16 BF16 in the thread's")
+print("// four registers (the A fragment of mma.sync m16n8k16, one m16 tile a warp), B = 16 x N")
+print("// MN-major (N contiguous) behind a descriptor.")
 print()
 for name, types, k, imm in KINDS:
     for n in NS:
@@ -35,3 +40,19 @@ for name, types, k, imm in KINDS:
         print(f"        : {outs}")
         print('        : "l"(a), "l"(b), "r"(sd));')
         print("}")
+
+# A from registers, B MN-major: attention's P V, dS K, P^T dO, dS^T Q.
+for n in [64]:
+    r = n // 2
+    regs = ", ".join(f"%{i}" for i in range(r))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
+    print(f"__device__ __forceinline__ void wgmma_bf16_rt(float (&d)[{r}], const u32 (&a)[4], u64 b, int sd) {{")
+    print("    asm volatile(")
+    print('        "{\\n.reg .pred p;\\n"')
+    print(f'        "setp.ne.b32 p, %{r + 5}, 0;\\n"')
+    print(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "')
+    print(f'        "{{{regs}}}, "')
+    print(f'        "{{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, 1;\\n}}\\n"')
+    print(f"        : {outs}")
+    print('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(sd));')
+    print("}")

@@ -45,8 +45,14 @@ pub fn flash_supported(shape: AttnShape) -> bool {
 /// The 64-row tiles of a packed batch on the device, built once per batch and
 /// shared by every layer's forward and backward.
 pub struct FlashPlan {
-    /// `[tiles, 3]`: first row of the sequence, first position of the tile, length.
-    tiles: CudaSlice<i32>,
+    /// `[tiles, 3]` (first row of the sequence, first position of the tile,
+    /// length), most work first for the kernels' one-dimensional grids of (tile,
+    /// head) pairs: under causal masking a tile's work ranges from 1 to L / 64 key
+    /// tiles, and the largest started last would set the end of a launch. `tiles_q`
+    /// (query tiles: the forward, dQ) by position, last first; `tiles_kv` (key tiles:
+    /// dK, dV) by keys to the sequence's end, most first. Ties keep sequence order.
+    tiles_q: CudaSlice<i32>,
+    tiles_kv: CudaSlice<i32>,
     n_tiles: usize,
     rows: usize,
 }
@@ -64,11 +70,28 @@ impl FlashPlan {
             }
             start += len;
         }
+        let by = |key: fn(&[i32]) -> i32| -> Vec<i32> {
+            let mut v: Vec<&[i32]> = t.chunks(3).collect();
+            v.sort_by_key(|c| std::cmp::Reverse(key(c)));
+            v.concat()
+        };
         Ok(FlashPlan {
             n_tiles: t.len() / 3,
             rows: start,
-            tiles: gpu.upload(&t)?,
+            tiles_kv: gpu.upload(&by(|c| c[2] - c[1]))?,
+            tiles_q: gpu.upload(&by(|c| c[1]))?,
         })
+    }
+
+    /// The one-dimensional grid of (tile, head) pairs over `heads` heads.
+    fn grid(&self, heads: usize) -> Result<(u32, u32, u32)> {
+        let n = u32::try_from(self.n_tiles * heads).map_err(|_| {
+            super::CudaError::Invalid(format!(
+                "attention: {} tiles x {heads} heads is too many blocks",
+                self.n_tiles
+            ))
+        })?;
+        Ok((n, 1, 1))
     }
 
     /// Rows of the packed batch.
@@ -230,14 +253,14 @@ pub fn flash_forward_with(
     gpu.launch(
         &FLASH,
         name,
-        (plan.n_tiles as u32, nh as u32, 1),
+        plan.grid(nh)?,
         (128, 1, 1),
         4 * tile_bytes(hd, TILE),
         &[
             Arg::P(gpu.ptr(&saved.q16)),
             Arg::P(gpu.ptr(&saved.k16)),
             Arg::P(gpu.ptr(&saved.v16)),
-            Arg::P(gpu.ptr(&plan.tiles)),
+            Arg::P(gpu.ptr(&plan.tiles_q)),
             Arg::I(nh as i32),
             Arg::I(nkv as i32),
             Arg::F(scales(hd).1),
@@ -296,11 +319,11 @@ pub fn flash_backward_with(
             format!("[{n}, {w}]"),
         )?;
     }
-    let dout16 = to_bf16(gpu, dout, n * nh * hd)?;
+    let dout16 = gpu.uninit::<u16>(n * nh * hd)?;
     let delta = gpu.uninit::<f32>(n * nh)?;
     gpu.launch(
         &FLASH,
-        "fa_bwd_delta",
+        "fa_bwd_prep",
         (n as u32, 1, 1),
         (128, 1, 1),
         0,
@@ -309,6 +332,7 @@ pub fn flash_backward_with(
             Arg::P(gpu.ptr(out)),
             Arg::I(nh as i32),
             Arg::I(hd as i32),
+            Arg::P(gpu.ptr(&dout16)),
             Arg::P(gpu.ptr(&delta)),
         ],
     )?;
@@ -316,19 +340,21 @@ pub fn flash_backward_with(
     let dk = gpu.uninit::<f32>(n * nkv * hd)?;
     let dv = gpu.uninit::<f32>(n * nkv * hd)?;
     let (scale, sl2) = scales(hd);
-    let common = [
-        Arg::P(gpu.ptr(&dout16)),
-        Arg::P(gpu.ptr(&saved.q16)),
-        Arg::P(gpu.ptr(&saved.k16)),
-        Arg::P(gpu.ptr(&saved.v16)),
-        Arg::P(gpu.ptr(&saved.lse)),
-        Arg::P(gpu.ptr(&delta)),
-        Arg::P(gpu.ptr(&plan.tiles)),
-        Arg::I(nh as i32),
-        Arg::I(nkv as i32),
-        Arg::F(sl2),
-        Arg::F(scale),
-    ];
+    let common = |tiles: &CudaSlice<i32>| {
+        vec![
+            Arg::P(gpu.ptr(&dout16)),
+            Arg::P(gpu.ptr(&saved.q16)),
+            Arg::P(gpu.ptr(&saved.k16)),
+            Arg::P(gpu.ptr(&saved.v16)),
+            Arg::P(gpu.ptr(&saved.lse)),
+            Arg::P(gpu.ptr(&delta)),
+            Arg::P(gpu.ptr(tiles)),
+            Arg::I(nh as i32),
+            Arg::I(nkv as i32),
+            Arg::F(sl2),
+            Arg::F(scale),
+        ]
+    };
     // dK, dV: a CTA per (64-key tile, kv head); dQ: a CTA per (64-row tile, head).
     let (src, kv, q, kv_smem, q_smem) = match which {
         BwdKernel::MmaSync => (
@@ -346,13 +372,12 @@ pub fn flash_backward_with(
             wg_smem_bytes(hd),
         ),
     };
-    let mut args = common.to_vec();
+    let mut args = common(&plan.tiles_kv);
     args.extend([Arg::P(gpu.ptr(&dk)), Arg::P(gpu.ptr(&dv))]);
-    let grid = |heads: usize| (plan.n_tiles as u32, heads as u32, 1);
-    gpu.launch(src, kv, grid(nkv), (128, 1, 1), kv_smem, &args)?;
-    let mut args = common.to_vec();
+    gpu.launch(src, kv, plan.grid(nkv)?, (128, 1, 1), kv_smem, &args)?;
+    let mut args = common(&plan.tiles_q);
     args.push(Arg::P(gpu.ptr(&dq)));
-    gpu.launch(src, q, grid(nh), (128, 1, 1), q_smem, &args)?;
+    gpu.launch(src, q, plan.grid(nh)?, (128, 1, 1), q_smem, &args)?;
     Ok((dq, dk, dv))
 }
 

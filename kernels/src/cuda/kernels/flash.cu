@@ -16,6 +16,11 @@
 // for a row (the training forward runs a warp's tiles up to its last row) is an
 // exact no-op: alpha = 2^0 = 1, p = 0, and the staged values are finite.
 //
+// Training grids are one-dimensional, block b = (tile b / heads, head b % heads),
+// over the plan's tiles ordered most work first (FlashPlan): under causal masking a
+// tile's work ranges from 1 to L / 64 key tiles, and the largest started last would
+// set the end of the launch. Which CTA runs when does not change any result.
+//
 // Backward without atomics: dK, dV per 64-key tile (looping over the group's query
 // heads, then query sub-tiles, in order) in one kernel; dQ per 64-row tile
 // (looping over key tiles) in another. Deterministic run to run.
@@ -255,8 +260,8 @@ __device__ void fa_fwd(const bf16_t* q, const bf16_t* k, const bf16_t* v, const 
     extern __shared__ __align__(16) unsigned char fa_sm[];
     const int T = FA_BC * (D + 8);
     bf16_t* sb = (bf16_t*)fa_sm;  // [2][K, V]
-    int h = blockIdx.y, kvh = h / (nh / nkv);
-    int seq0 = tiles[3 * blockIdx.x], q0 = tiles[3 * blockIdx.x + 1], L = tiles[3 * blockIdx.x + 2];
+    int h = blockIdx.x % nh, tile = blockIdx.x / nh, kvh = h / (nh / nkv);
+    int seq0 = tiles[3 * tile], q0 = tiles[3 * tile + 1], L = tiles[3 * tile + 2];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     long qw = (long)nh * D, kvw = (long)nkv * D;
     int nq = min(FA_BR, L - q0);
@@ -365,23 +370,32 @@ extern "C" __global__ void fa_scatter_bf16(bf16_t* dst, const long* rows, long n
     *(u32*)(dst + rows[j] * cols + c) = pack_bf16x2(src[i], src[i + 1]);
 }
 
-// delta[r, h] = dout[r, h, :] . out[r, h, :] (the softmax backward's row term).
-// Grid rows, 128 threads: warp w takes heads w, w+4, ..; lanes split d.
-extern "C" __global__ void fa_bwd_delta(const float* dout, const float* out, int nh, int hd, float* delta) {
+// The backward's inputs in one pass over dout: delta[r, h] = dout[r, h, :] .
+// out[r, h, :] (the softmax backward's row term) and dout16 = BF16(dout) (RNE, as
+// fa_to_bf16). Grid rows, 128 threads: warp w takes heads w, w+4, ..; lane l the
+// values 4 l .. 4 l + 3 (+128 ..), summed in that order, then across lanes.
+extern "C" __global__ void fa_bwd_prep(const float* dout, const float* out, int nh, int hd, bf16_t* dout16,
+                                       float* delta) {
     pdl_entry();
     int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int h = warp; h < nh; h += 4) {
-        const float* a = dout + ((long)r * nh + h) * hd;
-        const float* b = out + ((long)r * nh + h) * hd;
+        const long o0 = ((long)r * nh + h) * hd;
         float s = 0.f;
-        for (int d = lane; d < hd; d += 32) s += a[d] * b[d];
+        for (int d = lane * 4; d < hd; d += 128) {
+            const float4 a = *(const float4*)(dout + o0 + d), b = *(const float4*)(out + o0 + d);
+            *(uint2*)(dout16 + o0 + d) = make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
+            s += a.x * b.x;
+            s += a.y * b.y;
+            s += a.z * b.z;
+            s += a.w * b.w;
+        }
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (lane == 0) delta[(long)r * nh + h] = s;
     }
 }
 
 // dK, dV of one 64-key tile (tiles as in fa_fwd, q0 read as the tile's first key)
-// for kv head blockIdx.y. Each warp owns 16 keys: S^T = K Q^T, P^T from lse,
+// for one kv head. Each warp owns 16 keys: S^T = K Q^T, P^T from lse,
 // dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
 // Summed over the group's query heads, then query rows, in order. q, k, v, dout
 // in BF16; steps of FA_BQ query rows double-buffered.
@@ -395,8 +409,8 @@ __device__ void fa_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
     bf16_t* sV = sK + T;
     bf16_t* sQO = sV + T;                      // [2][Q, dO] of one step
     float* sLD = (float*)(sQO + 4 * S);        // [2][lse, delta] of one step
-    int kvh = blockIdx.y, group = nh / nkv;
-    int seq0 = tiles[3 * blockIdx.x], k0 = tiles[3 * blockIdx.x + 1], L = tiles[3 * blockIdx.x + 2];
+    int kvh = blockIdx.x % nkv, tile = blockIdx.x / nkv, group = nh / nkv;
+    int seq0 = tiles[3 * tile], k0 = tiles[3 * tile + 1], L = tiles[3 * tile + 2];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     long qw = (long)nh * D, kvw = (long)nkv * D;
     int nk = min(FA_BC, L - k0);
@@ -484,7 +498,7 @@ __device__ void fa_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
     }
 }
 
-// dQ of one 64-row tile for head blockIdx.y: S = Q K^T, P from lse,
+// dQ of one 64-row tile for one head: S = Q K^T, P from lse,
 // dP = dO V^T, dS = P (dP - delta), dQ += dS K, over key tiles in order (double-
 // buffered). q, k, v, dout in BF16.
 template <int D>
@@ -496,8 +510,8 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
     bf16_t* sQ = (bf16_t*)fa_sm;
     bf16_t* sO = sQ + T;
     bf16_t* sb = sO + T;  // [2][K, V]
-    int h = blockIdx.y, kvh = h / (nh / nkv);
-    int seq0 = tiles[3 * blockIdx.x], q0 = tiles[3 * blockIdx.x + 1], L = tiles[3 * blockIdx.x + 2];
+    int h = blockIdx.x % nh, tile = blockIdx.x / nh, kvh = h / (nh / nkv);
+    int seq0 = tiles[3 * tile], q0 = tiles[3 * tile + 1], L = tiles[3 * tile + 2];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     long qw = (long)nh * D, kvw = (long)nkv * D;
     int nq = min(FA_BR, L - q0);

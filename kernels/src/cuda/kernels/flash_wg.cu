@@ -72,8 +72,10 @@ __device__ __forceinline__ void fw_landed() {
     __syncthreads();
 }
 
-// dK, dV of one 64-key tile (plan tile blockIdx.x; q0 read as the tile's first key)
-// for kv head blockIdx.y: fa_bwd_kv's sums, steps of 64 query rows (the group's
+// Grids as flash.cu's: block b = (tile b / heads, head b % heads), most work first.
+
+// dK, dV of one 64-key tile (q0 read as the tile's first key) for one kv head:
+// fa_bwd_kv's sums, steps of 64 query rows (the group's
 // heads, then query rows, in order; Q, dO and the rows' lse, delta double-buffered).
 // Per step: S^T = K Q^T and dP^T = V dO^T; P^T from lse, dS^T = P^T (dP^T - delta);
 // dV += P^T dO, dK += dS^T Q. Thread rows: keys 16 warp + lane / 4 (+8).
@@ -88,8 +90,8 @@ __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
     u8* sV = sm + TB;
     u8* sQO = sm + 2 * TB;                   // [2][Q, dO] of a step
     float* sLD = (float*)(sm + 6 * TB);      // [2][lse, delta] of a step
-    const int kvh = blockIdx.y, group = nh / nkv;
-    const int seq0 = tiles[3 * blockIdx.x], k0 = tiles[3 * blockIdx.x + 1], L = tiles[3 * blockIdx.x + 2];
+    const int kvh = blockIdx.x % nkv, tile = blockIdx.x / nkv, group = nh / nkv;
+    const int seq0 = tiles[3 * tile], k0 = tiles[3 * tile + 1], L = tiles[3 * tile + 2];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const long qw = (long)nh * D, kvw = (long)nkv * D;
     const int nk = min(FW_T, L - k0);
@@ -107,11 +109,14 @@ __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
         u8* b = sQO + (st & 1) * 2 * TB;
         fw_load<D>(b, q + (seq0 + qs) * qw + h * D, qw, nq);
         fw_load<D>(b + TB, dout + (seq0 + qs) * qw + h * D, qw, nq);
+        // The rows' lse and delta as asynchronous copies too (zero past the rows): a
+        // plain load here would hold the warpgroup for a memory round trip each step.
         float* ld = sLD + (st & 1) * 2 * FW_T;
         if (tid < FW_T) {
             const bool ok = tid < nq;
-            ld[tid] = ok ? lse[(long)(seq0 + qs + tid) * nh + h] : 0.f;
-            ld[FW_T + tid] = ok ? delta[(long)(seq0 + qs + tid) * nh + h] : 0.f;
+            const long i = ok ? (long)(seq0 + qs + tid) * nh + h : 0;
+            cp4(ld + tid, lse + i, ok);
+            cp4(ld + FW_T + tid, delta + i, ok);
         }
         cp_commit();
     };
@@ -128,31 +133,44 @@ __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
         const u32 qA = smem_addr(sQO + (st & 1) * 2 * TB), oA = qA + TB;
         const float* sL = sLD + (st & 1) * 2 * FW_T;
         const float* sD = sL + FW_T;
+        // Four groups in flight in turn: P^T is made while dP^T runs, dS^T while
+        // dV's product runs.
         float s[32], dp[32];
         wg_fence();
         fw_mma_st<D>(s, kA, qA);
+        wg_commit();
         fw_mma_st<D>(dp, vA, oA);
         wg_commit();
-        wg_wait0();
+        wg_wait<1>();
         fence_regs(s);
-        fence_regs(dp);
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int c = j * 8 + 2 * (lane & 3) + (e & 1);  // query row in the step
                 const bool ok = c < nq && qs + c >= key0 + (e & 2) * 4;
-                const float p = ok ? exp2f(s[4 * j + e] * sl2 - sL[c]) : 0.f;
-                s[4 * j + e] = p;
-                dp[4 * j + e] = p * (dp[4 * j + e] - sD[c]);
+                s[4 * j + e] = ok ? exp2f(s[4 * j + e] * sl2 - sL[c]) : 0.f;
             }
         u32 pa[4][4], da[4][4];
         fw_frags(pa, s);
+        wg_fence();
+#pragma unroll
+        for (int p = 0; p < PL; p++) fence_regs(av[p]);
+        fw_mma_pv<D>(av, pa, oA);
+        wg_commit();
+        wg_wait<1>();  // dP^T (committed before dV's product)
+        fence_regs(dp);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int c = j * 8 + 2 * (lane & 3) + (e & 1);
+                dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - sD[c]);
+            }
         fw_frags(da, dp);
         wg_fence();
 #pragma unroll
-        for (int p = 0; p < PL; p++) fence_regs(ak[p]), fence_regs(av[p]);
-        fw_mma_pv<D>(av, pa, oA);
+        for (int p = 0; p < PL; p++) fence_regs(ak[p]);
         fw_mma_pv<D>(ak, da, qA);
         wg_commit();
         wg_wait0();
@@ -178,7 +196,7 @@ __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
     }
 }
 
-// dQ of one 64-row tile (plan tile blockIdx.x) for head blockIdx.y: fa_bwd_q's
+// dQ of one 64-row tile for one head: fa_bwd_q's
 // sums over key tiles in order (K, V double-buffered). Per tile: S = Q K^T and
 // dP = dO V^T; P from lse, dS = P (dP - delta); dQ += dS K. Thread rows: query
 // rows 16 warp + lane / 4 (+8).
@@ -191,8 +209,8 @@ __device__ void fw_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
     u8* sQ = sm;
     u8* sO = sm + TB;
     u8* sKV = sm + 2 * TB;  // [2][K, V]
-    const int h = blockIdx.y, kvh = h / (nh / nkv);
-    const int seq0 = tiles[3 * blockIdx.x], q0 = tiles[3 * blockIdx.x + 1], L = tiles[3 * blockIdx.x + 2];
+    const int h = blockIdx.x % nh, tile = blockIdx.x / nh, kvh = h / (nh / nkv);
+    const int seq0 = tiles[3 * tile], q0 = tiles[3 * tile + 1], L = tiles[3 * tile + 2];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long qw = (long)nh * D, kvw = (long)nkv * D;
     const int nq = min(FW_T, L - q0);
@@ -231,22 +249,28 @@ __device__ void fw_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
             fw_landed<0>();
         }
         const u32 kA = smem_addr(sKV + (j & 1) * 2 * TB), vA = kA + TB;
+        // P is made while dP's product runs.
         float s[32], dp[32];
         wg_fence();
         fw_mma_st<D>(s, qA, kA);
+        wg_commit();
         fw_mma_st<D>(dp, oA, vA);
         wg_commit();
-        wg_wait0();
+        wg_wait<1>();
         fence_regs(s);
-        fence_regs(dp);
 #pragma unroll
         for (int jj = 0; jj < 8; jj++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int c = j * FW_T + jj * 8 + 2 * (lane & 3) + (e & 1);  // key position
-                const float p = c <= pos[e >> 1] ? exp2f(s[4 * jj + e] * sl2 - lr[e >> 1]) : 0.f;
-                dp[4 * jj + e] = p * (dp[4 * jj + e] - dr[e >> 1]);
+                s[4 * jj + e] = c <= pos[e >> 1] ? exp2f(s[4 * jj + e] * sl2 - lr[e >> 1]) : 0.f;
             }
+        wg_wait0();
+        fence_regs(dp);
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dp[4 * jj + e] = s[4 * jj + e] * (dp[4 * jj + e] - dr[e >> 1]);
         u32 da[4][4];
         fw_frags(da, dp);
         wg_fence();

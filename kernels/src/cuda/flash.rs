@@ -57,29 +57,41 @@ pub struct FlashPlan {
     rows: usize,
 }
 
+/// The 64-row tiles of sequences packed in `seq_lens` order, `[tiles, 3]` each
+/// (first row of the sequence, first position of the tile, length) in the two
+/// most-work-first orders of [`FlashPlan`]: `(tiles_q, tiles_kv, rows)`.
+fn tile_orders(seq_lens: &[usize]) -> Result<(Vec<i32>, Vec<i32>, usize)> {
+    let mut t = Vec::new();
+    let mut start = 0usize;
+    for &len in seq_lens {
+        ensure(len <= i32::MAX as usize / 2, || {
+            format!("attention: a sequence of {len} rows is too long")
+        })?;
+        for p0 in (0..len).step_by(TILE) {
+            t.push([start as i32, p0 as i32, len as i32]);
+        }
+        start += len;
+        ensure(start <= i32::MAX as usize, || {
+            format!("attention: a packed batch of {start} rows is too long")
+        })?;
+    }
+    // Stable sorts: ties keep sequence order.
+    let by = |key: fn(&[i32; 3]) -> i32| -> Vec<i32> {
+        let mut v = t.clone();
+        v.sort_by_key(|c| std::cmp::Reverse(key(c)));
+        v.concat()
+    };
+    Ok((by(|c| c[1]), by(|c| c[2] - c[1]), start))
+}
+
 impl FlashPlan {
     pub fn new(gpu: &Gpu, seq_lens: &[usize]) -> Result<FlashPlan> {
-        let mut t = Vec::new();
-        let mut start = 0usize;
-        for &len in seq_lens {
-            ensure(len <= i32::MAX as usize / 2, || {
-                format!("attention: a sequence of {len} rows is too long")
-            })?;
-            for p0 in (0..len).step_by(TILE) {
-                t.extend([start as i32, p0 as i32, len as i32]);
-            }
-            start += len;
-        }
-        let by = |key: fn(&[i32]) -> i32| -> Vec<i32> {
-            let mut v: Vec<&[i32]> = t.chunks(3).collect();
-            v.sort_by_key(|c| std::cmp::Reverse(key(c)));
-            v.concat()
-        };
+        let (q, kv, rows) = tile_orders(seq_lens)?;
         Ok(FlashPlan {
-            n_tiles: t.len() / 3,
-            rows: start,
-            tiles_kv: gpu.upload(&by(|c| c[2] - c[1]))?,
-            tiles_q: gpu.upload(&by(|c| c[1]))?,
+            n_tiles: q.len() / 3,
+            rows,
+            tiles_kv: gpu.upload(&kv)?,
+            tiles_q: gpu.upload(&q)?,
         })
     }
 
@@ -518,4 +530,41 @@ pub fn flash_decode_dev(
         ],
     )?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both orders hold every tile of the packed batch once, most work first:
+    /// query tiles by position (last first), key tiles by keys to the end.
+    #[test]
+    fn tile_orders_are_permutations_most_work_first() {
+        let lens = [5, 130, 64, 200, 1, 129];
+        let (q, kv, rows) = tile_orders(&lens).unwrap();
+        assert_eq!(rows, lens.iter().sum::<usize>());
+        let mut plan = vec![];
+        let mut start = 0;
+        for &len in &lens {
+            for p0 in (0..len).step_by(TILE) {
+                plan.push([start as i32, p0 as i32, len as i32]);
+            }
+            start += len;
+        }
+        for (order, work) in [(&q, 0usize), (&kv, 1)] {
+            let tiles: Vec<[i32; 3]> = order.chunks(3).map(|c| [c[0], c[1], c[2]]).collect();
+            let w = |t: &[i32; 3]| if work == 0 { t[1] } else { t[2] - t[1] };
+            assert!(tiles.windows(2).all(|p| w(&p[0]) >= w(&p[1])), "{tiles:?}");
+            // Ties in sequence order (the sort is stable).
+            assert!(tiles
+                .windows(2)
+                .all(|p| w(&p[0]) != w(&p[1]) || p[0][0] < p[1][0]));
+            let (mut a, mut b) = (tiles.clone(), plan.clone());
+            a.sort();
+            b.sort();
+            assert_eq!(a, b);
+        }
+        assert_eq!(&q[..3], &[199, 192, 200]); // the 200-row sequence's last tile
+        assert_eq!(&kv[..3], &[199, 0, 200]); // its first
+    }
 }

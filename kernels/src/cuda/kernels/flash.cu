@@ -188,15 +188,28 @@ __device__ __forceinline__ void fa_tile(const u32 (&qf)[D / 16][4], const bf16_t
     float s[FA_BC / 8][4];
     mma_abt<D, FA_BC / 8>(s, qf, sK, 0, lane);
     float mx[2] = {m[0], m[1]};
+    // A tile wholly at or before both of the thread's rows needs no mask (the same
+    // values either way: the mask would keep every one).
+    if (key0 + FA_BC - 1 <= min(pos[0], pos[1])) {
 #pragma unroll
-    for (int nb = 0; nb < FA_BC / 8; nb++)
+        for (int nb = 0; nb < FA_BC / 8; nb++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int c = key0 + nb * 8 + 2 * (lane & 3) + (e & 1);
-            float x = c <= pos[e >> 1] ? s[nb][e] * sl2 : FA_NEG_INF;
-            s[nb][e] = x;
-            mx[e >> 1] = fmaxf(mx[e >> 1], x);
-        }
+            for (int e = 0; e < 4; e++) {
+                float x = s[nb][e] * sl2;
+                s[nb][e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+    } else {
+#pragma unroll
+        for (int nb = 0; nb < FA_BC / 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = key0 + nb * 8 + 2 * (lane & 3) + (e & 1);
+                float x = c <= pos[e >> 1] ? s[nb][e] * sl2 : FA_NEG_INF;
+                s[nb][e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+    }
     float alpha[2], ps[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < 2; i++) {

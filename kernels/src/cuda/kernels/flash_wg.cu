@@ -146,11 +146,20 @@ __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int c = j * 8 + 2 * (lane & 3) + (e & 1);  // query row in the step
-                const bool ok = c < nq && qs + c >= key0 + (e & 2) * 4;
-                s[4 * j + e] = ok ? exp2f(s[4 * j + e] * sl2 - sL[c]) : 0.f;
-            }
+            for (int e = 0; e < 4; e++)
+                s[4 * j + e] = exp2f(s[4 * j + e] * sl2 - sL[j * 8 + 2 * (lane & 3) + (e & 1)]);
+        // The mask (p = 0 exactly) only where the step is not wholly after the
+        // tile's keys with 64 rows: most steps skip it.
+        if (qs < k0 + FW_T || nq < FW_T) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = j * 8 + 2 * (lane & 3) + (e & 1);  // query row in the step
+                    const bool ok = c < nq && qs + c >= key0 + (e & 2) * 4;
+                    s[4 * j + e] = ok ? s[4 * j + e] : 0.f;
+                }
+        }
         u32 pa[4][4], da[4][4];
         fw_frags(pa, s);
         wg_fence();
@@ -258,13 +267,21 @@ __device__ void fw_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
         wg_commit();
         wg_wait<1>();
         fence_regs(s);
+        // Key tiles wholly before a tile of 64 valid rows (all but the diagonal) need no mask.
+        if ((j + 1) * FW_T <= q0 && nq == FW_T) {
 #pragma unroll
-        for (int jj = 0; jj < 8; jj++)
+            for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int c = j * FW_T + jj * 8 + 2 * (lane & 3) + (e & 1);  // key position
-                s[4 * jj + e] = c <= pos[e >> 1] ? exp2f(s[4 * jj + e] * sl2 - lr[e >> 1]) : 0.f;
-            }
+                for (int e = 0; e < 4; e++) s[4 * jj + e] = exp2f(s[4 * jj + e] * sl2 - lr[e >> 1]);
+        } else {
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = j * FW_T + jj * 8 + 2 * (lane & 3) + (e & 1);  // key position
+                    s[4 * jj + e] = c <= pos[e >> 1] ? exp2f(s[4 * jj + e] * sl2 - lr[e >> 1]) : 0.f;
+                }
+        }
         wg_wait0();
         fence_regs(dp);
 #pragma unroll

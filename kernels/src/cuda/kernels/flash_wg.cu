@@ -57,6 +57,16 @@ __device__ __forceinline__ void fw_frags(u32 (&a)[4][4], const float (&x)[32]) {
         for (int i = 0; i < 4; i++) a[kk][i] = pack_bf16x2(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
 }
 
+// 2^x by the hardware's approximation, results below 2^-126 flushed to zero: one
+// MUFU instruction where exp2f adds the subnormal range's scaling (these kernels are
+// bound by instruction issue). A row's largest P is at least 1 / L, so what the
+// flush drops is below 2^-100 of it.
+__device__ __forceinline__ float fw_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Start copying rows [0, nvalid) of a BF16 matrix (row stride ld values; rows past
 // nvalid zero) into the swizzled 64-row tile at dst. All 128 threads; then cp_commit.
 template <int D>
@@ -147,7 +157,7 @@ __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                s[4 * j + e] = exp2f(s[4 * j + e] * sl2 - sL[j * 8 + 2 * (lane & 3) + (e & 1)]);
+                s[4 * j + e] = fw_exp2(s[4 * j + e] * sl2 - sL[j * 8 + 2 * (lane & 3) + (e & 1)]);
         // The mask (p = 0 exactly) only where the step is not wholly after the
         // tile's keys with 64 rows: most steps skip it.
         if (qs < k0 + FW_T || nq < FW_T) {
@@ -272,14 +282,14 @@ __device__ void fw_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
 #pragma unroll
             for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[4 * jj + e] = exp2f(s[4 * jj + e] * sl2 - lr[e >> 1]);
+                for (int e = 0; e < 4; e++) s[4 * jj + e] = fw_exp2(s[4 * jj + e] * sl2 - lr[e >> 1]);
         } else {
 #pragma unroll
             for (int jj = 0; jj < 8; jj++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = j * FW_T + jj * 8 + 2 * (lane & 3) + (e & 1);  // key position
-                    s[4 * jj + e] = c <= pos[e >> 1] ? exp2f(s[4 * jj + e] * sl2 - lr[e >> 1]) : 0.f;
+                    s[4 * jj + e] = c <= pos[e >> 1] ? fw_exp2(s[4 * jj + e] * sl2 - lr[e >> 1]) : 0.f;
                 }
         }
         wg_wait0();

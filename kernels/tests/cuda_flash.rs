@@ -182,6 +182,46 @@ fn flash_decode_equals_forward_rows() {
             &label(c),
             bits_differ(&dl(&g, &od, rows * qw), &out),
         );
+        // The graph's form: each row's own key and value (decoded row i is row i of
+        // k, v) not yet in the caches, NaN there; the kernel writes and reads them.
+        for (i, &l) in lens.iter().enumerate() {
+            let at = (slots[i] * cap + l - 1) * kvw;
+            kc[at..at + kvw].fill(f32::NAN);
+            vc[at..at + kvw].fill(f32::NAN);
+        }
+        let (mut ka, mut va) = (
+            g.zeros::<u16>(rows * cap * kvw).unwrap(),
+            g.zeros::<u16>(rows * cap * kvw).unwrap(),
+        );
+        flash::flash_scatter_rows(&g, &mut ka, kvw, &all, &up(&g, &kc)).unwrap();
+        flash::flash_scatter_rows(&g, &mut va, kvw, &all, &up(&g, &vc)).unwrap();
+        let kv0: Vec<i32> = slots.iter().map(|&s| (s * cap) as i32).collect();
+        let len: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+        let oa = flash::flash_append_decode_dev(
+            &g,
+            &up(&g, &q),
+            (&up(&g, &k), &up(&g, &v)),
+            (&mut ka, &mut va),
+            (&g.upload(&kv0).unwrap(), &g.upload(&len).unwrap()),
+            rows,
+            sh,
+        )
+        .unwrap();
+        report_exact(
+            "flash append+decode == forward row",
+            &label(c),
+            bits_differ(&dl(&g, &oa, rows * qw), &out),
+        );
+        let n = rows * cap * kvw;
+        let differ = |a: &cudarc::driver::CudaSlice<u16>, b: &cudarc::driver::CudaSlice<u16>| {
+            let (a, b) = (g.download(a).unwrap(), g.download(b).unwrap());
+            a[..n].iter().zip(&b[..n]).filter(|(x, y)| x != y).count()
+        };
+        report_exact(
+            "appended cache == scattered cache",
+            &label(c),
+            differ(&ka, &kc16) + differ(&va, &vc16),
+        );
     }
     done();
 }

@@ -15,7 +15,7 @@
 //! and launches it; the logits land in the graph's `[bucket, vocab]` buffer.
 
 use cudarc::driver::CudaSlice;
-use jet_kernels::cuda::flash::{flash_decode_dev, flash_scatter_rows_dev};
+use jet_kernels::cuda::flash::flash_append_decode_dev;
 use jet_kernels::cuda::graph::Graph;
 use jet_kernels::cuda::ops::{check_positions, check_tokens};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
@@ -41,9 +41,8 @@ pub fn bucket_of(b: usize) -> usize {
 /// cache's scratch slot).
 struct StepInputs {
     rows: RowsIn,
-    /// Cache row written by each row (`slot * capacity + position`), i64.
-    cache_rows: CudaSlice<i64>,
-    /// Each row's first cache row (`slot * capacity`) and length after the step.
+    /// Each row's first cache row (`slot * capacity`) and length after the step:
+    /// the row's own k and v go to cache row `kv0 + len - 1`.
     kv0: CudaSlice<i32>,
     len: CudaSlice<i32>,
 }
@@ -56,7 +55,6 @@ impl StepInputs {
                 positions: g.zeros(bucket)?,
                 m: bucket,
             },
-            cache_rows: g.zeros(bucket)?,
             kv0: g.zeros(bucket)?,
             len: g.zeros(bucket)?,
         })
@@ -95,11 +93,6 @@ impl StepInputs {
             .map(|&p| p as i32)
             .chain(vec![0; pad])
             .collect();
-        let rows: Vec<i64> = starts()
-            .zip(&positions)
-            .map(|(s, &p)| (s + p) as i64)
-            .chain(vec![scratch as i64; pad])
-            .collect();
         let kv0: Vec<i32> = starts()
             .map(|s| s as i32)
             .chain(vec![scratch as i32; pad])
@@ -112,7 +105,6 @@ impl StepInputs {
         let g = &*model.gpu;
         g.write(&mut self.rows.tokens, &tok)?;
         g.write(&mut self.rows.positions, &pos)?;
-        g.write(&mut self.cache_rows, &rows)?;
         g.write(&mut self.kv0, &kv0)?;
         g.write(&mut self.len, &len)
     }
@@ -143,18 +135,19 @@ impl GpuAttention for DecodeDev<'_> {
         v: &CudaSlice<f32>,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)> {
         let g = &*self.model.gpu;
-        let (kvd, b, x) = (self.cache.kvd, self.inputs.rows.m, self.inputs);
+        let (b, x) = (self.inputs.rows.m, self.inputs);
         let KvLayers::Bf16(l) = &mut self.cache.layers else {
             return Err(CudaError::Invalid(
                 "a captured decode step needs the BF16 cache of the tensor-core attention".into(),
             ));
         };
         let (kc, vc) = &mut l[layer];
-        // Padding rows all write the scratch slot's row 0 with equal values.
-        flash_scatter_rows_dev(g, kc, kvd, &x.cache_rows, b, k)?;
-        flash_scatter_rows_dev(g, vc, kvd, &x.cache_rows, b, v)?;
+        // The kernel writes each row's k and v to cache row kv0 + len - 1 itself;
+        // padding rows all write the scratch slot's row 0 with
+        // equal values, and each block reads its own copy of that row.
         let shape = self.model.attn_shape();
-        let o = flash_decode_dev(g, q, (kc, vc), (&x.kv0, &x.len), b, shape)?;
+        let cache = (&mut *kc, &mut *vc);
+        let o = flash_append_decode_dev(g, q, (k, v), cache, (&x.kv0, &x.len), b, shape)?;
         Ok((o, None))
     }
 }

@@ -505,6 +505,43 @@ pub fn flash_decode_dev(
     b: usize,
     shape: AttnShape,
 ) -> Result<CudaSlice<f32>> {
+    let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
+    decode_launch(gpu, q, caches, (kv0, len), b, shape, (0, 0))
+}
+
+/// [`flash_decode_dev`] for rows whose own key and value, `k_new, v_new [b,
+/// nkv*hd]` (f32), are not in the caches yet: the kernel writes them to cache row
+/// `kv0[b] + len[b] - 1` (as [`flash_scatter_rows_dev`] would, the same bits) and
+/// attends to them, in one launch instead of three.
+pub fn flash_append_decode_dev(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    (k_new, v_new): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (k_cache, v_cache): (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
+    (kv0, len): (&CudaSlice<i32>, &CudaSlice<i32>),
+    b: usize,
+    shape: AttnShape,
+) -> Result<CudaSlice<f32>> {
+    check(shape)?;
+    let kvw = shape.n_kv_heads * shape.head_dim;
+    check_rows("decode new keys", k_new, b, kvw)?;
+    check_rows("decode new values", v_new, b, kvw)?;
+    let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
+    let new = (gpu.ptr(k_new), gpu.ptr(v_new));
+    decode_launch(gpu, q, caches, (kv0, len), b, shape, new)
+}
+
+/// `fa_dec_{hd}`: one warp a (row, KV head); `new` the appended rows' k and v
+/// (0, 0: none).
+fn decode_launch(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    (k_cache, v_cache): (u64, u64),
+    (kv0, len): (&CudaSlice<i32>, &CudaSlice<i32>),
+    b: usize,
+    shape: AttnShape,
+    (k_new, v_new): (u64, u64),
+) -> Result<CudaSlice<f32>> {
     check(shape)?;
     let (hd, nh, nkv) = (shape.head_dim, shape.n_heads, shape.n_kv_heads);
     check_rows("decode q", q, b, nh * hd)?;
@@ -514,19 +551,21 @@ pub fn flash_decode_dev(
     gpu.launch(
         &FLASH,
         kernel("dec", hd)?,
-        (b as u32, nkv as u32, 1),
-        (128, 1, 1),
-        4 * tile_bytes(hd, TILE),
+        ((b * nkv) as u32, 1, 1),
+        (32, 1, 1),
+        2 * tile_bytes(hd, TILE),
         &[
             Arg::P(gpu.ptr(q)),
-            Arg::P(gpu.ptr(k_cache)),
-            Arg::P(gpu.ptr(v_cache)),
+            Arg::P(k_cache),
+            Arg::P(v_cache),
             Arg::P(gpu.ptr(kv0)),
             Arg::P(gpu.ptr(len)),
             Arg::I(nh as i32),
             Arg::I(nkv as i32),
             Arg::F(scales(hd).1),
             Arg::P(gpu.ptr(&out)),
+            Arg::P(k_new),
+            Arg::P(v_new),
         ],
     )?;
     Ok(out)

@@ -68,13 +68,14 @@ __device__ __forceinline__ void stage(bf16_t* s, const float* g, long ld, int nr
 
 // Start copying rows [0, NROWS) of a BF16 matrix (row stride `ld` values, D
 // columns) into shared memory [NROWS][D + 8]; rows >= nvalid become zero. The same
-// values stage() makes from the f32 originals. All 128 threads; then cp_commit.
-template <int D, int NROWS>
+// values stage() makes from the f32 originals. All NT threads of the block (128,
+// or the decode kernel's one warp); then cp_commit.
+template <int D, int NROWS, int NT = 128>
 __device__ __forceinline__ void stage16(bf16_t* s, const bf16_t* g, long ld, int nvalid) {
     const int C = D / 8;  // 16-byte chunks per row
-#pragma unroll
-    for (int it = 0; it < NROWS * C / 128; it++) {
-        int i = threadIdx.x + it * 128, r = i / C, c = (i % C) * 8;
+#pragma unroll 8
+    for (int it = 0; it < NROWS * C / NT; it++) {
+        int i = threadIdx.x + it * NT, r = i / C, c = (i % C) * 8;
         bool ok = r < nvalid;
         cp16(s + r * (D + 8) + c, g + (ok ? (long)r * ld + c : 0), ok);
     }
@@ -180,12 +181,12 @@ __device__ __forceinline__ void mma_pv(float (&acc)[D / 8][4], const float (&p)[
 // query rows (this thread holds rows lane/4 and lane/4 + 8, at positions pos[0],
 // pos[1]). The online-softmax state: o[16 x D] unnormalised, m (log2 domain,
 // scaled) and this thread's partial row sums l. The only place the forward math
-// lives, so training and decode share it.
+// lives, so training and decode share it: fa_tile = fa_tile_p (reads K) then the
+// P.V product (reads V), split so the decode kernel can refill K's buffer between.
 template <int D>
-__device__ __forceinline__ void fa_tile(const u32 (&qf)[D / 16][4], const bf16_t* sK, const bf16_t* sV,
-                                        int key0, const int (&pos)[2], float sl2, float (&o)[D / 8][4],
-                                        float (&m)[2], float (&l)[2], int lane) {
-    float s[FA_BC / 8][4];
+__device__ __forceinline__ void fa_tile_p(float (&s)[FA_BC / 8][4], const u32 (&qf)[D / 16][4], const bf16_t* sK,
+                                          int key0, const int (&pos)[2], float sl2, float (&o)[D / 8][4],
+                                          float (&m)[2], float (&l)[2], int lane) {
     mma_abt<D, FA_BC / 8>(s, qf, sK, 0, lane);
     float mx[2] = {m[0], m[1]};
     // A tile wholly at or before both of the thread's rows needs no mask (the same
@@ -235,6 +236,14 @@ __device__ __forceinline__ void fa_tile(const u32 (&qf)[D / 16][4], const bf16_t
         o[nd][2] *= alpha[1];
         o[nd][3] *= alpha[1];
     }
+}
+
+template <int D>
+__device__ __forceinline__ void fa_tile(const u32 (&qf)[D / 16][4], const bf16_t* sK, const bf16_t* sV,
+                                        int key0, const int (&pos)[2], float sl2, float (&o)[D / 8][4],
+                                        float (&m)[2], float (&l)[2], int lane) {
+    float s[FA_BC / 8][4];
+    fa_tile_p<D>(s, qf, sK, key0, pos, sl2, o, m, l, lane);
     mma_pv<D, FA_BC / 16>(o, s, sV, 0, lane);
 }
 
@@ -319,57 +328,106 @@ __device__ void fa_fwd(const bf16_t* q, const bf16_t* k, const bf16_t* v, const 
     fa_finish<D>(o, m, l, out, orow, lse, lrow, lane);
 }
 
-// Decode: query row b (heads of kv head blockIdx.y, `group` of them, as the rows of
-// one warp's tile) at position len[b] - 1 against cache rows kv0[b] ..
-// kv0[b] + len[b] of the BF16 caches k_cache, v_cache [*, nkv*D] (fa_scatter_bf16
-// wrote them with the rounding of fa_to_bf16). Grid (B, nkv), 128 threads: all
-// copy, tiles double-buffered; warp 0 computes. q, out [B, nh*D] f32.
+// Decode: query row b's `group` heads of kv head kvh (the rows of one warp's tile)
+// at position len[b] - 1 against cache rows kv0[b] .. kv0[b] + len[b] of the BF16
+// caches k_cache, v_cache [*, nkv*D] (fa_scatter_bf16 wrote them with the rounding
+// of fa_to_bf16). q, out [B, nh*D] f32. One warp a block, block = b * nkv + kvh:
+// each (row, kv head) is a chain of key tiles in the forward's order (fa_tile's
+// two halves), and one buffer each for K and V (34 KiB at D = 128) lets six chains
+// share an SM, where a block of one computing warp and three copying ones, with
+// double buffers, held two (NOTES.md). The next K tile streams in during this
+// tile's P.V, the next V tile during the next tile's scores.
+// Append (kn, vn [B, nkv*D] f32 not null): the row's own key and value are not in
+// the caches yet; the block writes its head's slice to cache row kv0[b] + len[b] - 1
+// (fuses fa_scatter_bf16 of k and v: the same pack_bf16x2 rounding) and puts the
+// same bits into the last tile's shared copy, whatever the tile's copy read there.
 template <int D>
-__device__ void fa_dec(const float* q, const bf16_t* kc, const bf16_t* vc, const int* kv0, const int* len, int nh,
-                       int nkv, float sl2, float* out) {
+__device__ void fa_dec(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,
+                       float sl2, float* out, const float* kn, const float* vn) {
     extern __shared__ __align__(16) unsigned char fa_sm[];
     const int T = FA_BC * (D + 8);
-    bf16_t* sb = (bf16_t*)fa_sm;  // [2][K, V]
-    int b = blockIdx.x, kvh = blockIdx.y, group = nh / nkv, n = len[b];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    long qw = (long)nh * D, kvw = (long)nkv * D;
-    const bf16_t* kb = kc + (long)kv0[b] * kvw + kvh * D;
-    const bf16_t* vb = vc + (long)kv0[b] * kvw + kvh * D;
-    stage16<D, FA_BC>(sb, kb, kvw, min(FA_BC, n));
-    stage16<D, FA_BC>(sb + T, vb, kvw, min(FA_BC, n));
+    bf16_t* sK = (bf16_t*)fa_sm;
+    bf16_t* sV = sK + T;
+    const int b = blockIdx.x / nkv, kvh = blockIdx.x % nkv, group = nh / nkv, n = len[b], lane = threadIdx.x;
+    const long qw = (long)nh * D, kvw = (long)nkv * D;
+    bf16_t* kb = kc + (long)kv0[b] * kvw + kvh * D;
+    bf16_t* vb = vc + (long)kv0[b] * kvw + kvh * D;
+    stage16<D, FA_BC, 32>(sK, kb, kvw, min(FA_BC, n));
     cp_commit();
-    // Q (f32, rounded here as fa_to_bf16 does) goes through the second buffer.
-    stage<D>(sb + 2 * T, q + b * qw + (long)kvh * group * D, D, 16, group);
-    __syncthreads();
-    u32 qf[D / 16][4];
-    if (warp == 0) {
+    // The new row's values, lane l holding columns 2 l + 64 i, 2 l + 64 i + 1.
+    const bool append = kn != nullptr;
+    u32 kp[D / 64], vp[D / 64];
+    if (append) {
+        const long src = (long)b * kvw + kvh * D, dst = (long)(n - 1) * kvw;
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) frag_a<D>(qf[ks], sb + 2 * T, 0, ks * 16, lane);
+        for (int i = 0; i < D / 64; i++) {
+            const int c = 2 * lane + 64 * i;
+            kp[i] = pack_bf16x2(kn[src + c], kn[src + c + 1]);
+            vp[i] = pack_bf16x2(vn[src + c], vn[src + c + 1]);
+            *(u32*)(kb + dst + c) = kp[i];
+            *(u32*)(vb + dst + c) = vp[i];
+        }
     }
-    __syncthreads();
+    const int last = (n - 1) % FA_BC;  // the new row's place in the last tile
+    // Q (f32, rounded here as fa_to_bf16 does) goes through V's buffer first.
+    stage<D>(sV, q + b * qw + (long)kvh * group * D, D, 16, group);
+    __syncwarp();
+    u32 qf[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) frag_a<D>(qf[ks], sV, 0, ks * 16, lane);
+    __syncwarp();
+    stage16<D, FA_BC, 32>(sV, vb, kvw, min(FA_BC, n));
+    cp_commit();
     int pos[2] = {n - 1, n - 1};
     float o[D / 8][4], m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int nd = 0; nd < D / 8; nd++)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[nd][e] = 0.f;
-    int ntiles = (n - 1) / FA_BC + 1;
+    const int ntiles = (n - 1) / FA_BC + 1;
     for (int j = 0; j < ntiles; j++) {
-        bf16_t* cur = sb + (j & 1) * 2 * T;
-        kv_next<D>(sb, kb, vb, kvw, j, ntiles, n);
-        __syncthreads();
-        if (warp == 0) fa_tile<D>(qf, cur, cur + T, j * FA_BC, pos, sl2, o, m, l, lane);
-        __syncthreads();
-    }
-    if (warp == 0) {
-        long orow[2], lrow[2] = {0, 0};
+        // In flight: K tile j, then V tile j.
+        cp_wait<1>();
+        const bool patch = append && j + 1 == ntiles;
+        if (patch) {
+            __syncwarp();
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int hr = (lane >> 2) + 8 * i;
-            orow[i] = hr < group ? b * qw + (long)(kvh * group + hr) * D : -1;
+            for (int i = 0; i < D / 64; i++) *(u32*)(sK + last * (D + 8) + 2 * lane + 64 * i) = kp[i];
         }
-        fa_finish<D>(o, m, l, out, orow, (float*)0, lrow, lane);
+        __syncwarp();
+        float s[FA_BC / 8][4];
+        fa_tile_p<D>(s, qf, sK, j * FA_BC, pos, sl2, o, m, l, lane);
+        __syncwarp();  // every lane is done with K tile j
+        const bool more = j + 1 < ntiles;
+        const long off = (long)(j + 1) * FA_BC * kvw;
+        const int nk = min(FA_BC, n - (j + 1) * FA_BC);
+        if (more) {
+            stage16<D, FA_BC, 32>(sK, kb + off, kvw, nk);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        if (patch) {
+            __syncwarp();
+#pragma unroll
+            for (int i = 0; i < D / 64; i++) *(u32*)(sV + last * (D + 8) + 2 * lane + 64 * i) = vp[i];
+        }
+        __syncwarp();  // V tile j has landed for every lane
+        mma_pv<D, FA_BC / 16>(o, s, sV, 0, lane);
+        __syncwarp();  // every lane is done with V tile j
+        if (more) {
+            stage16<D, FA_BC, 32>(sV, vb + off, kvw, nk);
+            cp_commit();
+        }
     }
+    long orow[2], lrow[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int hr = (lane >> 2) + 8 * i;
+        orow[i] = hr < group ? b * qw + (long)(kvh * group + hr) * D : -1;
+    }
+    fa_finish<D>(o, m, l, out, orow, (float*)0, lrow, lane);
 }
 
 // dst[rows[j]] = BF16(src[j]) for rows of `cols` values (even): new rows of a
@@ -606,10 +664,10 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
                                                                  int nkv, float sl2, float* out, float* lse) { pdl_entry(); \
         fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse);                                                 \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(128)                                                       \
-        fa_dec_##D(const float* q, const bf16_t* kc, const bf16_t* vc, const int* kv0, const int* len, int nh, \
-                   int nkv, float sl2, float* out) { pdl_entry();                                                        \
-        fa_dec<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out);                                                  \
+    extern "C" __global__ void __launch_bounds__(32)                                                        \
+        fa_dec_##D(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,    \
+                   float sl2, float* out, const float* kn, const float* vn) { pdl_entry();                      \
+        fa_dec<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out, kn, vn);                                          \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_kv_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse, \

@@ -241,6 +241,65 @@ fn bf16_forward_rows_do_not_depend_on_the_batch() {
     done();
 }
 
+/// The grouped launches of a decode step's q, k, v and gate, up projections
+/// (`linear_forward_group`: one split-K GEMM and one epilogue for all) give each
+/// output the bits of its own `linear_forward_shared`, for row counts that take the
+/// grouped path (1 to 64, and more where split-K pays) and those that do not.
+#[test]
+fn grouped_projections_equal_their_own_launches() {
+    let Some(g) = gpu() else { return };
+    // (k, the layers' n): Qwen3-0.6B's q, k, v and gate, up; splits that differ
+    // between members (896 x 136 / 256 / 3072).
+    let groups: [(usize, &[usize]); 3] = [
+        (1024, &[2048, 1024, 1024]),
+        (1024, &[3072, 3072]),
+        (896, &[136, 256, 3072]),
+    ];
+    for flow in [Flow::Bf16, Flow::Fp8] {
+        let prec = if flow == Flow::Fp8 {
+            GemmPrecision::Fp8
+        } else {
+            GemmPrecision::Bf16
+        };
+        for (gi, &(k, ns)) in groups.iter().enumerate() {
+            let seed = 40 + 10 * gi as u64;
+            let ws: Vec<_> = ns
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let w = up(&g, &rnd(n * k, seed + i as u64, 0.05));
+                    glin::GpuWeight::prepare(&g, &w, n, k, flow).unwrap()
+                })
+                .collect();
+            // A bias on the first layer only (q's in Qwen2), none on the others.
+            let bias = up(&g, &rnd(ns[0], seed + 9, 0.5));
+            let layers: Vec<_> = ws
+                .iter()
+                .enumerate()
+                .map(|(i, w)| (w, (i == 0).then_some(&bias)))
+                .collect();
+            let mut diff = 0;
+            for m in [1, 7, 64, 200, 300] {
+                let x = up(&g, &rnd(m * k, seed + 5, 2.0));
+                let mut xo = glin::XOperand::default();
+                let got = glin::linear_forward_group(&g, &x, &mut xo, m, &layers, prec).unwrap();
+                for (y, &(w, b)) in got.iter().zip(&layers) {
+                    let mut own = glin::XOperand::default();
+                    let want =
+                        glin::linear_forward_shared(&g, &x, &mut own, m, w, b, prec).unwrap();
+                    diff += bits_differ(&dl(&g, y, m * w.n), &dl(&g, &want, m * w.n));
+                }
+            }
+            report_exact(
+                "grouped projections vs their own launches",
+                &format!("{flow:?} k {k}, n {ns:?}, rows 1..300"),
+                diff,
+            );
+        }
+    }
+    done();
+}
+
 /// `rows x k` BF16 values stored `[rows][k_pad]`.
 fn rows_of_bf16(
     v: &cudarc::driver::CudaSlice<u16>,

@@ -5,7 +5,7 @@
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::flash::FlashSaved;
 use jet_kernels::cuda::linear::{
-    linear_forward, linear_forward_residual, linear_forward_shared, rmsnorm_with_operand,
+    linear_forward, linear_forward_group, linear_forward_residual, rmsnorm_with_operand,
     swiglu_with_operand, XOperand,
 };
 use jet_kernels::cuda::ops::{
@@ -125,10 +125,16 @@ pub fn run_layers(
         // one of b.
         let (a, rstd1, mut ao) =
             rmsnorm_with_operand(g, &x, w.t(lx.input_layernorm), (m, h), eps, prec)?;
-        let aop = &mut ao;
-        let mut q = linear_forward_shared(g, &a, aop, m, &lp.q, w.opt(lx.q_bias), prec)?;
-        let mut k = linear_forward_shared(g, &a, aop, m, &lp.k, w.opt(lx.k_bias), prec)?;
-        let v = linear_forward_shared(g, &a, aop, m, &lp.v, w.opt(lx.v_bias), prec)?;
+        // One GEMM and one epilogue launch for the three where a decode step's
+        // split-K path allows (each output's bits those of its own launch).
+        let qkv = [
+            (&lp.q, w.opt(lx.q_bias)),
+            (&lp.k, w.opt(lx.k_bias)),
+            (&lp.v, w.opt(lx.v_bias)),
+        ];
+        let [mut q, mut k, v]: [_; 3] = linear_forward_group(g, &a, &mut ao, m, &qkv, prec)?
+            .try_into()
+            .map_err(|_| CudaError::Invalid("q, k, v: three outputs expected".into()))?;
         let mut qk_pre = None;
         match (lx.q_norm, lx.k_norm) {
             // Qwen3: the per-head norms and RoPE in one kernel.
@@ -158,9 +164,10 @@ pub fn run_layers(
         let h_mid = linear_forward_residual(g, &o, &mut oo, m, &lp.o, prec, &x)?;
         let post = w.t(lx.post_attention_layernorm);
         let (b, rstd2, mut bo) = rmsnorm_with_operand(g, &h_mid, post, (m, h), eps, prec)?;
-        let bop = &mut bo;
-        let gate = linear_forward_shared(g, &b, bop, m, &lp.gate, None, prec)?;
-        let up = linear_forward_shared(g, &b, bop, m, &lp.up, None, prec)?;
+        let gu = [(&lp.gate, None), (&lp.up, None)];
+        let [gate, up]: [_; 2] = linear_forward_group(g, &b, &mut bo, m, &gu, prec)?
+            .try_into()
+            .map_err(|_| CudaError::Invalid("gate, up: two outputs expected".into()))?;
         let (mm, mut mo) = swiglu_with_operand(g, &gate, &up, (m, cfg.intermediate_size), prec)?;
         let out = linear_forward_residual(g, &mm, &mut mo, m, &lp.down, prec, &h_mid)?;
         let x_in = std::mem::replace(&mut x, out);

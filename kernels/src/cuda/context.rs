@@ -132,6 +132,9 @@ pub(crate) enum Arg {
     D(f64),
     /// A bulk tensor copy's map (`CUtensorMap`, 128 bytes), passed by value.
     T(super::tma::TensorMap),
+    /// A struct passed by value, as the bytes of its C layout (`SkGroup`, `EpiGroup`;
+    /// the kernel reads as many as its parameter holds, at most 256).
+    S([u8; 256]),
 }
 
 /// One CUDA device with its stream, compiled modules and cuBLASLt state.
@@ -582,7 +585,7 @@ impl Gpu {
                 opted.insert((src.name, name), smem);
             }
         }
-        if self.pdl || args.iter().any(|a| matches!(a, Arg::T(_))) {
+        if self.pdl || args.iter().any(|a| matches!(a, Arg::T(_) | Arg::S(_))) {
             return self.span(super::profile::category(src.name), name, || {
                 self.launch_ex(&f, (grid, block, smem), args)
                     .ctx(&format!("launching {name}"))
@@ -596,7 +599,7 @@ impl Gpu {
                 Arg::L(l) => b.arg(l),
                 Arg::F(x) => b.arg(x),
                 Arg::D(x) => b.arg(x),
-                Arg::T(_) => unreachable!("tensor maps launch through launch_ex"),
+                Arg::T(_) | Arg::S(_) => unreachable!("by-value structs launch through launch_ex"),
             };
         }
         let cfg = LaunchConfig {
@@ -634,6 +637,7 @@ impl Gpu {
                 Arg::F(x) => x as *const f32 as *mut c_void,
                 Arg::D(x) => x as *const f64 as *mut c_void,
                 Arg::T(m) => m as *const super::tma::TensorMap as *mut c_void,
+                Arg::S(v) => v.as_ptr() as *mut c_void,
             })
             .collect();
         // SAFETY: a zeroed attribute is valid; id and value are set below.

@@ -319,13 +319,7 @@ pub(crate) fn launch_sk(
 ) -> Result<usize> {
     let n = ops.n;
     let (ks, gps) = splits(gpu, n, ops.k_pad);
-    let tile = match mc {
-        0..=8 => 0,
-        9..=16 => 1,
-        17..=32 => 2,
-        _ => 3,
-    };
-    let (src, name, smem) = ops.elem.sk(gpu.wgmma(), tile);
+    let (src, name, smem) = ops.elem.sk(gpu.wgmma(), sk_tile(mc));
     let chunks = mc.div_ceil(GEMV_MAX_TOKENS);
     gpu.launch(
         src,
@@ -336,6 +330,122 @@ pub(crate) fn launch_sk(
         &ops.sk_args(mc, (p, ldp, sstride), gps),
     )?;
     Ok(ks)
+}
+
+/// A by-value kernel argument in its C layout: fields appended in order, each at
+/// its natural alignment (8-byte fields first keeps it packed).
+#[derive(Default)]
+pub(crate) struct CStruct(pub Vec<u8>);
+
+impl CStruct {
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend(v.to_le_bytes());
+        self
+    }
+    pub fn i64(&mut self, v: i64) -> &mut Self {
+        self.0.extend(v.to_le_bytes());
+        self
+    }
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.0.extend(v.to_le_bytes());
+        self
+    }
+    /// Zeros up to `n` bytes (unused trailing entries).
+    pub fn pad_to(&mut self, n: usize) -> &mut Self {
+        self.0.resize(n.max(self.0.len()), 0);
+        self
+    }
+    pub fn arg(&self) -> Result<Arg> {
+        let mut a = [0u8; 256];
+        ensure(self.0.len() <= a.len(), || {
+            format!("a by-value kernel argument of {} bytes", self.0.len())
+        })?;
+        a[..self.0.len()].copy_from_slice(&self.0);
+        Ok(Arg::S(a))
+    }
+}
+
+/// Bytes of one `SkProb` (`gemm_wg.cu`); `SkGroup` holds three and a count.
+const SK_PROB_BYTES: usize = 64;
+
+/// [`partial`] for up to three problems of one X (same tokens, same K: the q, k, v
+/// or gate, up projections) in one launch of `wg_*_skg_*` (`gemm_wg.cu`, wgmma
+/// GPUs): each problem's blocks are those of its own split-K launch, so each
+/// partial holds the same bits.
+pub(crate) fn partial_group(gpu: &Gpu, ops: &[SkOps]) -> Result<Vec<Partial>> {
+    ensure(gpu.wgmma() && (1..=3).contains(&ops.len()), || {
+        format!("a grouped split-K launch of {} problems", ops.len())
+    })?;
+    let o0 = &ops[0];
+    ensure(
+        ops.iter()
+            .all(|o| o.elem == o0.elem && o.x == o0.x && o.m == o0.m && o.k_pad == o0.k_pad),
+        || "a grouped split-K launch reads one X".into(),
+    )?;
+    let (m, nz) = (o0.m, o0.m.div_ceil(GEMV_MAX_TOKENS));
+    let (mut g, mut parts, mut blocks) = (CStruct::default(), vec![], 0);
+    for o in ops {
+        let (ks, gps) = splits(gpu, o.n, o.k_pad);
+        let nbx = o.n.div_ceil(SK_ROWS);
+        let p = gpu.uninit::<f32>(ks * m * o.n)?;
+        g.u64(o.w.0).u64(o.w.1).u64(gpu.ptr(&p));
+        g.i64(o.n as i64).i64((m * o.n) as i64);
+        g.i32(o.w.2).i32(o.n as i32).i32(o.n_pad as i32);
+        g.i32(gps as i32)
+            .i32(nbx as i32)
+            .i32((nbx * ks * nz) as i32);
+        blocks += nbx * ks * nz;
+        parts.push(Partial {
+            p,
+            ldp: o.n,
+            sstride: m * o.n,
+            splits: ks,
+        });
+    }
+    g.pad_to(3 * SK_PROB_BYTES).i32(ops.len() as i32).i32(0);
+    let tile = sk_tile(m);
+    let (_, _, smem) = o0.elem.sk(true, tile);
+    let names = match o0.elem {
+        Elem::Fp8 => [
+            "wg_fp8_skg_n8",
+            "wg_fp8_skg_n16",
+            "wg_fp8_skg_n32",
+            "wg_fp8_skg_n64",
+        ],
+        Elem::Bf16 => [
+            "wg_bf16_skg_n8",
+            "wg_bf16_skg_n16",
+            "wg_bf16_skg_n32",
+            "wg_bf16_skg_n64",
+        ],
+    };
+    gpu.launch(
+        &WG,
+        names[tile],
+        (blocks as u32, 1, 1),
+        ((SK_ROWS / 16 * 32) as u32, 1, 1),
+        smem,
+        &[
+            g.arg()?,
+            Arg::P(o0.x.0),
+            Arg::P(o0.x.1),
+            Arg::I(o0.x.2),
+            Arg::I(m as i32),
+            Arg::I(o0.k_pad as i32),
+            Arg::I(nz as i32),
+        ],
+    )?;
+    Ok(parts)
+}
+
+/// The split-K kernel's token tile for `mc` tokens: 8, 16, 32 or 64 (index 0..4).
+fn sk_tile(mc: usize) -> usize {
+    match mc {
+        0..=8 => 0,
+        9..=16 => 1,
+        17..=32 => 2,
+        _ => 3,
+    }
 }
 
 /// Partial sums of the split-K kernel for all tokens of `ops` (the caller adds
@@ -472,6 +582,20 @@ pub(crate) fn splitk_sum(
 pub(crate) fn gemv_fp8_partial(gpu: &Gpu, x: &Fp8Quantized, w: &Fp8Quantized) -> Result<Partial> {
     check(x, w)?;
     partial(gpu, &SkOps::fp8(gpu, x, w, 0))
+}
+
+/// [`gemv_fp8_partial`] for up to three weights in one launch ([`partial_group`]).
+pub(crate) fn gemv_fp8_partial_group(
+    gpu: &Gpu,
+    x: &Fp8Quantized,
+    ws: &[&Fp8Quantized],
+) -> Result<Vec<Partial>> {
+    let mut ops = vec![];
+    for w in ws {
+        check(x, w)?;
+        ops.push(SkOps::fp8(gpu, x, w, 0));
+    }
+    partial_group(gpu, &ops)
 }
 
 /// `d [M][ldd] = x [M, K] w [N, K]^T` for any number of tokens in one launch, each

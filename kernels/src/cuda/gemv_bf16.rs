@@ -12,7 +12,9 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::gemv::{launch_rows, partial, splitk_sum, Elem, Epi, Partial, SkOps, GEMV_MAX_TOKENS};
+use super::gemv::{
+    launch_rows, partial, partial_group, splitk_sum, Elem, Epi, Partial, SkOps, GEMV_MAX_TOKENS,
+};
 use super::{ensure, Gpu, Result};
 
 /// A BF16 matrix on the device: `rows x cols` values stored `[rows_pad][cols_pad]`.
@@ -72,6 +74,20 @@ fn ops(gpu: &Gpu, x: &Bf16Rows, w: &Bf16Rows, m0: usize) -> SkOps {
 pub(crate) fn gemv_bf16_partial(gpu: &Gpu, x: Bf16Rows, w: Bf16Rows) -> Result<Partial> {
     check(&x, &w)?;
     partial(gpu, &ops(gpu, &x, &w, 0))
+}
+
+/// [`gemv_bf16_partial`] for up to three weights in one launch ([`partial_group`]).
+pub(crate) fn gemv_bf16_partial_group(
+    gpu: &Gpu,
+    x: Bf16Rows,
+    ws: &[Bf16Rows],
+) -> Result<Vec<Partial>> {
+    let mut o = vec![];
+    for w in ws {
+        check(&x, w)?;
+        o.push(ops(gpu, &x, w, 0));
+    }
+    partial_group(gpu, &o)
 }
 
 fn check_out(x: &Bf16Rows, w: &Bf16Rows, len: usize, ld: usize) -> Result<()> {

@@ -19,6 +19,9 @@
 
 use cudarc::driver::CudaSlice;
 
+mod group;
+pub use group::linear_forward_group;
+
 use super::context::{Arg, OPS};
 use super::gemm::{dense_gemm, fp8_gemm_nt, Dense, LtType};
 use super::gemv::{

@@ -100,24 +100,25 @@ struct WgSkSmem {
     static constexpr int BYTES = S * STAGE + S * NT * 4 + 1024;
 };
 
+// Block (bx, by, bz): weight rows bx * 64.., split by, tokens bz * NT..
 template <class E, int NT>
-__device__ void wg_sk(const u8* __restrict__ w, const float* __restrict__ ws, int lds, const u8* __restrict__ x,
-                      const float* __restrict__ xs, int ldxs, float* __restrict__ p, long ldp, long sstride, int M,
-                      int N, int N_pad, int K_pad, int gps) {
+__device__ void wg_sk_at(const u8* __restrict__ w, const float* __restrict__ ws, int lds, const u8* __restrict__ x,
+                         const float* __restrict__ xs, int ldxs, float* __restrict__ p, long ldp, long sstride, int M,
+                         int N, int N_pad, int K_pad, int gps, int bx, int by, int bz) {
     using SM = WgSkSmem<E, NT>;
     constexpr int S = SM::S, GB = E::GB;
     extern __shared__ u8 smem_raw[];
     u8* smem = align1024(smem_raw);
     float* sxs = reinterpret_cast<float*>(smem + S * SM::STAGE);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int n0 = blockIdx.x * 64, t0 = blockIdx.z * NT;
+    const int n0 = bx * 64, t0 = bz * NT;
     const int L = (K_pad + 127) / 128;
     const long RB = (long)K_pad * (GB / 128);  // bytes of a row
     x += (long)t0 * RB;
     if (E::FP8) xs += t0;
     p += (long)t0 * ldp;
     M = min(M - t0, NT);
-    const int g0 = blockIdx.y * gps, g1 = min(L, g0 + gps);
+    const int g0 = by * gps, g1 = min(L, g0 + gps);
     const u8* wsrc = w + (long)n0 * RB;
     const float* wsr = ws + (E::FP8 ? (long)(n0 / 128) * lds : 0);
     auto load = [&](int g) {
@@ -153,7 +154,7 @@ __device__ void wg_sk(const u8* __restrict__ w, const float* __restrict__ ws, in
         }
     }
     cp_wait<0>();
-    float* out = p + (long)blockIdx.y * sstride;
+    float* out = p + (long)by * sstride;
 #pragma unroll
     for (int r = 0; r < NT / 2; r++) {
         const int row = n0 + warp * 16 + (lane >> 2) + ((r & 2) ? 8 : 0);
@@ -162,7 +163,52 @@ __device__ void wg_sk(const u8* __restrict__ w, const float* __restrict__ ws, in
     }
 }
 
+template <class E, int NT>
+__device__ __forceinline__ void wg_sk(const u8* w, const float* ws, int lds, const u8* x, const float* xs, int ldxs,
+                                      float* p, long ldp, long sstride, int M, int N, int N_pad, int K_pad, int gps) {
+    wg_sk_at<E, NT>(w, ws, lds, x, xs, ldxs, p, ldp, sstride, M, N, N_pad, K_pad, gps, blockIdx.x, blockIdx.y,
+                    blockIdx.z);
+}
+
 #define WG_SK(NAME, E, NT) SK_KERNEL(NAME, (128), wg_sk<E, NT>)
+
+// Up to three split-K GEMMs of one X (the q, k, v or gate, up projections of a
+// decode step) in one launch: problem i takes the next `blocks` = nbx * ks * nz
+// blocks of grid x after problem i - 1's (nz token chunks), block b of it being
+// (b / nz % nbx, b / nz / nbx, b % nz) of its own launch, so each output's bits are
+// those of wg_sk alone. A weight tile's token chunks run side by side (its second
+// read from L2; grid z order put all three weights between them, 48 MB at 8B).
+// gemv.rs `SkGroup` lays it out.
+struct SkProb {
+    const u8* w;
+    const float* ws;
+    float* p;
+    long ldp, sstride;
+    int lds, N, N_pad, gps, nbx, blocks;
+};
+struct SkGroup {
+    SkProb pr[3];
+    int count, pad_;
+};
+#define WG_SKG(NAME, E, NT)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(128)                                                           \
+        NAME(SkGroup g, const u8* x, const float* xs, int ldxs, int M, int K_pad, int nz) {                    \
+        pdl_entry();                                                                                            \
+        int b = blockIdx.x;                                                                                     \
+        SkProb P = g.pr[0];                                                                                     \
+        if (g.count > 1 && b >= g.pr[0].blocks) {                                                               \
+            b -= g.pr[0].blocks;                                                                                \
+            P = g.pr[1];                                                                                        \
+            if (g.count > 2 && b >= g.pr[1].blocks) {                                                           \
+                b -= g.pr[1].blocks;                                                                            \
+                P = g.pr[2];                                                                                    \
+            }                                                                                                   \
+        }                                                                                                       \
+        const int bz = b % nz;                                                                                  \
+        b /= nz;                                                                                                \
+        wg_sk_at<E, NT>(P.w, P.ws, P.lds, x, xs, ldxs, P.p, P.ldp, P.sstride, M, P.N, P.N_pad, K_pad, P.gps,  \
+                        b % P.nbx, b / P.nbx, bz);                                                              \
+    }
 
 // ---- rows kernel: gemm_rows's sums, fed by the tensor memory accelerator -----------
 // Each 128 x 128 tile walks all K groups: acc restarts every gps groups and tot =
@@ -390,6 +436,14 @@ WG_SK(wg_bf16_sk_n8, Bf16W, 8)
 WG_SK(wg_bf16_sk_n16, Bf16W, 16)
 WG_SK(wg_bf16_sk_n32, Bf16W, 32)
 WG_SK(wg_bf16_sk_n64, Bf16W, 64)
+WG_SKG(wg_fp8_skg_n8, Fp8W, 8)
+WG_SKG(wg_fp8_skg_n16, Fp8W, 16)
+WG_SKG(wg_fp8_skg_n32, Fp8W, 32)
+WG_SKG(wg_fp8_skg_n64, Fp8W, 64)
+WG_SKG(wg_bf16_skg_n8, Bf16W, 8)
+WG_SKG(wg_bf16_skg_n16, Bf16W, 16)
+WG_SKG(wg_bf16_skg_n32, Bf16W, 32)
+WG_SKG(wg_bf16_skg_n64, Bf16W, 64)
 WG_ROWS_TMA(wg_fp8_rows_tma, Fp8W)
 WG_ROWS_TMA(wg_bf16_rows_tma, Bf16W)
 #endif

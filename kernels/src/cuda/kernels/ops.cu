@@ -243,12 +243,13 @@ extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const 
 // add (when not null; [rows, cols]): y = add + the result (one f32 add, as add_into):
 // WGrad adds into the step's gradient (add = y) without a dW buffer of its own, and
 // the o and down projections add the residual (fuses the layer's add_into).
-extern "C" __global__ void linear_epilogue(const float* d, long ldd, int splits, long sstride, const float* bias,
-                                           int rows, int cols, int round, const float* add, float* y) {
-    pdl_entry();
+// Block `blk` (256 threads) of it: outputs blk * 1024 + 4 * threadIdx.x ...
+__device__ __forceinline__ void linear_epilogue_at(const float* d, long ldd, int splits, long sstride,
+                                                   const float* bias, int rows, int cols, int round, const float* add,
+                                                   float* y, int blk) {
     // Four consecutive outputs a thread, loaded as float4 when every row and slice
     // keeps them 16-byte aligned; each value's adds are in the same order either way.
-    long i0 = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4, n = (long)rows * cols;
+    long i0 = ((long)blk * blockDim.x + threadIdx.x) * 4, n = (long)rows * cols;
     if (i0 >= n) return;
     bool vec = ((cols | ldd | sstride) & 3) == 0 &&
                (((unsigned long long)d | (unsigned long long)y | (unsigned long long)add |
@@ -285,4 +286,40 @@ extern "C" __global__ void linear_epilogue(const float* d, long ldd, int splits,
     *reinterpret_cast<float4*>(y + i0) =
         make_float4(epi_value(v.x, bias, b.x, round, add, a.x), epi_value(v.y, bias, b.y, round, add, a.y),
                     epi_value(v.z, bias, b.z, round, add, a.z), epi_value(v.w, bias, b.w, round, add, a.w));
+}
+
+extern "C" __global__ void linear_epilogue(const float* d, long ldd, int splits, long sstride, const float* bias,
+                                           int rows, int cols, int round, const float* add, float* y) {
+    pdl_entry();
+    linear_epilogue_at(d, ldd, splits, sstride, bias, rows, cols, round, add, y, blockIdx.x);
+}
+
+// linear_epilogue for up to three outputs of the same rows (the q, k, v or gate, up
+// projections of a decode step) in one launch: problem i takes the next blocks
+// (1024 outputs a block) after problem i - 1's. linear.rs `EpiGroup` lays it out.
+struct EpiProb {
+    const float* d;
+    const float* bias;
+    const float* add;
+    float* y;
+    long ldd, sstride;
+    int splits, cols, blocks, pad_;
+};
+struct EpiGroup {
+    EpiProb pr[3];
+    int rows, round, count, pad_;
+};
+extern "C" __global__ void linear_epilogue_group(EpiGroup g) {
+    pdl_entry();
+    int b = blockIdx.x;
+    EpiProb P = g.pr[0];
+    if (g.count > 1 && b >= g.pr[0].blocks) {
+        b -= g.pr[0].blocks;
+        P = g.pr[1];
+        if (g.count > 2 && b >= g.pr[1].blocks) {
+            b -= g.pr[1].blocks;
+            P = g.pr[2];
+        }
+    }
+    linear_epilogue_at(P.d, P.ldd, P.splits, P.sstride, P.bias, g.rows, P.cols, g.round, P.add, P.y, b);
 }

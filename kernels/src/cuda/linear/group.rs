@@ -1,0 +1,133 @@
+//! The linear layers that read one input (q, k, v; gate, up) in one launch each
+//! for the GEMMs and the epilogues, where each would take the split-K path (a
+//! decode step's few rows on a wgmma GPU): the same blocks and the same adds as
+//! one [`forward`] call each, so each output's bits are those of its own call,
+//! with two launches where there were six (q, k, v) or four (gate, up).
+
+use cudarc::driver::CudaSlice;
+
+use super::super::context::OPS;
+use super::super::gemv::{gemv_fp8_partial_group, split_k_pays, CStruct, Partial, GEMV_MAX_TOKENS};
+use super::super::gemv_bf16::{gemv_bf16_partial_group, Bf16Rows};
+use super::{forward, GpuWeight, XOperand};
+use crate::cuda::{check_len, ensure, pad16, Gpu, Result};
+use crate::GemmPrecision;
+
+/// [`super::linear_forward_shared`] for each of `layers` (weight, bias), all
+/// reading `x [m, k]` and its low-precision copy in `xo`: grouped launches where
+/// every layer would take the split-K path, else one call each. Returns the
+/// outputs `[m, n_i]` in order.
+pub fn linear_forward_group(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    layers: &[(&GpuWeight, Option<&CudaSlice<f32>>)],
+    prec: GemmPrecision,
+) -> Result<Vec<CudaSlice<f32>>> {
+    let k = layers.first().map_or(0, |(w, _)| w.k);
+    let grouped = gpu.wgmma()
+        && m > 0
+        && (2..=3).contains(&layers.len())
+        && matches!(prec, GemmPrecision::Bf16 | GemmPrecision::Fp8)
+        && layers.iter().all(|(w, _)| {
+            w.k == k
+                && w.batch_invariant
+                && (m <= GEMV_MAX_TOKENS || split_k_pays(gpu, m, w.n))
+                && match prec {
+                    GemmPrecision::Bf16 => w.bf16.is_some(),
+                    _ => w.fp8.is_some(),
+                }
+        });
+    if !grouped {
+        return layers
+            .iter()
+            .map(|&(w, b)| forward(gpu, x, xo, m, w, b, prec, None))
+            .collect();
+    }
+    check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
+    for &(w, b) in layers {
+        if let Some(b) = b {
+            check_len("linear bias", b, w.n, format!("[{}]", w.n))?;
+        }
+    }
+    let xo = xo.of(m, k)?;
+    let parts = match prec {
+        GemmPrecision::Bf16 => {
+            let xb = xo.bf16(gpu, x, m, k)?;
+            let xr = Bf16Rows {
+                v: xb,
+                rows: m,
+                cols: k,
+                rows_pad: m,
+                cols_pad: pad16(k),
+            };
+            let ws: Vec<Bf16Rows> = layers
+                .iter()
+                .map(|(w, _)| Bf16Rows {
+                    // Checked above: the grouped path needs the BF16 weight.
+                    v: w.bf16.as_ref().expect("BF16 weight"),
+                    rows: w.n,
+                    cols: k,
+                    rows_pad: pad16(w.n),
+                    cols_pad: pad16(k),
+                })
+                .collect();
+            gemv_bf16_partial_group(gpu, xr, &ws)?
+        }
+        _ => {
+            let qx = xo.fp8(gpu, x, m, k)?;
+            let ws: Vec<_> = layers
+                .iter()
+                .map(|(w, _)| w.fp8.as_ref().expect("FP8 weight"))
+                .collect();
+            gemv_fp8_partial_group(gpu, qx, &ws)?
+        }
+    };
+    let biases: Vec<_> = layers.iter().map(|&(_, b)| b).collect();
+    epilogue_group(gpu, &parts, &biases, m, prec)
+}
+
+/// Bytes of one `EpiProb` (`ops.cu`); `EpiGroup` holds three, then rows, round,
+/// count.
+const EPI_PROB_BYTES: usize = 64;
+
+/// `linear_epilogue` of each partial (its slices added in order, + bias, the BF16
+/// rounding) in one launch of `linear_epilogue_group`: `[m, n_i]` each.
+fn epilogue_group(
+    gpu: &Gpu,
+    parts: &[Partial],
+    biases: &[Option<&CudaSlice<f32>>],
+    m: usize,
+    prec: GemmPrecision,
+) -> Result<Vec<CudaSlice<f32>>> {
+    ensure((1..=3).contains(&parts.len()), || {
+        format!("a grouped epilogue of {} outputs", parts.len())
+    })?;
+    let (mut g, mut ys, mut blocks) = (CStruct::default(), vec![], 0);
+    for (p, b) in parts.iter().zip(biases) {
+        let n = m * p.ldp;
+        let y = gpu.uninit::<f32>(n)?;
+        let nb = n.div_ceil(1024);
+        g.u64(gpu.ptr(&p.p)).u64(b.map_or(0, |b| gpu.ptr(b))).u64(0);
+        g.u64(gpu.ptr(&y)).i64(p.ldp as i64).i64(p.sstride as i64);
+        g.i32(p.splits as i32)
+            .i32(p.ldp as i32)
+            .i32(nb as i32)
+            .i32(0);
+        blocks += nb;
+        ys.push(y);
+    }
+    g.pad_to(3 * EPI_PROB_BYTES);
+    g.i32(m as i32).i32((prec != GemmPrecision::F32) as i32);
+    g.i32(parts.len() as i32).i32(0);
+    gpu.launch(
+        &OPS,
+        "linear_epilogue_group",
+        (blocks as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[g.arg()?],
+    )?;
+    Ok(ys)
+}

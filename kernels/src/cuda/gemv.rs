@@ -451,6 +451,16 @@ fn sk_tile(mc: usize) -> usize {
 /// Partial sums of the split-K kernel for all tokens of `ops` (the caller adds
 /// the slices in order).
 pub(crate) fn partial(gpu: &Gpu, ops: &SkOps) -> Result<Partial> {
+    if gpu.wgmma() && ops.m > GEMV_MAX_TOKENS {
+        // One problem of the grouped kernel: the same blocks and sums, with a weight
+        // tile's token chunks side by side, so its second read comes from L2 (in
+        // grid-z order a weight larger than L2, the 8B down projection's 100 MB,
+        // would come from DRAM once per 64 tokens).
+        let mut p = partial_group(gpu, std::slice::from_ref(ops))?;
+        return p
+            .pop()
+            .ok_or_else(|| super::CudaError::Invalid("no partial".into()));
+    }
     let (m, n) = (ops.m, ops.n);
     let (ks, _) = splits(gpu, n, ops.k_pad);
     let p = gpu.uninit::<f32>(ks * m * n)?;

@@ -62,25 +62,26 @@ pub fn linear_forward_group(
                 rows_pad: m,
                 cols_pad: pad16(k),
             };
-            let ws: Vec<Bf16Rows> = layers
+            let ws = layers
                 .iter()
-                .map(|(w, _)| Bf16Rows {
-                    // Checked above: the grouped path needs the BF16 weight.
-                    v: w.bf16.as_ref().expect("BF16 weight"),
-                    rows: w.n,
-                    cols: k,
-                    rows_pad: pad16(w.n),
-                    cols_pad: pad16(k),
+                .map(|(w, _)| {
+                    Ok(Bf16Rows {
+                        v: w.bf16.as_ref().ok_or_else(|| w.missing(prec))?,
+                        rows: w.n,
+                        cols: k,
+                        rows_pad: pad16(w.n),
+                        cols_pad: pad16(k),
+                    })
                 })
-                .collect();
+                .collect::<Result<Vec<_>>>()?;
             gemv_bf16_partial_group(gpu, xr, &ws)?
         }
         _ => {
             let qx = xo.fp8(gpu, x, m, k)?;
-            let ws: Vec<_> = layers
+            let ws = layers
                 .iter()
-                .map(|(w, _)| w.fp8.as_ref().expect("FP8 weight"))
-                .collect();
+                .map(|(w, _)| w.fp8.as_ref().ok_or_else(|| w.missing(prec)))
+                .collect::<Result<Vec<_>>>()?;
             gemv_fp8_partial_group(gpu, qx, &ws)?
         }
     };

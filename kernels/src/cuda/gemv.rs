@@ -207,6 +207,26 @@ impl Elem {
         (&WG, names[i], s * (64 + nt) * gb + s * nt * 4 + 1024)
     }
 
+    /// The grouped twin of the wgmma split-K kernel for token tile `i` (`WG_SKG`:
+    /// the same shared memory as [`Elem::sk`]'s).
+    fn skg(self, i: usize) -> &'static str {
+        let names = match self {
+            Elem::Fp8 => [
+                "wg_fp8_skg_n8",
+                "wg_fp8_skg_n16",
+                "wg_fp8_skg_n32",
+                "wg_fp8_skg_n64",
+            ],
+            Elem::Bf16 => [
+                "wg_bf16_skg_n8",
+                "wg_bf16_skg_n16",
+                "wg_bf16_skg_n32",
+                "wg_bf16_skg_n64",
+            ],
+        };
+        names[i]
+    }
+
     /// The mma.sync rows kernel (GPUs without wgmma; `launch_rows_tma` has
     /// Hopper's): module, name, dynamic shared memory (`RowsSmem::BYTES`: S stages
     /// of a 128-row W tile, a 128-token X tile and 128 token scales, plus (FP8) two
@@ -405,23 +425,9 @@ pub(crate) fn partial_group(gpu: &Gpu, ops: &[SkOps]) -> Result<Vec<Partial>> {
     g.pad_to(3 * SK_PROB_BYTES).i32(ops.len() as i32).i32(0);
     let tile = sk_tile(m);
     let (_, _, smem) = o0.elem.sk(true, tile);
-    let names = match o0.elem {
-        Elem::Fp8 => [
-            "wg_fp8_skg_n8",
-            "wg_fp8_skg_n16",
-            "wg_fp8_skg_n32",
-            "wg_fp8_skg_n64",
-        ],
-        Elem::Bf16 => [
-            "wg_bf16_skg_n8",
-            "wg_bf16_skg_n16",
-            "wg_bf16_skg_n32",
-            "wg_bf16_skg_n64",
-        ],
-    };
     gpu.launch(
         &WG,
-        names[tile],
+        o0.elem.skg(tile),
         (blocks as u32, 1, 1),
         ((SK_ROWS / 16 * 32) as u32, 1, 1),
         smem,

@@ -19,6 +19,11 @@ pub const SCHEMA_VERSION: u64 = 1;
 const LAST_RUN_KEY: &str = "last_run_id";
 /// sled's page cache, in bytes.
 const CACHE_BYTES: u64 = 64 << 20;
+/// How long `open` waits for the store's file lock. sled's background
+/// threads hold the lock for a moment after the last handle of a closed
+/// store drops (a restart in the same process, or a daemon still exiting);
+/// a lock still held after this is another live jetd.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -143,6 +148,32 @@ fn key(id: &str, seq: u64) -> Vec<u8> {
     k
 }
 
+/// sled's open, retried while its file lock is still held (see `LOCK_WAIT`).
+fn open_waiting(path: &Path) -> sled::Result<sled::Db> {
+    let start = std::time::Instant::now();
+    loop {
+        let r = sled::Config::new()
+            .path(path)
+            .cache_capacity(CACHE_BYTES)
+            .open();
+        match r {
+            Err(sled::Error::Io(io))
+                if io.to_string().contains("could not acquire lock")
+                    && start.elapsed() < LOCK_WAIT =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
+                return Err(sled::Error::Io(std::io::Error::other(format!(
+                    "{io} (held for {}s: is another jetd using this data dir?)",
+                    LOCK_WAIT.as_secs()
+                ))));
+            }
+            r => return r,
+        }
+    }
+}
+
 fn prefix(id: &str) -> Vec<u8> {
     let mut k = id.as_bytes().to_vec();
     k.push(0);
@@ -157,11 +188,7 @@ impl Store {
             path: path.clone(),
             source,
         };
-        let db = sled::Config::new()
-            .path(&path)
-            .cache_capacity(CACHE_BYTES)
-            .open()
-            .map_err(e)?;
+        let db = open_waiting(&path).map_err(e)?;
         let tree = |n: &str| {
             db.open_tree(n).map_err(|source| StoreError::Sled {
                 path: path.clone(),
@@ -550,6 +577,24 @@ mod tests {
         drop(s);
         let e = Store::open(dir.path()).err().unwrap().to_string();
         assert!(e.contains("schema version 99"), "{e}");
+    }
+
+    #[test]
+    fn open_waits_for_a_lock_being_released() {
+        // A store closing in another thread while this one opens it: the
+        // open waits for the lock instead of failing (CI saw the race).
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(s);
+        });
+        let s = Store::open(dir.path()).unwrap();
+        closer.join().unwrap();
+        assert_eq!(
+            s.meta.get("schema_version").unwrap().as_deref(),
+            Some(b"1".as_slice())
+        );
     }
 
     #[test]

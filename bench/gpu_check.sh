@@ -8,6 +8,10 @@
 # Then on the GPU machine, in the repo root (with .carry carried):
 #   bash bench/gpu_check.sh [tests] [bench PRESET [LAYERS]] [peer PRESET [LAYERS]] [attnpeer]
 #                           [sft CONFIG] [onpolicy CONFIG STEPS FLOW...]
+#                           [compare PRESET[:LAYERS],... REPS BUILD,...]
+# compare: each build (a binary in .carry: jetd, jetd-prev, ...) benched REPS times,
+# the builds interleaved, on each shape, with JET_BENCH_ARGS (e.g. "--train-steps 0
+# --batch 64,256"); reports in $OUT/cmp, then bench/compare_builds.py's table.
 # Logs go to $OUT (or ./gpu-logs); the summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -97,6 +101,23 @@ zero = sum(1 for k, d in zip(kl, dmax) if k == 0 and d == 0)
 print(f"ONPOLICY | {sys.argv[2]:<16} | RL steps {len(rl)} | mismatch exactly 0 at {zero} | max mismatch_kl {max(kl or [0]):.3e} | heldout {[r.get('heldout_accuracy') for r in rl if r.get('heldout_accuracy') is not None]}")
 PY
       done
+      ;;
+    compare)
+      IFS=, read -ra shapes <<<"$2"; reps=$3; IFS=, read -ra builds <<<"$4"; shift 4
+      mkdir -p "$LOG/cmp"
+      for rep in $(seq 1 "$reps"); do
+        for shape in "${shapes[@]}"; do
+          preset=${shape%%:*}; layers=(); tag=$preset
+          if [[ $shape == *:* ]]; then layers=(--layers "${shape#*:}"); tag="$preset-${shape#*:}l"; fi
+          tag=${tag//-/_}
+          for b in "${builds[@]}"; do
+            ./.carry/$b bench --device cuda --json --no-kernels --no-cublaslt --preset "$preset" \
+              "${layers[@]}" ${JET_BENCH_ARGS:-} >"$LOG/cmp/$tag-${b//-/_}-$rep.json" 2>"$LOG/cmp/$tag-${b//-/_}-$rep.err"
+            SUMMARY+=("compare $tag ${b} rep $rep: rc $?")
+          done
+        done
+      done
+      python3 bench/compare_builds.py "$LOG/cmp" "${builds[@]//-/_}" | tee "$LOG/compare.txt"
       ;;
     *) echo "unknown step $1"; exit 2 ;;
   esac

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Side-by-side table of `jetd bench --json` reports of several builds.
+
+Reads DIR/<shape>-<build>-<rep>.json (what `gpu_check.sh compare` writes) and
+prints, per shape, flow and batch: the decode step in ms (the captured step's
+time over its replays, `top_kernels` "decode step") and tokens/s of each build,
+each rep's value and their mean; training rows give the step in ms. The last
+column is the first build's mean over the last build's (> 1: the last is faster).
+
+    python3 bench/compare_builds.py DIR [BUILD ...]   # builds in column order
+"""
+import collections
+import glob
+import json
+import os
+import sys
+
+
+def rows(report):
+    """(kind, flow, batch, step ms, tokens/s) of one report."""
+    for r in report.get("rollout", []):
+        step = dict((k, (s, n)) for k, s, n in r.get("top_kernels", []))
+        s, n = step.get("decode step", (None, 0))
+        ms = 1e3 * s / n if s is not None and n else None
+        yield ("rollout", r["flow"], r["batch"], ms, r["tokens_per_s"])
+    for t in report.get("train", []):
+        yield ("train", t["flow"], "", 1e3 * t["step_s"], t["tokens_per_s"])
+
+
+def main(argv):
+    if len(argv) < 2:
+        sys.exit(__doc__)
+    d, order = argv[1], argv[2:]
+    acc = collections.defaultdict(list)
+    builds, shapes = [], []
+    for f in sorted(glob.glob(os.path.join(d, "*.json"))):
+        parts = os.path.basename(f)[: -len(".json")].rsplit("-", 2)
+        if len(parts) != 3:
+            continue
+        shape, build, _rep = parts
+        try:
+            report = json.load(open(f))
+        except (OSError, ValueError) as e:
+            print(f"{f}: unreadable ({e})", file=sys.stderr)
+            continue
+        if build not in builds:
+            builds.append(build)
+        if shape not in shapes:
+            shapes.append(shape)
+        for kind, flow, batch, ms, tps in rows(report):
+            acc[(shape, kind, flow, batch, build)].append((ms, tps))
+    builds = order or builds
+    if not builds:
+        sys.exit(f"no reports in {d}")
+    head = ["shape", "phase", "flow", "batch"] + [f"{b} ms (tok/s)" for b in builds]
+    print(" | ".join(head + [f"{builds[0]} / {builds[-1]}"]))
+    keys = sorted(
+        {k[:4] for k in acc},
+        key=lambda k: (shapes.index(k[0]), k[1], k[2], k[3] if k[3] != "" else -1),
+    )
+    for key in keys:
+        cells, means = [], []
+        for b in builds:
+            runs = [r for r in acc.get(key + (b,), []) if r[0] is not None]
+            if not runs:
+                cells.append("-")
+                means.append(None)
+                continue
+            mean = sum(r[0] for r in runs) / len(runs)
+            tps = sum(r[1] for r in runs) / len(runs)
+            each = "/".join(f"{r[0]:.3f}" for r in runs)
+            cells.append(f"{mean:.3f} [{each}] ({tps:,.0f})")
+            means.append(mean)
+        ratio = f"{means[0] / means[-1]:.3f}" if means[0] and means[-1] else "-"
+        print(" | ".join([str(k) for k in key] + cells + [ratio]))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

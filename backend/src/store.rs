@@ -27,8 +27,10 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("store {}: {source}", .path.display())]
-    Sled { path: PathBuf, source: sled::Error },
+    // `cause`, not `source`: the message already holds it, and an error chain
+    // would print it twice.
+    #[error("store {}: {cause}", .path.display())]
+    Sled { path: PathBuf, cause: sled::Error },
     #[error("store {}: schema version {found} but this jetd reads version {SCHEMA_VERSION}", .path.display())]
     Schema { path: PathBuf, found: String },
     #[error("store: corrupt record {key}: {message}")]
@@ -165,7 +167,7 @@ fn open_waiting(path: &Path) -> sled::Result<sled::Db> {
             }
             Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
                 return Err(sled::Error::Io(std::io::Error::other(format!(
-                    "{io} (held for {}s: is another jetd using this data dir?)",
+                    "locked by another process for {} s: is another jetd using this data dir?",
                     LOCK_WAIT.as_secs()
                 ))));
             }
@@ -184,15 +186,15 @@ impl Store {
     /// Open (or create) the store in `dir`, checking the schema version.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
         let path = dir.join("store");
-        let e = |source| StoreError::Sled {
+        let e = |cause| StoreError::Sled {
             path: path.clone(),
-            source,
+            cause,
         };
         let db = open_waiting(&path).map_err(e)?;
         let tree = |n: &str| {
-            db.open_tree(n).map_err(|source| StoreError::Sled {
+            db.open_tree(n).map_err(|cause| StoreError::Sled {
                 path: path.clone(),
-                source,
+                cause,
             })
         };
         let s = Store {
@@ -223,9 +225,9 @@ impl Store {
     }
 
     fn err(&self) -> impl Fn(sled::Error) -> StoreError + '_ {
-        |source| StoreError::Sled {
+        |cause| StoreError::Sled {
             path: self.path.clone(),
-            source,
+            cause,
         }
     }
 
@@ -595,6 +597,14 @@ mod tests {
             s.meta.get("schema_version").unwrap().as_deref(),
             Some(b"1".as_slice())
         );
+    }
+
+    #[test]
+    fn a_store_held_open_is_refused_with_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held = Store::open(dir.path()).unwrap();
+        let e = Store::open(dir.path()).err().unwrap().to_string();
+        assert!(e.contains("store ") && e.contains("another jetd"), "{e}");
     }
 
     #[test]

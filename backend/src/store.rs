@@ -159,17 +159,14 @@ fn open_waiting(path: &Path) -> sled::Result<sled::Db> {
             .cache_capacity(CACHE_BYTES)
             .open();
         match r {
-            Err(sled::Error::Io(io))
-                if io.to_string().contains("could not acquire lock")
-                    && start.elapsed() < LOCK_WAIT =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
             Err(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
-                return Err(sled::Error::Io(std::io::Error::other(format!(
-                    "locked by another process for {} s: is another jetd using this data dir?",
-                    LOCK_WAIT.as_secs()
-                ))));
+                if start.elapsed() >= LOCK_WAIT {
+                    return Err(sled::Error::Io(std::io::Error::other(format!(
+                        "locked by another process for {} s: is another jetd using this data dir?",
+                        LOCK_WAIT.as_secs()
+                    ))));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
             }
             r => return r,
         }

@@ -5,15 +5,15 @@
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::flash::FlashSaved;
 use jet_kernels::cuda::linear::{
-    linear_forward, linear_forward_group, linear_forward_residual, rmsnorm_with_operand,
-    swiglu_with_operand, XOperand,
+    gate_up_swiglu, linear_forward, linear_forward_group, linear_forward_residual,
+    linear_residual_norm, qkv_norm_rope, rmsnorm_with_operand, swiglu_with_operand, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_forward_dev, qk_norm_rope, qk_norm_rope_fits, rmsnorm_forward, rope_forward_dev,
     upload_positions, upload_tokens,
 };
 use jet_kernels::cuda::{CudaError, Result};
-use jet_kernels::GemmRole;
+use jet_kernels::{GemmPrecision, GemmRole};
 
 use super::model::GpuModel;
 
@@ -112,64 +112,90 @@ pub fn run_layers(
     mut acts: Option<&mut Vec<GpuLayerActs>>,
 ) -> Result<CudaSlice<f32>> {
     let (g, cfg, w) = (&*model.gpu, model.cfg, model.w);
-    let (m, h, hd) = (rows.m, cfg.hidden_size, cfg.head_dim);
-    let (nh, nkv, eps) = (
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.rms_norm_eps,
-    );
+    let (m, h, eps) = (rows.m, cfg.hidden_size, cfg.rms_norm_eps);
     let prec = model.flow.precision(role);
     let mut x = embedding_forward_dev(g, w.t(w.ix.embed), cfg.vocab_size, h, &rows.tokens, m)?;
+    // A pass that keeps nothing for a backward (rollout) runs a split-K
+    // projection's epilogue inside the kernel after it (`linear::fused`): the
+    // same bits, fewer launches. The next layer's input norm, when the down
+    // projection made it so:
+    let fuse = acts.is_none();
+    let mut next_in = None;
     for (li, (lx, lp)) in w.ix.layers.iter().zip(&model.layers).enumerate() {
         // q, k and v read one low-precision copy of a, made by the norm; gate and up
         // one of b.
-        let (a, rstd1, mut ao) =
-            rmsnorm_with_operand(g, &x, w.t(lx.input_layernorm), (m, h), eps, prec)?;
-        // One GEMM and one epilogue launch for the three where a decode step's
-        // split-K path allows (each output's bits those of its own launch).
-        let qkv = [
-            (&lp.q, w.opt(lx.q_bias)),
-            (&lp.k, w.opt(lx.k_bias)),
-            (&lp.v, w.opt(lx.v_bias)),
-        ];
-        let [mut q, mut k, v]: [_; 3] = linear_forward_group(g, &a, &mut ao, m, &qkv, prec)?
-            .try_into()
-            .map_err(|_| CudaError::Invalid("q, k, v: three outputs expected".into()))?;
-        let mut qk_pre = None;
-        match (lx.q_norm, lx.k_norm) {
-            // Qwen3: the per-head norms and RoPE in one kernel.
-            (Some(qn), Some(kn)) if qk_norm_rope_fits(hd) => {
-                let norms = (w.t(qn), w.t(kn));
-                let pos = &rows.positions;
-                let (qq, kk, qr, kr) =
-                    qk_norm_rope(g, (&q, &k), norms, (m, nh, nkv), eps, pos, &model.rope)?;
-                let (q_pre, k_pre) = (std::mem::replace(&mut q, qq), std::mem::replace(&mut k, kk));
-                qk_pre = Some((q_pre, k_pre, qr, kr));
+        let (a, rstd1, mut ao) = match next_in.take() {
+            Some(made) => made,
+            None => rmsnorm_with_operand(g, &x, w.t(lx.input_layernorm), (m, h), eps, prec)?,
+        };
+        // Qwen3 in a decode step: the three projections in one GEMM launch, their
+        // epilogues with the q/k norms and RoPE in one more.
+        let biased = lx.q_bias.is_some() || lx.k_bias.is_some() || lx.v_bias.is_some();
+        let fused_qkv = match (fuse && !biased, lx.q_norm, lx.k_norm) {
+            (true, Some(qn), Some(kn)) => {
+                let ws = (&lp.q, &lp.k, &lp.v);
+                let norms = (w.t(qn), w.t(kn), eps);
+                let rope = (&rows.positions, &*model.rope);
+                qkv_norm_rope(g, &a, &mut ao, m, ws, norms, rope, prec)?
             }
-            (qn, kn) => {
-                if let (Some(qn), Some(kn)) = (qn, kn) {
-                    let (qq, qr) = rmsnorm_forward(g, &q, w.t(qn), m * nh, hd, eps)?;
-                    let (kk, kr) = rmsnorm_forward(g, &k, w.t(kn), m * nkv, hd, eps)?;
-                    let (q_pre, k_pre) =
-                        (std::mem::replace(&mut q, qq), std::mem::replace(&mut k, kk));
-                    qk_pre = Some((q_pre, k_pre, qr, kr));
-                }
-                rope_forward_dev(g, &mut q, &rows.positions, m, nh, &model.rope)?;
-                rope_forward_dev(g, &mut k, &rows.positions, m, nkv, &model.rope)?;
-            }
-        }
+            _ => None,
+        };
+        let (q, k, v, qk_pre) = match fused_qkv {
+            Some([q, k, v]) => (q, k, v, None),
+            None => qkv_unfused(model, li, rows, (&a, &mut ao), prec)?,
+        };
         let (o, saved) = attn.attend(li, &q, &k, &v)?;
         // The residual adds ride in the o and down projections' epilogues.
         let mut oo = XOperand::default();
-        let h_mid = linear_forward_residual(g, &o, &mut oo, m, &lp.o, prec, &x)?;
-        let post = w.t(lx.post_attention_layernorm);
-        let (b, rstd2, mut bo) = rmsnorm_with_operand(g, &h_mid, post, (m, h), eps, prec)?;
-        let gu = [(&lp.gate, None), (&lp.up, None)];
-        let [gate, up]: [_; 2] = linear_forward_group(g, &b, &mut bo, m, &gu, prec)?
-            .try_into()
-            .map_err(|_| CudaError::Invalid("gate, up: two outputs expected".into()))?;
-        let (mm, mut mo) = swiglu_with_operand(g, &gate, &up, (m, cfg.intermediate_size), prec)?;
-        let out = linear_forward_residual(g, &mm, &mut mo, m, &lp.down, prec, &h_mid)?;
+        let post = (w.t(lx.post_attention_layernorm), eps);
+        let o_norm = match fuse {
+            true => linear_residual_norm(g, &o, &mut oo, m, &lp.o, prec, &x, post)?,
+            false => None,
+        };
+        let (h_mid, b, rstd2, mut bo) = match o_norm {
+            Some(made) => made,
+            None => {
+                let h_mid = linear_forward_residual(g, &o, &mut oo, m, &lp.o, prec, &x)?;
+                let (b, rstd2, bo) = rmsnorm_with_operand(g, &h_mid, post.0, (m, h), eps, prec)?;
+                (h_mid, b, rstd2, bo)
+            }
+        };
+        let gate_up = (&lp.gate, &lp.up);
+        let swiglu = match fuse {
+            true => gate_up_swiglu(g, &b, &mut bo, m, gate_up, prec)?,
+            false => None,
+        };
+        // gate and up themselves: only where a backward keeps them.
+        let (gate, up, mm, mut mo) = match swiglu {
+            Some((mm, mo)) => (None, None, mm, mo),
+            None => {
+                let gu = [(gate_up.0, None), (gate_up.1, None)];
+                let [gate, up]: [_; 2] = linear_forward_group(g, &b, &mut bo, m, &gu, prec)?
+                    .try_into()
+                    .map_err(|_| CudaError::Invalid("gate, up: two outputs expected".into()))?;
+                let inter = cfg.intermediate_size;
+                let (mm, mo) = swiglu_with_operand(g, &gate, &up, (m, inter), prec)?;
+                (Some(gate), Some(up), mm, mo)
+            }
+        };
+        // The last layer's output goes to the final norm (`head`, its own kernel).
+        let next_norm =
+            w.ix.layers
+                .get(li + 1)
+                .map(|nx| (w.t(nx.input_layernorm), eps));
+        let down_norm = match (fuse, next_norm) {
+            (true, Some(nn)) => {
+                linear_residual_norm(g, &mm, &mut mo, m, &lp.down, prec, &h_mid, nn)?
+            }
+            _ => None,
+        };
+        let out = match down_norm {
+            Some((out, a, rstd, ao)) => {
+                next_in = Some((a, rstd, ao));
+                out
+            }
+            None => linear_forward_residual(g, &mm, &mut mo, m, &lp.down, prec, &h_mid)?,
+        };
         let x_in = std::mem::replace(&mut x, out);
         if let Some(acts) = acts.as_deref_mut() {
             acts.push(GpuLayerActs {
@@ -187,14 +213,76 @@ pub fn run_layers(
                 h_mid,
                 b,
                 rstd2,
-                gate,
-                up,
+                gate: gate.ok_or_else(kept)?,
+                up: up.ok_or_else(kept)?,
                 m: mm,
                 ops: [ao, oo, bo, mo].map(XOperand::for_backward),
             });
         }
     }
     Ok(x)
+}
+
+/// q, k, v after norm and RoPE `[M, heads * hd]`, and q, k before.
+type Qkv = (
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+    Option<QkPre>,
+);
+
+/// Layer `li`'s q, k and v of the normed rows `a` (operand in `ao`) as
+/// separate kernels: one GEMM and one epilogue launch for the three where a
+/// decode step's split-K path allows (each output's bits those of its own
+/// launch), then the q/k norms (Qwen3) and RoPE. Returns (q, k, v, the q and k
+/// before their norms with the norms' rstd).
+fn qkv_unfused(
+    model: &GpuModel,
+    li: usize,
+    rows: &RowsIn,
+    (a, ao): (&CudaSlice<f32>, &mut XOperand),
+    prec: GemmPrecision,
+) -> Result<Qkv> {
+    let (g, cfg, w) = (&*model.gpu, model.cfg, model.w);
+    let (lx, lp) = (&w.ix.layers[li], &model.layers[li]);
+    let (m, hd, eps) = (rows.m, cfg.head_dim, cfg.rms_norm_eps);
+    let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    let qkv = [
+        (&lp.q, w.opt(lx.q_bias)),
+        (&lp.k, w.opt(lx.k_bias)),
+        (&lp.v, w.opt(lx.v_bias)),
+    ];
+    let [mut q, mut k, v]: [_; 3] = linear_forward_group(g, a, ao, m, &qkv, prec)?
+        .try_into()
+        .map_err(|_| CudaError::Invalid("q, k, v: three outputs expected".into()))?;
+    let mut qk_pre = None;
+    match (lx.q_norm, lx.k_norm) {
+        // Qwen3: the per-head norms and RoPE in one kernel.
+        (Some(qn), Some(kn)) if qk_norm_rope_fits(hd) => {
+            let norms = (w.t(qn), w.t(kn));
+            let pos = &rows.positions;
+            let (qq, kk, qr, kr) =
+                qk_norm_rope(g, (&q, &k), norms, (m, nh, nkv), eps, pos, &model.rope)?;
+            let (q_pre, k_pre) = (std::mem::replace(&mut q, qq), std::mem::replace(&mut k, kk));
+            qk_pre = Some((q_pre, k_pre, qr, kr));
+        }
+        (qn, kn) => {
+            if let (Some(qn), Some(kn)) = (qn, kn) {
+                let (qq, qr) = rmsnorm_forward(g, &q, w.t(qn), m * nh, hd, eps)?;
+                let (kk, kr) = rmsnorm_forward(g, &k, w.t(kn), m * nkv, hd, eps)?;
+                let (q_pre, k_pre) = (std::mem::replace(&mut q, qq), std::mem::replace(&mut k, kk));
+                qk_pre = Some((q_pre, k_pre, qr, kr));
+            }
+            rope_forward_dev(g, &mut q, &rows.positions, m, nh, &model.rope)?;
+            rope_forward_dev(g, &mut k, &rows.positions, m, nkv, &model.rope)?;
+        }
+    }
+    Ok((q, k, v, qk_pre))
+}
+
+/// A layer output that a pass keeping its activations always makes.
+fn kept() -> CudaError {
+    CudaError::Invalid("gate and up were fused away in a pass that keeps activations".into())
 }
 
 /// Final norm and LM head: `h [M, hidden]` -> (normed, rstd `[M]`, logits `[M, vocab]`).

@@ -19,7 +19,9 @@
 
 use cudarc::driver::CudaSlice;
 
+mod fused;
 mod group;
+pub use fused::{gate_up_swiglu, linear_residual_norm, qkv_norm_rope, ResidualNorm};
 pub use group::linear_forward_group;
 
 use super::context::{Arg, OPS};
@@ -422,6 +424,68 @@ pub fn linear_forward_shared(
     forward(gpu, x, xo, m, w, bias, prec, None)
 }
 
+/// Whether [`forward`] of `m > 0` rows through `w` takes the split-K path (a
+/// decode step's few rows): its output is then `linear_epilogue` of
+/// [`split_k_partial`]'s slices, which the fused kernels of `linear::fused`
+/// reproduce bit for bit.
+fn takes_split_k(gpu: &Gpu, m: usize, w: &GpuWeight, prec: GemmPrecision) -> bool {
+    let few = m <= GEMV_MAX_TOKENS;
+    match prec {
+        GemmPrecision::F32 => false,
+        GemmPrecision::Bf16 => w.batch_invariant && (few || split_k_pays(gpu, m, w.n)),
+        GemmPrecision::Fp8 => few || (w.batch_invariant && split_k_pays(gpu, m, w.n)),
+    }
+}
+
+/// The split-K partial sums of `x [m, k]` through `w` in `prec` (BF16 or FP8),
+/// x's operand taken from (or left in) `xo`.
+fn split_k_partial(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    w: &GpuWeight,
+    prec: GemmPrecision,
+) -> Result<Partial> {
+    let (n, k) = (w.n, w.k);
+    match prec {
+        GemmPrecision::Bf16 => {
+            let wb = w.bf16.as_ref().ok_or_else(|| w.missing(prec))?;
+            let xb = xo.bf16(gpu, x, m, k)?;
+            gemv_bf16_partial(gpu, x_rows(xb, m, k), w_rows(wb, n, k))
+        }
+        GemmPrecision::Fp8 => {
+            let wq = w.fp8.as_ref().ok_or_else(|| w.missing(prec))?;
+            gemv_fp8_partial(gpu, xo.fp8(gpu, x, m, k)?, wq)
+        }
+        GemmPrecision::F32 => Err(super::CudaError::Invalid(
+            "an f32 linear layer has no split-K path".into(),
+        )),
+    }
+}
+
+/// x's BF16 copy `[m][pad16(k)]` as the BF16 kernels read it.
+fn x_rows(v: &CudaSlice<u16>, m: usize, k: usize) -> Bf16Rows<'_> {
+    Bf16Rows {
+        v,
+        rows: m,
+        cols: k,
+        rows_pad: m,
+        cols_pad: pad16(k),
+    }
+}
+
+/// A weight's BF16 copy `[pad16(n)][pad16(k)]` as the BF16 kernels read it.
+fn w_rows(v: &CudaSlice<u16>, n: usize, k: usize) -> Bf16Rows<'_> {
+    Bf16Rows {
+        v,
+        rows: n,
+        cols: k,
+        rows_pad: pad16(n),
+        cols_pad: pad16(k),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn forward(
     gpu: &Gpu,
@@ -443,6 +507,10 @@ fn forward(
         return gpu.uninit(0);
     }
     let add = res.map_or(Add::Nothing, Add::Res);
+    if takes_split_k(gpu, m, w, prec) {
+        let p = split_k_partial(gpu, x, xo, m, w, prec)?;
+        return from_partial(gpu, &p, bias, (m, n), prec, add);
+    }
     let (np, kp) = (pad16(n), pad16(k));
     let (d, ldd) = match prec {
         GemmPrecision::F32 => {
@@ -459,24 +527,7 @@ fn forward(
             let wb = w.bf16.as_ref().ok_or_else(|| w.missing(prec))?;
             let xb = xo.bf16(gpu, x, m, k)?;
             if w.batch_invariant {
-                let xr = Bf16Rows {
-                    v: xb,
-                    rows: m,
-                    cols: k,
-                    rows_pad: m,
-                    cols_pad: kp,
-                };
-                let wr = Bf16Rows {
-                    v: wb,
-                    rows: n,
-                    cols: k,
-                    rows_pad: np,
-                    cols_pad: kp,
-                };
-                if m <= GEMV_MAX_TOKENS || split_k_pays(gpu, m, n) {
-                    let p = gemv_bf16_partial(gpu, xr, wr)?;
-                    return from_partial(gpu, &p, bias, (m, n), prec, add);
-                }
+                let (xr, wr) = (x_rows(xb, m, k), w_rows(wb, n, k));
                 // The rows kernel writes y itself (linear_epilogue fused).
                 let y = gpu.uninit::<f32>(m * n)?;
                 gemm_bf16_rows_fused(gpu, xr, wr, fused_epi(gpu, &y, n, bias, prec, res))?;
@@ -494,12 +545,7 @@ fn forward(
         GemmPrecision::Fp8 => {
             let wq = w.fp8.as_ref().ok_or_else(|| w.missing(prec))?;
             let qx = xo.fp8(gpu, x, m, k)?;
-            let inv = w.batch_invariant;
-            if m <= GEMV_MAX_TOKENS || (inv && split_k_pays(gpu, m, n)) {
-                let p = gemv_fp8_partial(gpu, qx, wq)?;
-                return from_partial(gpu, &p, bias, (m, n), prec, add);
-            }
-            if inv {
+            if w.batch_invariant {
                 // The rows kernel writes y itself (linear_epilogue fused).
                 let y = gpu.uninit::<f32>(m * n)?;
                 gemm_fp8_rows_fused(gpu, qx, wq, fused_epi(gpu, &y, n, bias, prec, res))?;

@@ -347,8 +347,8 @@ fn colsum(
 pub struct GpuRope {
     pub head_dim: usize,
     pub max_positions: usize,
-    cos: CudaSlice<f32>,
-    sin: CudaSlice<f32>,
+    pub(crate) cos: CudaSlice<f32>,
+    pub(crate) sin: CudaSlice<f32>,
 }
 
 impl GpuRope {

@@ -192,7 +192,7 @@ pub enum FusedOperand {
 
 impl FusedOperand {
     /// An unwritten operand of `[rows, cols]`.
-    fn alloc(gpu: &Gpu, rows: usize, cols: usize, fp8: bool) -> Result<FusedOperand> {
+    pub(crate) fn alloc(gpu: &Gpu, rows: usize, cols: usize, fp8: bool) -> Result<FusedOperand> {
         Ok(match fp8 {
             true => FusedOperand::Fp8(unwritten_row1x128(gpu, rows, cols)?),
             false => FusedOperand::Bf16(gpu.uninit::<u16>(rows * pad16(cols))?),
@@ -201,7 +201,7 @@ impl FusedOperand {
 
     /// The kernel arguments after the output: rows_pad, cols_pad, codes, scales,
     /// BF16 copy (the absent ones null).
-    fn args(&self, gpu: &Gpu, rows: usize, cols: usize) -> [Arg; 5] {
+    pub(crate) fn args(&self, gpu: &Gpu, rows: usize, cols: usize) -> [Arg; 5] {
         let (codes, scales, yb) = match self {
             FusedOperand::Fp8(q) => (gpu.ptr(&q.codes), gpu.ptr(&q.scales), 0),
             FusedOperand::Bf16(b) => (0, 0, gpu.ptr(b)),
@@ -215,7 +215,7 @@ impl FusedOperand {
         ]
     }
 
-    fn rows_pad(&self, rows: usize) -> usize {
+    pub(crate) fn rows_pad(&self, rows: usize) -> usize {
         match self {
             FusedOperand::Fp8(q) => q.rows_pad,
             FusedOperand::Bf16(_) => rows,

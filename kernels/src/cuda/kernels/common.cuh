@@ -181,6 +181,71 @@ __device__ __forceinline__ float epi_value(float v, bool has_bias, float b, int 
     return has_res ? __fadd_rn(r, v) : v;
 }
 
+// ---- a split-K GEMM's epilogue as the input of a fused kernel --------------------
+// The values linear_epilogue (ops.cu) writes at (r, c .. c+3) of [rows, cols] from a
+// split-K partial d (slices `sstride` apart, added in slice order), no bias, rounded
+// to BF16, plus res [rows, cols] when not null (one f32 add): the same adds in the
+// same order, so the same bits. Also stores them into out [rows, cols] when not null.
+struct SkIn {
+    const float* d;
+    long ldd, sstride;
+    int splits;
+    const float* res;
+    float* out;
+};
+__device__ __forceinline__ void sk_epi4(const SkIn& P, int r, int c, int cols, float v[4]) {
+    const float* dr = P.d + (long)r * P.ldd + c;
+    const long i = (long)r * cols + c;
+    const bool vec = ((P.ldd | P.sstride | cols) & 3) == 0 &&
+                     (((unsigned long long)P.d | (unsigned long long)P.res | (unsigned long long)P.out) & 15) == 0;
+    if (vec && c + 3 < cols) {
+        float4 a = *reinterpret_cast<const float4*>(dr);
+        // Slices 4 at a time, the loads issued before the adds (as linear_epilogue).
+        int s = 1;
+        for (; s + 3 < P.splits; s += 4) {
+            float4 t[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) t[u] = *reinterpret_cast<const float4*>(dr + (s + u) * P.sstride);
+#pragma unroll
+            for (int u = 0; u < 4; u++) a.x += t[u].x, a.y += t[u].y, a.z += t[u].z, a.w += t[u].w;
+        }
+        for (; s < P.splits; s++) {
+            float4 t = *reinterpret_cast<const float4*>(dr + s * P.sstride);
+            a.x += t.x, a.y += t.y, a.z += t.z, a.w += t.w;
+        }
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        for (int j = 0; j < 4; j++) v[j] = epi_value(v[j], false, 0.0f, 1, P.res, P.res ? P.res[i + j] : 0.0f);
+        if (P.out) *reinterpret_cast<float4*>(P.out + i) = make_float4(v[0], v[1], v[2], v[3]);
+        return;
+    }
+    for (int j = 0; j < 4; j++) {
+        v[j] = 0.0f;
+        if (c + j >= cols) continue;
+        float t = dr[j];
+        for (int s = 1; s < P.splits; s++) t += dr[j + s * P.sstride];
+        v[j] = epi_value(t, false, 0.0f, 1, P.res, P.res ? P.res[i + j] : 0.0f);
+        if (P.out) P.out[i + j] = v[j];
+    }
+}
+// One value of the same, at (r, c).
+__device__ __forceinline__ float sk_epi1(const SkIn& P, int r, int c, int cols) {
+    const float* dr = P.d + (long)r * P.ldd + c;
+    float a = dr[0];
+    int s = 1;
+    for (; s + 3 < P.splits; s += 4) {
+        float t[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) t[u] = dr[(s + u) * P.sstride];
+#pragma unroll
+        for (int u = 0; u < 4; u++) a += t[u];
+    }
+    for (; s < P.splits; s++) a += dr[s * P.sstride];
+    const long i = (long)r * cols + c;
+    a = epi_value(a, false, 0.0f, 1, P.res, P.res ? P.res[i] : 0.0f);
+    if (P.out) P.out[i] = a;
+    return a;
+}
+
 // One total v of (row, tok): through the fused linear epilogue when y != null (fuses
 // linear_epilogue: epi_value with bias [N] and res [M][ldy] when not null) into
 // y [M][ldy], else as is into d [M][ldd].

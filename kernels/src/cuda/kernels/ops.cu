@@ -177,33 +177,21 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, co
 // lane adds its squares in i order, then warp_sum: an order of its own (not
 // rmsnorm_fwd's), the same for every caller of the layer stack. q, k, qr, kr: the
 // outputs [rows, heads * hd] and the norms' rstd [rows * heads].
-extern "C" __global__ void qk_norm_rope(const float* q_pre, const float* k_pre, const float* qw, const float* kw,
-                                        int rows, int nh, int nkv, int hd, float eps, const int* pos,
-                                        const float* cos_t, const float* sin_t, float* q, float* k, float* qr,
-                                        float* kr) {
-    pdl_entry();
-    const int r = blockIdx.x, head = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (head >= nh + nkv) return;
-    const bool isq = head < nh;
-    const int hh = isq ? head : head - nh, heads = isq ? nh : nkv, n = hd / 32, half = hd / 2;
-    const long o = ((long)r * heads + hh) * hd;
-    const float* src = (isq ? q_pre : k_pre) + o;
-    const float* w = isq ? qw : kw;
-    float* dst = (isq ? q : k) + o;
-    float v[8];
+// One warp's head: v[i] (i < n = hd / 32) its values at columns lane + 32 i; writes
+// the normed, rotated head to dst and its rstd (lane 0) to *rs_out unless null.
+__device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps, const float* w, long t0,
+                                                  const float* cos_t, const float* sin_t, float* dst,
+                                                  float* rs_out) {
+    const int lane = threadIdx.x & 31, n = hd / 32, half = hd / 2;
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++)
-        if (i < n) {
-            v[i] = src[lane + 32 * i];
-            ss += v[i] * v[i];
-        }
+        if (i < n) ss += v[i] * v[i];
     ss = warp_sum(ss);
     const float rs = 1.0f / sqrtf(ss / (float)hd + eps);
 #pragma unroll
     for (int i = 0; i < 8; i++)
         if (i < n) v[i] = w[lane + 32 * i] * (v[i] * rs);
-    const long t0 = (long)pos[r] * half;
 #pragma unroll
     for (int i = 0; i < 4; i++)
         if (i < n / 2) {
@@ -213,7 +201,64 @@ extern "C" __global__ void qk_norm_rope(const float* q_pre, const float* k_pre, 
             dst[j] = u * c - x * sn;
             dst[j + half] = x * c + u * sn;
         }
-    if (lane == 0) (isq ? qr : kr)[(long)r * heads + hh] = rs;
+    if (lane == 0 && rs_out) *rs_out = rs;
+}
+
+extern "C" __global__ void qk_norm_rope(const float* q_pre, const float* k_pre, const float* qw, const float* kw,
+                                        int rows, int nh, int nkv, int hd, float eps, const int* pos,
+                                        const float* cos_t, const float* sin_t, float* q, float* k, float* qr,
+                                        float* kr) {
+    pdl_entry();
+    const int r = blockIdx.x, head = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (head >= nh + nkv) return;
+    const bool isq = head < nh;
+    const int hh = isq ? head : head - nh, heads = isq ? nh : nkv, n = hd / 32;
+    const long o = ((long)r * heads + hh) * hd;
+    const float* src = (isq ? q_pre : k_pre) + o;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < n) v[i] = src[lane + 32 * i];
+    qk_norm_rope_warp(v, hd, eps, isq ? qw : kw, (long)pos[r] * (hd / 2), cos_t, sin_t, (isq ? q : k) + o,
+                      (isq ? qr : kr) + (long)r * heads + hh);
+}
+
+// The q, k, v projections' epilogues (split-K partials, no bias) with qk_norm_rope
+// (fuses linear_epilogue_group of a decode step and qk_norm_rope, the norms' rstd
+// not kept). Grid (rows, ceil((nh + 2 nkv) / 8)), block 256: one warp per head,
+// heads nh.. k's, nh + nkv.. v's (the epilogue only); qk_norm_rope's lane layout,
+// so its sum order.
+extern "C" __global__ void qkv_sk_norm_rope(SkIn qi, SkIn ki, SkIn vi, const float* qw, const float* kw,
+                                            int rows, int nh, int nkv, int hd, float eps, const int* pos,
+                                            const float* cos_t, const float* sin_t, float* q, float* k,
+                                            float* v_out) {
+    pdl_entry();
+    const int r = blockIdx.x, head = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (head >= nh + 2 * nkv) return;
+    const int kind = head < nh ? 0 : head < nh + nkv ? 1 : 2;
+    const int hh = kind == 0 ? head : kind == 1 ? head - nh : head - nh - nkv, heads = kind == 0 ? nh : nkv;
+    const int n = hd / 32, cols = heads * hd;
+    // Field by field: a reference into the parameters would copy all three to the stack.
+    SkIn P;
+    P.d = kind == 0 ? qi.d : kind == 1 ? ki.d : vi.d;
+    P.ldd = kind == 0 ? qi.ldd : kind == 1 ? ki.ldd : vi.ldd;
+    P.sstride = kind == 0 ? qi.sstride : kind == 1 ? ki.sstride : vi.sstride;
+    P.splits = kind == 0 ? qi.splits : kind == 1 ? ki.splits : vi.splits;
+    P.res = nullptr;
+    P.out = nullptr;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < n) v[i] = sk_epi1(P, r, hh * hd + lane + 32 * i, cols);
+    const long o = ((long)r * heads + hh) * hd;
+    if (kind == 2) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (i < n) v_out[o + lane + 32 * i] = v[i];
+        return;
+    }
+    qk_norm_rope_warp(v, hd, eps, kind == 0 ? qw : kw, (long)pos[r] * (hd / 2), cos_t, sin_t,
+                      (kind == 0 ? q : k) + o, nullptr);
 }
 
 // ---- swiglu ----------------------------------------------------------------------

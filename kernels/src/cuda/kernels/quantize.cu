@@ -313,29 +313,30 @@ __device__ __forceinline__ void store_operand4(const float v[4], int r, int g, i
 // every caller of the layer stack, rollout and training alike. Block 32 * min(L, 32).
 // Launch bounds 1024: dim 4096 takes 1024 threads, so at most 64 registers a thread.
 #define RN_G 8
-extern "C" __global__ void __launch_bounds__(1024)
-    rmsnorm_operand(const float* x, const float* w, int rows, int dim, float eps, float* y, float* rstd,
-                    int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
-    pdl_entry();
+// The body, over how a thread gets its four inputs at (r, c): `load(r, c, v)`
+// (zero past `dim`; called only for real rows and groups), and G groups a warp at
+// most. G does not change the sums: a thread's groups past L add 0 to its sum.
+template <int G, class Load>
+__device__ __forceinline__ void rmsnorm_operand_at(Load load, const float* w, int rows, int dim, float eps,
+                                                   float* y, float* rstd, int rows_pad, int cols_pad, u8* codes,
+                                                   float* scales, bf16_t* yb) {
     __shared__ float sh[32];
     const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int L = (dim + 127) / 128;
     const bool real = r < rows;
-    const bool vec = (dim & 3) == 0;
-    const float* xr = x + (long)r * dim;
-    float v[RN_G][4];
+    float v[G][4];
     float ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < RN_G; i++) {
+    for (int i = 0; i < G; i++) {
         int g = warp + i * nw, c = g * 128 + lane * 4;
         for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
-        if (real && g < L) load4(xr, c, dim, vec, v[i]);
+        if (real && g < L) load(r, c, v[i]);
         for (int j = 0; j < 4; j++) ss += v[i][j] * v[i][j];
     }
     ss = block_sum(ss, sh);
     const float rs = 1.0f / sqrtf(ss / (float)dim + eps);
 #pragma unroll
-    for (int i = 0; i < RN_G; i++) {
+    for (int i = 0; i < G; i++) {
         int g = warp + i * nw, c = g * 128 + lane * 4;
         if (g >= L) break;  // warp-uniform
         for (int j = 0; j < 4; j++) {
@@ -348,29 +349,71 @@ extern "C" __global__ void __launch_bounds__(1024)
     if (threadIdx.x == 0 && real) rstd[r] = rs;
 }
 
+extern "C" __global__ void __launch_bounds__(1024)
+    rmsnorm_operand(const float* x, const float* w, int rows, int dim, float eps, float* y, float* rstd,
+                    int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
+    pdl_entry();
+    const bool vec = (dim & 3) == 0;
+    auto load = [&](int r, int c, float v[4]) { load4(x + (long)r * dim, c, dim, vec, v); };
+    rmsnorm_operand_at<RN_G>(load, w, rows, dim, eps, y, rstd, rows_pad, cols_pad, codes, scales, yb);
+}
+
+// rmsnorm_operand of a split-K GEMM's output plus the residual (fuses
+// linear_epilogue with res, writing the residual stream `x.out`, and
+// rmsnorm_operand; the same block layout and sum order). Two groups a warp (dim
+// 8192 at most): eight and the slices' loads would not fit 64 registers.
+#define RN_SK_G 2
+extern "C" __global__ void __launch_bounds__(1024)
+    rmsnorm_sk_operand(SkIn x, const float* w, int rows, int dim, float eps, float* y, float* rstd,
+                       int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
+    pdl_entry();
+    auto load = [&](int r, int c, float v[4]) { sk_epi4(x, r, c, dim, v); };
+    rmsnorm_operand_at<RN_SK_G>(load, w, rows, dim, eps, y, rstd, rows_pad, cols_pad, codes, scales, yb);
+}
+
 // ---- swiglu with its GEMM operand -------------------------------------------------
 // Fuses ops.cu's swiglu_fwd (h = g * sigmoid(g) * u, as written there) with the
 // operand the down projection reads of h: quant_row1x128_f32 (codes != null) or
 // pad_bf16_f32 (yb != null). One warp per (row, 128-column group) of rows_pad x L,
 // lane l the columns g*128 + 4l .. +3 (row1x128's layout); padding rows write code 0
 // and scale 1, padding columns 0.
-extern "C" __global__ void swiglu_operand(const float* gate, const float* up, int rows, int cols, float* h,
-                                          int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
-    pdl_entry();
+template <class Load>
+__device__ __forceinline__ void swiglu_operand_at(Load load, int rows, int cols, float* h, int rows_pad,
+                                                  int cols_pad, u8* codes, float* scales, bf16_t* yb) {
     const int L = (cols + 127) / 128, lane = threadIdx.x & 31;
     const long wi = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (wi >= (long)rows_pad * L) return;  // warp-uniform
     const int r = (int)(wi / L), g = (int)(wi % L), c = g * 128 + lane * 4;
-    const bool vec = (cols & 3) == 0;
     float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f}, v[4];
-    if (r < rows) {
-        load4(gate + (long)r * cols, c, cols, vec, gv);
-        load4(up + (long)r * cols, c, cols, vec, uv);
-    }
+    if (r < rows) load(r, c, gv, uv);
     for (int j = 0; j < 4; j++) {
         bool in = r < rows && c + j < cols;
         v[j] = in ? gv[j] * sigmoid(gv[j]) * uv[j] : 0.0f;
-        if (in) h[(long)r * cols + c + j] = v[j];
+        if (in && h) h[(long)r * cols + c + j] = v[j];
     }
     store_operand4(v, r, g, c, lane, rows_pad, cols_pad, codes, scales, yb);
+}
+
+extern "C" __global__ void swiglu_operand(const float* gate, const float* up, int rows, int cols, float* h,
+                                          int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
+    pdl_entry();
+    const bool vec = (cols & 3) == 0;
+    auto load = [&](int r, int c, float gv[4], float uv[4]) {
+        load4(gate + (long)r * cols, c, cols, vec, gv);
+        load4(up + (long)r * cols, c, cols, vec, uv);
+    };
+    swiglu_operand_at(load, rows, cols, h, rows_pad, cols_pad, codes, scales, yb);
+}
+
+// swiglu_operand of two split-K GEMMs' outputs (fuses the gate and up projections'
+// linear_epilogue, no bias, and swiglu_operand; the same layout). h may be null: a
+// decode step keeps only the operand.
+extern "C" __global__ void swiglu_sk_operand(SkIn gate, SkIn up, int rows, int cols, float* h, int rows_pad,
+                                             int cols_pad, u8* codes, float* scales, bf16_t* yb) {
+    pdl_entry();
+    auto load = [&](int r, int c, float gv[4], float uv[4]) {
+        sk_epi4(gate, r, c, cols, gv);
+        sk_epi4(up, r, c, cols, uv);
+    };
+    swiglu_operand_at(load, rows, cols, h, rows_pad, cols_pad, codes, scales, yb);
 }

@@ -8,9 +8,9 @@ use cudarc::driver::CudaSlice;
 
 use super::super::context::OPS;
 use super::super::gemv::{gemv_fp8_partial_group, split_k_pays, CStruct, Partial, GEMV_MAX_TOKENS};
-use super::super::gemv_bf16::{gemv_bf16_partial_group, Bf16Rows};
-use super::{forward, GpuWeight, XOperand};
-use crate::cuda::{check_len, ensure, pad16, Gpu, Result};
+use super::super::gemv_bf16::gemv_bf16_partial_group;
+use super::{forward, w_rows, x_rows, GpuWeight, XOperand};
+use crate::cuda::{check_len, ensure, Gpu, Result};
 use crate::GemmPrecision;
 
 /// [`super::linear_forward_shared`] for each of `layers` (weight, bias), all
@@ -25,12 +25,41 @@ pub fn linear_forward_group(
     layers: &[(&GpuWeight, Option<&CudaSlice<f32>>)],
     prec: GemmPrecision,
 ) -> Result<Vec<CudaSlice<f32>>> {
-    let k = layers.first().map_or(0, |(w, _)| w.k);
+    for &(w, b) in layers {
+        if let Some(b) = b {
+            check_len("linear bias", b, w.n, format!("[{}]", w.n))?;
+        }
+    }
+    let ws: Vec<_> = layers.iter().map(|&(w, _)| w).collect();
+    match group_partials(gpu, x, xo, m, &ws, prec)? {
+        Some(parts) => {
+            let biases: Vec<_> = layers.iter().map(|&(_, b)| b).collect();
+            epilogue_group(gpu, &parts, &biases, m, prec)
+        }
+        None => layers
+            .iter()
+            .map(|&(w, b)| forward(gpu, x, xo, m, w, b, prec, None))
+            .collect(),
+    }
+}
+
+/// The split-K partial sums of `x [m, k]` through each of `ws` in one grouped
+/// launch, where each would take the split-K path of its own [`forward`] call
+/// (the same blocks, so the same bits); `None` where not.
+pub(super) fn group_partials(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    ws: &[&GpuWeight],
+    prec: GemmPrecision,
+) -> Result<Option<Vec<Partial>>> {
+    let k = ws.first().map_or(0, |w| w.k);
     let grouped = gpu.wgmma()
         && m > 0
-        && (2..=3).contains(&layers.len())
+        && (2..=3).contains(&ws.len())
         && matches!(prec, GemmPrecision::Bf16 | GemmPrecision::Fp8)
-        && layers.iter().all(|(w, _)| {
+        && ws.iter().all(|w| {
             w.k == k
                 && w.batch_invariant
                 && (m <= GEMV_MAX_TOKENS || split_k_pays(gpu, m, w.n))
@@ -40,53 +69,35 @@ pub fn linear_forward_group(
                 }
         });
     if !grouped {
-        return layers
-            .iter()
-            .map(|&(w, b)| forward(gpu, x, xo, m, w, b, prec, None))
-            .collect();
+        return Ok(None);
     }
     check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
-    for &(w, b) in layers {
-        if let Some(b) = b {
-            check_len("linear bias", b, w.n, format!("[{}]", w.n))?;
-        }
-    }
     let xo = xo.of(m, k)?;
     let parts = match prec {
         GemmPrecision::Bf16 => {
-            let xb = xo.bf16(gpu, x, m, k)?;
-            let xr = Bf16Rows {
-                v: xb,
-                rows: m,
-                cols: k,
-                rows_pad: m,
-                cols_pad: pad16(k),
-            };
-            let ws = layers
+            let xr = x_rows(xo.bf16(gpu, x, m, k)?, m, k);
+            let ws = ws
                 .iter()
-                .map(|(w, _)| {
-                    Ok(Bf16Rows {
-                        v: w.bf16.as_ref().ok_or_else(|| w.missing(prec))?,
-                        rows: w.n,
-                        cols: k,
-                        rows_pad: pad16(w.n),
-                        cols_pad: pad16(k),
-                    })
+                .map(|w| {
+                    Ok(w_rows(
+                        w.bf16.as_ref().ok_or_else(|| w.missing(prec))?,
+                        w.n,
+                        k,
+                    ))
                 })
                 .collect::<Result<Vec<_>>>()?;
             gemv_bf16_partial_group(gpu, xr, &ws)?
         }
         _ => {
             let qx = xo.fp8(gpu, x, m, k)?;
-            let ws = layers
+            let ws = ws
                 .iter()
-                .map(|(w, _)| w.fp8.as_ref().ok_or_else(|| w.missing(prec)))
+                .map(|w| w.fp8.as_ref().ok_or_else(|| w.missing(prec)))
                 .collect::<Result<Vec<_>>>()?;
             gemv_fp8_partial_group(gpu, qx, &ws)?
         }
     };
-    let biases: Vec<_> = layers.iter().map(|&(_, b)| b).collect();
-    epilogue_group(gpu, &parts, &biases, m, prec)
+    Ok(Some(parts))
 }
 
 /// Bytes of one `EpiProb` (`ops.cu`); `EpiGroup` holds three, then rows, round,

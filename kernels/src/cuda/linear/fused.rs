@@ -1,0 +1,207 @@
+//! A decode step's GEMM epilogues fused with the kernel that reads their output
+//! (`quantize.cu`: `rmsnorm_sk_operand` beside `rmsnorm_operand`,
+//! `swiglu_sk_operand` beside `swiglu_operand`). Where a projection takes the
+//! split-K path, its `linear_epilogue` (slices added in order, the BF16
+//! rounding, the residual add) runs inside the next kernel: the same adds in the
+//! same order, so every output holds the bits of the unfused launches, and a
+//! layer runs three launches fewer (q, k, v + Qwen3's q/k norms and RoPE; o +
+//! post-attention norm; gate, up + SwiGLU) plus one more between layers (down +
+//! the next layer's input norm).
+
+use cudarc::driver::CudaSlice;
+
+use super::super::context::{Arg, OPS, QUANTIZE};
+use super::super::gemv::{CStruct, Partial};
+use super::super::ops::{qk_norm_rope_fits, GpuRope};
+use super::super::quantize::{FusedOperand, NORM_OPERAND_MAX_DIM};
+
+/// Widest row `rmsnorm_sk_operand` takes (32 warps of `RN_SK_G` = 2 groups of
+/// 128); `rmsnorm_operand`'s sum order is the same up to its own widest.
+const NORM_SK_MAX_DIM: usize = 32 * 2 * GROUP;
+use super::group::group_partials;
+use super::{split_k_partial, takes_split_k, GpuWeight, XOperand};
+use crate::cuda::{check_len, ensure, Gpu, Result};
+use crate::fp8::GROUP;
+use crate::GemmPrecision;
+
+/// `SkIn` (`quantize.cu`) of a partial: its slices, `res [rows, cols]` added
+/// after the rounding, the epilogue's output stored into `out` (both optional).
+fn sk_in(
+    gpu: &Gpu,
+    p: &Partial,
+    res: Option<&CudaSlice<f32>>,
+    out: Option<&CudaSlice<f32>>,
+) -> Result<Arg> {
+    let mut s = CStruct::default();
+    s.u64(gpu.ptr(&p.p))
+        .i64(p.ldp as i64)
+        .i64(p.sstride as i64)
+        .i32(p.splits as i32)
+        .i32(0)
+        .u64(res.map_or(0, |r| gpu.ptr(r)))
+        .u64(out.map_or(0, |o| gpu.ptr(o)));
+    s.arg()
+}
+
+/// `(y [m, n], normed [m, n], rstd [m], normed's operand)`.
+pub type ResidualNorm = (CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>, XOperand);
+
+/// The o (or down) projection of `x [m, k]` plus the residual `res [m, n]`, then
+/// RMSNorm of that sum with `norm_w [n]` and the next GEMM's operand, in the
+/// two launches of the split-K GEMM and `rmsnorm_sk_operand`: `(y [m, n],
+/// normed [m, n], rstd [m], operand)`, the bits of `linear_forward_residual`
+/// then `rmsnorm_with_operand`. `None` (nothing launched) where those would not
+/// take the split-K and fused-norm paths.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_residual_norm(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    w: &GpuWeight,
+    prec: GemmPrecision,
+    res: &CudaSlice<f32>,
+    (norm_w, eps): (&CudaSlice<f32>, f64),
+) -> Result<Option<ResidualNorm>> {
+    let (n, k) = (w.n, w.k);
+    if m == 0 || !takes_split_k(gpu, m, w, prec) || n > NORM_SK_MAX_DIM.min(NORM_OPERAND_MAX_DIM) {
+        return Ok(None);
+    }
+    check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
+    check_len("linear residual", res, m * n, format!("[{m}, {n}]"))?;
+    check_len("rmsnorm w", norm_w, n, format!("[{n}]"))?;
+    let p = split_k_partial(gpu, x, xo.of(m, k)?, m, w, prec)?;
+    let y = gpu.uninit::<f32>(m * n)?;
+    let normed = gpu.uninit::<f32>(m * n)?;
+    let rstd = gpu.uninit::<f32>(m)?;
+    let op = FusedOperand::alloc(gpu, m, n, prec == GemmPrecision::Fp8)?;
+    // One block a row (padding rows too), 32 threads a 128-column group (at most
+    // 32 warps): rmsnorm_operand's layout, so its sum order.
+    gpu.launch(
+        &QUANTIZE,
+        "rmsnorm_sk_operand",
+        (op.rows_pad(m) as u32, 1, 1),
+        ((32 * n.div_ceil(GROUP).min(32)) as u32, 1, 1),
+        0,
+        &[
+            &[
+                sk_in(gpu, &p, Some(res), Some(&y))?,
+                Arg::P(gpu.ptr(norm_w)),
+                Arg::I(m as i32),
+                Arg::I(n as i32),
+                Arg::F(eps as f32),
+                Arg::P(gpu.ptr(&normed)),
+                Arg::P(gpu.ptr(&rstd)),
+            ][..],
+            &op.args(gpu, m, n),
+        ]
+        .concat(),
+    )?;
+    Ok(Some((y, normed, rstd, XOperand::fused(m, n, op))))
+}
+
+/// The gate and up projections of `x [m, k]` (no bias) and SwiGLU of their
+/// outputs with the down projection's operand, in the two launches of the
+/// grouped split-K GEMM and `swiglu_sk_operand`: `(h [m, inter], operand)`, the
+/// bits of `linear_forward_group` then `swiglu_with_operand`. `None` (nothing
+/// launched) where the grouped split-K path does not apply.
+pub fn gate_up_swiglu(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    (gate, up): (&GpuWeight, &GpuWeight),
+    prec: GemmPrecision,
+) -> Result<Option<(CudaSlice<f32>, XOperand)>> {
+    ensure(gate.n == up.n && gate.k == up.k, || {
+        format!(
+            "gate [{}, {}] and up [{}, {}] differ in shape",
+            gate.n, gate.k, up.n, up.k
+        )
+    })?;
+    let Some(parts) = group_partials(gpu, x, xo, m, &[gate, up], prec)? else {
+        return Ok(None);
+    };
+    let cols = gate.n;
+    let h = gpu.uninit::<f32>(m * cols)?;
+    let op = FusedOperand::alloc(gpu, m, cols, prec == GemmPrecision::Fp8)?;
+    // One warp per (row, 128-column group), 8 warps a block: swiglu_operand's layout.
+    let warps = op.rows_pad(m) * cols.div_ceil(GROUP);
+    gpu.launch(
+        &QUANTIZE,
+        "swiglu_sk_operand",
+        (warps.div_ceil(8) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            &[
+                sk_in(gpu, &parts[0], None, None)?,
+                sk_in(gpu, &parts[1], None, None)?,
+                Arg::I(m as i32),
+                Arg::I(cols as i32),
+                Arg::P(gpu.ptr(&h)),
+            ][..],
+            &op.args(gpu, m, cols),
+        ]
+        .concat(),
+    )?;
+    Ok(Some((h, XOperand::fused(m, cols, op))))
+}
+
+/// Qwen3's q, k and v projections of `x [m, k]` (no biases) and the per-head q/k
+/// norms with RoPE at `positions`, in the two launches of the grouped split-K
+/// GEMM and `qkv_sk_norm_rope`: `(q [m, nh * hd], k, v [m, nkv * hd])`, the bits
+/// of `linear_forward_group` then `ops::qk_norm_rope` (whose rstd a decode step
+/// does not keep). `None` (nothing launched) where the grouped split-K path does
+/// not apply or the heads do not fit `qk_norm_rope`.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_norm_rope(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    (wq, wk, wv): (&GpuWeight, &GpuWeight, &GpuWeight),
+    (qw, kw, eps): (&CudaSlice<f32>, &CudaSlice<f32>, f64),
+    (positions, rope): (&CudaSlice<i32>, &GpuRope),
+    prec: GemmPrecision,
+) -> Result<Option<[CudaSlice<f32>; 3]>> {
+    let hd = rope.head_dim;
+    if !qk_norm_rope_fits(hd) || wk.n != wv.n || wq.n % hd != 0 || wk.n % hd != 0 {
+        return Ok(None);
+    }
+    let (nh, nkv) = (wq.n / hd, wk.n / hd);
+    check_len("q_norm weight", qw, hd, format!("[{hd}]"))?;
+    check_len("k_norm weight", kw, hd, format!("[{hd}]"))?;
+    check_len("rope positions", positions, m, format!("[{m}]"))?;
+    let Some(parts) = group_partials(gpu, x, xo, m, &[wq, wk, wv], prec)? else {
+        return Ok(None);
+    };
+    let q = gpu.uninit::<f32>(m * wq.n)?;
+    let (k, v) = (gpu.uninit::<f32>(m * wk.n)?, gpu.uninit::<f32>(m * wv.n)?);
+    gpu.launch(
+        &OPS,
+        "qkv_sk_norm_rope",
+        (m as u32, (nh + 2 * nkv).div_ceil(8) as u32, 1),
+        (256, 1, 1),
+        0,
+        &[
+            sk_in(gpu, &parts[0], None, None)?,
+            sk_in(gpu, &parts[1], None, None)?,
+            sk_in(gpu, &parts[2], None, None)?,
+            Arg::P(gpu.ptr(qw)),
+            Arg::P(gpu.ptr(kw)),
+            Arg::I(m as i32),
+            Arg::I(nh as i32),
+            Arg::I(nkv as i32),
+            Arg::I(hd as i32),
+            Arg::F(eps as f32),
+            Arg::P(gpu.ptr(positions)),
+            Arg::P(gpu.ptr(&rope.cos)),
+            Arg::P(gpu.ptr(&rope.sin)),
+            Arg::P(gpu.ptr(&q)),
+            Arg::P(gpu.ptr(&k)),
+            Arg::P(gpu.ptr(&v)),
+        ],
+    )?;
+    Ok(Some([q, k, v]))
+}

@@ -405,6 +405,35 @@ fn rollout_equals_training_bitwise_at_qwen3_widths() {
     }
 }
 
+/// The same bitwise equality for the layer layouts without Qwen3's q/k norms:
+/// Llama (no biases) and Qwen2 (q, k, v biases). Their decode steps take the
+/// separate q/k/v kernels and norm + RoPE launches while the o, gate/up and
+/// down projections' epilogues still run fused (`linear::fused`).
+#[test]
+fn rollout_equals_training_bitwise_for_llama_and_qwen2_layouts() {
+    let Some(g) = gpu() else { return };
+    for (arch, bias) in [(Arch::Llama, false), (Arch::Qwen2, true)] {
+        let cfg = ModelConfig {
+            arch,
+            attention_bias: bias,
+            qk_norm: false,
+            ..qwen3_widths()
+        };
+        let dw = GpuWeights::upload(&g, &init_random(&cfg, 7)).unwrap();
+        for flow in [Flow::Bf16, Flow::Fp8] {
+            let (max_abs, _) = rollout_vs_training(&g, &cfg, &dw, flow, true);
+            report(
+                &format!(
+                    "{} ({arch:?} layout): rollout vs training max |dlogp|",
+                    flow.name()
+                ),
+                max_abs,
+                0.0,
+            );
+        }
+    }
+}
+
 /// The trainer end to end on the GPU (embedded tiny-arith, shortened): SFT and
 /// GRPO steps run with finite metrics; the first SFT loss agrees with the CPU's.
 #[test]

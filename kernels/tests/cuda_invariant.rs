@@ -303,121 +303,132 @@ fn grouped_projections_equal_their_own_launches() {
 /// A decode step's fused epilogues (`linear::fused`) give the bits of the
 /// separate launches: the o projection plus residual then the post-attention
 /// norm and its operand (`linear_residual_norm` against `linear_forward_residual`
-/// then `rmsnorm_with_operand`), and gate, up then SwiGLU and its operand
+/// then `rmsnorm_with_operand`), gate, up then SwiGLU and its operand
 /// (`gate_up_swiglu` against `linear_forward_group` then `swiglu_with_operand`),
 /// and q, k, v with Qwen3's q/k norms and RoPE (`qkv_norm_rope` against
-/// `linear_forward_group` then `ops::qk_norm_rope`).
-/// The operands are compared through the GEMM that reads them. Qwen3-0.6B's
-/// widths; rows 1 to 300, the fused path taken at least up to 64.
+/// `linear_forward_group` then `ops::qk_norm_rope`). The operands are compared
+/// through the GEMM that reads them. Widths (hidden, q, inter): Qwen3-0.6B's;
+/// hidden 5120 (a norm row of 40 groups: two a warp); inter 3070 (not a multiple
+/// of 4: the epilogue's scalar loads). Rows 1 to 300, the fused paths taken at
+/// least up to 64.
 #[test]
 fn fused_epilogues_equal_the_separate_launches() {
     let Some(g) = gpu() else { return };
-    let (h, q, inter) = (1024, 2048, 3072);
     for flow in [Flow::Bf16, Flow::Fp8] {
-        let prec = if flow == Flow::Fp8 {
-            GemmPrecision::Fp8
-        } else {
-            GemmPrecision::Bf16
-        };
-        let weight = |n: usize, k: usize, seed: u64| {
-            let w = up(&g, &rnd(n * k, seed, 0.05));
-            glin::GpuWeight::prepare(&g, &w, n, k, flow).unwrap()
-        };
-        let (wo, wg, wu, wd) = (
-            weight(h, q, 61),
-            weight(inter, h, 62),
-            weight(inter, h, 63),
-            weight(h, inter, 64),
-        );
-        let norm_w = up(&g, &rnd(h, 65, 1.0));
-        // q, k, v (16 and 8 heads of 128) with Qwen3's q/k norms and RoPE.
-        let hd = 128;
-        let (wq, wk, wv) = (
-            weight(q, h, 71),
-            weight(8 * hd, h, 72),
-            weight(8 * hd, h, 73),
-        );
-        let (qn, kn) = (up(&g, &rnd(hd, 74, 1.0)), up(&g, &rnd(hd, 75, 1.0)));
-        let table = jet_kernels::ops::rope::RopeTable::new(hd, 4096, 1_000_000.0, None);
-        let rope = gops::GpuRope::new(&g, &table).unwrap();
-        let (mut diff, mut fused) = (0, vec![]);
-        for m in [1, 7, 64, 200, 300] {
-            let x = up(&g, &rnd(m * h, 76, 2.0));
-            let positions: Vec<usize> = (0..m).map(|r| (r * 37 + 5) % 4096).collect();
-            let pos = gops::upload_positions(&g, &positions, &rope).unwrap();
-            let mut xo = glin::XOperand::default();
-            let ws = (&wq, &wk, &wv);
-            let norms = (&qn, &kn, 1e-6);
-            let got = glin::qkv_norm_rope(&g, &x, &mut xo, m, ws, norms, (&pos, &rope), prec);
-            if let Some([fq, fk, fv]) = got.unwrap() {
-                let mut xo = glin::XOperand::default();
-                let layers = [(&wq, None), (&wk, None), (&wv, None)];
-                let qkv = glin::linear_forward_group(&g, &x, &mut xo, m, &layers, prec).unwrap();
-                let (q0, k0, _, _) = gops::qk_norm_rope(
-                    &g,
-                    (&qkv[0], &qkv[1]),
-                    (&qn, &kn),
-                    (m, q / hd, 8),
-                    1e-6,
-                    &pos,
-                    &rope,
-                )
-                .unwrap();
-                let same = |a: &_, b: &_, n| bits_differ(&dl(&g, a, n), &dl(&g, b, n));
-                diff += same(&fq, &q0, m * q) + same(&fk, &k0, m * 8 * hd);
-                diff += same(&fv, &qkv[2], m * 8 * hd);
-            } else {
-                assert!(m > 64 || !g.wgmma(), "q, k, v of {m} rows were not fused");
+        for (i, widths) in [(1024, 2048, 3072), (5120, 2048, 3072), (1024, 2048, 3070)]
+            .into_iter()
+            .enumerate()
+        {
+            let (diff, fused) = fused_vs_separate(&g, flow, widths, 60 + 20 * i as u64);
+            println!("  {flow:?} {widths:?}: fused for rows {fused:?}");
+            for kind in ["o+norm", "gate/up+swiglu", "qkv+norm+rope"] {
+                assert!(
+                    !g.wgmma() || [1, 7, 64].iter().all(|&m| fused.contains(&(kind, m))),
+                    "{kind} was not fused for a decode batch: {fused:?}"
+                );
             }
-            let (o, res) = (up(&g, &rnd(m * q, 66, 2.0)), up(&g, &rnd(m * h, 67, 2.0)));
-            let mut oo = glin::XOperand::default();
-            let got =
-                glin::linear_residual_norm(&g, &o, &mut oo, m, &wo, prec, &res, (&norm_w, 1e-6))
-                    .unwrap();
-            let Some((y, normed, rstd, mut op)) = got else {
-                continue;
-            };
-            let mut oo = glin::XOperand::default();
-            let y0 = glin::linear_forward_residual(&g, &o, &mut oo, m, &wo, prec, &res).unwrap();
-            let (n0, r0, mut op0) =
-                glin::rmsnorm_with_operand(&g, &y0, &norm_w, (m, h), 1e-6, prec).unwrap();
-            let same = |a: &_, b: &_, n| bits_differ(&dl(&g, a, n), &dl(&g, b, n));
-            diff += same(&y, &y0, m * h) + same(&normed, &n0, m * h) + same(&rstd, &r0, m);
-            // The operand, through the gate projection that reads it.
-            let a = glin::linear_forward_shared(&g, &normed, &mut op, m, &wg, None, prec).unwrap();
-            let b = glin::linear_forward_shared(&g, &n0, &mut op0, m, &wg, None, prec).unwrap();
-            diff += same(&a, &b, m * inter);
-            // gate, up and SwiGLU of the normed rows.
-            let mut xo = glin::XOperand::default();
-            let got = glin::gate_up_swiglu(&g, &normed, &mut xo, m, (&wg, &wu), prec).unwrap();
-            // (None where split-K does not pay at inter's width: checked below
-            // that decode batches take it.)
-            let Some((hh, mut hop)) = got else {
-                continue;
-            };
-            let mut xo = glin::XOperand::default();
-            let layers = [(&wg, None), (&wu, None)];
-            let gu = glin::linear_forward_group(&g, &normed, &mut xo, m, &layers, prec).unwrap();
-            let (h0, mut hop0) =
-                glin::swiglu_with_operand(&g, &gu[0], &gu[1], (m, inter), prec).unwrap();
-            diff += same(&hh, &h0, m * inter);
-            let a = glin::linear_forward_shared(&g, &hh, &mut hop, m, &wd, None, prec).unwrap();
-            let b = glin::linear_forward_shared(&g, &h0, &mut hop0, m, &wd, None, prec).unwrap();
-            diff += same(&a, &b, m * h);
-            fused.push(m);
+            report_exact(
+                "fused decode epilogues vs separate launches",
+                &format!("{flow:?} (hidden, q, inter) {widths:?}, rows 1..300"),
+                diff,
+            );
         }
-        println!("  {flow:?}: fused path taken for rows {fused:?}");
-        assert!(
-            [1, 7, 64].iter().all(|m| fused.contains(m)) || !g.wgmma(),
-            "the fused path was not taken for a decode batch: {fused:?}"
-        );
-        report_exact(
-            "fused decode epilogues vs separate launches",
-            &format!("{flow:?} hidden {h}, inter {inter}, rows 1..300"),
-            diff,
-        );
     }
     done();
+}
+
+/// Differing values between the fused and separate paths, and the (kind, rows)
+/// that took the fused one.
+fn fused_vs_separate(
+    g: &cuda::Gpu,
+    flow: Flow,
+    (h, q, inter): (usize, usize, usize),
+    seed: u64,
+) -> (usize, Vec<(&'static str, usize)>) {
+    let prec = if flow == Flow::Fp8 {
+        GemmPrecision::Fp8
+    } else {
+        GemmPrecision::Bf16
+    };
+    let weight = |n: usize, k: usize, s: u64| {
+        let w = up(g, &rnd(n * k, seed + s, 0.05));
+        glin::GpuWeight::prepare(g, &w, n, k, flow).unwrap()
+    };
+    let (wo, wg, wu, wd) = (
+        weight(h, q, 1),
+        weight(inter, h, 2),
+        weight(inter, h, 3),
+        weight(h, inter, 4),
+    );
+    let norm_w = up(g, &rnd(h, seed + 5, 1.0));
+    // q, k, v (q / 128 and 8 heads of 128) with Qwen3's q/k norms and RoPE.
+    let hd = 128;
+    let (wq, wk, wv) = (weight(q, h, 6), weight(8 * hd, h, 7), weight(8 * hd, h, 8));
+    let (qn, kn) = (
+        up(g, &rnd(hd, seed + 9, 1.0)),
+        up(g, &rnd(hd, seed + 10, 1.0)),
+    );
+    let table = jet_kernels::ops::rope::RopeTable::new(hd, 4096, 1_000_000.0, None);
+    let rope = gops::GpuRope::new(g, &table).unwrap();
+    let same = |a: &_, b: &_, n| bits_differ(&dl(g, a, n), &dl(g, b, n));
+    let (mut diff, mut fused) = (0, vec![]);
+    for m in [1, 7, 64, 200, 300] {
+        // o + residual + norm, its operand through the gate projection.
+        let (o, res) = (
+            up(g, &rnd(m * q, seed + 11, 2.0)),
+            up(g, &rnd(m * h, seed + 12, 2.0)),
+        );
+        let mut oo = glin::XOperand::default();
+        let norm = (&norm_w, 1e-6);
+        let got = glin::linear_residual_norm(g, &o, &mut oo, m, &wo, prec, &res, norm).unwrap();
+        if let Some((y, normed, rstd, mut op)) = got {
+            let mut oo = glin::XOperand::default();
+            let y0 = glin::linear_forward_residual(g, &o, &mut oo, m, &wo, prec, &res).unwrap();
+            let (n0, r0, mut op0) =
+                glin::rmsnorm_with_operand(g, &y0, &norm_w, (m, h), 1e-6, prec).unwrap();
+            diff += same(&y, &y0, m * h) + same(&normed, &n0, m * h) + same(&rstd, &r0, m);
+            let a = glin::linear_forward_shared(g, &normed, &mut op, m, &wg, None, prec).unwrap();
+            let b = glin::linear_forward_shared(g, &n0, &mut op0, m, &wg, None, prec).unwrap();
+            diff += same(&a, &b, m * inter);
+            fused.push(("o+norm", m));
+        }
+        // gate, up and SwiGLU, its operand through the down projection.
+        let x = up(g, &rnd(m * h, seed + 13, 2.0));
+        let mut xo = glin::XOperand::default();
+        let got = glin::gate_up_swiglu(g, &x, &mut xo, m, (&wg, &wu), prec).unwrap();
+        if let Some((hh, mut hop)) = got {
+            let mut xo = glin::XOperand::default();
+            let layers = [(&wg, None), (&wu, None)];
+            let gu = glin::linear_forward_group(g, &x, &mut xo, m, &layers, prec).unwrap();
+            let (h0, mut hop0) =
+                glin::swiglu_with_operand(g, &gu[0], &gu[1], (m, inter), prec).unwrap();
+            diff += same(&hh, &h0, m * inter);
+            let a = glin::linear_forward_shared(g, &hh, &mut hop, m, &wd, None, prec).unwrap();
+            let b = glin::linear_forward_shared(g, &h0, &mut hop0, m, &wd, None, prec).unwrap();
+            diff += same(&a, &b, m * h);
+            fused.push(("gate/up+swiglu", m));
+        }
+        // q, k, v with the norms and RoPE at scattered positions.
+        let positions: Vec<usize> = (0..m).map(|r| (r * 37 + 5) % 4096).collect();
+        let pos = gops::upload_positions(g, &positions, &rope).unwrap();
+        let mut xo = glin::XOperand::default();
+        let ws = (&wq, &wk, &wv);
+        let norms = (&qn, &kn, 1e-6);
+        let got = glin::qkv_norm_rope(g, &x, &mut xo, m, ws, norms, (&pos, &rope), prec).unwrap();
+        if let Some([fq, fk, fv]) = got {
+            let mut xo = glin::XOperand::default();
+            let layers = [(&wq, None), (&wk, None), (&wv, None)];
+            let qkv = glin::linear_forward_group(g, &x, &mut xo, m, &layers, prec).unwrap();
+            let heads = (m, q / hd, 8);
+            let (q0, k0, _, _) =
+                gops::qk_norm_rope(g, (&qkv[0], &qkv[1]), (&qn, &kn), heads, 1e-6, &pos, &rope)
+                    .unwrap();
+            diff += same(&fq, &q0, m * q) + same(&fk, &k0, m * 8 * hd);
+            diff += same(&fv, &qkv[2], m * 8 * hd);
+            fused.push(("qkv+norm+rope", m));
+        }
+    }
+    (diff, fused)
 }
 
 /// `rows x k` BF16 values stored `[rows][k_pad]`.

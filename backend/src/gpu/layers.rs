@@ -179,10 +179,11 @@ pub fn run_layers(
             }
         };
         // The last layer's output goes to the final norm (`head`, its own kernel).
-        let next_norm =
-            w.ix.layers
-                .get(li + 1)
-                .map(|nx| (w.t(nx.input_layernorm), eps));
+        let next_norm = match li + 1 < model.layers.len() {
+            true => w.ix.layers.get(li + 1),
+            false => None,
+        }
+        .map(|nx| (w.t(nx.input_layernorm), eps));
         let down_norm = match (fuse, next_norm) {
             (true, Some(nn)) => {
                 linear_residual_norm(g, &mm, &mut mo, m, &lp.down, prec, &h_mid, nn)?

@@ -170,13 +170,6 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, co
 }
 
 // ---- Qwen3's q/k norms with RoPE ----------------------------------------------------
-// Fuses rmsnorm_fwd over each head's hd values (q_norm on q, k_norm on k), then rope
-// (sign +1) on the normed heads. Grid (rows, ceil((nh + nkv) / 8)), block 256: one
-// warp per head (heads nh.. are k's); lane l holds columns l + 32i (i < hd/32), so a
-// RoPE pair (j, j + hd/2) sits in one lane (hd a multiple of 64, at most 256). A
-// lane adds its squares in i order, then warp_sum: an order of its own (not
-// rmsnorm_fwd's), the same for every caller of the layer stack. q, k, qr, kr: the
-// outputs [rows, heads * hd] and the norms' rstd [rows * heads].
 // One warp's head: v[i] (i < n = hd / 32) its values at columns lane + 32 i; writes
 // the normed, rotated head to dst and its rstd (lane 0) to *rs_out unless null.
 __device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps, const float* w, long t0,
@@ -204,6 +197,13 @@ __device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps,
     if (lane == 0 && rs_out) *rs_out = rs;
 }
 
+// Fuses rmsnorm_fwd over each head's hd values (q_norm on q, k_norm on k), then rope
+// (sign +1) on the normed heads. Grid (rows, ceil((nh + nkv) / 8)), block 256: one
+// warp per head (heads nh.. are k's); lane l holds columns l + 32i (i < hd/32), so a
+// RoPE pair (j, j + hd/2) sits in one lane (hd a multiple of 64, at most 256). A
+// lane adds its squares in i order, then warp_sum: an order of its own (not
+// rmsnorm_fwd's), the same for every caller of the layer stack. q, k, qr, kr: the
+// outputs [rows, heads * hd] and the norms' rstd [rows * heads].
 extern "C" __global__ void qk_norm_rope(const float* q_pre, const float* k_pre, const float* qw, const float* kw,
                                         int rows, int nh, int nkv, int hd, float eps, const int* pos,
                                         const float* cos_t, const float* sin_t, float* q, float* k, float* qr,

@@ -324,6 +324,7 @@ __device__ __forceinline__ void rmsnorm_operand_at(Load load, const float* w, in
     const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int L = (dim + 127) / 128;
     const bool real = r < rows;
+    if (L > G * nw) __trap();  // a launcher's bug: groups past G a warp would go unread
     float v[G][4];
     float ss = 0.0f;
 #pragma unroll
@@ -361,7 +362,8 @@ extern "C" __global__ void __launch_bounds__(1024)
 // rmsnorm_operand of a split-K GEMM's output plus the residual (fuses
 // linear_epilogue with res, writing the residual stream `x.out`, and
 // rmsnorm_operand; the same block layout and sum order). Two groups a warp (dim
-// 8192 at most): eight and the slices' loads would not fit 64 registers.
+// 8192 at most; linear/fused.rs RN_SK_G): eight and the slices' loads would not
+// fit 64 registers.
 #define RN_SK_G 2
 extern "C" __global__ void __launch_bounds__(1024)
     rmsnorm_sk_operand(SkIn x, const float* w, int rows, int dim, float eps, float* y, float* rstd,

@@ -1,6 +1,8 @@
 //! A decode step's GEMM epilogues fused with the kernel that reads their output
-//! (`quantize.cu`: `rmsnorm_sk_operand` beside `rmsnorm_operand`,
-//! `swiglu_sk_operand` beside `swiglu_operand`). Where a projection takes the
+//! (`ops.cu`: `qkv_sk_norm_rope` beside `qk_norm_rope`; `quantize.cu`:
+//! `rmsnorm_sk_operand` beside `rmsnorm_operand`, `swiglu_sk_operand` beside
+//! `swiglu_operand`; their epilogue loads `sk_epi4` / `sk_epi1` in
+//! `common.cuh`, beside `linear_epilogue_at`'s `epi_value`). Where a projection takes the
 //! split-K path, its `linear_epilogue` (slices added in order, the BF16
 //! rounding, the residual add) runs inside the next kernel: the same adds in the
 //! same order, so every output holds the bits of the unfused launches, and a
@@ -14,17 +16,20 @@ use super::super::context::{Arg, OPS, QUANTIZE};
 use super::super::gemv::{CStruct, Partial};
 use super::super::ops::{qk_norm_rope_fits, GpuRope};
 use super::super::quantize::{FusedOperand, NORM_OPERAND_MAX_DIM};
-
-/// Widest row `rmsnorm_sk_operand` takes (32 warps of `RN_SK_G` = 2 groups of
-/// 128); `rmsnorm_operand`'s sum order is the same up to its own widest.
-const NORM_SK_MAX_DIM: usize = 32 * 2 * GROUP;
 use super::group::group_partials;
 use super::{split_k_partial, takes_split_k, GpuWeight, XOperand};
 use crate::cuda::{check_len, ensure, Gpu, Result};
 use crate::fp8::GROUP;
 use crate::GemmPrecision;
 
-/// `SkIn` (`quantize.cu`) of a partial: its slices, `res [rows, cols]` added
+/// `RN_SK_G` in `quantize.cu`: the 128-column groups a warp of
+/// `rmsnorm_sk_operand` holds (the kernel traps on a wider row).
+const RN_SK_G: usize = 2;
+/// Widest row `rmsnorm_sk_operand` takes (32 warps of `RN_SK_G` groups);
+/// `rmsnorm_operand`'s sum order is the same up to its own widest.
+const NORM_SK_MAX_DIM: usize = 32 * RN_SK_G * GROUP;
+
+/// `SkIn` (`common.cuh`) of a partial: its slices, `res [rows, cols]` added
 /// after the rounding, the epilogue's output stored into `out` (both optional).
 fn sk_in(
     gpu: &Gpu,
@@ -64,7 +69,8 @@ pub fn linear_residual_norm(
     (norm_w, eps): (&CudaSlice<f32>, f64),
 ) -> Result<Option<ResidualNorm>> {
     let (n, k) = (w.n, w.k);
-    if m == 0 || !takes_split_k(gpu, m, w, prec) || n > NORM_SK_MAX_DIM.min(NORM_OPERAND_MAX_DIM) {
+    let fits = n > 0 && n <= NORM_SK_MAX_DIM.min(NORM_OPERAND_MAX_DIM);
+    if m == 0 || !fits || !takes_split_k(gpu, m, w, prec) {
         return Ok(None);
     }
     check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
@@ -166,7 +172,7 @@ pub fn qkv_norm_rope(
     prec: GemmPrecision,
 ) -> Result<Option<[CudaSlice<f32>; 3]>> {
     let hd = rope.head_dim;
-    if !qk_norm_rope_fits(hd) || wk.n != wv.n || wq.n % hd != 0 || wk.n % hd != 0 {
+    if hd == 0 || !qk_norm_rope_fits(hd) || wk.n != wv.n || wq.n % hd != 0 || wk.n % hd != 0 {
         return Ok(None);
     }
     let (nh, nkv) = (wq.n / hd, wk.n / hd);

@@ -8,6 +8,7 @@
 //! relative step of 2^-8, so errors of a few 1e-3 norm-wise are expected.
 
 use jet_kernels::cuda::flash::{self, FlashPlan};
+use jet_kernels::cuda::quantize as gq;
 use jet_kernels::ops::attention::{self, AttnShape};
 
 mod common;
@@ -222,6 +223,54 @@ fn flash_decode_equals_forward_rows() {
             &label(c),
             differ(&ka, &kc16) + differ(&va, &vc16),
         );
+        // The launch that also makes the o projection's operand of its output: the
+        // output's bits again, and the operand's those of the quantizer (1x128
+        // groups, heads of 128) or BF16 copy of that output.
+        let oa_dev = up(&g, &out);
+        for fp8 in [false, true] {
+            if !flash::decode_operand_fits(sh, fp8) {
+                continue;
+            }
+            let (oo, op) = flash::flash_append_decode_operand_dev(
+                &g,
+                &up(&g, &q),
+                (&up(&g, &k), &up(&g, &v)),
+                (&mut ka, &mut va),
+                (&g.upload(&kv0).unwrap(), &g.upload(&len).unwrap()),
+                rows,
+                sh,
+                fp8,
+            )
+            .unwrap();
+            let mut diff = bits_differ(&dl(&g, &oo, rows * qw), &out);
+            let bytes = |x: &cudarc::driver::CudaSlice<u8>| g.download(x).unwrap();
+            match op {
+                gq::FusedOperand::Fp8(got) => {
+                    let want = gq::quantize_row1x128(&g, &oa_dev, rows, qw).unwrap();
+                    let (a, b) = (bytes(&got.codes), bytes(&want.codes));
+                    diff += a.iter().zip(&b).filter(|(x, y)| x != y).count();
+                    let n = want.scales.len();
+                    diff += bits_differ(&dl(&g, &got.scales, n), &dl(&g, &want.scales, n));
+                    diff +=
+                        usize::from((got.rows_pad, got.cols_pad) != (want.rows_pad, want.cols_pad));
+                }
+                gq::FusedOperand::Bf16(got) => {
+                    let want =
+                        gq::to_bf16_padded(&g, &oa_dev, rows, qw, rows, qw.div_ceil(16) * 16)
+                            .unwrap();
+                    let (a, b) = (g.download(&got).unwrap(), g.download(&want).unwrap());
+                    diff += a.iter().zip(&b).filter(|(x, y)| x != y).count();
+                }
+            }
+            report_exact(
+                &format!(
+                    "flash append+decode with its {} operand",
+                    ["BF16", "FP8"][fp8 as usize]
+                ),
+                &label(c),
+                diff,
+            );
+        }
     }
     done();
 }

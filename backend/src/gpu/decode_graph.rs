@@ -15,11 +15,14 @@
 //! and launches it; the logits land in the graph's `[bucket, vocab]` buffer.
 
 use cudarc::driver::CudaSlice;
-use jet_kernels::cuda::flash::flash_append_decode_dev;
+use jet_kernels::cuda::flash::{
+    decode_operand_fits, flash_append_decode_dev, flash_append_decode_operand_dev,
+};
 use jet_kernels::cuda::graph::Graph;
+use jet_kernels::cuda::linear::XOperand;
 use jet_kernels::cuda::ops::{check_positions, check_tokens};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
-use jet_kernels::GemmRole;
+use jet_kernels::{GemmPrecision, GemmRole};
 
 use super::decode::{GpuKvCache, KvLayers};
 use super::layers::{head, run_layers, AttnSaved, GpuAttention, RowsIn};
@@ -126,6 +129,19 @@ struct DecodeDev<'a> {
     model: &'a GpuModel<'a>,
 }
 
+impl DecodeDev<'_> {
+    /// Layer `layer`'s BF16 k and v caches.
+    fn caches(&mut self, layer: usize) -> Result<(&mut CudaSlice<u16>, &mut CudaSlice<u16>)> {
+        let KvLayers::Bf16(l) = &mut self.cache.layers else {
+            return Err(CudaError::Invalid(
+                "a captured decode step needs the BF16 cache of the tensor-core attention".into(),
+            ));
+        };
+        let (kc, vc) = &mut l[layer];
+        Ok((kc, vc))
+    }
+}
+
 impl GpuAttention for DecodeDev<'_> {
     fn attend(
         &mut self,
@@ -134,21 +150,34 @@ impl GpuAttention for DecodeDev<'_> {
         k: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)> {
-        let g = &*self.model.gpu;
-        let (b, x) = (self.inputs.rows.m, self.inputs);
-        let KvLayers::Bf16(l) = &mut self.cache.layers else {
-            return Err(CudaError::Invalid(
-                "a captured decode step needs the BF16 cache of the tensor-core attention".into(),
-            ));
-        };
-        let (kc, vc) = &mut l[layer];
+        let (g, model, x) = (&*self.model.gpu, self.model, self.inputs);
         // The kernel writes each row's k and v to cache row kv0 + len - 1 itself;
         // padding rows all write the scratch slot's row 0 with
         // equal values, and each block reads its own copy of that row.
-        let shape = self.model.attn_shape();
-        let cache = (&mut *kc, &mut *vc);
-        let o = flash_append_decode_dev(g, q, (k, v), cache, (&x.kv0, &x.len), b, shape)?;
+        let (b, shape, lens) = (x.rows.m, model.attn_shape(), (&x.kv0, &x.len));
+        let cache = self.caches(layer)?;
+        let o = flash_append_decode_dev(g, q, (k, v), cache, lens, b, shape)?;
         Ok((o, None))
+    }
+
+    /// The same launch also makes the o projection's operand of its output.
+    fn attend_operand(
+        &mut self,
+        layer: usize,
+        (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        prec: GemmPrecision,
+    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
+        let (g, model, x) = (&*self.model.gpu, self.model, self.inputs);
+        let (b, shape, lens) = (x.rows.m, model.attn_shape(), (&x.kv0, &x.len));
+        let fp8 = prec == GemmPrecision::Fp8;
+        if prec == GemmPrecision::F32 || !decode_operand_fits(shape, fp8) {
+            let (o, saved) = self.attend(layer, q, k, v)?;
+            return Ok((o, saved, XOperand::default()));
+        }
+        let cache = self.caches(layer)?;
+        let (o, op) = flash_append_decode_operand_dev(g, q, (k, v), cache, lens, b, shape, fp8)?;
+        let width = shape.n_heads * shape.head_dim;
+        Ok((o, None, XOperand::fused(b, width, op)))
     }
 }
 

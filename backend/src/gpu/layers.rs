@@ -72,6 +72,19 @@ pub trait GpuAttention {
         k: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)>;
+
+    /// [`GpuAttention::attend`] and, where the attention makes it, the o
+    /// projection's operand of its output for GEMMs in `prec` (else an empty one,
+    /// made by the projection).
+    fn attend_operand(
+        &mut self,
+        layer: usize,
+        (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        _prec: GemmPrecision,
+    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
+        let (o, saved) = self.attend(layer, q, k, v)?;
+        Ok((o, saved, XOperand::default()))
+    }
 }
 
 /// The M rows a layer stack runs, on the device: each row's token and position
@@ -144,9 +157,8 @@ pub fn run_layers(
             Some([q, k, v]) => (q, k, v, None),
             None => qkv_unfused(model, li, rows, (&a, &mut ao), prec)?,
         };
-        let (o, saved) = attn.attend(li, &q, &k, &v)?;
+        let (o, saved, mut oo) = attn.attend_operand(li, (&q, &k, &v), prec)?;
         // The residual adds ride in the o and down projections' epilogues.
-        let mut oo = XOperand::default();
         let post = (w.t(lx.post_attention_layernorm), eps);
         let o_norm = match fuse {
             true => linear_residual_norm(g, &o, &mut oo, m, &lp.o, prec, &x, post)?,

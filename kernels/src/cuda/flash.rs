@@ -25,7 +25,9 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, FLASH, FLASH_WG};
-use super::{check_len, ensure, Gpu, Result};
+use super::gemv::CStruct;
+use super::quantize::FusedOperand;
+use super::{check_len, ensure, pad16, Gpu, Result};
 use crate::ops::attention::AttnShape;
 
 /// Query rows of a forward tile and keys of a key tile (`FA_BR`, `FA_BC`).
@@ -506,7 +508,7 @@ pub fn flash_decode_dev(
     shape: AttnShape,
 ) -> Result<CudaSlice<f32>> {
     let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
-    decode_launch(gpu, q, caches, (kv0, len), b, shape, (0, 0))
+    decode_launch(gpu, q, caches, (kv0, len), b, shape, (0, 0), None)
 }
 
 /// [`flash_decode_dev`] for rows whose own key and value, `k_new, v_new [b,
@@ -522,17 +524,62 @@ pub fn flash_append_decode_dev(
     b: usize,
     shape: AttnShape,
 ) -> Result<CudaSlice<f32>> {
-    check(shape)?;
+    let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
+    let new = append_rows(gpu, (k_new, v_new), b, shape)?;
+    decode_launch(gpu, q, caches, (kv0, len), b, shape, new, None)
+}
+
+/// [`flash_append_decode_dev`] also making the o projection's operand of its
+/// output `[b, nh*hd]` in the same launch (`fp8`: its 1x128 groups, as
+/// `quantize_row1x128`; else its BF16 copy, as `to_bf16_padded`; the same
+/// bits). FP8 needs heads of a multiple of 128 values ([`decode_operand_fits`]).
+#[allow(clippy::too_many_arguments)]
+pub fn flash_append_decode_operand_dev(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    (k_new, v_new): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (k_cache, v_cache): (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
+    (kv0, len): (&CudaSlice<i32>, &CudaSlice<i32>),
+    b: usize,
+    shape: AttnShape,
+    fp8: bool,
+) -> Result<(CudaSlice<f32>, FusedOperand)> {
+    ensure(decode_operand_fits(shape, fp8), || {
+        format!(
+            "decode attention with its output's operand: head_dim {} (FP8 needs a multiple of 128)",
+            shape.head_dim
+        )
+    })?;
+    let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
+    let new = append_rows(gpu, (k_new, v_new), b, shape)?;
+    let op = FusedOperand::alloc(gpu, b, shape.n_heads * shape.head_dim, fp8)?;
+    let out = decode_launch(gpu, q, caches, (kv0, len), b, shape, new, Some(&op))?;
+    Ok((out, op))
+}
+
+/// Whether the decode attention can make its output's operand: the BF16 copy
+/// always, the 1x128 groups where each head holds whole groups.
+pub fn decode_operand_fits(shape: AttnShape, fp8: bool) -> bool {
+    !fp8 || shape.head_dim.is_multiple_of(128)
+}
+
+/// The appended rows' device pointers, checked against `[b, nkv*hd]`.
+fn append_rows(
+    gpu: &Gpu,
+    (k_new, v_new): (&CudaSlice<f32>, &CudaSlice<f32>),
+    b: usize,
+    shape: AttnShape,
+) -> Result<(u64, u64)> {
     let kvw = shape.n_kv_heads * shape.head_dim;
     check_rows("decode new keys", k_new, b, kvw)?;
     check_rows("decode new values", v_new, b, kvw)?;
-    let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
-    let new = (gpu.ptr(k_new), gpu.ptr(v_new));
-    decode_launch(gpu, q, caches, (kv0, len), b, shape, new)
+    Ok((gpu.ptr(k_new), gpu.ptr(v_new)))
 }
 
 /// `fa_dec_{hd}`: one warp a (row, KV head); `new` the appended rows' k and v
-/// (0, 0: none).
+/// (0, 0: none); `op` the output's operand to make (`DecOperand`: FP8 adds the
+/// blocks of its padding rows).
+#[allow(clippy::too_many_arguments)]
 fn decode_launch(
     gpu: &Gpu,
     q: &CudaSlice<f32>,
@@ -541,6 +588,7 @@ fn decode_launch(
     b: usize,
     shape: AttnShape,
     (k_new, v_new): (u64, u64),
+    op: Option<&FusedOperand>,
 ) -> Result<CudaSlice<f32>> {
     check(shape)?;
     let (hd, nh, nkv) = (shape.head_dim, shape.n_heads, shape.n_kv_heads);
@@ -548,10 +596,35 @@ fn decode_launch(
     check_len("decode kv0", kv0, b, format!("[{b}]"))?;
     check_len("decode lengths", len, b, format!("[{b}]"))?;
     let out = gpu.uninit::<f32>(b * nh * hd)?;
+    // DecOperand (flash.cu): rows, rows_pad, cols_pad, a pad, codes, scales, yb.
+    let mut d = CStruct::default();
+    let rows_pad = match op {
+        Some(FusedOperand::Fp8(q8)) => {
+            d.i32(b as i32)
+                .i32(q8.rows_pad as i32)
+                .i32(q8.cols_pad as i32)
+                .i32(0);
+            d.u64(gpu.ptr(&q8.codes)).u64(gpu.ptr(&q8.scales)).u64(0);
+            q8.rows_pad
+        }
+        Some(FusedOperand::Bf16(yb)) => {
+            d.i32(b as i32)
+                .i32(b as i32)
+                .i32(pad16(nh * hd) as i32)
+                .i32(0);
+            d.u64(0).u64(0).u64(gpu.ptr(yb));
+            b
+        }
+        None => {
+            d.i32(b as i32).i32(b as i32).i32(0).i32(0);
+            d.u64(0).u64(0).u64(0);
+            b
+        }
+    };
     gpu.launch(
         &FLASH,
         kernel("dec", hd)?,
-        ((b * nkv) as u32, 1, 1),
+        ((rows_pad * nkv) as u32, 1, 1),
         (32, 1, 1),
         2 * tile_bytes(hd, TILE),
         &[
@@ -566,6 +639,7 @@ fn decode_launch(
             Arg::P(gpu.ptr(&out)),
             Arg::P(k_new),
             Arg::P(v_new),
+            d.arg()?,
         ],
     )?;
     Ok(out)

@@ -313,7 +313,9 @@ impl XOperand {
     }
 
     /// The operand of an `[m, k]` input written by its producer's kernel.
-    fn fused(m: usize, k: usize, op: FusedOperand) -> XOperand {
+    /// The operand of an input `[m, k]` that its producer made (`rmsnorm_operand`,
+    /// `swiglu_operand`, the decode attention).
+    pub fn fused(m: usize, k: usize, op: FusedOperand) -> XOperand {
         let mut xo = XOperand {
             shape: Some((m, k)),
             ..XOperand::default()

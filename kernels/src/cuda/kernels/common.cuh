@@ -82,6 +82,37 @@ __device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
     return cvt_e4m3x2(fminf(fmaxf(lo, -E4M3_MAX), E4M3_MAX), fminf(fmaxf(hi, -E4M3_MAX), E4M3_MAX));
 }
 
+// x / s exactly as the CPU divides (IEEE, round to nearest), for a scale s shared
+// by a group: s's correctly rounded reciprocal r once a group, then a value's
+// quotient as q = x r corrected by its exact residual, q + (x - q s) r (Markstein's
+// theorem: with r within half an ulp of 1/s and q within an ulp of x/s, the residual
+// is exact and the corrected q is the correctly rounded x/s). Four instructions a
+// value in place of the division's eight and its range check. `fast` needs s in
+// [2^-88, 2^125] (r normal); then a residual can only be inexact for |x| < 2^-100,
+// where |x/s| < 2^-12 and any near quotient encodes as a zero, whose sign copysign
+// keeps (fma would turn -0 into +0). Otherwise the division itself. In the fast
+// range x and the quotients are finite and |x/s| <= 448 (1 + 2^-23): the hardware
+// conversion alone encodes them.
+struct Quot {
+    float s, r;
+    bool fast;
+};
+__device__ __forceinline__ Quot quot(float s) {
+    return {s, __frcp_rn(s), s >= 0x1p-88f && s <= 0x1p125f};
+}
+__device__ __forceinline__ float qdiv(float x, Quot d) {
+    const float q = __fmul_rn(x, d.r);
+    return copysignf(fmaf(fmaf(-q, d.s, x), d.r, q), x);
+}
+
+// The two codes of lo, hi (lo in the low byte) at scale d: half of quantize.cu's
+// encode4 (the hardware conversion of the quotients, or of the divisions
+// themselves outside the fast range), for the decode attention's operand.
+__device__ __forceinline__ u32 encode2(float lo, float hi, Quot d) {
+    if (d.fast) return cvt_e4m3x2(qdiv(lo, d), qdiv(hi, d));
+    return e4m3x2(lo / d.s, hi / d.s);
+}
+
 __device__ __forceinline__ u32 max_abs_bits(u32 m, float v) {
     return max(m, __float_as_uint(v) & 0x7fffffffu);
 }

@@ -328,6 +328,68 @@ __device__ void fa_fwd(const bf16_t* q, const bf16_t* k, const bf16_t* v, const 
     fa_finish<D>(o, m, l, out, orow, lse, lrow, lane);
 }
 
+// The o projection's operand of a decode step's attention output [rows, nh*D]
+// (fuses quant_row1x128_f32, codes != null, or pad_bf16_f32, yb != null, of out):
+// codes [rows_pad][cols_pad] and scales [L][rows_pad] as row1x128 lays them out,
+// or the BF16 copy [rows][cols_pad]. Blocks of rows past `rows` write the 1x128
+// padding (code 0, scale 1).
+struct DecOperand {
+    int rows, rows_pad, cols_pad, pad_;
+    u8* codes;
+    float* scales;
+    bf16_t* yb;
+};
+
+// Row b's heads h0 .. h0 + group - 1 from the warp's o and the row sums l that
+// fa_finish reduced: the values it stored (o * (1 / l)), so the quantizer's. A
+// quad of lanes (lane >> 2) holds a row, lane & 3 its columns nd * 8 + 2 (lane & 3)
+// (+1); a 1x128 group is 16 nd of one head (D a multiple of 128 when codes are
+// asked for), its amax the quad's max, as row1x128's warp max over the group.
+template <int D>
+__device__ __forceinline__ void fa_dec_operand(const float (&o)[D / 8][4], const float (&l)[2], const DecOperand& op,
+                                               int b, int h0, int group, int lane) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int hr = (lane >> 2) + 8 * i;
+        const bool valid = hr < group;
+        const float inv = 1.0f / l[i];
+        const long at = (long)b * op.cols_pad + (long)(h0 + hr) * D + 2 * (lane & 3);
+        if (op.yb && valid) {
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++)
+                *(u32*)(op.yb + at + nd * 8) =
+                    (u32)f32_to_bf16(o[nd][2 * i] * inv) | ((u32)f32_to_bf16(o[nd][2 * i + 1] * inv) << 16);
+        }
+        if (!op.codes) continue;
+#pragma unroll
+        for (int gi = 0; gi < D / 128; gi++) {
+            u32 mx = 0;
+#pragma unroll
+            for (int nd = 16 * gi; nd < 16 * gi + 16; nd++)
+                mx = max_abs_bits(max_abs_bits(mx, o[nd][2 * i] * inv), o[nd][2 * i + 1] * inv);
+            // Every lane takes part (a quad is one row; rows past `group` unused).
+            mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float sc = e4m3_scale(mx);
+            const Quot d = quot(sc);
+            if (!valid) continue;
+#pragma unroll
+            for (int nd = 16 * gi; nd < 16 * gi + 16; nd++)
+                *(unsigned short*)(op.codes + at + nd * 8) =
+                    (unsigned short)encode2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv, d);
+            if ((lane & 3) == 0) op.scales[((long)(h0 + hr) * (D / 128) + gi) * op.rows_pad + b] = sc;
+        }
+    }
+}
+
+// A padding row's share of the 1x128 operand: its heads' codes 0, scales 1.
+template <int D>
+__device__ __forceinline__ void fa_dec_operand_pad(const DecOperand& op, int b, int h0, int group, int lane) {
+    if (!op.codes) return;
+    for (int c = lane * 4; c < group * D; c += 128) *(u32*)(op.codes + (long)b * op.cols_pad + h0 * D + c) = 0u;
+    for (int g = lane; g < group * (D / 128); g += 32) op.scales[((long)h0 * (D / 128) + g) * op.rows_pad + b] = 1.0f;
+}
+
 // Decode: query row b's `group` heads of kv head kvh (the rows of one warp's tile)
 // at position len[b] - 1 against cache rows kv0[b] .. kv0[b] + len[b] of the BF16
 // caches k_cache, v_cache [*, nkv*D] (fa_scatter_bf16 wrote them with the rounding
@@ -341,14 +403,21 @@ __device__ void fa_fwd(const bf16_t* q, const bf16_t* k, const bf16_t* v, const 
 // the caches yet; the block writes its head's slice to cache row kv0[b] + len[b] - 1
 // (fuses fa_scatter_bf16 of k and v: the same pack_bf16x2 rounding) and puts the
 // same bits into the last tile's shared copy, whatever the tile's copy read there.
+// op (codes or yb not null): the o projection's operand of out, made here too
+// (fa_dec_operand; fuses the quantizer or BF16 copy of out).
 template <int D>
 __device__ void fa_dec(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,
-                       float sl2, float* out, const float* kn, const float* vn) {
+                       float sl2, float* out, const float* kn, const float* vn, DecOperand op) {
     extern __shared__ __align__(16) unsigned char fa_sm[];
     const int T = FA_BC * (D + 8);
     bf16_t* sK = (bf16_t*)fa_sm;
     bf16_t* sV = sK + T;
-    const int b = blockIdx.x / nkv, kvh = blockIdx.x % nkv, group = nh / nkv, n = len[b], lane = threadIdx.x;
+    const int b = blockIdx.x / nkv, kvh = blockIdx.x % nkv, group = nh / nkv, lane = threadIdx.x;
+    if (b >= op.rows) {  // a padding row of the 1x128 operand (grid rows_pad * nkv)
+        fa_dec_operand_pad<D>(op, b, kvh * group, group, lane);
+        return;
+    }
+    const int n = len[b];
     const long qw = (long)nh * D, kvw = (long)nkv * D;
     bf16_t* kb = kc + (long)kv0[b] * kvw + kvh * D;
     bf16_t* vb = vc + (long)kv0[b] * kvw + kvh * D;
@@ -428,6 +497,7 @@ __device__ void fa_dec(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, c
         orow[i] = hr < group ? b * qw + (long)(kvh * group + hr) * D : -1;
     }
     fa_finish<D>(o, m, l, out, orow, (float*)0, lrow, lane);
+    if (op.codes || op.yb) fa_dec_operand<D>(o, l, op, b, kvh * group, group, lane);
 }
 
 // dst[rows[j]] = BF16(src[j]) for rows of `cols` values (even): new rows of a
@@ -666,8 +736,8 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(32)                                                        \
         fa_dec_##D(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,    \
-                   float sl2, float* out, const float* kn, const float* vn) { pdl_entry();                      \
-        fa_dec<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out, kn, vn);                                          \
+                   float sl2, float* out, const float* kn, const float* vn, DecOperand op) { pdl_entry();       \
+        fa_dec<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out, kn, vn, op);                                      \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_kv_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse, \

@@ -29,29 +29,6 @@ __device__ __forceinline__ void load4(const bf16_t* row, int c, int cols, bool v
     }
 }
 
-// x / s exactly as the CPU divides (IEEE, round to nearest), for a scale s shared
-// by a group: s's correctly rounded reciprocal r once a group, then a value's
-// quotient as q = x r corrected by its exact residual, q + (x - q s) r (Markstein's
-// theorem: with r within half an ulp of 1/s and q within an ulp of x/s, the residual
-// is exact and the corrected q is the correctly rounded x/s). Four instructions a
-// value in place of the division's eight and its range check. `fast` needs s in
-// [2^-88, 2^125] (r normal); then a residual can only be inexact for |x| < 2^-100,
-// where |x/s| < 2^-12 and any near quotient encodes as a zero, whose sign copysign
-// keeps (fma would turn -0 into +0). Otherwise the division itself. In the fast
-// range x and the quotients are finite and |x/s| <= 448 (1 + 2^-23): the hardware
-// conversion alone encodes them.
-struct Quot {
-    float s, r;
-    bool fast;
-};
-__device__ __forceinline__ Quot quot(float s) {
-    return {s, __frcp_rn(s), s >= 0x1p-88f && s <= 0x1p125f};
-}
-__device__ __forceinline__ float qdiv(float x, Quot d) {
-    const float q = __fmul_rn(x, d.r);
-    return copysignf(fmaf(fmaf(-q, d.s, x), d.r, q), x);
-}
-
 // The four codes of v (scale d), by the hardware conversion of the quotients, or
 // (SW, kept as the check of both) by e4m3_encode of the division itself.
 template <bool SW = false>

@@ -8,7 +8,8 @@
 //! same order, so every output holds the bits of the unfused launches, and a
 //! layer runs three launches fewer (q, k, v + Qwen3's q/k norms and RoPE; o +
 //! post-attention norm; gate, up + SwiGLU) plus one more between layers (down +
-//! the next layer's input norm).
+//! the next layer's input norm). The o projection's operand comes from the
+//! decode attention itself (`flash_append_decode_operand_dev`).
 
 use cudarc::driver::CudaSlice;
 

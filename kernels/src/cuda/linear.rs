@@ -312,7 +312,6 @@ impl XOperand {
         }
     }
 
-    /// The operand of an `[m, k]` input written by its producer's kernel.
     /// The operand of an input `[m, k]` that its producer made (`rmsnorm_operand`,
     /// `swiglu_operand`, the decode attention).
     pub fn fused(m: usize, k: usize, op: FusedOperand) -> XOperand {

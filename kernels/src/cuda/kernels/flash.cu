@@ -413,7 +413,7 @@ __device__ void fa_dec(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, c
     bf16_t* sK = (bf16_t*)fa_sm;
     bf16_t* sV = sK + T;
     const int b = blockIdx.x / nkv, kvh = blockIdx.x % nkv, group = nh / nkv, lane = threadIdx.x;
-    if (b >= op.rows) {  // a padding row of the 1x128 operand (grid rows_pad * nkv)
+    if (op.codes && b >= op.rows) {  // a padding row of the 1x128 operand (grid rows_pad * nkv)
         fa_dec_operand_pad<D>(op, b, kvh * group, group, lane);
         return;
     }

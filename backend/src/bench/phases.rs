@@ -293,10 +293,11 @@ fn with_other(p: jet_kernels::cuda::profile::Profile, wall: f64) -> Vec<(String,
     out
 }
 
-/// The ten kernels with the most device time in the last profile, in seconds.
+/// The phase's 30 costliest kernels (name, seconds, launches): enough to account
+/// for a training step's parts in the JSON (the text table prints 6).
 fn top(g: &Gpu) -> Vec<(String, f64, usize)> {
     let mut k = g.profile_kernels();
-    k.truncate(10);
+    k.truncate(30);
     k.into_iter().map(|(n, ms, c)| (n, ms / 1e3, c)).collect()
 }
 

@@ -6,9 +6,11 @@ use cudarc::driver::CudaSlice;
 use super::context::{Arg, LOGSOFTMAX};
 use super::{check_len, Gpu, Result};
 
-/// Threads of every kernel that reduces a whole row (`row_shift`): the block size
-/// fixes the order of the sum, so all of them use one.
-const ROW_THREADS: u32 = 512;
+/// Entries of a row a `softmax_chunk_stats` block reduces (`LS_CHUNK` in
+/// `logsoftmax.cu`): fixed, so every caller's max and `ln S` are the same bits.
+const LS_CHUNK: usize = 8192;
+/// Its block size (`LS_THREADS`).
+const LS_THREADS: u32 = 256;
 
 /// Per-row results, each `[rows]` on the device.
 pub struct GpuTokenLogprobs {
@@ -101,22 +103,13 @@ fn scored_forward(
     if rows == 0 {
         return Ok(out);
     }
-    gpu.launch(
-        &LOGSOFTMAX,
-        "token_logprobs_fwd",
-        (rows as u32, 1, 1),
-        (ROW_THREADS, 1, 1),
-        0,
-        &[
-            Arg::P(gpu.ptr(logits)),
-            Arg::I(rows as i32),
-            Arg::I(vocab as i32),
-            Arg::P(src.map_or(0, |s| gpu.ptr(s))),
-            Arg::P(gpu.ptr(&t)),
-            Arg::P(gpu.ptr(&out.logp)),
-            Arg::P(gpu.ptr(&out.entropy)),
-            Arg::P(gpu.ptr(&out.lse)),
-        ],
+    let st = chunk_stats(gpu, logits, src, rows, vocab)?;
+    finish(
+        gpu,
+        (&st, rows, vocab),
+        Some((logits, src, &t)),
+        None,
+        Some(&out),
     )?;
     Ok(out)
 }
@@ -129,27 +122,30 @@ pub fn log_softmax_rows(
     rows: usize,
     vocab: usize,
 ) -> Result<CudaSlice<f32>> {
-    check_logits(logits, rows, vocab)?;
+    let (m, lns) = row_stats(gpu, logits, rows, vocab)?;
     let out = gpu.uninit::<f32>(rows * vocab)?;
+    if rows == 0 {
+        return Ok(out);
+    }
     gpu.launch(
         &LOGSOFTMAX,
         "log_softmax_rows",
-        (rows as u32, 1, 1),
-        (ROW_THREADS, 1, 1),
+        (rows as u32, vocab.div_ceil(1024) as u32, 1),
+        (256, 1, 1),
         0,
         &[
             Arg::P(gpu.ptr(logits)),
-            Arg::I(rows as i32),
             Arg::I(vocab as i32),
+            Arg::P(gpu.ptr(&m)),
+            Arg::P(gpu.ptr(&lns)),
             Arg::P(gpu.ptr(&out)),
         ],
     )?;
     Ok(out)
 }
 
-/// Each row's max and `ln S` (`row_shift` in `logsoftmax.cu`): `(m [rows], lns
-/// [rows])`, the numbers [`token_logprobs_forward`] and [`log_softmax_rows`] shift
-/// by, bit for bit.
+/// Each row's max and `ln S`: `(m [rows], lns [rows])`, the numbers
+/// [`token_logprobs_forward`] and [`log_softmax_rows`] shift by, bit for bit.
 pub(crate) fn row_stats(
     gpu: &Gpu,
     logits: &CudaSlice<f32>,
@@ -158,21 +154,87 @@ pub(crate) fn row_stats(
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
     check_logits(logits, rows, vocab)?;
     let (m, lns) = (gpu.uninit::<f32>(rows)?, gpu.uninit::<f32>(rows)?);
+    if rows == 0 {
+        return Ok((m, lns));
+    }
+    let st = chunk_stats(gpu, logits, None, rows, vocab)?;
+    finish(gpu, (&st, rows, vocab), None, Some((&m, &lns)), None)?;
+    Ok((m, lns))
+}
+
+/// `softmax_chunk_stats`: `[rows][chunks]` of (max, sum of exp, sum of exp times
+/// the shifted logit, 0) over chunks of [`LS_CHUNK`] entries of each scored row
+/// (row `src[r]` of `logits`, or row `r`), as f32 quadruples.
+fn chunk_stats(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    src: Option<&CudaSlice<i32>>,
+    rows: usize,
+    vocab: usize,
+) -> Result<CudaSlice<f32>> {
+    super::ensure(vocab > 0 && vocab <= i32::MAX as usize - LS_CHUNK, || {
+        format!("log-softmax over a vocabulary of {vocab}")
+    })?;
+    let chunks = vocab.div_ceil(LS_CHUNK);
+    let st = gpu.uninit::<f32>(rows * chunks * 4)?;
     gpu.launch(
         &LOGSOFTMAX,
-        "row_stats",
-        (rows as u32, 1, 1),
-        (ROW_THREADS, 1, 1),
+        "softmax_chunk_stats",
+        (rows as u32, chunks as u32, 1),
+        (LS_THREADS, 1, 1),
         0,
         &[
             Arg::P(gpu.ptr(logits)),
-            Arg::I(rows as i32),
             Arg::I(vocab as i32),
-            Arg::P(gpu.ptr(&m)),
-            Arg::P(gpu.ptr(&lns)),
+            Arg::P(src.map_or(0, |s| gpu.ptr(s))),
+            Arg::P(gpu.ptr(&st)),
         ],
     )?;
-    Ok((m, lns))
+    Ok(st)
+}
+
+/// The logits, their scored rows (`None`: every row) and the targets.
+type Scored<'a> = (
+    &'a CudaSlice<f32>,
+    Option<&'a CudaSlice<i32>>,
+    &'a CudaSlice<i32>,
+);
+
+/// `softmax_row_finish`: a row's chunks merged in order into `m, lns` (`shift`)
+/// and/or the scored outputs of target `t[r]` in logits row `src[r]` (`scored`).
+fn finish(
+    gpu: &Gpu,
+    (st, rows, vocab): (&CudaSlice<f32>, usize, usize),
+    scored: Option<Scored>,
+    shift: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+    out: Option<&GpuTokenLogprobs>,
+) -> Result<()> {
+    let p = |x: Option<&CudaSlice<f32>>| Arg::P(x.map_or(0, |x| gpu.ptr(x)));
+    let (z, src, tgt) = match scored {
+        Some((z, src, t)) => (gpu.ptr(z), src.map_or(0, |s| gpu.ptr(s)), gpu.ptr(t)),
+        None => (0, 0, 0),
+    };
+    gpu.launch(
+        &LOGSOFTMAX,
+        "softmax_row_finish",
+        (rows.div_ceil(128) as u32, 1, 1),
+        (128, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(st)),
+            Arg::I(rows as i32),
+            Arg::I(vocab.div_ceil(LS_CHUNK) as i32),
+            Arg::P(z),
+            Arg::I(vocab as i32),
+            Arg::P(src),
+            Arg::P(tgt),
+            p(shift.map(|s| s.0)),
+            p(shift.map(|s| s.1)),
+            p(out.map(|o| &o.logp)),
+            p(out.map(|o| &o.entropy)),
+            p(out.map(|o| &o.lse)),
+        ],
+    )
 }
 
 /// Backward: `dlogits [rows, vocab]` for `dlogp [rows]` and optional `dentropy [rows]`.

@@ -159,9 +159,10 @@ pub fn sample_rows(
 
 /// [`sample_rows`] over [`log_softmax_rows`](super::logsoftmax::log_softmax_rows)`(logits)`,
 /// the same tokens and logprobs bit for bit, without writing the log-probability
-/// rows: each row's max and `ln S` (one block a row, as training's logprobs), then
-/// the row scored in chunks by several blocks (a decode batch of 64 rows kept 64
-/// SMs busy and 68 idle), then the best chunk. `logits [rows, vocab]` already tempered.
+/// rows: each row's max and `ln S` (as training's logprobs: chunks of the row
+/// reduced side by side, then merged), then the row scored in chunks by several
+/// blocks (one block a row kept 64 SMs busy and 68 idle at a decode batch of 64),
+/// then the best chunk. `logits [rows, vocab]` already tempered.
 pub fn sample_logits(
     gpu: &Gpu,
     logits: &CudaSlice<f32>,

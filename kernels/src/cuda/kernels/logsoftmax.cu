@@ -1,83 +1,103 @@
-// Log-softmax over logits z [rows, vocab] (ops/logsoftmax.rs), one block per row.
-// Every function takes max and ln S from row_shift, so the logp of a token equals
-// the log_softmax_rows entry bit for bit, as on the CPU.
+// Log-softmax over logits z [rows, vocab] (ops/logsoftmax.rs). Every function takes
+// a row's max m and ln S (S = sum_j exp(z_j - m)) from the same two kernels, so the
+// logp of a token is the same bits in training (token_logprobs_fwd), in sampling
+// (row_stats, sample.cu) and in log_softmax_rows, as on the CPU.
+//
+// The row is cut into chunks of LS_CHUNK entries, a fixed length (not the batch's
+// or the GPU's), so every caller adds the same terms in the same order:
+// softmax_chunk_stats reduces each chunk (its max m_c, s_c = sum exp(z - m_c) and
+// t_c = sum exp(z - m_c) (z - m_c), for the entropy), one block a (row, chunk);
+// softmax_row_finish merges a row's chunks in chunk order, one thread a row. One
+// block a row (the old row_shift) kept 64 SMs of 132 busy at a decode batch of 64
+// and read the row two or three times.
 
-// m = max_j z_j, ln S = ln sum_j exp(z_j - m). Needs all threads of the block; the
-// block size fixes the sum's order (every caller launches 512). Thread t adds the
-// entries j = t, t + B, t + 2B, ... in that order; it reads RS of them before using
-// any (RS loads in flight a thread: one block streams a 151936-entry row, so one at
-// a time left it latency-bound), which does not change the order.
-#define RS 8
-__device__ void row_shift(const float* z, int vocab, float* sh, float* m_out, float* lns_out) {
-    const int B = blockDim.x;
+#define LS_CHUNK 8192
+#define LS_THREADS 256
+#define LS_PER (LS_CHUNK / LS_THREADS)  // entries a thread: j0 + t + u LS_THREADS
+
+// Grid (rows, ceil(vocab / LS_CHUNK)), block LS_THREADS. Row r of the stats reads
+// logits row src[r] (src null: row r), so scored rows are read in place from the
+// LM head's full output. st [rows][chunks] = (m_c, s_c, t_c, 0); a chunk with no
+// finite max (every entry -inf) has s_c = t_c = 0. Thread t adds its entries in u
+// order, then block_sum's fixed tree.
+extern "C" __global__ void softmax_chunk_stats(const float* z, int vocab, const int* src, float4* st) {
+    pdl_entry();
+    __shared__ float sh[32];
+    const int r = blockIdx.x, c = blockIdx.y;
+    const float* zr = z + (long)(src ? src[r] : r) * vocab;
     const float ninf = -__uint_as_float(0x7f800000u);
-    float m = ninf;
-    for (int j0 = threadIdx.x; j0 < vocab; j0 += RS * B) {
-        float v[RS];
+    const int j0 = c * LS_CHUNK + threadIdx.x;
+    float v[LS_PER];
 #pragma unroll
-        for (int u = 0; u < RS; u++) v[u] = j0 + u * B < vocab ? z[j0 + u * B] : ninf;
-#pragma unroll
-        for (int u = 0; u < RS; u++) m = fmaxf(m, v[u]);
+    for (int u = 0; u < LS_PER; u++) {
+        const int j = j0 + u * LS_THREADS;
+        v[u] = j < vocab ? zr[j] : ninf;
     }
+    float m = ninf;
+#pragma unroll
+    for (int u = 0; u < LS_PER; u++) m = fmaxf(m, v[u]);
     m = block_max(m, sh);
-    float s = 0.0f;
-    for (int j0 = threadIdx.x; j0 < vocab; j0 += RS * B) {
-        float v[RS];
+    float s = 0.0f, t = 0.0f;
+    if (m != ninf) {
 #pragma unroll
-        for (int u = 0; u < RS; u++) v[u] = j0 + u * B < vocab ? z[j0 + u * B] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < RS; u++)
-            if (j0 + u * B < vocab) s += expf(v[u] - m);
+        for (int u = 0; u < LS_PER; u++) {
+            if (j0 + u * LS_THREADS >= vocab) continue;
+            const float d = v[u] - m;
+            const float e = expf(d);
+            s += e;
+            t += e * d;
+        }
     }
     s = block_sum(s, sh);
-    *m_out = m;
-    *lns_out = logf(s);
+    t = block_sum(t, sh);
+    if (threadIdx.x == 0) st[(long)r * gridDim.y + c] = make_float4(m, s, t, 0.0f);
 }
 
-// m [rows] and ln S [rows] of row_shift (for sample_chunks, which reads them).
-extern "C" __global__ void row_stats(const float* z, int rows, int vocab, float* m, float* lns) {
+// One thread a row r < rows: m = max m_c, S = sum_c s_c exp(m_c - m) and
+// T = sum_c exp(m_c - m) (t_c + (m_c - m) s_c) (= S sum_j p_j (z_j - m)) in chunk
+// order; ln S; optional outputs: m_out, lns_out (sampling), and for the target
+// tgt[r] of logits row src[r] (src null: r): logp = (z_t - m) - ln S, entropy =
+// ln S - T / S, lse = m + ln S. Products and sums rounded one by one (no fused
+// multiply-add): the merge's bits are written out here, not left to contraction.
+extern "C" __global__ void softmax_row_finish(const float4* st, int rows, int chunks, const float* z, int vocab,
+                                              const int* src, const int* tgt, float* m_out, float* lns_out,
+                                              float* logp, float* entropy, float* lse) {
     pdl_entry();
-    __shared__ float sh[32];
-    float mm, ll;
-    row_shift(z + (long)blockIdx.x * vocab, vocab, sh, &mm, &ll);
-    if (threadIdx.x == 0) {
-        m[blockIdx.x] = mm;
-        lns[blockIdx.x] = ll;
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const float4* sr = st + (long)r * chunks;
+    float m = -__uint_as_float(0x7f800000u);
+    for (int c = 0; c < chunks; c++) m = fmaxf(m, sr[c].x);
+    float S = 0.0f, T = 0.0f;
+    for (int c = 0; c < chunks; c++) {
+        const float4 q = sr[c];
+        if (!(q.y > 0.0f)) continue;  // an all -inf chunk adds nothing
+        const float dm = __fsub_rn(q.x, m);
+        const float e = expf(dm);
+        S = __fadd_rn(S, __fmul_rn(q.y, e));
+        T = __fadd_rn(T, __fmul_rn(e, __fadd_rn(q.z, __fmul_rn(dm, q.y))));
     }
-}
-
-// logp = (z_t - m) - ln S, entropy = ln S - sum_j p_j (z_j - m), lse = m + ln S.
-// Row r of the results scores logits row src[r] (src null: row r), so the scored
-// rows are read in place from the LM head's full output (no gathered copy).
-extern "C" __global__ void token_logprobs_fwd(const float* z, int rows, int vocab, const int* src,
-                                              const int* targets, float* logp, float* entropy, float* lse) {
-    pdl_entry();
-    __shared__ float sh[32];
-    const float* zr = z + (long)(src ? src[blockIdx.x] : blockIdx.x) * vocab;
-    float m, lns;
-    row_shift(zr, vocab, sh, &m, &lns);
-    float pz = 0.0f;
-    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-        float zs = zr[j] - m;
-        pz += expf(zs - lns) * zs;
-    }
-    pz = block_sum(pz, sh);
-    if (threadIdx.x == 0) {
-        int r = blockIdx.x;
-        logp[r] = (zr[targets[r]] - m) - lns;
-        entropy[r] = lns - pz;
+    const float lns = logf(S);
+    if (m_out) m_out[r] = m;
+    if (lns_out) lns_out[r] = lns;
+    if (logp) {
+        const float* zr = z + (long)(src ? src[r] : r) * vocab;
+        logp[r] = (zr[tgt[r]] - m) - lns;
+        entropy[r] = lns - __fdiv_rn(T, S);
         lse[r] = m + lns;
     }
 }
 
-// out [rows, vocab] = log-probabilities (for sampling).
-extern "C" __global__ void log_softmax_rows(const float* z, int rows, int vocab, float* out) {
+// out [rows, vocab] = (z - m) - ln S (for sampling), m and ln S from softmax_row_finish;
+// grid (rows, ceil(vocab / 1024)), block 256.
+extern "C" __global__ void log_softmax_rows(const float* z, int vocab, const float* m, const float* lns,
+                                            float* out) {
     pdl_entry();
-    __shared__ float sh[32];
-    long o = (long)blockIdx.x * vocab;
-    float m, lns;
-    row_shift(z + o, vocab, sh, &m, &lns);
-    for (int j = threadIdx.x; j < vocab; j += blockDim.x) out[o + j] = (z[o + j] - m) - lns;
+    const int r = blockIdx.x;
+    const float mr = m[r], lr = lns[r];
+    const long o = (long)r * vocab;
+    for (int j = blockIdx.y * 1024 + threadIdx.x; j < min(vocab, (int)(blockIdx.y + 1) * 1024); j += 256)
+        out[o + j] = (z[o + j] - mr) - lr;
 }
 
 // dz = (-gl p - ge p (log p + H), plus gl at the target) * scale; grid (out_rows,

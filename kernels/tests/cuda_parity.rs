@@ -568,6 +568,43 @@ fn rmsnorm_matches_cpu() {
             bits_differ(&dl(&g, &fdx, rows * dim), &dl(&g, &want_dx, rows * dim))
                 + bits_differ(&dl(&g, &fdw, dim), &dl(&g, &want_dw, dim)),
         );
+        // dw added into an accumulator by the column sums' last launch: the bits
+        // of add_into of the returned dw.
+        let acc0 = rnd(dim, 23, 1.0);
+        let mut acc = up(&g, &acc0);
+        let adx = gops::rmsnorm_backward_acc(
+            &g,
+            (&ddy, &dx, &dw, &rs),
+            (rows, dim),
+            (true, Some(&res)),
+            &mut acc,
+        )
+        .unwrap();
+        let mut want_acc = up(&g, &acc0);
+        gten::add_into(&g, &mut want_acc, &fdw, dim).unwrap();
+        report_exact(
+            "rmsnorm bwd dw accumulated == add_into",
+            &shape,
+            bits_differ(&dl(&g, &adx, rows * dim), &dl(&g, &fdx, rows * dim))
+                + bits_differ(&dl(&g, &acc, dim), &dl(&g, &want_acc, dim)),
+        );
+        // The bias gradient's column sums: near the f64 sums; added into an
+        // accumulator, the bits of add_into.
+        let sums = gops::column_sums(&g, &ddy, rows, dim, false).unwrap();
+        let want: Vec<f32> = (0..dim)
+            .map(|c| (0..rows).map(|r| dy[r * dim + c] as f64).sum::<f64>() as f32)
+            .collect();
+        report("column sums", &shape, rel(&dl(&g, &sums, dim), &want), 1e-5);
+        let mut acc = up(&g, &acc0);
+        gops::column_sums_acc(&g, &ddy, (rows, dim), true, &mut acc).unwrap();
+        let mut want_acc = up(&g, &acc0);
+        let rounded = gops::column_sums(&g, &ddy, rows, dim, true).unwrap();
+        gten::add_into(&g, &mut want_acc, &rounded, dim).unwrap();
+        report_exact(
+            "column sums accumulated == add_into",
+            &shape,
+            bits_differ(&dl(&g, &acc, dim), &dl(&g, &want_acc, dim)),
+        );
         // Rows of 128 take a warp each: the same bits as a block a row.
         for (round, res) in [(false, None), (true, Some(&res))] {
             let blocks = gops::rmsnorm_bwd_dx_block_rows(

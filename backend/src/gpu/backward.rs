@@ -8,12 +8,12 @@ use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
 use jet_kernels::cuda::flash::flash_backward;
 use jet_kernels::cuda::linear::{
-    linear_backward_add, linear_backward_into, linear_bias_grad, GpuWeight, XOperand,
+    linear_backward_add, linear_backward_into, linear_bias_grad_acc, GpuWeight, XOperand,
 };
 use jet_kernels::cuda::ops::{
-    embedding_backward, rmsnorm_backward, rope_backward_dev, swiglu_backward,
+    embedding_backward, rmsnorm_backward_acc, rope_backward_dev, swiglu_backward,
 };
-use jet_kernels::cuda::tensor::{add_into, round_bf16};
+use jet_kernels::cuda::tensor::round_bf16;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
 
@@ -75,8 +75,8 @@ impl Ctx<'_> {
         db: Option<usize>,
     ) -> Result<()> {
         if let Some(db) = db {
-            let gb = linear_bias_grad(self.g, dy, self.m, w.n, self.precs().1)?;
-            add_into(self.g, &mut grads.bufs[db], &gb, w.n)?;
+            let wgrad = self.precs().1;
+            linear_bias_grad_acc(self.g, dy, (self.m, w.n), wgrad, &mut grads.bufs[db])?;
         }
         Ok(())
     }
@@ -126,9 +126,8 @@ pub fn backward(
     let dn = cx.linear(dlogits, normed, &model.lm_head, grads, head_ix, None)?;
     let hs = &acts.h_final;
     let rs = (cx.round(), None);
-    let (dh, dnorm) = rmsnorm_backward(g, &dn, hs, w.t(w.ix.norm), &acts.rstd_final, (m, h), rs)?;
-    add_into(g, &mut grads.bufs[w.ix.norm], &dnorm, h)?;
-    let mut dx = dh;
+    let fin = (&dn, hs, w.t(w.ix.norm), &acts.rstd_final);
+    let mut dx = rmsnorm_backward_acc(g, fin, (m, h), rs, &mut grads.bufs[w.ix.norm])?;
 
     // Gradients between ops are rounded to BF16 by the kernels that produce them
     // (`round`), residual branches added in the norms' backward, and the inputs
@@ -149,9 +148,9 @@ pub fn backward(
         cx.linear_add(&dup, (&a.b, bin), &lp.up, grads, (lx.up, None), &mut db)?;
         let post = w.t(lx.post_attention_layernorm);
         let rs2 = &a.rstd2;
-        let (dh_mid, dw2) =
-            rmsnorm_backward(g, &db, &a.h_mid, post, rs2, (m, h), (round, Some(&dx)))?;
-        add_into(g, &mut grads.bufs[lx.post_attention_layernorm], &dw2, h)?;
+        let dw2 = &mut grads.bufs[lx.post_attention_layernorm];
+        let post_in = (&db, &a.h_mid, post, rs2);
+        let dh_mid = rmsnorm_backward_acc(g, post_in, (m, h), (round, Some(&dx)), dw2)?;
 
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
         let dattn = cx.linear(&dh_mid, (&a.attn, attn_in), &lp.o, grads, lx.o, None)?;
@@ -177,10 +176,9 @@ pub fn backward(
             (lx.q_norm, lx.k_norm, a.qk_pre.as_ref())
         {
             let rq = (round, None);
-            let (dqp, dqn) = rmsnorm_backward(g, &dq, q_pre, w.t(qn), q_rstd, (m * nh, hd), rq)?;
-            let (dkp, dkn) = rmsnorm_backward(g, &dk, k_pre, w.t(kn), k_rstd, (m * nkv, hd), rq)?;
-            add_into(g, &mut grads.bufs[qn], &dqn, hd)?;
-            add_into(g, &mut grads.bufs[kn], &dkn, hd)?;
+            let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
+            let dqp = rmsnorm_backward_acc(g, qi, (m * nh, hd), rq, &mut grads.bufs[qn])?;
+            let dkp = rmsnorm_backward_acc(g, ki, (m * nkv, hd), rq, &mut grads.bufs[kn])?;
             (dq, dk) = (dqp, dkp);
         }
         // q, k and v read one input a.
@@ -189,10 +187,9 @@ pub fn backward(
         cx.linear_add(&dv, (&a.a, ain), &lp.v, grads, (lx.v, lx.v_bias), &mut da)?;
         let inorm = w.t(lx.input_layernorm);
         let rs1 = &a.rstd1;
-        let (dx_in, dw1) =
-            rmsnorm_backward(g, &da, &a.x_in, inorm, rs1, (m, h), (round, Some(&dh_mid)))?;
-        add_into(g, &mut grads.bufs[lx.input_layernorm], &dw1, h)?;
-        dx = dx_in;
+        let dw1 = &mut grads.bufs[lx.input_layernorm];
+        let in_in = (&da, &a.x_in, inorm, rs1);
+        dx = rmsnorm_backward_acc(g, in_in, (m, h), (round, Some(&dh_mid)), dw1)?;
     }
     embedding_backward(
         g,

@@ -659,6 +659,17 @@ pub fn linear_bias_grad(
     super::ops::column_sums(gpu, dy, m, n, wgrad != GemmPrecision::F32)
 }
 
+/// [`linear_bias_grad`] added into `db [n]` (`db += ..`, as `tensor::add_into`).
+pub fn linear_bias_grad_acc(
+    gpu: &Gpu,
+    dy: &CudaSlice<f32>,
+    (m, n): (usize, usize),
+    wgrad: GemmPrecision,
+    db: &mut CudaSlice<f32>,
+) -> Result<()> {
+    super::ops::column_sums_acc(gpu, dy, (m, n), wgrad != GemmPrecision::F32, db)
+}
+
 /// DGrad (written, or added when `dx_acc`, into `dx`) and WGrad (written, or added
 /// when `acc`, into `dw`).
 fn backward_to(

@@ -208,12 +208,51 @@ pub fn rmsnorm_backward(
         )?;
     }
     let dx = bwd_dx(gpu, (dy, x, w, rstd), (rows, dim), (round, res), dim == 128)?;
-    let dw = colsum(gpu, dy, Some((x, rstd)), rows, dim, round)?;
+    let mut dw = gpu.uninit::<f32>(dim)?;
+    colsum(
+        gpu,
+        dy,
+        Some((x, rstd)),
+        (rows, dim),
+        round,
+        (&mut dw, false),
+    )?;
     Ok((dx, dw))
 }
 
+/// [`rmsnorm_backward`] with dw added into `dw_acc [dim]` (`dw_acc += dw`, as
+/// `tensor::add_into` of the returned dw, in the column sums' last launch); returns dx.
+pub fn rmsnorm_backward_acc(
+    gpu: &Gpu,
+    (dy, x, w, rstd): NormBwdIn,
+    (rows, dim): (usize, usize),
+    (round, res): (bool, Option<&CudaSlice<f32>>),
+    dw_acc: &mut CudaSlice<f32>,
+) -> Result<CudaSlice<f32>> {
+    check_len("rmsnorm dw accumulator", dw_acc, dim, format!("[{dim}]"))?;
+    for (what, b, n) in [
+        ("rmsnorm dy", dy, rows * dim),
+        ("rmsnorm x", x, rows * dim),
+        ("rmsnorm w", w, dim),
+        ("rmsnorm rstd", rstd, rows),
+    ] {
+        check_len(what, b, n, format!("rows {rows}, dim {dim}"))?;
+    }
+    if let Some(r) = res {
+        check_len(
+            "rmsnorm residual gradient",
+            r,
+            rows * dim,
+            format!("rows {rows}, dim {dim}"),
+        )?;
+    }
+    let dx = bwd_dx(gpu, (dy, x, w, rstd), (rows, dim), (round, res), dim == 128)?;
+    colsum(gpu, dy, Some((x, rstd)), (rows, dim), round, (dw_acc, true))?;
+    Ok(dx)
+}
+
 /// rmsnorm backward's inputs: dy, the forward's x, the weight and rstd.
-type NormBwdIn<'a> = (
+pub type NormBwdIn<'a> = (
     &'a CudaSlice<f32>,
     &'a CudaSlice<f32>,
     &'a CudaSlice<f32>,
@@ -278,7 +317,8 @@ pub fn rmsnorm_bwd_dx_block_rows(
 }
 
 /// Column sums `out [cols] = sum_r a [r, c]`, optionally rounded to BF16 (the bias
-/// gradient of a linear layer). Fixed order: 64-row chunks, then the chunks.
+/// gradient of a linear layer). Fixed order (`colsum_partial` in `ops.cu`): 256-row
+/// chunks, each as eight interleaved row sets, then the chunks.
 pub fn column_sums(
     gpu: &Gpu,
     a: &CudaSlice<f32>,
@@ -292,26 +332,47 @@ pub fn column_sums(
         rows * cols,
         format!("[{rows}, {cols}]"),
     )?;
-    colsum(gpu, a, None, rows, cols, round)
+    let mut out = gpu.uninit::<f32>(cols)?;
+    colsum(gpu, a, None, (rows, cols), round, (&mut out, false))?;
+    Ok(out)
 }
 
+/// [`column_sums`] added into `acc [cols]` (`acc += sums`, as `tensor::add_into`).
+pub fn column_sums_acc(
+    gpu: &Gpu,
+    a: &CudaSlice<f32>,
+    (rows, cols): (usize, usize),
+    round: bool,
+    acc: &mut CudaSlice<f32>,
+) -> Result<()> {
+    check_len(
+        "column sums input",
+        a,
+        rows * cols,
+        format!("[{rows}, {cols}]"),
+    )?;
+    check_len("column sums accumulator", acc, cols, format!("[{cols}]"))?;
+    colsum(gpu, a, None, (rows, cols), round, (acc, true))
+}
+
+/// The column sums (of `a`, or of `a * x * rstd` per row) written, or added when
+/// `add`, into `out [cols]`.
 fn colsum(
     gpu: &Gpu,
     a: &CudaSlice<f32>,
     xr: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
     round: bool,
-) -> Result<CudaSlice<f32>> {
-    const CHUNK: usize = 64;
+    (out, add): (&mut CudaSlice<f32>, bool),
+) -> Result<()> {
+    const CHUNK: usize = 256;
     let chunks = rows.div_ceil(CHUNK).max(1);
-    let part = gpu.zeros::<f32>(chunks * cols)?;
-    let out = gpu.uninit::<f32>(cols)?;
+    let part = gpu.uninit::<f32>(chunks * cols)?;
     let (xp, rp) = xr.map_or((0, 0), |(x, r)| (gpu.ptr(x), gpu.ptr(r)));
     gpu.launch(
         &OPS,
         "colsum_partial",
-        (cols.div_ceil(256) as u32, chunks as u32, 1),
+        (cols.div_ceil(32) as u32, chunks as u32, 1),
         (256, 1, 1),
         0,
         &[
@@ -327,19 +388,18 @@ fn colsum(
     gpu.launch(
         &OPS,
         "colsum_final",
-        grid1(cols),
+        (cols.div_ceil(8) as u32, 1, 1),
         (256, 1, 1),
         0,
         &[
             Arg::P(gpu.ptr(&part)),
             Arg::I(chunks as i32),
             Arg::I(cols as i32),
-            Arg::I(0),
+            Arg::I(add as i32),
             Arg::I(round as i32),
-            Arg::P(gpu.ptr(&out)),
+            Arg::P(gpu.ptr(out)),
         ],
-    )?;
-    Ok(out)
+    )
 }
 
 /// A [`RopeTable`] on the device: cos and sin `[max_positions, head_dim / 2]` as

@@ -120,31 +120,61 @@ extern "C" __global__ void rmsnorm_bwd_dx128(const float* dy, const float* x, co
     }
 }
 
-// Column sums in a fixed order: part[chunk][c] = sum over the chunk's rows of
-// a[r, c] (times x[r, c] * rstd[r] when x is given: rmsnorm's dw), then
-// out[c] (+)= sum over chunks, optionally rounded to BF16.
+// Column sums in a fixed order (the shape's, not the GPU's): part[chunk][c] = the
+// sum over the chunk's rows of a[r, c] (times x[r, c] * rstd[r] when x is given:
+// rmsnorm's dw), then out[c] (+)= the sum over chunks, optionally rounded to BF16.
+// colsum_partial: grid (ceil(cols / 32), chunks), block 256; lane = column, warp g
+// adds rows g, g + 8, .. of the chunk in that order, then warp 0 adds the eight
+// warps' sums in warp order. (A thread a column over 64 rows, and one thread a
+// column over all chunks, kept the 128-wide q/k norms' 1,024 chunks latency-bound.)
 extern "C" __global__ void colsum_partial(const float* a, const float* x, const float* rstd, int rows,
                                           int cols, int chunk, float* part) {
     pdl_entry();
-    int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
-    if (c >= cols) return;
-    int r1 = min(rows, (ch + 1) * chunk);
+    __shared__ float sh[8][33];
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+    const int c = blockIdx.x * 32 + lane, ch = blockIdx.y;
+    const int r1 = min(rows, (ch + 1) * chunk);
     float s = 0.0f;
-    for (int r = ch * chunk; r < r1; r++) {
-        long i = (long)r * cols + c;
-        s += x ? a[i] * (x[i] * rstd[r]) : a[i];
+    if (c < cols) {
+        int r = ch * chunk + g;
+        // Four rows' loads in flight, added in row order.
+        for (; r + 24 < r1; r += 32) {
+            float v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const long i = (long)(r + 8 * u) * cols + c;
+                v[u] = x ? a[i] * (x[i] * rstd[r + 8 * u]) : a[i];
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) s += v[u];
+        }
+        for (; r < r1; r += 8) {
+            const long i = (long)r * cols + c;
+            s += x ? a[i] * (x[i] * rstd[r]) : a[i];
+        }
     }
-    part[(long)ch * cols + c] = s;
+    sh[g][lane] = s;
+    __syncthreads();
+    if (g != 0 || c >= cols) return;
+    float t = sh[0][lane];
+#pragma unroll
+    for (int w = 1; w < 8; w++) t += sh[w][lane];
+    part[(long)ch * cols + c] = t;
 }
+// colsum_final: a warp a column (grid ceil(cols / 8), block 256); lane l adds chunks
+// l, l + 32, .. in order, then warp_sum's fixed tree. accumulate: out[c] + the
+// (rounded) sum (fuses tensor.cu's add_into of the result into a gradient).
 extern "C" __global__ void colsum_final(const float* part, int chunks, int cols, int accumulate, int round,
                                         float* out) {
     pdl_entry();
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int lane = threadIdx.x & 31, c = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (c >= cols) return;
     float s = 0.0f;
-    for (int ch = 0; ch < chunks; ch++) s += part[(long)ch * cols + c];
-    if (accumulate) s = out[c] + s;
-    out[c] = round ? round_bf16(s) : s;
+    for (int ch = lane; ch < chunks; ch += 32) s += part[(long)ch * cols + c];
+    s = warp_sum(s);
+    if (lane != 0) return;
+    s = round ? round_bf16(s) : s;
+    out[c] = accumulate ? __fadd_rn(out[c], s) : s;
 }
 
 // ---- rope ------------------------------------------------------------------------

@@ -157,6 +157,9 @@ pub fn sample_rows(
     Ok(out)
 }
 
+/// Resident `sample_chunks` blocks an SM (40 registers, 256 threads).
+const SAMPLE_BLOCKS_PER_SM: usize = 6;
+
 /// [`sample_rows`] over [`log_softmax_rows`](super::logsoftmax::log_softmax_rows)`(logits)`,
 /// the same tokens and logprobs bit for bit, without writing the log-probability
 /// rows: each row's max and `ln S` (as training's logprobs: chunks of the row
@@ -185,10 +188,9 @@ pub fn sample_logits(
     } else {
         Some(gpu.upload(seeds)?)
     };
-    // About four blocks an SM, chunks of at least 1,024 entries.
-    let chunks = (4 * gpu.sm_count())
-        .div_ceil(rows)
-        .clamp(1, vocab.div_ceil(1024));
+    // One wave: six blocks of 256 threads fit an SM (40 registers), so rows *
+    // chunks stays at most six an SM; chunks of at least 1,024 entries.
+    let chunks = (SAMPLE_BLOCKS_PER_SM * gpu.sm_count() / rows).clamp(1, vocab.div_ceil(1024));
     let len = vocab.div_ceil(chunks);
     let chunks = vocab.div_ceil(len);
     let (cs, ci) = (

@@ -442,6 +442,45 @@ fn linear_layer_matches_cpu() {
                 rel(&dl(&g, gr.db.as_ref().unwrap(), n), cr.db.as_ref().unwrap()),
                 bound,
             );
+            // dy given as its BF16 operand: the bits of dy given in f32 (BF16
+            // GEMMs); refused by the others.
+            let dyb = gq::to_bf16_padded(&g, &ddy, m, n, m, cuda::pad16(n)).unwrap();
+            let (mut acc_f, mut acc_b) = (up(&g, &w), up(&g, &w));
+            let (precs, xi) = ((prec, prec), &mut glin::XOperand::default());
+            let dx_f = glin::linear_backward_into(
+                &g,
+                (glin::Dy::F32(&ddy), &dx, m),
+                &gw,
+                precs,
+                &mut acc_f,
+                xi,
+            );
+            let xi = &mut glin::XOperand::default();
+            let dx_b = glin::linear_backward_into(
+                &g,
+                (glin::Dy::Bf16(&dyb), &dx, m),
+                &gw,
+                precs,
+                &mut acc_b,
+                xi,
+            );
+            match prec {
+                GemmPrecision::Bf16 => report_exact(
+                    "linear bf16 backward, dy as its BF16 operand",
+                    &shape,
+                    bits_differ(
+                        &dl(&g, &dx_f.unwrap(), m * k),
+                        &dl(&g, &dx_b.unwrap(), m * k),
+                    ) + bits_differ(&dl(&g, &acc_f, n * k), &dl(&g, &acc_b, n * k)),
+                ),
+                _ => assert!(
+                    dx_b.err()
+                        .map(|e| e.to_string())
+                        .unwrap_or_default()
+                        .contains("BF16 dy"),
+                    "a {flow} backward must refuse a BF16 dy"
+                ),
+            }
         }
         // The BF16 GEMM itself, before rounding: bound 1e-5 against f32 sums of
         // the same BF16-rounded operands.
@@ -895,6 +934,27 @@ fn swiglu_matches_cpu() {
         bits_differ(&dl(&g, &rg, n), &dl(&g, &wg, n))
             + bits_differ(&dl(&g, &ru, n), &dl(&g, &wu, n)),
     );
+    // As the BF16 operands of the gate and up backward, rows padded (4864 is a
+    // multiple of 16; 4860 is not): the bits of the rounded f32 results' copies.
+    for cols in [4864, 4860] {
+        let rows = n / cols;
+        let (ob, ub) = gops::swiglu_backward_bf16(&g, &ddh, &dg, &du, (rows, cols)).unwrap();
+        let (rg, ru) = gops::swiglu_backward(&g, &ddh, &dg, &du, n, true).unwrap();
+        let cp = cuda::pad16(cols);
+        let copy = |x| gq::to_bf16_padded(&g, x, rows, cols, rows, cp).unwrap();
+        let differ: usize = [(ob, copy(&rg)), (ub, copy(&ru))]
+            .iter()
+            .map(|(a, b)| {
+                let (a, b) = (g.download(a).unwrap(), g.download(b).unwrap());
+                a.iter().zip(&b).filter(|(x, y)| x != y).count()
+            })
+            .sum();
+        report_exact(
+            "swiglu bwd BF16 operands == copies of the rounded f32",
+            &format!("[{rows}, {cols}]"),
+            differ,
+        );
+    }
     report(
         "swiglu bwd dgate",
         "[130, 4864]",

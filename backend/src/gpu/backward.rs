@@ -8,10 +8,11 @@ use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
 use jet_kernels::cuda::flash::flash_backward;
 use jet_kernels::cuda::linear::{
-    linear_backward_add, linear_backward_into, linear_bias_grad_acc, GpuWeight, XOperand,
+    linear_backward_add, linear_backward_into, linear_bias_grad_acc, Dy, GpuWeight, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_backward, rmsnorm_backward_acc, rope_backward_dev, swiglu_backward,
+    swiglu_backward_bf16,
 };
 use jet_kernels::cuda::tensor::round_bf16;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
@@ -54,7 +55,7 @@ impl Ctx<'_> {
     #[allow(clippy::too_many_arguments)]
     fn linear_add(
         &self,
-        dy: &CudaSlice<f32>,
+        dy: Dy,
         (x, xin): (&CudaSlice<f32>, &mut XOperand),
         w: &GpuWeight,
         grads: &mut GpuWeights,
@@ -67,15 +68,10 @@ impl Ctx<'_> {
     }
 
     /// db += the column sums of dy (rounded as the WGrad), when the layer has a bias.
-    fn bias(
-        &self,
-        dy: &CudaSlice<f32>,
-        w: &GpuWeight,
-        grads: &mut GpuWeights,
-        db: Option<usize>,
-    ) -> Result<()> {
+    fn bias(&self, dy: Dy, w: &GpuWeight, grads: &mut GpuWeights, db: Option<usize>) -> Result<()> {
         if let Some(db) = db {
             let wgrad = self.precs().1;
+            let dy = dy.f32(wgrad)?;
             linear_bias_grad_acc(self.g, dy, (self.m, w.n), wgrad, &mut grads.bufs[db])?;
         }
         Ok(())
@@ -86,7 +82,7 @@ impl Ctx<'_> {
     /// that read x after this one.
     fn linear(
         &self,
-        dy: &CudaSlice<f32>,
+        dy: Dy,
         (x, xin): (&CudaSlice<f32>, &mut XOperand),
         w: &GpuWeight,
         grads: &mut GpuWeights,
@@ -106,12 +102,21 @@ impl Ctx<'_> {
     }
 }
 
+/// Whether swiglu's backward writes the gate and up projections' dy as their BF16
+/// GEMM operands instead of f32: BF16 DGrad and WGrad, the BF16 flows' training.
+/// The operands have the bits of the f32 gradients' copies.
+fn bf16_dy(model: &GpuModel) -> bool {
+    let f = model.flow;
+    let precs = (f.precision(GemmRole::DGrad), f.precision(GemmRole::WGrad));
+    precs == (GemmPrecision::Bf16, GemmPrecision::Bf16)
+}
+
 /// Add the gradients of all weights, given `dlogits [M, vocab]` for a forward
 /// kept with `keep_acts`, into `grads` (tied: the LM head's into the embedding's).
 pub fn backward(
     model: &GpuModel,
     acts: &mut GpuActivations,
-    dlogits: &CudaSlice<f32>,
+    dlogits: Dy,
     grads: &mut GpuWeights,
 ) -> Result<()> {
     let (cfg, w, g) = (model.cfg, model.w, &*model.gpu);
@@ -140,12 +145,20 @@ pub fn backward(
         let [ain, attn_in, bin, min] = &mut std::mem::take(&mut acts.layers[li].ops);
         let a = &acts.layers[li];
         // MLP: out = h_mid + down(swiglu(gate(b), up(b))), b = norm(h_mid).
-        let dmm = cx.linear(&dx, (&a.m, min), &lp.down, grads, lx.down, None)?;
-        let n_mlp = m * cfg.intermediate_size;
-        let (dgate, dup) = swiglu_backward(g, &dmm, &a.gate, &a.up, n_mlp, round)?;
-        // gate and up read one input b: its WGrad operand is made once.
-        let mut db = cx.linear(&dgate, (&a.b, bin), &lp.gate, grads, lx.gate, None)?;
-        cx.linear_add(&dup, (&a.b, bin), &lp.up, grads, (lx.up, None), &mut db)?;
+        let dmm = cx.linear(Dy::F32(&dx), (&a.m, min), &lp.down, grads, lx.down, None)?;
+        let inter = cfg.intermediate_size;
+        // gate and up read one input b: its WGrad operand is made once. Their dy
+        // leave swiglu's backward as the GEMMs' BF16 operands where those are BF16.
+        let (gb, ub, gf, uf);
+        let (dgate, dup) = if bf16_dy(model) {
+            (gb, ub) = swiglu_backward_bf16(g, &dmm, &a.gate, &a.up, (m, inter))?;
+            (Dy::Bf16(&gb), Dy::Bf16(&ub))
+        } else {
+            (gf, uf) = swiglu_backward(g, &dmm, &a.gate, &a.up, m * inter, round)?;
+            (Dy::F32(&gf), Dy::F32(&uf))
+        };
+        let mut db = cx.linear(dgate, (&a.b, bin), &lp.gate, grads, lx.gate, None)?;
+        cx.linear_add(dup, (&a.b, bin), &lp.up, grads, (lx.up, None), &mut db)?;
         let post = w.t(lx.post_attention_layernorm);
         let rs2 = &a.rstd2;
         let dw2 = &mut grads.bufs[lx.post_attention_layernorm];
@@ -153,7 +166,14 @@ pub fn backward(
         let dh_mid = rmsnorm_backward_acc(g, post_in, (m, h), (round, Some(&dx)), dw2)?;
 
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
-        let dattn = cx.linear(&dh_mid, (&a.attn, attn_in), &lp.o, grads, lx.o, None)?;
+        let dattn = cx.linear(
+            Dy::F32(&dh_mid),
+            (&a.attn, attn_in),
+            &lp.o,
+            grads,
+            lx.o,
+            None,
+        )?;
         let shape = model.attn_shape();
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
             (AttnSaved::Flash(saved), Some(plan)) => {
@@ -182,9 +202,23 @@ pub fn backward(
             (dq, dk) = (dqp, dkp);
         }
         // q, k and v read one input a.
-        let mut da = cx.linear(&dq, (&a.a, ain), &lp.q, grads, lx.q, lx.q_bias)?;
-        cx.linear_add(&dk, (&a.a, ain), &lp.k, grads, (lx.k, lx.k_bias), &mut da)?;
-        cx.linear_add(&dv, (&a.a, ain), &lp.v, grads, (lx.v, lx.v_bias), &mut da)?;
+        let mut da = cx.linear(Dy::F32(&dq), (&a.a, ain), &lp.q, grads, lx.q, lx.q_bias)?;
+        cx.linear_add(
+            Dy::F32(&dk),
+            (&a.a, ain),
+            &lp.k,
+            grads,
+            (lx.k, lx.k_bias),
+            &mut da,
+        )?;
+        cx.linear_add(
+            Dy::F32(&dv),
+            (&a.a, ain),
+            &lp.v,
+            grads,
+            (lx.v, lx.v_bias),
+            &mut da,
+        )?;
         let inorm = w.t(lx.input_layernorm);
         let rs1 = &a.rstd1;
         let dw1 = &mut grads.bufs[lx.input_layernorm];

@@ -7,6 +7,7 @@
 //! micro-batch the response tokens' logprobs and entropies come down (a few
 //! floats per token) and d loss / d logp, d entropy go back up.
 
+use jet_kernels::cuda::linear::Dy;
 use jet_kernels::cuda::logsoftmax::{
     token_logprobs_backward_at, token_logprobs_forward_at, ScoredGrad,
 };
@@ -104,7 +105,7 @@ pub fn run_pass_gpu(
         };
         let dlogits = token_logprobs_backward_at(g, &logits, (m, vocab), &rows, &d, scale)?;
         drop(logits);
-        backward(model, acts, &dlogits, grads)?;
+        backward(model, acts, Dy::F32(&dlogits), grads)?;
     }
     Ok(scored)
 }

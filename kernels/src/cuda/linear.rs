@@ -559,6 +559,44 @@ fn forward(
     epilogue(gpu, &d, (ldd, 1, 0), bias, m, n, prec, add)
 }
 
+/// A linear layer's upstream gradient dy `[m, n]`: f32, or (BF16 DGrad and WGrad
+/// only) already its BF16 GEMM operand `[m][pad16(n)]` with `to_bf16_padded`'s
+/// bits, made by the op that produced dy (`ops::swiglu_backward_bf16`,
+/// `logsoftmax::token_logprobs_backward_at_bf16`): no f32 dy written and copied.
+#[derive(Clone, Copy)]
+pub enum Dy<'a> {
+    F32(&'a CudaSlice<f32>),
+    Bf16(&'a CudaSlice<u16>),
+}
+
+impl<'a> Dy<'a> {
+    /// The f32 gradient, for a GEMM (of precision `prec`) that reads it in f32 or
+    /// quantizes it, or for the bias gradient's column sums.
+    pub fn f32(self, prec: GemmPrecision) -> Result<&'a CudaSlice<f32>> {
+        match self {
+            Dy::F32(d) => Ok(d),
+            Dy::Bf16(_) => Err(super::CudaError::Invalid(format!(
+                "linear backward: a BF16 dy given to a {prec:?} GEMM (BF16 DGrad and WGrad only)"
+            ))),
+        }
+    }
+}
+
+/// dy's BF16 operand `[m][pad16(n)]`: the one given, or the copy in `own`, made
+/// on first use.
+fn dy_bf16<'b>(
+    gpu: &Gpu,
+    dy: Dy<'b>,
+    own: &'b mut Option<CudaSlice<u16>>,
+    (m, n): (usize, usize),
+) -> Result<&'b CudaSlice<u16>> {
+    match (dy, own) {
+        (Dy::Bf16(b), _) => Ok(b),
+        (Dy::F32(_), Some(b)) => Ok(b),
+        (Dy::F32(d), own @ None) => Ok(own.insert(to_bf16_padded(gpu, d, m, n, m, pad16(n))?)),
+    }
+}
+
 /// Gradients of a linear layer, on the device.
 pub struct GpuLinearGrads {
     /// `[m, k]`
@@ -587,7 +625,7 @@ pub fn linear_backward(
     let xin = &mut XOperand::default();
     backward_to(
         gpu,
-        (dy, x, m),
+        (Dy::F32(dy), x, m),
         w,
         (dgrad, wgrad),
         (&mut dw, false),
@@ -607,7 +645,7 @@ pub fn linear_backward(
 /// projections that share x (a fresh one for each x). Returns dx `[m, k]`.
 pub fn linear_backward_into(
     gpu: &Gpu,
-    (dy, x, m): (&CudaSlice<f32>, &CudaSlice<f32>, usize),
+    (dy, x, m): (Dy, &CudaSlice<f32>, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     dw_acc: &mut CudaSlice<f32>,
@@ -630,7 +668,7 @@ pub fn linear_backward_into(
 /// by several layers: q, k, v and gate, up), as `tensor::add_into` would.
 pub fn linear_backward_add(
     gpu: &Gpu,
-    (dy, x, m): (&CudaSlice<f32>, &CudaSlice<f32>, usize),
+    (dy, x, m): (Dy, &CudaSlice<f32>, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     (dw_acc, dx_acc): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
@@ -674,7 +712,7 @@ pub fn linear_bias_grad_acc(
 /// when `acc`, into `dw`).
 fn backward_to(
     gpu: &Gpu,
-    (dy, x, m): (&CudaSlice<f32>, &CudaSlice<f32>, usize),
+    (dy, x, m): (Dy, &CudaSlice<f32>, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     (dw, acc): (&mut CudaSlice<f32>, bool),
@@ -682,18 +720,22 @@ fn backward_to(
     xin: &mut XOperand,
 ) -> Result<()> {
     let (n, k) = (w.n, w.k);
-    check_len("linear dy", dy, m * n, format!("[{m}, {n}]"))?;
+    let (np, kp, mp) = (pad16(n), pad16(k), pad16(m));
+    match dy {
+        Dy::F32(d) => check_len("linear dy", d, m * n, format!("[{m}, {n}]"))?,
+        Dy::Bf16(d) => check_len("linear dy (BF16)", d, m * np, format!("[{m}][{np}]"))?,
+    }
     check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
     ensure(m > 0, || "linear backward of 0 rows".into())?;
-    let (np, kp, mp) = (pad16(n), pad16(k), pad16(m));
-    // dy's BF16 copy, or its 128x1 codes, made with DGrad's operand when WGrad
-    // reads it too.
+    // dy's BF16 copy (given, or made with DGrad's operand when WGrad reads it
+    // too), or its 128x1 codes, made with DGrad's.
     let mut dyb: Option<CudaSlice<u16>> = None;
     let mut qdy_t: Option<Fp8Quantized> = None;
     // DGrad: dx [m, k] = dy [m, n] w [n, k]
     let (d, ldd) = match dgrad {
         GemmPrecision::F32 => {
             let wf = w.f32.as_ref().ok_or_else(|| w.missing(dgrad))?;
+            let dy = dy.f32(dgrad)?;
             let d = gpu.uninit::<f32>(m * kp)?;
             let (a, b) = (
                 dense(gpu, dy, LtType::F32, m, n, n),
@@ -704,7 +746,7 @@ fn backward_to(
         }
         GemmPrecision::Bf16 => {
             let wb = w.bf16.as_ref().ok_or_else(|| w.missing(dgrad))?;
-            let dyb = dyb.insert(to_bf16_padded(gpu, dy, m, n, m, np)?);
+            let dyb = dy_bf16(gpu, dy, &mut dyb, (m, n))?;
             let d = gpu.uninit::<f32>(m * kp)?;
             let (a, b) = (
                 dense(gpu, dyb, LtType::Bf16, m, n, np),
@@ -715,6 +757,7 @@ fn backward_to(
         }
         GemmPrecision::Fp8 => {
             let wt = w.fp8_t.as_ref().ok_or_else(|| w.missing(dgrad))?;
+            let dy = dy.f32(dgrad)?;
             let qdy = match wgrad {
                 GemmPrecision::Fp8 => {
                     let (row, col) = quantize_dual(gpu, dy, m, n)?;
@@ -732,6 +775,7 @@ fn backward_to(
     // WGrad: dw [n, k] = dy [m, n]^T x [m, k]
     let (d, ldd) = match wgrad {
         GemmPrecision::F32 => {
+            let dy = dy.f32(wgrad)?;
             let d = gpu.uninit::<f32>(n * kp)?;
             let (a, b) = (
                 dense(gpu, dy, LtType::F32, m, n, n),
@@ -741,14 +785,11 @@ fn backward_to(
             (d, kp)
         }
         GemmPrecision::Bf16 => {
-            let dyb = match dyb {
-                Some(b) => b,
-                None => to_bf16_padded(gpu, dy, m, n, m, np)?,
-            };
+            let dyb = dy_bf16(gpu, dy, &mut dyb, (m, n))?;
             let xb = xin.of(m, k)?.bf16(gpu, x, m, k)?;
             let d = gpu.uninit::<f32>(n * kp)?;
             let (a, b) = (
-                dense(gpu, &dyb, LtType::Bf16, m, n, np),
+                dense(gpu, dyb, LtType::Bf16, m, n, np),
                 dense(gpu, xb, LtType::Bf16, m, k, kp),
             );
             dense_gemm(gpu, a, true, b, false, gpu.ptr(&d), kp)?;
@@ -757,7 +798,7 @@ fn backward_to(
         GemmPrecision::Fp8 => {
             let qdy = match qdy_t {
                 Some(q) => q,
-                None => quantize_col128x1(gpu, dy, m, n)?,
+                None => quantize_col128x1(gpu, dy.f32(wgrad)?, m, n)?,
             };
             let qx = xin.of(m, k)?.fp8_t(gpu, x, m, k)?;
             debug_assert_eq!(qdy.rows_pad, mp);

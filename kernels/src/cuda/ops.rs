@@ -668,3 +668,49 @@ pub fn swiglu_backward(
     )?;
     Ok((dg, du))
 }
+
+/// [`swiglu_backward`] (rounded) as the BF16 GEMM operands of the gate and up
+/// backward: `(dgate, dup)`, each `[rows][pad16(cols)]` BF16 with zero padding,
+/// the bits of `to_bf16_padded` of the rounded f32 results.
+pub fn swiglu_backward_bf16(
+    gpu: &Gpu,
+    dh: &CudaSlice<f32>,
+    gate: &CudaSlice<f32>,
+    up: &CudaSlice<f32>,
+    (rows, cols): (usize, usize),
+) -> Result<(CudaSlice<u16>, CudaSlice<u16>)> {
+    let n = rows * cols;
+    for (what, b) in [("swiglu dh", dh), ("swiglu gate", gate), ("swiglu up", up)] {
+        check_len(what, b, n, format!("[{rows}, {cols}]"))?;
+    }
+    let ldb = super::pad16(cols);
+    ensure(
+        rows * ldb < i64::MAX as usize && cols < i32::MAX as usize,
+        || format!("swiglu backward of [{rows}, {cols}]: too large"),
+    )?;
+    let (dg, du) = (
+        gpu.uninit::<u16>(rows * ldb)?,
+        gpu.uninit::<u16>(rows * ldb)?,
+    );
+    if rows == 0 {
+        return Ok((dg, du));
+    }
+    gpu.launch(
+        &OPS,
+        "swiglu_bwd_bf16",
+        grid1(rows * ldb),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(dh)),
+            Arg::P(gpu.ptr(gate)),
+            Arg::P(gpu.ptr(up)),
+            Arg::I(rows as i32),
+            Arg::I(cols as i32),
+            Arg::I(ldb as i32),
+            Arg::P(gpu.ptr(&dg)),
+            Arg::P(gpu.ptr(&du)),
+        ],
+    )?;
+    Ok((dg, du))
+}

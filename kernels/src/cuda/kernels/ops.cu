@@ -311,6 +311,28 @@ extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const 
     dup[i] = round ? round_bf16(du) : du;
 }
 
+// swiglu_bwd's rounded dgate, dup as the BF16 GEMM operands of the gate and up
+// backward: [rows][ldb] BF16 (ldb = cols padded to 16, zero padding; fuses
+// to_bf16_padded of swiglu_bwd's outputs, whose values are already BF16: the same
+// bits). Grid ceil(rows * ldb / 256), 256 threads.
+extern "C" __global__ void swiglu_bwd_bf16(const float* dh, const float* gate, const float* up, int rows, int cols,
+                                           int ldb, bf16_t* dgate, bf16_t* dup) {
+    pdl_entry();
+    long o = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= (long)rows * ldb) return;
+    int c = (int)(o % ldb);
+    long i = o / ldb * cols + c;
+    if (c >= cols) {
+        dgate[o] = 0;
+        dup[o] = 0;
+        return;
+    }
+    float d = dh[i], g = gate[i], u = up[i], s = sigmoid(g);
+    float dg = d * u * s * (1.0f + g * (1.0f - s)), du = d * g * s;
+    dgate[o] = f32_to_bf16(dg);
+    dup[o] = f32_to_bf16(du);
+}
+
 // ---- linear epilogue ---------------------------------------------------------------
 // y [rows, cols] = d (stride ldd) + bias, rounded to BF16 when `round` (the
 // low-precision GEMMs: f32 accumulation, BF16 output, as linear.rs). A split-K

@@ -264,6 +264,58 @@ fn whole_step_matches_cpu() {
     }
 }
 
+/// Fill `bytes` of the device's memory pool with `fill` and give them back: the
+/// allocations that follow are likely to land on those bytes.
+fn poison_pool(g: &Gpu, bytes: usize, fill: u8) {
+    let mut b = g.zeros::<u8>(bytes).unwrap();
+    g.write(&mut b, &vec![fill; bytes]).unwrap();
+    g.sync().unwrap();
+}
+
+/// A training pass (forward, loss head, backward) reads nothing it did not write:
+/// the same gradients, bit for bit, whether the pool it allocates from held 0xff
+/// bytes (NaN in f32) or zeros. (A change that only moved three allocations once
+/// made fp8 runs differ from one another: NOTES.md, fourteenth session.)
+#[test]
+fn training_pass_reads_only_what_it_wrote() {
+    let Some(g) = gpu() else { return };
+    let seqs = seqs();
+    let adv = [1.0f64, -0.5, 0.25];
+    let n_tok: usize = seqs.iter().map(|s| s.response_len()).sum();
+    for (name, cfg) in [("tiny", tiny()), ("qwen3 widths", qwen3_widths())] {
+        let w0 = init_random(&cfg, 3);
+        let dw = GpuWeights::upload(&g, &w0).unwrap();
+        for flow in [Flow::F32, Flow::Bf16, Flow::Fp8] {
+            let grads = |fill: u8| {
+                poison_pool(&g, 1 << 30, fill);
+                let mut dg = GpuWeights::zeros_like(&g, &dw).unwrap();
+                let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
+                let mut gf = |i: usize, _t: usize, _lp: f64, _e: f64| (-adv[i] / n_tok as f64, 0.0);
+                run_pass_gpu(&model, &seqs, 0.8, 2, Some((&mut gf, &mut dg))).unwrap();
+                let mut out = ModelWeights::zeros(&cfg);
+                dg.download_into(&g, &mut out).unwrap();
+                out.tensors()
+                    .into_iter()
+                    .flat_map(|(_, t)| t.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                    .collect::<Vec<u32>>()
+            };
+            let (a, b) = (grads(0xff), grads(0x00));
+            let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+            println!(
+                "PARITY | {name} {}: gradients, pool of 0xff vs of zeros | {differ} differing of {}",
+                flow.name(),
+                a.len()
+            );
+            assert_eq!(
+                differ,
+                0,
+                "{name} {}: a read of unwritten memory",
+                flow.name()
+            );
+        }
+    }
+}
+
 /// Greedy or sampled generation on the GPU, `n` samples a prompt, RNG seeded `seed`.
 fn generate_gpu(
     model: &GpuModel,

@@ -188,35 +188,11 @@ pub fn rmsnorm_backward(
     x: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     rstd: &CudaSlice<f32>,
-    (rows, dim): (usize, usize),
-    (round, res): (bool, Option<&CudaSlice<f32>>),
+    shape: (usize, usize),
+    dx_opts: (bool, Option<&CudaSlice<f32>>),
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
-    for (what, b, n) in [
-        ("rmsnorm dy", dy, rows * dim),
-        ("rmsnorm x", x, rows * dim),
-        ("rmsnorm w", w, dim),
-        ("rmsnorm rstd", rstd, rows),
-    ] {
-        check_len(what, b, n, format!("rows {rows}, dim {dim}"))?;
-    }
-    if let Some(r) = res {
-        check_len(
-            "rmsnorm residual gradient",
-            r,
-            rows * dim,
-            format!("rows {rows}, dim {dim}"),
-        )?;
-    }
-    let dx = bwd_dx(gpu, (dy, x, w, rstd), (rows, dim), (round, res), dim == 128)?;
-    let mut dw = gpu.uninit::<f32>(dim)?;
-    colsum(
-        gpu,
-        dy,
-        Some((x, rstd)),
-        (rows, dim),
-        round,
-        (&mut dw, false),
-    )?;
+    let mut dw = gpu.uninit::<f32>(shape.1)?;
+    let dx = norm_bwd(gpu, (dy, x, w, rstd), shape, dx_opts, (&mut dw, false))?;
     Ok((dx, dw))
 }
 
@@ -224,12 +200,24 @@ pub fn rmsnorm_backward(
 /// `tensor::add_into` of the returned dw, in the column sums' last launch); returns dx.
 pub fn rmsnorm_backward_acc(
     gpu: &Gpu,
-    (dy, x, w, rstd): NormBwdIn,
+    input: NormBwdIn,
     (rows, dim): (usize, usize),
-    (round, res): (bool, Option<&CudaSlice<f32>>),
+    dx_opts: (bool, Option<&CudaSlice<f32>>),
     dw_acc: &mut CudaSlice<f32>,
 ) -> Result<CudaSlice<f32>> {
     check_len("rmsnorm dw accumulator", dw_acc, dim, format!("[{dim}]"))?;
+    norm_bwd(gpu, input, (rows, dim), dx_opts, (dw_acc, true))
+}
+
+/// Both backwards: the inputs checked, dx returned, dw written (or added when
+/// `add`) into `dw`.
+fn norm_bwd(
+    gpu: &Gpu,
+    (dy, x, w, rstd): NormBwdIn,
+    (rows, dim): (usize, usize),
+    (round, res): (bool, Option<&CudaSlice<f32>>),
+    (dw, add): (&mut CudaSlice<f32>, bool),
+) -> Result<CudaSlice<f32>> {
     for (what, b, n) in [
         ("rmsnorm dy", dy, rows * dim),
         ("rmsnorm x", x, rows * dim),
@@ -247,7 +235,7 @@ pub fn rmsnorm_backward_acc(
         )?;
     }
     let dx = bwd_dx(gpu, (dy, x, w, rstd), (rows, dim), (round, res), dim == 128)?;
-    colsum(gpu, dy, Some((x, rstd)), (rows, dim), round, (dw_acc, true))?;
+    colsum(gpu, dy, Some((x, rstd)), (rows, dim), round, (dw, add))?;
     Ok(dx)
 }
 

@@ -561,8 +561,8 @@ fn forward(
 
 /// A linear layer's upstream gradient dy `[m, n]`: f32, or (BF16 DGrad and WGrad
 /// only) already its BF16 GEMM operand `[m][pad16(n)]` with `to_bf16_padded`'s
-/// bits, made by the op that produced dy (`ops::swiglu_backward_bf16`,
-/// `logsoftmax::token_logprobs_backward_at_bf16`): no f32 dy written and copied.
+/// bits, made by the op that produced dy (`ops::swiglu_backward_bf16`): no f32 dy
+/// written and copied.
 #[derive(Clone, Copy)]
 pub enum Dy<'a> {
     F32(&'a CudaSlice<f32>),

@@ -907,6 +907,58 @@ fn rope_matches_cpu() {
     done();
 }
 
+/// Qwen3's q/k norm and RoPE backward in one pass: the bits of rope_backward_dev
+/// then rmsnorm_backward_acc (dx, and dw added into an accumulator), for chunks of
+/// 256 rows whole and partial, rounded or not.
+#[test]
+fn qk_norm_rope_backward_equals_the_two_passes() {
+    let Some(g) = gpu() else { return };
+    let table = rope::RopeTable::new(128, 4096, 1_000_000.0, None);
+    let gt = gops::GpuRope::new(&g, &table).unwrap();
+    for (tokens, nh) in [(130usize, 16usize), (7, 8), (32, 8)] {
+        let rows = tokens * nh;
+        let positions: Vec<usize> = (0..tokens).map(|i| (i * 37) % 4096).collect();
+        let dpos = gops::upload_positions(&g, &positions, &gt).unwrap();
+        let (dy, x, w) = (
+            up(&g, &rnd(rows * 128, 90, 1.0)),
+            up(&g, &rnd(rows * 128, 91, 2.0)),
+            up(&g, &rnd(128, 92, 1.0)),
+        );
+        let (_, rstd) = gops::rmsnorm_forward(&g, &x, &w, rows, 128, 1e-6).unwrap();
+        let acc0 = rnd(128, 93, 1.0);
+        for round in [false, true] {
+            let mut acc = up(&g, &acc0);
+            let got = gops::qk_norm_rope_backward_acc(
+                &g,
+                (&dy, &x, &w, &rstd),
+                (&dpos, &gt),
+                (tokens, nh),
+                round,
+                &mut acc,
+            )
+            .unwrap();
+            let mut rot = dy.clone();
+            gops::rope_backward_dev(&g, &mut rot, &dpos, (tokens, nh), &gt, round).unwrap();
+            let mut want_acc = up(&g, &acc0);
+            let want = gops::rmsnorm_backward_acc(
+                &g,
+                (&rot, &x, &w, &rstd),
+                (rows, 128),
+                (round, None),
+                &mut want_acc,
+            )
+            .unwrap();
+            report_exact(
+                &format!("q/k norm + rope bwd in one pass == two passes (round {round})"),
+                &format!("{tokens} tokens x {nh} heads of 128"),
+                bits_differ(&dl(&g, &got, rows * 128), &dl(&g, &want, rows * 128))
+                    + bits_differ(&dl(&g, &acc, 128), &dl(&g, &want_acc, 128)),
+            );
+        }
+    }
+    done();
+}
+
 /// CUDA's expf is within 2 ulp of the CPU's exp: 1e-5.
 #[test]
 fn swiglu_matches_cpu() {

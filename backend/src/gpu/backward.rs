@@ -11,8 +11,8 @@ use jet_kernels::cuda::linear::{
     linear_backward_add, linear_backward_into, linear_bias_grad_acc, Dy, GpuWeight, XOperand,
 };
 use jet_kernels::cuda::ops::{
-    embedding_backward, rmsnorm_backward_acc, rope_backward_dev, swiglu_backward,
-    swiglu_backward_bf16,
+    embedding_backward, qk_norm_rope_backward_acc, rmsnorm_backward_acc, rope_backward_dev,
+    swiglu_backward, swiglu_backward_bf16,
 };
 use jet_kernels::cuda::tensor::round_bf16;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
@@ -189,17 +189,30 @@ pub fn backward(
             }
         };
         let pos = &acts.rows.positions;
-        rope_backward_dev(g, &mut dq, pos, (m, nh), &model.rope, round)?;
-        rope_backward_dev(g, &mut dk, pos, (m, nkv), &model.rope, round)?;
         let dv = cx.lp(dv)?;
-        if let (Some(qn), Some(kn), Some((q_pre, k_pre, q_rstd, k_rstd))) =
-            (lx.q_norm, lx.k_norm, a.qk_pre.as_ref())
-        {
-            let rq = (round, None);
-            let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
-            let dqp = rmsnorm_backward_acc(g, qi, (m * nh, hd), rq, &mut grads.bufs[qn])?;
-            let dkp = rmsnorm_backward_acc(g, ki, (m * nkv, hd), rq, &mut grads.bufs[kn])?;
-            (dq, dk) = (dqp, dkp);
+        let qk_norms = (lx.q_norm, lx.k_norm, a.qk_pre.as_ref());
+        if let (Some(qn), Some(kn), Some((q_pre, k_pre, q_rstd, k_rstd))) = qk_norms {
+            if hd == 128 {
+                // RoPE's and the norms' backward in one pass each (the same bits).
+                let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
+                let rope = (pos, &*model.rope);
+                let bq = &mut grads.bufs[qn];
+                let dqp = qk_norm_rope_backward_acc(g, qi, rope, (m, nh), round, bq)?;
+                let bk = &mut grads.bufs[kn];
+                let dkp = qk_norm_rope_backward_acc(g, ki, rope, (m, nkv), round, bk)?;
+                (dq, dk) = (dqp, dkp);
+            } else {
+                rope_backward_dev(g, &mut dq, pos, (m, nh), &model.rope, round)?;
+                rope_backward_dev(g, &mut dk, pos, (m, nkv), &model.rope, round)?;
+                let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
+                let rq = (round, None);
+                let dqp = rmsnorm_backward_acc(g, qi, (m * nh, hd), rq, &mut grads.bufs[qn])?;
+                let dkp = rmsnorm_backward_acc(g, ki, (m * nkv, hd), rq, &mut grads.bufs[kn])?;
+                (dq, dk) = (dqp, dkp);
+            }
+        } else {
+            rope_backward_dev(g, &mut dq, pos, (m, nh), &model.rope, round)?;
+            rope_backward_dev(g, &mut dk, pos, (m, nkv), &model.rope, round)?;
         }
         // q, k and v read one input a.
         let mut da = cx.linear(Dy::F32(&dq), (&a.a, ain), &lp.q, grads, lx.q, lx.q_bias)?;

@@ -239,6 +239,70 @@ fn norm_bwd(
     Ok(dx)
 }
 
+/// The backward of Qwen3's q (or k) RMSNorm and RoPE for heads of 128 in one pass
+/// (`qk_norm_rope_bwd`): `dy [tokens, n_heads * 128]` the attention's gradient of
+/// the rotated, normed heads, `x`, `w`, `rstd` the norm's; returns dx of the norm's
+/// input and adds dw into `dw_acc [128]`. The bits of [`rope_backward_dev`] of dy
+/// then [`rmsnorm_backward_acc`] over rows of 128 (`cuda_parity`).
+pub fn qk_norm_rope_backward_acc(
+    gpu: &Gpu,
+    (dy, x, w, rstd): NormBwdIn,
+    (positions, table): (&CudaSlice<i32>, &GpuRope),
+    (tokens, n_heads): (usize, usize),
+    round: bool,
+    dw_acc: &mut CudaSlice<f32>,
+) -> Result<CudaSlice<f32>> {
+    const HD: usize = 128;
+    ensure(table.head_dim == HD, || {
+        format!(
+            "qk_norm_rope_bwd takes heads of 128, not {}",
+            table.head_dim
+        )
+    })?;
+    let rows = tokens * n_heads;
+    for (what, b, n) in [
+        ("q/k norm dy", dy, rows * HD),
+        ("q/k norm x", x, rows * HD),
+        ("q/k norm w", w, HD),
+        ("q/k norm rstd", rstd, rows),
+        ("q/k norm dw accumulator", &*dw_acc, HD),
+    ] {
+        check_len(
+            what,
+            b,
+            n,
+            format!("{tokens} tokens, {n_heads} heads of {HD}"),
+        )?;
+    }
+    check_len("rope positions", positions, tokens, format!("[{tokens}]"))?;
+    let dx = gpu.uninit::<f32>(rows * HD)?;
+    let chunks = rows.div_ceil(256).max(1);
+    let part = gpu.uninit::<f32>(chunks * HD)?;
+    gpu.launch(
+        &OPS,
+        "qk_norm_rope_bwd",
+        (chunks as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(dy)),
+            Arg::P(gpu.ptr(x)),
+            Arg::P(gpu.ptr(w)),
+            Arg::P(gpu.ptr(rstd)),
+            Arg::P(gpu.ptr(positions)),
+            Arg::P(gpu.ptr(&table.cos)),
+            Arg::P(gpu.ptr(&table.sin)),
+            Arg::I(rows as i32),
+            Arg::I(n_heads as i32),
+            Arg::I(round as i32),
+            Arg::P(gpu.ptr(&dx)),
+            Arg::P(gpu.ptr(&part)),
+        ],
+    )?;
+    colsum_final(gpu, &part, (chunks, HD), round, (dw_acc, true))?;
+    Ok(dx)
+}
+
 /// rmsnorm backward's inputs: dy, the forward's x, the weight and rstd.
 pub type NormBwdIn<'a> = (
     &'a CudaSlice<f32>,
@@ -373,6 +437,18 @@ fn colsum(
             Arg::P(gpu.ptr(&part)),
         ],
     )?;
+    colsum_final(gpu, &part, (chunks, cols), round, (out, add))
+}
+
+/// `colsum_final`: the chunks' sums `part [chunks][cols]` added in order (rounded
+/// when `round`) into `out [cols]` (written, or added when `add`).
+fn colsum_final(
+    gpu: &Gpu,
+    part: &CudaSlice<f32>,
+    (chunks, cols): (usize, usize),
+    round: bool,
+    (out, add): (&mut CudaSlice<f32>, bool),
+) -> Result<()> {
     gpu.launch(
         &OPS,
         "colsum_final",
@@ -380,7 +456,7 @@ fn colsum(
         (256, 1, 1),
         0,
         &[
-            Arg::P(gpu.ptr(&part)),
+            Arg::P(gpu.ptr(part)),
             Arg::I(chunks as i32),
             Arg::I(cols as i32),
             Arg::I(add as i32),

@@ -91,7 +91,21 @@ extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const
 // holds columns l + 32u; each u's butterfly is the 128-thread launch's warp u sum
 // (of 0 + its value, as that thread's dot starts at 0), and the four totals are
 // added as that launch's block_sum adds them (each + 0 first, then (t0 + t2) +
-// (t1 + t3)): the same bits, signed zeros included.
+// (t1 + t3)): the same bits, signed zeros included. norm_bwd_row128 is one row's
+// dx before the rounding, from the lane's dy and x values (shared with
+// qk_norm_rope_bwd, so both give these bits).
+__device__ __forceinline__ void norm_bwd_row128(const float (&dyv)[4], const float (&xv)[4], const float* w, float rs,
+                                                int lane, float (&out)[4]) {
+    float gy[4], tot[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) gy[u] = dyv[u] * w[lane + 32 * u];
+#pragma unroll
+    for (int u = 0; u < 4; u++) tot[u] = warp_sum(0.0f + gy[u] * (xv[u] * rs)) + 0.0f;
+    const float dot = (tot[0] + tot[2]) + (tot[1] + tot[3]);
+    const float mean = dot / 128.0f;
+#pragma unroll
+    for (int u = 0; u < 4; u++) out[u] = rs * (gy[u] - xv[u] * rs * mean);
+}
 // Takes rmsnorm_bwd_dx's arguments (dim is 128).
 extern "C" __global__ void rmsnorm_bwd_dx128(const float* dy, const float* x, const float* w, const float* rstd,
                                              int rows, int dim, float* dx, int round, const float* res) {
@@ -100,23 +114,85 @@ extern "C" __global__ void rmsnorm_bwd_dx128(const float* dy, const float* x, co
     if (r >= rows) return;
     const long o = (long)r * 128;
     const float rs = rstd[r];
-    float gy[4], gx[4], tot[4];
+    float dyv[4], xv[4], v[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        dyv[u] = dy[o + lane + 32 * u];
+        xv[u] = x[o + lane + 32 * u];
+    }
+    norm_bwd_row128(dyv, xv, w, rs, lane, v);
 #pragma unroll
     for (int u = 0; u < 4; u++) {
         const int c = lane + 32 * u;
-        gy[u] = dy[o + c] * w[c];
-        gx[u] = x[o + c];
+        const float d = round ? round_bf16(v[u]) : v[u];
+        dx[o + c] = res ? __fadd_rn(d, res[o + c]) : d;
+    }
+}
+
+// One pair (j, j + hd/2) of RoPE: (u c - v s, v c + u s), rounded to BF16 when
+// `round` (the rope kernel and qk_norm_rope_bwd share it, so their bits agree).
+__device__ __forceinline__ void rope_pair(float u, float v, float c, float s, int round, float& a, float& b) {
+    a = u * c - v * s;
+    b = v * c + u * s;
+    if (round) {
+        a = round_bf16(a);
+        b = round_bf16(b);
+    }
+}
+
+// One term of a column sum: a (times x * rs for rmsnorm's dw), added to s.
+__device__ __forceinline__ void colsum_add(float& s, float a, float x, float rs, bool scaled) {
+    s += scaled ? a * (x * rs) : a;
+}
+
+// The backward of Qwen3's q (or k) norm and RoPE for heads of 128, in one pass
+// (fuses rope's backward of dy in place, rmsnorm_bwd_dx128 and colsum_partial of
+// the rotated dy, in their orders: the same bits). dy, x (the norm's input), dx
+// [rows = tokens * n_heads, 128]; row r is token r / n_heads, its angles at
+// pos[token] in cos_t, sin_t [*, 64]. Grid ceil(rows / 256), block 256: block ch
+// takes the 256-row chunk ch, warp g its rows g, g + 8, .. in order (a row a
+// step: rotate, dx, then the row's dw terms into the lane's four column sums),
+// then the eight warps' sums in warp order into part[ch][128], as colsum_partial.
+extern "C" __global__ void qk_norm_rope_bwd(const float* dy, const float* x, const float* w, const float* rstd,
+                                            const int* pos, const float* cos_t, const float* sin_t, int rows,
+                                            int n_heads, int round, float* dx, float* part) {
+    pdl_entry();
+    __shared__ float sh[8][129];
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5, ch = blockIdx.x;
+    const int r1 = min(rows, (ch + 1) * 256);
+    float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int r = ch * 256 + g; r < r1; r += 8) {
+        const long o = (long)r * 128;
+        const long t = (long)pos[r / n_heads] * 64;
+        const float rs = rstd[r];
+        float dyv[4], xv[4], v[4];
+        // Lane l's pairs: columns (l, l + 64) and (l + 32, l + 96), i.e. u and u + 2.
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int j = lane + 32 * u;
+            const float c = cos_t[t + j], s = -1.0f * sin_t[t + j];
+            rope_pair(dy[o + j], dy[o + j + 64], c, s, round, dyv[u], dyv[u + 2]);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) xv[u] = x[o + lane + 32 * u];
+        norm_bwd_row128(dyv, xv, w, rs, lane, v);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            dx[o + lane + 32 * u] = round ? round_bf16(v[u]) : v[u];
+            colsum_add(cs[u], dyv[u], xv[u], rs, true);
+        }
     }
 #pragma unroll
-    for (int u = 0; u < 4; u++) tot[u] = warp_sum(0.0f + gy[u] * (gx[u] * rs)) + 0.0f;
-    const float dot = (tot[0] + tot[2]) + (tot[1] + tot[3]);
-    const float mean = dot / 128.0f;
+    for (int u = 0; u < 4; u++) sh[g][lane + 32 * u] = cs[u];
+    __syncthreads();
+    if (g != 0) return;
 #pragma unroll
     for (int u = 0; u < 4; u++) {
         const int c = lane + 32 * u;
-        float v = rs * (gy[u] - gx[u] * rs * mean);
-        v = round ? round_bf16(v) : v;
-        dx[o + c] = res ? __fadd_rn(v, res[o + c]) : v;
+        float t = sh[0][c];
+#pragma unroll
+        for (int k = 1; k < 8; k++) t += sh[k][c];
+        part[(long)ch * 128 + c] = t;
     }
 }
 
@@ -140,17 +216,20 @@ extern "C" __global__ void colsum_partial(const float* a, const float* x, const 
         // Four rows' loads in flight, added in row order.
         for (; r + 24 < r1; r += 32) {
             float v[4];
+            float xs[4], rs[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 const long i = (long)(r + 8 * u) * cols + c;
-                v[u] = x ? a[i] * (x[i] * rstd[r + 8 * u]) : a[i];
+                v[u] = a[i];
+                xs[u] = x ? x[i] : 0.0f;
+                rs[u] = x ? rstd[r + 8 * u] : 0.0f;
             }
 #pragma unroll
-            for (int u = 0; u < 4; u++) s += v[u];
+            for (int u = 0; u < 4; u++) colsum_add(s, v[u], xs[u], rs[u], x != nullptr);
         }
         for (; r < r1; r += 8) {
             const long i = (long)r * cols + c;
-            s += x ? a[i] * (x[i] * rstd[r]) : a[i];
+            colsum_add(s, a[i], x ? x[i] : 0.0f, x ? rstd[r] : 0.0f, x != nullptr);
         }
     }
     sh[g][lane] = s;
@@ -192,11 +271,11 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, co
     long base = rh * hd;
     long t = (long)pos[r] * half + j;
     float c = cos_t[t], s = sign * sin_t[t];
-    float u = x[base + j], v = x[base + j + half];
-    float a = u * c - v * s, b = v * c + u * s;
+    float a, b;
     // round: the backward's rounding of its gradient to BF16, fused.
-    x[base + j] = round ? round_bf16(a) : a;
-    x[base + j + half] = round ? round_bf16(b) : b;
+    rope_pair(x[base + j], x[base + j + half], c, s, round, a, b);
+    x[base + j] = a;
+    x[base + j + half] = b;
 }
 
 // ---- Qwen3's q/k norms with RoPE ----------------------------------------------------

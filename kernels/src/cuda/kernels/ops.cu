@@ -161,25 +161,44 @@ extern "C" __global__ void qk_norm_rope_bwd(const float* dy, const float* x, con
     const int lane = threadIdx.x & 31, g = threadIdx.x >> 5, ch = blockIdx.x;
     const int r1 = min(rows, (ch + 1) * 256);
     float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int r = ch * 256 + g; r < r1; r += 8) {
-        const long o = (long)r * 128;
-        const long t = (long)pos[r / n_heads] * 64;
-        const float rs = rstd[r];
-        float dyv[4], xv[4], v[4];
-        // Lane l's pairs: columns (l, l + 64) and (l + 32, l + 96), i.e. u and u + 2.
+    // Four rows' loads in flight (rows r, r + 8, r + 16, r + 24), then the rows in order:
+    // one row at a time left the kernel waiting on each row's loads.
+    constexpr int QR = 4;
+    for (int r = ch * 256 + g; r < r1; r += 8 * QR) {
+        float d[QR][4], xv[QR][4], cv[QR][2], sv[QR][2], rs[QR];
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int j = lane + 32 * u;
-            const float c = cos_t[t + j], s = -1.0f * sin_t[t + j];
-            rope_pair(dy[o + j], dy[o + j + 64], c, s, round, dyv[u], dyv[u + 2]);
+        for (int i = 0; i < QR; i++) {
+            const int ri = r + 8 * i;
+            if (ri >= r1) continue;
+            const long o = (long)ri * 128;
+            const long t = (long)pos[ri / n_heads] * 64;
+            rs[i] = rstd[ri];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                d[i][u] = dy[o + lane + 32 * u];
+                xv[i][u] = x[o + lane + 32 * u];
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                cv[i][u] = cos_t[t + lane + 32 * u];
+                sv[i][u] = -1.0f * sin_t[t + lane + 32 * u];
+            }
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) xv[u] = x[o + lane + 32 * u];
-        norm_bwd_row128(dyv, xv, w, rs, lane, v);
+        for (int i = 0; i < QR; i++) {
+            const int ri = r + 8 * i;
+            if (ri >= r1) break;  // warp-uniform
+            const long o = (long)ri * 128;
+            float dyv[4], v[4];
+            // Lane l's pairs: columns (l, l + 64) and (l + 32, l + 96), i.e. u and u + 2.
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            dx[o + lane + 32 * u] = round ? round_bf16(v[u]) : v[u];
-            colsum_add(cs[u], dyv[u], xv[u], rs, true);
+            for (int u = 0; u < 2; u++) rope_pair(d[i][u], d[i][u + 2], cv[i][u], sv[i][u], round, dyv[u], dyv[u + 2]);
+            norm_bwd_row128(dyv, xv[i], w, rs[i], lane, v);
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                dx[o + lane + 32 * u] = round ? round_bf16(v[u]) : v[u];
+                colsum_add(cs[u], dyv[u], xv[i][u], rs[i], true);
+            }
         }
     }
 #pragma unroll

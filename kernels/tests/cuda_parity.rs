@@ -1007,6 +1007,20 @@ fn swiglu_matches_cpu() {
             differ,
         );
     }
+    // As the FP8 operands (1x128 and 128x1) of the gate and up backward: the codes
+    // and scales of quantize_dual of the rounded f32 results; rows not a multiple of
+    // 128 and columns not of 128 or 16 (partial tiles, padding).
+    for (rows, cols) in [(130, 4864), (130, 4860), (257, 200)] {
+        let (qg, qu) = gq::swiglu_backward_fp8(&g, &ddh, &dg, &du, (rows, cols)).unwrap();
+        let (rg, ru) = gops::swiglu_backward(&g, &ddh, &dg, &du, rows * cols, true).unwrap();
+        let differ =
+            dual_differ(&g, &qg, &rg, (rows, cols)) + dual_differ(&g, &qu, &ru, (rows, cols));
+        report_exact(
+            "swiglu bwd FP8 operands == quantize_dual of the rounded f32",
+            &format!("[{rows}, {cols}]"),
+            differ,
+        );
+    }
     report(
         "swiglu bwd dgate",
         "[130, 4864]",
@@ -1203,7 +1217,13 @@ fn logsoftmax_matches_cpu() {
 #[test]
 fn token_logprobs_in_place_match_gathered() {
     let Some(g) = gpu() else { return };
-    for (total, vocab, scale) in [(9, 1000, 1.0f32), (6, 151_936, 1.0 / 0.7), (7, 1003, 0.5)] {
+    let cases = [
+        (9, 1000, 1.0f32),
+        (6, 151_936, 1.0 / 0.7),
+        (7, 1003, 0.5),
+        (200, 300, 1.0),
+    ];
+    for (total, vocab, scale) in cases {
         let shape = format!("[{total}, {vocab}]");
         let at = [4usize, 1, total - 1];
         let r = at.len();
@@ -1232,8 +1252,16 @@ fn token_logprobs_in_place_match_gathered() {
             dlogp: &dlp,
             dentropy: Some(&dent),
         };
-        let got = glsm::token_logprobs_backward_at(&g, &dz, (total, vocab), &at, &d, scale);
-        let got = dl(&g, &got.unwrap(), total * vocab);
+        let got_dev = glsm::token_logprobs_backward_at(&g, &dz, (total, vocab), &at, &d, scale);
+        let got_dev = got_dev.unwrap();
+        let got = dl(&g, &got_dev, total * vocab);
+        // As the LM head's FP8 operands: quantize_dual's bits of that gradient.
+        let q = glsm::token_logprobs_backward_fp8_at(&g, &dz, (total, vocab), &at, &d, scale);
+        report_exact(
+            "token logprobs bwd FP8 operands == quantize_dual of it",
+            &shape,
+            dual_differ(&g, &q.unwrap(), &got_dev, (total, vocab)),
+        );
         let dg = glsm::token_logprobs_backward(&g, &dzg, r, vocab, &tg, &want, &dlp, Some(&dent));
         let dg = dl(&g, &dg.unwrap(), r * vocab);
         let mut want_full = vec![0.0f32; total * vocab];
@@ -1256,6 +1284,25 @@ fn token_logprobs_in_place_match_gathered() {
         assert!(msg.contains(why), "scored rows {at:?}: {msg:?}");
     }
     done();
+}
+
+/// Codes and scales of an operand pair that differ from `quantize_dual` of `f [rows, cols]`.
+fn dual_differ(
+    g: &cuda::Gpu,
+    got: &gq::DualFp8,
+    f: &cudarc::driver::CudaSlice<f32>,
+    (rows, cols): (usize, usize),
+) -> usize {
+    let (row, col) = gq::quantize_dual(g, f, rows, cols).unwrap();
+    let mut differ = 0;
+    for (a, b) in [(&got.row, &row), (&got.col, &col)] {
+        let (ac, bc) = (g.download(&a.codes).unwrap(), g.download(&b.codes).unwrap());
+        assert_eq!((ac.len(), a.scales.len()), (bc.len(), b.scales.len()));
+        let n = b.scales.len();
+        differ += ac.iter().zip(&bc).filter(|(x, y)| x != y).count();
+        differ += bits_differ(&dl(g, &a.scales, n), &dl(g, &b.scales, n));
+    }
+    differ
 }
 
 /// Values whose bits differ; any two NaNs count as equal (the GPU writes its own

@@ -14,6 +14,7 @@ use jet_kernels::cuda::ops::{
     embedding_backward, qk_norm_rope_backward_acc, rmsnorm_backward_acc, rope_backward_dev,
     swiglu_backward, swiglu_backward_bf16,
 };
+use jet_kernels::cuda::quantize::swiglu_backward_fp8;
 use jet_kernels::cuda::tensor::round_bf16;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
@@ -102,13 +103,18 @@ impl Ctx<'_> {
     }
 }
 
-/// Whether swiglu's backward writes the gate and up projections' dy as their BF16
-/// GEMM operands instead of f32: BF16 DGrad and WGrad, the BF16 flows' training.
-/// The operands have the bits of the f32 gradients' copies.
-fn bf16_dy(model: &GpuModel) -> bool {
+/// The precision in which swiglu's backward writes the gate and up projections'
+/// dy (and the log-prob backward the LM head's) as their GEMM operands instead of f32: BF16 (BF16 DGrad and WGrad, the BF16
+/// flows' training) or FP8 (FP8 DGrad and WGrad, the fp8 flow's); `None`: f32.
+/// The operands have the bits of the (rounded) f32 gradients' copies or codes.
+pub(super) fn operand_dy(model: &GpuModel) -> Option<GemmPrecision> {
     let f = model.flow;
     let precs = (f.precision(GemmRole::DGrad), f.precision(GemmRole::WGrad));
-    precs == (GemmPrecision::Bf16, GemmPrecision::Bf16)
+    match precs {
+        (GemmPrecision::Bf16, GemmPrecision::Bf16) => Some(GemmPrecision::Bf16),
+        (GemmPrecision::Fp8, GemmPrecision::Fp8) if f.low_precision() => Some(GemmPrecision::Fp8),
+        _ => None,
+    }
 }
 
 /// Add the gradients of all weights, given `dlogits [M, vocab]` for a forward
@@ -148,14 +154,22 @@ pub fn backward(
         let dmm = cx.linear(Dy::F32(&dx), (&a.m, min), &lp.down, grads, lx.down, None)?;
         let inter = cfg.intermediate_size;
         // gate and up read one input b: its WGrad operand is made once. Their dy
-        // leave swiglu's backward as the GEMMs' BF16 operands where those are BF16.
-        let (gb, ub, gf, uf);
-        let (dgate, dup) = if bf16_dy(model) {
-            (gb, ub) = swiglu_backward_bf16(g, &dmm, &a.gate, &a.up, (m, inter))?;
-            (Dy::Bf16(&gb), Dy::Bf16(&ub))
-        } else {
-            (gf, uf) = swiglu_backward(g, &dmm, &a.gate, &a.up, m * inter, round)?;
-            (Dy::F32(&gf), Dy::F32(&uf))
+        // leave swiglu's backward as the GEMMs' operands where DGrad and WGrad
+        // share a low precision.
+        let (gb, ub, gq, uq, gf, uf);
+        let (dgate, dup) = match operand_dy(model) {
+            Some(GemmPrecision::Bf16) => {
+                (gb, ub) = swiglu_backward_bf16(g, &dmm, &a.gate, &a.up, (m, inter))?;
+                (Dy::Bf16(&gb), Dy::Bf16(&ub))
+            }
+            Some(GemmPrecision::Fp8) => {
+                (gq, uq) = swiglu_backward_fp8(g, &dmm, &a.gate, &a.up, (m, inter))?;
+                (Dy::Fp8(&gq), Dy::Fp8(&uq))
+            }
+            _ => {
+                (gf, uf) = swiglu_backward(g, &dmm, &a.gate, &a.up, m * inter, round)?;
+                (Dy::F32(&gf), Dy::F32(&uf))
+            }
         };
         let mut db = cx.linear(dgate, (&a.b, bin), &lp.gate, grads, lx.gate, None)?;
         cx.linear_add(dup, (&a.b, bin), &lp.up, grads, (lx.up, None), &mut db)?;

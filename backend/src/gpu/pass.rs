@@ -9,13 +9,14 @@
 
 use jet_kernels::cuda::linear::Dy;
 use jet_kernels::cuda::logsoftmax::{
-    token_logprobs_backward_at, token_logprobs_forward_at, ScoredGrad,
+    token_logprobs_backward_at, token_logprobs_backward_fp8_at, token_logprobs_forward_at,
+    ScoredGrad,
 };
 use jet_kernels::cuda::tensor::div_scalar;
 use jet_kernels::cuda::Result;
-use jet_kernels::GemmRole;
+use jet_kernels::{GemmPrecision, GemmRole};
 
-use super::backward::backward;
+use super::backward::{backward, operand_dy};
 use super::forward::forward;
 use super::model::GpuModel;
 use super::weights::GpuWeights;
@@ -103,9 +104,18 @@ pub fn run_pass_gpu(
         } else {
             1.0
         };
-        let dlogits = token_logprobs_backward_at(g, &logits, (m, vocab), &rows, &d, scale)?;
+        // Where the LM head's DGrad and WGrad are FP8, dlogits leaves the kernel as
+        // their operands (no f32 copy of [m, vocab] written and quantized).
+        let (dq, df);
+        let dlogits = if operand_dy(model) == Some(GemmPrecision::Fp8) {
+            dq = token_logprobs_backward_fp8_at(g, &logits, (m, vocab), &rows, &d, scale)?;
+            Dy::Fp8(&dq)
+        } else {
+            df = token_logprobs_backward_at(g, &logits, (m, vocab), &rows, &d, scale)?;
+            Dy::F32(&df)
+        };
         drop(logits);
-        backward(model, acts, Dy::F32(&dlogits), grads)?;
+        backward(model, acts, dlogits, grads)?;
     }
     Ok(scored)
 }

@@ -33,7 +33,7 @@ use super::gemv_bf16::{gemm_bf16_rows_fused, gemv_bf16_partial, Bf16Rows};
 use super::ops::{rmsnorm_forward, swiglu_forward};
 use super::quantize::{
     quantize_block128, quantize_col128x1, quantize_dual, quantize_row1x128, rmsnorm_operand,
-    swiglu_operand, to_bf16_padded, Fp8Quantized, FusedOperand, NORM_OPERAND_MAX_DIM,
+    swiglu_operand, to_bf16_padded, DualFp8, Fp8Quantized, FusedOperand, NORM_OPERAND_MAX_DIM,
 };
 use super::{check_len, ensure, pad16, Ctx, Gpu, Result};
 use crate::{Flow, GemmPrecision, GemmRole};
@@ -559,14 +559,17 @@ fn forward(
     epilogue(gpu, &d, (ldd, 1, 0), bias, m, n, prec, add)
 }
 
-/// A linear layer's upstream gradient dy `[m, n]`: f32, or (BF16 DGrad and WGrad
-/// only) already its BF16 GEMM operand `[m][pad16(n)]` with `to_bf16_padded`'s
-/// bits, made by the op that produced dy (`ops::swiglu_backward_bf16`): no f32 dy
-/// written and copied.
+/// A linear layer's upstream gradient dy `[m, n]`: f32, or already the operands
+/// its GEMMs read, made by the op that produced dy, so no f32 dy is written and
+/// copied: (BF16 DGrad and WGrad only) its BF16 operand `[m][pad16(n)]` with
+/// `to_bf16_padded`'s bits (`ops::swiglu_backward_bf16`), or (FP8 DGrad and WGrad
+/// only) its 1x128 and 128x1 operands with `quantize_dual`'s bits
+/// (`quantize::swiglu_backward_fp8`).
 #[derive(Clone, Copy)]
 pub enum Dy<'a> {
     F32(&'a CudaSlice<f32>),
     Bf16(&'a CudaSlice<u16>),
+    Fp8(&'a DualFp8),
 }
 
 impl<'a> Dy<'a> {
@@ -577,6 +580,9 @@ impl<'a> Dy<'a> {
             Dy::F32(d) => Ok(d),
             Dy::Bf16(_) => Err(super::CudaError::Invalid(format!(
                 "linear backward: a BF16 dy given to a {prec:?} GEMM (BF16 DGrad and WGrad only)"
+            ))),
+            Dy::Fp8(_) => Err(super::CudaError::Invalid(format!(
+                "linear backward: an FP8 dy given to a {prec:?} GEMM (FP8 DGrad and WGrad only)"
             ))),
         }
     }
@@ -594,6 +600,9 @@ fn dy_bf16<'b>(
         (Dy::Bf16(b), _) => Ok(b),
         (Dy::F32(_), Some(b)) => Ok(b),
         (Dy::F32(d), own @ None) => Ok(own.insert(to_bf16_padded(gpu, d, m, n, m, pad16(n))?)),
+        (Dy::Fp8(_), _) => Err(super::CudaError::Invalid(
+            "linear backward: an FP8 dy given to a BF16 GEMM (FP8 DGrad and WGrad only)".into(),
+        )),
     }
 }
 
@@ -724,6 +733,16 @@ fn backward_to(
     match dy {
         Dy::F32(d) => check_len("linear dy", d, m * n, format!("[{m}, {n}]"))?,
         Dy::Bf16(d) => check_len("linear dy (BF16)", d, m * np, format!("[{m}][{np}]"))?,
+        Dy::Fp8(q) => {
+            for (what, o) in [("1x128", &q.row), ("128x1", &q.col)] {
+                ensure((o.rows, o.cols) == (m, n), || {
+                    format!(
+                        "linear dy ({what} FP8): [{}, {}], expected [{m}, {n}]",
+                        o.rows, o.cols
+                    )
+                })?;
+            }
+        }
     }
     check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
     ensure(m > 0, || "linear backward of 0 rows".into())?;
@@ -731,6 +750,7 @@ fn backward_to(
     // too), or its 128x1 codes, made with DGrad's.
     let mut dyb: Option<CudaSlice<u16>> = None;
     let mut qdy_t: Option<Fp8Quantized> = None;
+    let own_row;
     // DGrad: dx [m, k] = dy [m, n] w [n, k]
     let (d, ldd) = match dgrad {
         GemmPrecision::F32 => {
@@ -757,16 +777,20 @@ fn backward_to(
         }
         GemmPrecision::Fp8 => {
             let wt = w.fp8_t.as_ref().ok_or_else(|| w.missing(dgrad))?;
-            let dy = dy.f32(dgrad)?;
-            let qdy = match wgrad {
-                GemmPrecision::Fp8 => {
-                    let (row, col) = quantize_dual(gpu, dy, m, n)?;
+            let qdy = match (dy, wgrad) {
+                (Dy::Fp8(q), _) => &q.row,
+                (dy, GemmPrecision::Fp8) => {
+                    let (row, col) = quantize_dual(gpu, dy.f32(dgrad)?, m, n)?;
                     qdy_t = Some(col);
-                    row
+                    own_row = row;
+                    &own_row
                 }
-                _ => quantize_row1x128(gpu, dy, m, n)?,
+                (dy, _) => {
+                    own_row = quantize_row1x128(gpu, dy.f32(dgrad)?, m, n)?;
+                    &own_row
+                }
             };
-            fp8_gemm_nt(gpu, &qdy, wt)?
+            fp8_gemm_nt(gpu, qdy, wt)?
         }
     };
     let dx_add = if dx_acc { Add::Into } else { Add::Nothing };
@@ -796,13 +820,18 @@ fn backward_to(
             (d, kp)
         }
         GemmPrecision::Fp8 => {
-            let qdy = match qdy_t {
-                Some(q) => q,
-                None => quantize_col128x1(gpu, dy.f32(wgrad)?, m, n)?,
+            let own_t;
+            let qdy = match (dy, &qdy_t) {
+                (Dy::Fp8(q), _) => &q.col,
+                (_, Some(q)) => q,
+                (dy, None) => {
+                    own_t = quantize_col128x1(gpu, dy.f32(wgrad)?, m, n)?;
+                    &own_t
+                }
             };
             let qx = xin.of(m, k)?.fp8_t(gpu, x, m, k)?;
             debug_assert_eq!(qdy.rows_pad, mp);
-            fp8_gemm_nt(gpu, &qdy, qx)?
+            fp8_gemm_nt(gpu, qdy, qx)?
         }
     };
     let add = if acc { Add::Into } else { Add::Nothing };

@@ -3,8 +3,9 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::context::{Arg, LOGSOFTMAX};
-use super::{check_len, Gpu, Result};
+use super::context::{Arg, LOGSOFTMAX, QUANTIZE};
+use super::quantize::{unwritten_dual, DualFp8};
+use super::{check_len, ensure, pad16, Gpu, Result};
 
 /// Entries of a row a `softmax_chunk_stats` block reduces (`LS_CHUNK` in
 /// `logsoftmax.cu`): fixed, so every caller's max and `ln S` are the same bits.
@@ -284,14 +285,60 @@ pub fn token_logprobs_backward_at(
     scored_backward(gpu, logits, (Some(&slot), total), vocab, d, scale)
 }
 
-fn scored_backward(
+/// [`token_logprobs_backward_at`] as the LM head's FP8 dy operands (FP8 DGrad
+/// and WGrad): the 1x128 and 128x1 groups of `dlogits`, with the bits of
+/// `quantize_dual` of it, in one pass (`token_logprobs_bwd_fp8`); no f32
+/// `dlogits` written.
+pub fn token_logprobs_backward_fp8_at(
     gpu: &Gpu,
     logits: &CudaSlice<f32>,
-    (slot, out_rows): (Option<&CudaSlice<i32>>, usize),
-    vocab: usize,
+    (total, vocab): (usize, usize),
+    at: &[usize],
     d: &ScoredGrad,
     scale: f32,
-) -> Result<CudaSlice<f32>> {
+) -> Result<DualFp8> {
+    check_logits(logits, total, vocab)?;
+    ensure(total > 0, || {
+        "token log-prob backward (FP8) of 0 rows".into()
+    })?;
+    let (rp, cp) = (pad16(total), pad16(vocab));
+    ensure(
+        rp.checked_mul(cp).is_some_and(|e| e < i64::MAX as usize),
+        || format!("token log-prob backward (FP8) of [{total}, {vocab}]: too large"),
+    )?;
+    let slot = gpu.upload(&slots(at, total)?)?;
+    let t = scored_inputs(gpu, d, vocab)?;
+    let q = unwritten_dual(gpu, total, vocab)?;
+    gpu.launch(
+        &QUANTIZE,
+        "token_logprobs_bwd_fp8",
+        (cp.div_ceil(128) as u32, total.div_ceil(128) as u32, 1),
+        (512, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(logits)),
+            Arg::I(total as i32),
+            Arg::I(vocab as i32),
+            Arg::P(gpu.ptr(&slot)),
+            Arg::P(gpu.ptr(&t)),
+            Arg::P(gpu.ptr(&d.fwd.lse)),
+            Arg::P(gpu.ptr(&d.fwd.entropy)),
+            Arg::P(gpu.ptr(d.dlogp)),
+            Arg::P(d.dentropy.map_or(0, |x| gpu.ptr(x))),
+            Arg::F(scale),
+            Arg::I(rp as i32),
+            Arg::I(cp as i32),
+            Arg::P(gpu.ptr(&q.row.codes)),
+            Arg::P(gpu.ptr(&q.row.scales)),
+            Arg::P(gpu.ptr(&q.col.codes)),
+            Arg::P(gpu.ptr(&q.col.scales)),
+        ],
+    )?;
+    Ok(q)
+}
+
+/// Check the per-scored-row inputs; the targets on the device.
+fn scored_inputs(gpu: &Gpu, d: &ScoredGrad, vocab: usize) -> Result<CudaSlice<i32>> {
     let rows = d.tgt.len();
     for (what, b) in [
         ("lse", &d.fwd.lse),
@@ -303,7 +350,18 @@ fn scored_backward(
     if let Some(de) = d.dentropy {
         check_len("dentropy", de, rows, format!("[{rows}]"))?;
     }
-    let t = targets(gpu, d.tgt, rows, vocab)?;
+    targets(gpu, d.tgt, rows, vocab)
+}
+
+fn scored_backward(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    (slot, out_rows): (Option<&CudaSlice<i32>>, usize),
+    vocab: usize,
+    d: &ScoredGrad,
+    scale: f32,
+) -> Result<CudaSlice<f32>> {
+    let t = scored_inputs(gpu, d, vocab)?;
     let dz = gpu.uninit::<f32>(out_rows * vocab)?;
     if out_rows == 0 {
         return Ok(dz);

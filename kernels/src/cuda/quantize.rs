@@ -344,6 +344,75 @@ pub fn quantize_dual(
     Ok((row, col))
 }
 
+/// A gradient's two FP8 operands: 1x128 groups (DGrad's dY) and 128x1 (WGrad's).
+pub struct DualFp8 {
+    pub row: Fp8Quantized,
+    pub col: Fp8Quantized,
+}
+
+/// SwiGLU's backward (`ops::swiglu_backward`, rounded to BF16 values) with
+/// [`quantize_dual`] of each output, in one pass (`swiglu_bwd_fp8`): the gate and
+/// up projections' dy operands `(dgate, dup)` for FP8 DGrad and WGrad, with the
+/// bits of quantizing the f32 gradients; no f32 gradient written.
+pub fn swiglu_backward_fp8(
+    gpu: &Gpu,
+    dh: &CudaSlice<f32>,
+    gate: &CudaSlice<f32>,
+    up: &CudaSlice<f32>,
+    (rows, cols): (usize, usize),
+) -> Result<(DualFp8, DualFp8)> {
+    let n = rows * cols;
+    for (what, b) in [("swiglu dh", dh), ("swiglu gate", gate), ("swiglu up", up)] {
+        check_len(what, b, n, format!("[{rows}, {cols}]"))?;
+    }
+    ensure(rows > 0 && cols > 0, || {
+        format!("swiglu backward (FP8) of [{rows}, {cols}]: empty")
+    })?;
+    let (rp, cp) = (pad16(rows), pad16(cols));
+    ensure(
+        rp.checked_mul(cp).is_some_and(|e| e < i64::MAX as usize) && cp < i32::MAX as usize,
+        || format!("swiglu backward (FP8) of [{rows}, {cols}]: too large"),
+    )?;
+    let (g, u) = (
+        unwritten_dual(gpu, rows, cols)?,
+        unwritten_dual(gpu, rows, cols)?,
+    );
+    let ptrs = |q: &DualFp8| {
+        [
+            Arg::P(gpu.ptr(&q.row.codes)),
+            Arg::P(gpu.ptr(&q.row.scales)),
+            Arg::P(gpu.ptr(&q.col.codes)),
+            Arg::P(gpu.ptr(&q.col.scales)),
+        ]
+    };
+    gpu.launch(
+        &QUANTIZE,
+        "swiglu_bwd_fp8",
+        (
+            2 * cp.div_ceil(GROUP) as u32,
+            rows.div_ceil(GROUP) as u32,
+            1,
+        ),
+        (512, 1, 1),
+        0,
+        &[
+            &[
+                Arg::P(gpu.ptr(dh)),
+                Arg::P(gpu.ptr(gate)),
+                Arg::P(gpu.ptr(up)),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::I(rp as i32),
+                Arg::I(cp as i32),
+            ][..],
+            &ptrs(&g),
+            &ptrs(&u),
+        ]
+        .concat(),
+    )?;
+    Ok((g, u))
+}
+
 /// `quant_dual_f32` over 128 x 128 tiles: the 128x1 operand, and the 1x128 one
 /// into `row` (codes, scales; device addresses) when given.
 fn tiles(
@@ -377,6 +446,17 @@ fn tiles(
         ],
     )?;
     Ok(quantized(Grouping::Col128x1, rows, cols, codes_t, scales_t))
+}
+
+/// The buffers of a `[rows, cols]` source's 1x128 and 128x1 operands, for a kernel
+/// to write (`quant_dual_f32`'s outputs).
+pub(crate) fn unwritten_dual(gpu: &Gpu, rows: usize, cols: usize) -> Result<DualFp8> {
+    let (rp, cp) = (pad16(rows), pad16(cols));
+    let row = unwritten_row1x128(gpu, rows, cols)?;
+    let codes_t = gpu.uninit::<u8>(cp * rp)?;
+    let scales_t = gpu.uninit::<f32>(rows.div_ceil(GROUP) * cp)?;
+    let col = quantized(Grouping::Col128x1, rows, cols, codes_t, scales_t);
+    Ok(DualFp8 { row, col })
 }
 
 /// The buffers of a `[rows, cols]` source's 1x128 operand, for a kernel to write:

@@ -153,6 +153,29 @@ __device__ __forceinline__ float sigmoid(float x) {
     return e / (1.0f + e);
 }
 
+// One entry of d loss / d logits for a token's log-probability and the row's entropy:
+// z the logit, l the row's log-sum-exp, h its entropy, gl and ge the gradients of the
+// log-probability and the entropy, target whether this entry is the token (then + gl),
+// times scale (token_logprobs_bwd in logsoftmax.cu and token_logprobs_bwd_fp8 in
+// quantize.cu share it, so their values agree).
+__device__ __forceinline__ float logprob_grad(float z, float l, float h, float gl, float ge, bool target,
+                                              float scale) {
+    const float lp = z - l;
+    const float p = expf(lp);
+    float d = -gl * p - ge * p * (lp + h);
+    if (target) d += gl;
+    return __fmul_rn(d, scale);
+}
+
+// SwiGLU's gradients of one entry: d/dgate and d/dup of h = silu(g) * u given dh = d
+// (swiglu_bwd and swiglu_bwd_bf16 in ops.cu, swiglu_bwd_fp8 in quantize.cu share it,
+// so their values agree).
+__device__ __forceinline__ void swiglu_grads(float d, float g, float u, float& dg, float& du) {
+    const float s = sigmoid(g);
+    dg = d * u * s * (1.0f + g * (1.0f - s));
+    du = d * g * s;
+}
+
 // Programmatic dependent launch (context.rs launches every kernel with it on sm_90):
 // the first statement of every kernel. It lets the stream's next kernel be scheduled
 // as soon as all of this grid's blocks have started, then waits until the previous

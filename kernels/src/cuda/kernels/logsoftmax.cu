@@ -133,13 +133,7 @@ extern "C" __global__ void token_logprobs_bwd(const float* z, int out_rows, int 
         for (int u = 0; u < n; u++) v[u] = z[base + j0 + u];
     }
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        float lp = v[u] - l;
-        float p = expf(lp);
-        float d = -gl * p - ge * p * (lp + h);
-        if (j0 + u == t) d += gl;
-        v[u] = __fmul_rn(d, scale);
-    }
+    for (int u = 0; u < 4; u++) v[u] = logprob_grad(v[u], l, h, gl, ge, j0 + u == t, scale);
     if (vec) *reinterpret_cast<float4*>(dz + base + j0) = make_float4(v[0], v[1], v[2], v[3]);
     else
         for (int u = 0; u < n; u++) dz[base + j0 + u] = v[u];

@@ -397,14 +397,6 @@ extern "C" __global__ void swiglu_fwd(const float* gate, const float* up, long n
     float g = gate[i];
     h[i] = g * sigmoid(g) * up[i];
 }
-// SwiGLU's gradients of entry i: d/dgate and d/dup of h = silu(gate) * up given
-// dh (swiglu_bwd and swiglu_bwd_bf16 share it, so their values agree).
-__device__ __forceinline__ void swiglu_grads(const float* dh, const float* gate, const float* up, long i, float& dg,
-                                             float& du) {
-    float d = dh[i], g = gate[i], u = up[i], s = sigmoid(g);
-    dg = d * u * s * (1.0f + g * (1.0f - s));
-    du = d * g * s;
-}
 // round: the gradients' BF16 rounding of the low-precision flows, fused.
 extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const float* up, long n,
                                       float* dgate, float* dup, int round) {
@@ -412,7 +404,7 @@ extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const 
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float dg, du;
-    swiglu_grads(dh, gate, up, i, dg, du);
+    swiglu_grads(dh[i], gate[i], up[i], dg, du);
     dgate[i] = round ? round_bf16(dg) : dg;
     dup[i] = round ? round_bf16(du) : du;
 }
@@ -434,7 +426,7 @@ extern "C" __global__ void swiglu_bwd_bf16(const float* dh, const float* gate, c
         return;
     }
     float dg, du;
-    swiglu_grads(dh, gate, up, i, dg, du);
+    swiglu_grads(dh[i], gate[i], up[i], dg, du);
     dgate[o] = f32_to_bf16(dg);
     dup[o] = f32_to_bf16(du);
 }

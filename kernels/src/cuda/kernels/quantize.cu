@@ -102,21 +102,20 @@ extern "C" __global__ void quant_row1x128_bf16(const bf16_t* x, long ldx, int ro
 // columns over its 8 rows meet the other warps' in shared memory (8 KiB), each
 // thread encodes its 8 x 4 block's codes^T from the same registers into a shared
 // tile, and the tile goes out a column's 128 bytes at a time.
-extern "C" __global__ void __launch_bounds__(512, 2)
-    quant_dual_f32(const float* x, long ldx, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
-                   float* scales, u8* codes_t, float* scales_t) {
-    pdl_entry();
-    __shared__ uint4 colmax[16][32];  // [warp][lane]: the maxima of its four columns
-    __shared__ u32 tcodes[128][33];    // codes^T of the tile: [column][row / 4], for whole-line stores
+// The shared memory of one dual_tile: each warp's column maxima, the tile's codes^T.
+struct DualShared {
+    uint4 colmax[16][32];  // [warp][lane]: the maxima of its four columns
+    u32 tcodes[128][33];   // codes^T of the tile: [column][row / 4], for whole-line stores
+};
+
+// Both groupings of the 128 x 128 tile (g, ty) (column and row tile) whose values v
+// the block's 512 threads hold (warp w rows 8w .. +8 of the tile, lane l columns 4l
+// .. +3, zero outside [rows, cols]); codes null: the 128x1 groups alone.
+__device__ __forceinline__ void dual_tile(const float (&v)[8][4], int g, int ty, int rows_pad, int cols_pad,
+                                          u8* codes, float* scales, u8* codes_t, float* scales_t,
+                                          DualShared& sh) {
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
-    const int g = blockIdx.x, c = g * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
-    const bool vec = (ldx & 3) == 0 && ((u64)x & 15) == 0;
-    float v[8][4];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
-        if (r0 + i < rows) load4(x + (long)(r0 + i) * ldx, c, cols, vec, v[i]);
-    }
+    const int c = g * 128 + lane * 4, r0 = ty * 128 + w * 8;
     u32 cm[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -131,32 +130,121 @@ extern "C" __global__ void __launch_bounds__(512, 2)
             if (lane == 0) scales[(long)g * rows_pad + r] = s;
         }
     }
-    colmax[w][lane] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
+    sh.colmax[w][lane] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
     __syncthreads();
     for (int k = 0; k < 16; k++) {
-        const uint4 o = colmax[k][lane];
+        const uint4 o = sh.colmax[k][lane];
         cm[0] = max(cm[0], o.x), cm[1] = max(cm[1], o.y), cm[2] = max(cm[2], o.z), cm[3] = max(cm[3], o.w);
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const float s = e4m3_scale(cm[j]);
-        if (w == 0 && c + j < cols_pad) scales_t[(long)blockIdx.y * cols_pad + c + j] = s;
+        if (w == 0 && c + j < cols_pad) scales_t[(long)ty * cols_pad + c + j] = s;
         const Quot d = quot(s);
         const float f0[4] = {v[0][j], v[1][j], v[2][j], v[3][j]}, f1[4] = {v[4][j], v[5][j], v[6][j], v[7][j]};
-        tcodes[lane * 4 + j][2 * w] = encode4(f0, d);
-        tcodes[lane * 4 + j][2 * w + 1] = encode4(f1, d);
+        sh.tcodes[lane * 4 + j][2 * w] = encode4(f0, d);
+        sh.tcodes[lane * 4 + j][2 * w + 1] = encode4(f1, d);
     }
     __syncthreads();
     // codes^T out: a column's 128 bytes from 8 threads, 16 each (8-byte stores from
     // the registers' layout used 12 of each 32-byte sector).
-    const int rt = blockIdx.y * 128;
+    const int rt = ty * 128;
     for (int k = t; k < 128 * 8; k += 512) {
         const int lc = k >> 3, part = k & 7;
         if (g * 128 + lc >= cols_pad || rt + part * 16 >= rows_pad) continue;  // rows_pad % 16 == 0
-        const u32* q = &tcodes[lc][part * 4];
+        const u32* q = &sh.tcodes[lc][part * 4];
         *reinterpret_cast<uint4*>(codes_t + (long)(g * 128 + lc) * rows_pad + rt + part * 16) =
             make_uint4(q[0], q[1], q[2], q[3]);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(512, 2)
+    quant_dual_f32(const float* x, long ldx, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
+                   float* scales, u8* codes_t, float* scales_t) {
+    pdl_entry();
+    __shared__ DualShared sh;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int c = blockIdx.x * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
+    const bool vec = (ldx & 3) == 0 && ((u64)x & 15) == 0;
+    float v[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
+        if (r0 + i < rows) load4(x + (long)(r0 + i) * ldx, c, cols, vec, v[i]);
+    }
+    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, sh);
+}
+
+// SwiGLU's backward with both FP8 groupings of its two outputs (fuses ops.cu's
+// swiglu_bwd, rounded, and quant_dual_f32 of dgate and of dup: the same values, so the
+// same codes): dh, gate, up [rows, cols] f32; the gate projection's dy operands
+// (gc, gs: 1x128; gct, gst: 128x1) and the up projection's (uc .. ust), layouts as
+// quant_dual_f32's. Grid (2 ceil(cols_pad/128), ceil(rows/128)), 512 threads: block
+// 2x + o makes output o (0 gate, 1 up) of column tile x, so each block holds one
+// tile in registers, as quant_dual_f32 (two blocks an SM, 12 bytes of spills; the pair's second reads of
+// dh and gate come from L2). Both blocks holding both outputs took 128 registers,
+// one block an SM, and ran 1.4x slower than swiglu_bwd and two quant_dual_f32.
+extern "C" __global__ void __launch_bounds__(512, 2)
+    swiglu_bwd_fp8(const float* dh, const float* gate, const float* up, int rows, int cols, int rows_pad,
+                   int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us, u8* uct,
+                   float* ust) {
+    pdl_entry();
+    __shared__ DualShared sh;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int tx = blockIdx.x >> 1, o = blockIdx.x & 1;
+    const int c = tx * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
+    const bool vec = (cols & 3) == 0 && (((u64)dh | (u64)gate | (u64)up) & 15) == 0;
+    float v[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, gv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, uv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (r0 + i < rows) {
+            const long off = (long)(r0 + i) * cols;
+            load4(dh + off, c, cols, vec, d);
+            load4(gate + off, c, cols, vec, gv);
+            if (o == 0) load4(up + off, c, cols, vec, uv);  // dup does not read up
+        }
+        // Zero inputs give zero gradients (sigmoid(0) = 1/2, finite), so the padding
+        // quantizes as quant_dual_f32's zero loads.
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float dg, du;
+            swiglu_grads(d[j], gv[j], uv[j], dg, du);
+            v[i][j] = round_bf16(o == 0 ? dg : du);
+        }
+    }
+    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, o ? uc : gc, o ? us : gs, o ? uct : gct, o ? ust : gst, sh);
+}
+
+// token_logprobs_bwd's dz with both FP8 groupings, the LM head's dy operands (fuses
+// logsoftmax.cu's token_logprobs_bwd and quant_dual_f32 of its output: the same
+// values, so the same codes; no f32 dz written): token_logprobs_bwd's arguments but
+// dz, then quant_dual_f32's outputs for [out_rows, vocab]. quant_dual_f32's grid and
+// block; a row with slot < 0 (not scored) is 0, as the padding.
+extern "C" __global__ void __launch_bounds__(512, 2)
+    token_logprobs_bwd_fp8(const float* z, int out_rows, int vocab, const int* slot, const int* targets,
+                           const float* lse, const float* entropy, const float* dlogp, const float* dentropy,
+                           float scale, int rows_pad, int cols_pad, u8* codes, float* scales, u8* codes_t,
+                           float* scales_t) {
+    pdl_entry();
+    __shared__ DualShared sh;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int c = blockIdx.x * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
+    const bool vec = (vocab & 3) == 0 && ((u64)z & 15) == 0;
+    float v[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = r0 + i;
+        for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
+        const int cs = r < out_rows ? (slot ? slot[r] : r) : -1;  // warp-uniform
+        if (cs < 0) continue;
+        load4(z + (long)r * vocab, c, vocab, vec, v[i]);
+        const float gl = dlogp[cs], ge = dentropy ? dentropy[cs] : 0.0f, l = lse[cs], h = entropy[cs];
+        const int t = targets[cs];
+        for (int j = 0; j < 4; j++)
+            if (c + j < vocab) v[i][j] = logprob_grad(v[i][j], l, h, gl, ge, c + j == t, scale);
+    }
+    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, sh);
 }
 
 // One block of 1024 threads per 128x128 block; grid (L, ceil(rows/128)). Thread t

@@ -68,6 +68,53 @@ fn dual_is_bit_exact(g: &cuda::Gpu, x: &[f32], rows: usize, cols: usize) {
     );
 }
 
+/// `quantize_block128_multi` of several weights in one launch writes each one's
+/// buffers as `quantize_block128` of it alone, byte for byte, the scales' stride
+/// padding included (zeros, written by the kernels: nothing else clears them).
+fn block128_multi_is_each(g: &cuda::Gpu) {
+    let shapes = [(130, 896), (7, 300), (256, 136), (300, 1000), (1, 4096)];
+    let xs: Vec<_> = shapes
+        .iter()
+        .map(|&(r, c)| up(g, &nasty(r, c, (r * 7 + c) as u64)))
+        .collect();
+    let ws: Vec<_> = xs
+        .iter()
+        .zip(&shapes)
+        .map(|(x, &(r, c))| (x, r, c))
+        .collect();
+    for transposed in [false, true] {
+        let many = gq::quantize_block128_multi(g, &ws, transposed).unwrap();
+        let mut differ = 0;
+        for ((got, got_t), &(x, r, c)) in many.iter().zip(&ws) {
+            let (want, want_t) = gq::quantize_block128(g, x, r, c, transposed).unwrap();
+            let mut pairs = vec![(got, &want)];
+            if let (Some(a), Some(b)) = (got_t, want_t.as_ref()) {
+                pairs.push((a, b));
+            }
+            assert_eq!(got_t.is_some(), transposed);
+            for (a, b) in pairs {
+                let (ac, bc) = (g.download(&a.codes).unwrap(), g.download(&b.codes).unwrap());
+                let n = b.scales.len();
+                let (asc, bsc) = (dl(g, &a.scales, n), dl(g, &b.scales, n));
+                differ += ac.iter().zip(&bc).filter(|(x, y)| x != y).count();
+                differ += bits_differ(&asc, &bsc);
+                // The padding of each scale row (entries past ceil(K/128)) is 0.
+                let kb = a.cols.div_ceil(128);
+                differ += asc
+                    .chunks(a.lds)
+                    .flat_map(|row| &row[kb..])
+                    .filter(|v| v.to_bits() != 0)
+                    .count();
+            }
+        }
+        report_exact(
+            "quantize 128x128 of 5 weights in one launch == each alone",
+            &format!("transposed {transposed}"),
+            differ,
+        );
+    }
+}
+
 #[test]
 fn quantize_is_bit_exact() {
     let Some(g) = gpu() else { return };
@@ -129,6 +176,7 @@ fn quantize_is_bit_exact() {
             ),
         );
     }
+    block128_multi_is_each(&g);
     // Columns not a multiple of 4 (scalar loads) and more than one row tile.
     dual_is_bit_exact(&g, &nasty(259, 203, 5), 259, 203);
     // More tiles than a GPU has SMs (blocks in more than one wave): 16-byte loads with

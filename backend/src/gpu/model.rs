@@ -8,7 +8,7 @@ use std::sync::Arc;
 use jet_kernels::cuda::flash::flash_supported;
 use jet_kernels::cuda::linear::GpuWeight;
 use jet_kernels::cuda::ops::GpuRope;
-use jet_kernels::cuda::{Gpu, Result};
+use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::ops::attention::AttnShape;
 use jet_kernels::Flow;
 
@@ -112,23 +112,40 @@ impl<'w> GpuModel<'w> {
             cfg.num_attention_heads * cfg.head_dim,
             cfg.num_key_value_heads * cfg.head_dim,
         );
-        let prep = |t: usize, n, k| GpuWeight::prepare(gpu, w.t(t), n, k, flow);
-        let layers =
-            w.ix.layers
-                .iter()
-                .map(|l| {
-                    Ok(GpuLayer {
-                        q: prep(l.q, qd, h)?,
-                        k: prep(l.k, kvd, h)?,
-                        v: prep(l.v, kvd, h)?,
-                        o: prep(l.o, h, qd)?,
-                        gate: prep(l.gate, i, h)?,
-                        up: prep(l.up, i, h)?,
-                        down: prep(l.down, h, i)?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-        let lm_head = GpuWeight::prepare(gpu, w.lm_head(), cfg.vocab_size, h, flow)?;
+        // Every weight in one list (each layer's seven, then the LM head), prepared
+        // at once: the FP8 blocks of all of them are one launch.
+        let mut ws = Vec::with_capacity(w.ix.layers.len() * 7 + 1);
+        for l in &w.ix.layers {
+            ws.extend([
+                (w.t(l.q), qd, h),
+                (w.t(l.k), kvd, h),
+                (w.t(l.v), kvd, h),
+                (w.t(l.o), h, qd),
+                (w.t(l.gate), i, h),
+                (w.t(l.up), i, h),
+                (w.t(l.down), h, i),
+            ]);
+        }
+        ws.push((w.lm_head(), cfg.vocab_size, h));
+        let mut prepared = GpuWeight::prepare_many(gpu, &ws, flow)?.into_iter();
+        let mut next = || {
+            prepared
+                .next()
+                .ok_or_else(|| CudaError::Invalid("a weight was not prepared".into()))
+        };
+        let mut layers = Vec::with_capacity(w.ix.layers.len());
+        for _ in &w.ix.layers {
+            layers.push(GpuLayer {
+                q: next()?,
+                k: next()?,
+                v: next()?,
+                o: next()?,
+                gate: next()?,
+                up: next()?,
+                down: next()?,
+            });
+        }
+        let lm_head = next()?;
         Ok(GpuModel {
             gpu: gpu.clone(),
             cfg,

@@ -32,8 +32,9 @@ use super::gemv::{
 use super::gemv_bf16::{gemm_bf16_rows_fused, gemv_bf16_partial, Bf16Rows};
 use super::ops::{rmsnorm_forward, swiglu_forward};
 use super::quantize::{
-    quantize_block128, quantize_col128x1, quantize_dual, quantize_row1x128, rmsnorm_operand,
-    swiglu_operand, to_bf16_padded, DualFp8, Fp8Quantized, FusedOperand, NORM_OPERAND_MAX_DIM,
+    quantize_block128, quantize_block128_multi, quantize_col128x1, quantize_dual,
+    quantize_row1x128, rmsnorm_operand, swiglu_operand, to_bf16_padded, DualFp8, Fp8Quantized,
+    FusedOperand, NORM_OPERAND_MAX_DIM,
 };
 use super::{check_len, ensure, pad16, Ctx, Gpu, Result};
 use crate::{Flow, GemmPrecision, GemmRole};
@@ -67,6 +68,18 @@ impl GpuWeight {
         k: usize,
         flow: Flow,
     ) -> Result<GpuWeight> {
+        Self::prepare_roles(gpu, w, n, k, flow, true)
+    }
+
+    /// [`GpuWeight::prepare`], the FP8 blocks left out unless `with_fp8`.
+    fn prepare_roles(
+        gpu: &Gpu,
+        w: &CudaSlice<f32>,
+        n: usize,
+        k: usize,
+        flow: Flow,
+        with_fp8: bool,
+    ) -> Result<GpuWeight> {
         check_len("weight", w, n * k, format!("[{n}, {k}]"))?;
         let mut p = GpuWeight {
             n,
@@ -94,7 +107,7 @@ impl GpuWeight {
                 GemmPrecision::Bf16 if p.bf16.is_none() => {
                     p.bf16 = Some(to_bf16_padded(gpu, w, n, k, pad16(n), pad16(k))?)
                 }
-                GemmPrecision::Fp8 if p.fp8.is_none() => {
+                GemmPrecision::Fp8 if with_fp8 && p.fp8.is_none() => {
                     let t = flow.precision(GemmRole::DGrad) == GemmPrecision::Fp8;
                     let (q, qt) = quantize_block128(gpu, w, n, k, t)?;
                     p.fp8 = Some(q);
@@ -104,6 +117,43 @@ impl GpuWeight {
             }
         }
         Ok(p)
+    }
+
+    /// [`GpuWeight::prepare`] of several weights `(w, n, k)` (a model's): the
+    /// 128x128 FP8 blocks of all of them in one launch (the same bits).
+    pub fn prepare_many(
+        gpu: &Gpu,
+        ws: &[(&CudaSlice<f32>, usize, usize)],
+        flow: Flow,
+    ) -> Result<Vec<GpuWeight>> {
+        let roles = [
+            GemmRole::RolloutForward,
+            GemmRole::TrainForward,
+            GemmRole::DGrad,
+        ];
+        let fp8 = roles
+            .iter()
+            .any(|&r| flow.precision(r) == GemmPrecision::Fp8);
+        let mut q = if fp8 {
+            let t = flow.precision(GemmRole::DGrad) == GemmPrecision::Fp8;
+            quantize_block128_multi(gpu, ws, t)?
+                .into_iter()
+                .map(Some)
+                .collect()
+        } else {
+            vec![]
+        };
+        ws.iter()
+            .enumerate()
+            .map(|(i, &(w, n, k))| {
+                let mut p = Self::prepare_roles(gpu, w, n, k, flow, false)?;
+                if let Some((f, t)) = q.get_mut(i).and_then(Option::take) {
+                    p.fp8 = Some(f);
+                    p.fp8_t = t;
+                }
+                Ok(p)
+            })
+            .collect()
     }
 
     /// [`GpuWeight::prepare`] from a host weight.

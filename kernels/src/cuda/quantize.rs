@@ -499,63 +499,130 @@ pub fn quantize_block128(
     transposed: bool,
 ) -> Result<(Fp8Quantized, Option<Fp8Quantized>)> {
     check_shape("quantize 128x128 input", w, rows, cols)?;
-    let (rp, cp) = (pad16(rows), pad16(cols));
-    let (rb, cb) = (rows.div_ceil(GROUP), cols.div_ceil(GROUP));
-    let (lds, lds_t) = (cb.div_ceil(4) * 4, rb.div_ceil(4) * 4);
-    let codes = gpu.uninit::<u8>(rp * cp)?;
-    // Zeroed: the kernel writes the real scales, the stride padding stays 0.
-    let scales = gpu.zeros::<f32>(rb * lds)?;
-    let (codes_t, scales_t) = if transposed {
-        (
-            Some(gpu.uninit::<u8>(cp * rp)?),
-            Some(gpu.zeros::<f32>(cb * lds_t)?),
-        )
-    } else {
-        (None, None)
-    };
-    let opt = |s: Option<u64>| Arg::P(s.unwrap_or(0));
+    let out = Block128Out::new(gpu, rows, cols, transposed)?;
+    let t = out.t.as_ref();
     gpu.launch(
         &QUANTIZE,
         "quant_block128_f32",
-        (cb as u32, rb as u32, 1),
-        (1024, 1, 1),
+        (cols.div_ceil(GROUP) as u32, rows.div_ceil(GROUP) as u32, 1),
+        (512, 1, 1),
         0,
         &[
             Arg::P(gpu.ptr(w)),
             Arg::L(cols as i64),
             Arg::I(rows as i32),
             Arg::I(cols as i32),
-            Arg::I(rp as i32),
-            Arg::I(cp as i32),
-            Arg::P(gpu.ptr(&codes)),
-            Arg::P(gpu.ptr(&scales)),
-            Arg::I(lds as i32),
-            opt(codes_t.as_ref().map(|c| gpu.ptr(c))),
-            opt(scales_t.as_ref().map(|s| gpu.ptr(s))),
-            Arg::I(lds_t as i32),
+            Arg::I(out.fwd.rows_pad as i32),
+            Arg::I(out.fwd.cols_pad as i32),
+            Arg::P(gpu.ptr(&out.fwd.codes)),
+            Arg::P(gpu.ptr(&out.fwd.scales)),
+            Arg::I(out.fwd.lds as i32),
+            Arg::P(t.map_or(0, |t| gpu.ptr(&t.codes))),
+            Arg::P(t.map_or(0, |t| gpu.ptr(&t.scales))),
+            Arg::I(t.map_or(0, |t| t.lds as i32)),
         ],
     )?;
-    let fwd = Fp8Quantized {
-        grouping: Grouping::Block128,
-        rows,
-        cols,
-        rows_pad: rp,
-        cols_pad: cp,
-        codes,
-        scales,
-        lds,
-    };
-    let t = codes_t.zip(scales_t).map(|(codes, scales)| Fp8Quantized {
-        grouping: Grouping::Block128,
-        rows: cols,
-        cols: rows,
-        rows_pad: cp,
-        cols_pad: rp,
-        codes,
-        scales,
-        lds: lds_t,
-    });
-    Ok((fwd, t))
+    Ok((out.fwd, out.t))
+}
+
+/// [`quantize_block128`] of several weights `(w, rows, cols)` in one launch
+/// (`quant_block128_multi`: the same blocks, so the same bits), the weights of a
+/// model prepared at once: one launch of many blocks in place of a small launch a
+/// weight.
+pub fn quantize_block128_multi(
+    gpu: &Gpu,
+    ws: &[(&CudaSlice<f32>, usize, usize)],
+    transposed: bool,
+) -> Result<Vec<(Fp8Quantized, Option<Fp8Quantized>)>> {
+    let mut outs = Vec::with_capacity(ws.len());
+    let mut tab: Vec<i64> = Vec::with_capacity(ws.len() * 12);
+    let mut first = 0usize;
+    for &(w, rows, cols) in ws {
+        check_shape("quantize 128x128 input", w, rows, cols)?;
+        let out = Block128Out::new(gpu, rows, cols, transposed)?;
+        let t = out.t.as_ref();
+        let f = &out.fwd;
+        tab.extend([
+            gpu.ptr(w) as i64,
+            rows as i64,
+            cols as i64,
+            f.rows_pad as i64,
+            f.cols_pad as i64,
+            gpu.ptr(&f.codes) as i64,
+            gpu.ptr(&f.scales) as i64,
+            f.lds as i64,
+            t.map_or(0, |t| gpu.ptr(&t.codes) as i64),
+            t.map_or(0, |t| gpu.ptr(&t.scales) as i64),
+            t.map_or(0, |t| t.lds as i64),
+            first as i64,
+        ]);
+        first += rows.div_ceil(GROUP) * cols.div_ceil(GROUP);
+        outs.push((out.fwd, out.t));
+    }
+    ensure(first <= i32::MAX as usize, || {
+        format!("quant_block128_multi: {first} blocks is more than one launch takes")
+    })?;
+    if first == 0 {
+        return Ok(outs);
+    }
+    let tab = gpu.upload(&tab)?;
+    gpu.launch(
+        &QUANTIZE,
+        "quant_block128_multi",
+        (first as u32, 1, 1),
+        (512, 1, 1),
+        0,
+        &[Arg::P(gpu.ptr(&tab)), Arg::I(ws.len() as i32)],
+    )?;
+    Ok(outs)
+}
+
+/// The buffers of a weight's 128x128 operand (and its transpose's), for
+/// `quant_block128_*` to write whole (codes, scales and the scales' padding).
+struct Block128Out {
+    fwd: Fp8Quantized,
+    t: Option<Fp8Quantized>,
+}
+
+impl Block128Out {
+    fn new(gpu: &Gpu, rows: usize, cols: usize, transposed: bool) -> Result<Block128Out> {
+        let (rp, cp) = (pad16(rows), pad16(cols));
+        let (rb, cb) = (rows.div_ceil(GROUP), cols.div_ceil(GROUP));
+        let (lds, lds_t) = (cb.div_ceil(4) * 4, rb.div_ceil(4) * 4);
+        let block = |rows, cols, rows_pad, cols_pad, codes, scales, lds| Fp8Quantized {
+            grouping: Grouping::Block128,
+            rows,
+            cols,
+            rows_pad,
+            cols_pad,
+            codes,
+            scales,
+            lds,
+        };
+        let fwd = block(
+            rows,
+            cols,
+            rp,
+            cp,
+            gpu.uninit::<u8>(rp * cp)?,
+            gpu.uninit::<f32>(rb * lds)?,
+            lds,
+        );
+        let t = if transposed {
+            Some(block(
+                cols,
+                rows,
+                cp,
+                rp,
+                gpu.uninit::<u8>(cp * rp)?,
+                gpu.uninit::<f32>(cb * lds_t)?,
+                lds_t,
+            ))
+        } else {
+            None
+        };
+        Ok(Block128Out { fwd, t })
+    }
 }
 
 /// `x [rows, cols]` f32 -> BF16 bits `[rows_pad][cols_pad]` (round to nearest even,

@@ -43,17 +43,6 @@ extern "C" __global__ void adamw_step(float* p, const float* g, float* m, float*
     adamw_elem(p, g, m, v, i, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale);
 }
 
-// The block's tensor in a multi-tensor launch: the last t < T with first[t] <= block
-// (first[] ascending: each tensor's first block).
-__device__ __forceinline__ int tensor_of(const long long* tab, int stride, int T, long block) {
-    int lo = 0, hi = T - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (tab[(long)mid * stride + 5] <= block) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-}
-
 // adamw_step over T tensors in one launch (the same per-element operations, so the
 // same bits): tab[t] = {p, g, m, v, n, first block, decay} as 7 int64; 256-thread
 // blocks of 1024 elements, thread j of tensor t's block b taking elements
@@ -64,7 +53,7 @@ extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, f
                                        float grad_scale) {
     pdl_entry();
     __shared__ int st;
-    if (threadIdx.x == 0) st = tensor_of(tab, 7, T, blockIdx.x);
+    if (threadIdx.x == 0) st = tensor_of(tab, 7, 5, T, blockIdx.x);
     __syncthreads();
     const long long* e = tab + (long)st * 7;
     float *p = (float*)e[0], *m = (float*)e[2], *v = (float*)e[3];

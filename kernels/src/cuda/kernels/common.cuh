@@ -153,6 +153,18 @@ __device__ __forceinline__ float sigmoid(float x) {
     return e / (1.0f + e);
 }
 
+// The entry of a multi-tensor launch's table that block `block` belongs to: the last
+// t < T with tab[t * stride + field] <= block (that field ascending: each tensor's
+// first block). adamw_multi, sumsq_partial_multi and quant_block128_multi share it.
+__device__ __forceinline__ int tensor_of(const long long* tab, int stride, int field, int T, long block) {
+    int lo = 0, hi = T - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (tab[(long)mid * stride + field] <= block) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
 // One entry of d loss / d logits for a token's log-probability and the row's entropy:
 // z the logit, l the row's log-sum-exp, h its entropy, gl and ge the gradients of the
 // log-probability and the entropy, target whether this entry is the token (then + gl),

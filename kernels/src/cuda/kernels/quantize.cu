@@ -247,59 +247,91 @@ extern "C" __global__ void __launch_bounds__(512, 2)
     dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, sh);
 }
 
-// One block of 1024 threads per 128x128 block; grid (L, ceil(rows/128)). Thread t
-// holds columns 4*(t%32) .. +3 of rows t/32 + 32i, i < 4, in registers (one pass:
-// the block's largest magnitude, then the codes; weights are small matrices, so a
-// launch has few blocks and each needs its loads in flight at once).
-extern "C" __global__ void __launch_bounds__(1024)
-    quant_block128_f32(const float* w, long ldw, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
-                       float* scales, int lds, u8* codes_t, float* scales_t, int lds_t) {
-    pdl_entry();
-    __shared__ u32 red[32];
+// One block of 512 threads per 128x128 block (kb, nb) (column and row block).
+// Thread t holds columns 4*(t%32) .. +3 of rows t/32 + 16i, i < 8, in registers
+// (one pass: the block's largest magnitude, then the codes; two blocks an SM, so one
+// block's loads overlap the other's encoding). The last column block of a row block
+// writes the zeros of its scale row's stride padding (lds), the last row block those
+// of scales_t's, so the scales need no memset.
+__device__ __forceinline__ void block128_tile(const float* w, long ldw, int rows, int cols, int rows_pad,
+                                              int cols_pad, u8* codes, float* scales, int lds, u8* codes_t,
+                                              float* scales_t, int lds_t, int kb, int nb) {
+    __shared__ u32 red[16];
     __shared__ u32 tile[128][33];  // codes of the block, 4 per word, for the transposed copy
-    const int t = threadIdx.x, kb = blockIdx.x, nb = blockIdx.y;
+    const int t = threadIdx.x;
     const int cq = t & 31, c = kb * 128 + cq * 4;
     const bool vec = (ldw & 3) == 0 && ((u64)w & 15) == 0;
-    float v[4][4];
+    float v[8][4];
     u32 m = 0;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = nb * 128 + (t >> 5) + 32 * i;
+    for (int i = 0; i < 8; i++) {
+        const int r = nb * 128 + (t >> 5) + 16 * i;
         for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
         if (r < rows) load4(w + (long)r * ldw, c, cols, vec, v[i]);
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 8; i++)
         for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
     m = __reduce_max_sync(0xffffffffu, m);
     if (cq == 0) red[t >> 5] = m;
     __syncthreads();
-    m = __reduce_max_sync(0xffffffffu, red[cq]);
+    m = __reduce_max_sync(0xffffffffu, cq < 16 ? red[cq] : 0u);
     const float s = e4m3_scale(m);
     const Quot d = quot(s);
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int rl = (t >> 5) + 32 * i, r = nb * 128 + rl;
+    for (int i = 0; i < 8; i++) {
+        const int rl = (t >> 5) + 16 * i, r = nb * 128 + rl;
         const u32 q = encode4(v[i], d);
         tile[rl][cq] = q;
         if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
     }
+    const int cb = (cols + 127) / 128, rb = (rows + 127) / 128;
     if (t == 0) {
         scales[(long)nb * lds + kb] = s;
         if (scales_t) scales_t[(long)kb * lds_t + nb] = s;
     }
+    if (kb == cb - 1 && t > 0 && cb + t - 1 < lds) scales[(long)nb * lds + cb + t - 1] = 0.0f;
+    if (scales_t && nb == rb - 1 && t > 0 && rb + t - 1 < lds_t) scales_t[(long)kb * lds_t + rb + t - 1] = 0.0f;
     if (!codes_t) return;
     __syncthreads();
     // codes^T row (column cl of the block): 128 bytes, 16 from each of 8 threads.
-    const int cl = t >> 3, part = t & 7, ct = kb * 128 + cl, rl = part * 16, r = nb * 128 + rl;
-    if (ct >= cols_pad || r >= rows_pad) return;  // rows_pad % 16 == 0: whole runs
-    u32 o[4];
-    for (int k = 0; k < 4; k++) {
-        o[k] = 0;
-        for (int j = 0; j < 4; j++)
-            o[k] |= ((tile[rl + 4 * k + j][cl >> 2] >> (8 * (cl & 3))) & 0xffu) << (8 * j);
+    for (int k8 = t; k8 < 128 * 8; k8 += 512) {
+        const int cl = k8 >> 3, part = k8 & 7, ct = kb * 128 + cl, rl = part * 16, r = nb * 128 + rl;
+        if (ct >= cols_pad || r >= rows_pad) continue;  // rows_pad % 16 == 0: whole runs
+        u32 o[4];
+        for (int k = 0; k < 4; k++) {
+            o[k] = 0;
+            for (int j = 0; j < 4; j++)
+                o[k] |= ((tile[rl + 4 * k + j][cl >> 2] >> (8 * (cl & 3))) & 0xffu) << (8 * j);
+        }
+        *reinterpret_cast<uint4*>(codes_t + (long)ct * rows_pad + r) = make_uint4(o[0], o[1], o[2], o[3]);
     }
-    *reinterpret_cast<uint4*>(codes_t + (long)ct * rows_pad + r) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// Grid (ceil(cols/128), ceil(rows/128)).
+extern "C" __global__ void __launch_bounds__(512, 2)
+    quant_block128_f32(const float* w, long ldw, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
+                       float* scales, int lds, u8* codes_t, float* scales_t, int lds_t) {
+    pdl_entry();
+    block128_tile(w, ldw, rows, cols, rows_pad, cols_pad, codes, scales, lds, codes_t, scales_t, lds_t, blockIdx.x,
+                  blockIdx.y);
+}
+
+// quant_block128_f32 over T weights in one launch (a model's, prepared at once: one
+// launch of many blocks instead of one small launch a weight; the same blocks, so
+// the same bits): tab[t] = {w, rows, cols, rows_pad, cols_pad, codes, scales, lds,
+// codes_t, scales_t, lds_t, first block} as 12 int64 (w row-contiguous, ldw = cols;
+// codes_t and scales_t 0 for none); block b of weight t is its block (b % cb, b / cb).
+extern "C" __global__ void __launch_bounds__(512, 2) quant_block128_multi(const long long* tab, int T) {
+    pdl_entry();
+    __shared__ int st;
+    if (threadIdx.x == 0) st = tensor_of(tab, 12, 11, T, blockIdx.x);
+    __syncthreads();
+    const long long* e = tab + (long)st * 12;
+    const int rows = (int)e[1], cols = (int)e[2], cb = (cols + 127) / 128;
+    const long b = (long)blockIdx.x - e[11];
+    block128_tile((const float*)e[0], cols, rows, cols, (int)e[3], (int)e[4], (u8*)e[5], (float*)e[6], (int)e[7],
+                  (u8*)e[8], (float*)e[9], (int)e[10], (int)(b % cb), (int)(b / cb));
 }
 
 // y [rows_pad][cols_pad] bf16 = x [rows, cols] rounded to nearest even, zero padding.

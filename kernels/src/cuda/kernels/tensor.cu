@@ -95,14 +95,7 @@ extern "C" __global__ void sumsq_partial_multi(const long long* tab, int T, doub
     pdl_entry();
     __shared__ double sh[32];
     __shared__ int st;
-    if (threadIdx.x == 0) {
-        int lo = 0, hi = T - 1;
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (tab[(long)mid * 4 + 3] <= (long long)blockIdx.x) lo = mid; else hi = mid - 1;
-        }
-        st = lo;
-    }
+    if (threadIdx.x == 0) st = tensor_of(tab, 4, 3, T, blockIdx.x);
     __syncthreads();
     const long long* e = tab + (long)st * 4;
     sumsq_part((const float*)e[0], e[1], e[2], (long)blockIdx.x - e[3], sh, part + blockIdx.x);

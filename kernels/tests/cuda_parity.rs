@@ -115,6 +115,50 @@ fn block128_multi_is_each(g: &cuda::Gpu) {
     }
 }
 
+/// `quantize_dual_multi` of several matrices in one launch writes each one's
+/// operands as `quantize_dual` (or `quantize_col128x1`) of it alone, byte for byte.
+fn dual_multi_is_each(g: &cuda::Gpu) {
+    let shapes = [
+        (130, 896, true),
+        (7, 300, false),
+        (259, 203, true),
+        (300, 1000, false),
+    ];
+    let xs: Vec<_> = shapes
+        .iter()
+        .map(|&(r, c, _)| up(g, &nasty(r, c, (r * 5 + c) as u64)))
+        .collect();
+    let args: Vec<_> = xs
+        .iter()
+        .zip(&shapes)
+        .map(|(x, &(r, c, d))| (x, r, c, d))
+        .collect();
+    let many = gq::quantize_dual_multi(g, &args).unwrap();
+    let same = |a: &gq::Fp8Quantized, b: &gq::Fp8Quantized| {
+        let (ac, bc) = (g.download(&a.codes).unwrap(), g.download(&b.codes).unwrap());
+        let n = b.scales.len();
+        assert_eq!((ac.len(), a.scales.len()), (bc.len(), n));
+        ac.iter().zip(&bc).filter(|(x, y)| x != y).count()
+            + bits_differ(&dl(g, &a.scales, n), &dl(g, &b.scales, n))
+    };
+    let mut differ = 0;
+    for ((row, col), &(x, r, c, dual)) in many.iter().zip(&args) {
+        assert_eq!(row.is_some(), dual);
+        match row {
+            Some(row) => {
+                let (wr, wc) = gq::quantize_dual(g, x, r, c).unwrap();
+                differ += same(row, &wr) + same(col, &wc);
+            }
+            None => differ += same(col, &gq::quantize_col128x1(g, x, r, c).unwrap()),
+        }
+    }
+    report_exact(
+        "quantize 1x128 + 128x1 of 4 matrices in one launch == each alone",
+        "2 dual, 2 128x1 only",
+        differ,
+    );
+}
+
 #[test]
 fn quantize_is_bit_exact() {
     let Some(g) = gpu() else { return };
@@ -177,6 +221,7 @@ fn quantize_is_bit_exact() {
         );
     }
     block128_multi_is_each(&g);
+    dual_multi_is_each(&g);
     // Columns not a multiple of 4 (scalar loads) and more than one row tile.
     dual_is_bit_exact(&g, &nasty(259, 203, 5), 259, 203);
     // More tiles than a GPU has SMs (blocks in more than one wave): 16-byte loads with

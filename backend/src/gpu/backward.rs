@@ -14,7 +14,7 @@ use jet_kernels::cuda::ops::{
     embedding_backward, qk_norm_rope_backward_acc, rmsnorm_backward_acc, rope_backward_dev,
     swiglu_backward, swiglu_backward_bf16,
 };
-use jet_kernels::cuda::quantize::swiglu_backward_fp8;
+use jet_kernels::cuda::quantize::{quantize_dual_multi, swiglu_backward_fp8, DualFp8};
 use jet_kernels::cuda::tensor::round_bf16;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
@@ -150,9 +150,28 @@ pub fn backward(
         // with this layer's backward.
         let [ain, attn_in, bin, min] = &mut std::mem::take(&mut acts.layers[li].ops);
         let a = &acts.layers[li];
+        let inter = cfg.intermediate_size;
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        if cx.precs().1 == GemmPrecision::Fp8 {
+            // FP8 WGrad: the layer's four inputs' 128x1 groups in one launch.
+            let xs = [
+                (&a.m, m, inter, false),
+                (&a.b, m, h, false),
+                (&a.attn, m, qd, false),
+                (&a.a, m, h, false),
+            ];
+            let qs = quantize_dual_multi(g, &xs)?;
+            for ((_, q), (xo, k)) in qs.into_iter().zip([
+                (&mut *min, inter),
+                (&mut *bin, h),
+                (&mut *attn_in, qd),
+                (&mut *ain, h),
+            ]) {
+                xo.set_fp8_t(m, k, q)?;
+            }
+        }
         // MLP: out = h_mid + down(swiglu(gate(b), up(b))), b = norm(h_mid).
         let dmm = cx.linear(Dy::F32(&dx), (&a.m, min), &lp.down, grads, lx.down, None)?;
-        let inter = cfg.intermediate_size;
         // gate and up read one input b: its WGrad operand is made once. Their dy
         // leave swiglu's backward as the GEMMs' operands where DGrad and WGrad
         // share a low precision.
@@ -228,24 +247,29 @@ pub fn backward(
             rope_backward_dev(g, &mut dq, pos, (m, nh), &model.rope, round)?;
             rope_backward_dev(g, &mut dk, pos, (m, nkv), &model.rope, round)?;
         }
-        // q, k and v read one input a.
-        let mut da = cx.linear(Dy::F32(&dq), (&a.a, ain), &lp.q, grads, lx.q, lx.q_bias)?;
-        cx.linear_add(
-            Dy::F32(&dk),
-            (&a.a, ain),
-            &lp.k,
-            grads,
-            (lx.k, lx.k_bias),
-            &mut da,
-        )?;
-        cx.linear_add(
-            Dy::F32(&dv),
-            (&a.a, ain),
-            &lp.v,
-            grads,
-            (lx.v, lx.v_bias),
-            &mut da,
-        )?;
+        // q, k and v read one input a. Their dy's FP8 operands (FP8 DGrad and
+        // WGrad, no biases: those read dy in f32) in one launch.
+        let biases = [lx.q_bias, lx.k_bias, lx.v_bias];
+        let (qq, kq, vq);
+        let (dyq, dyk, dyv) = if operand_dy(model) == Some(GemmPrecision::Fp8)
+            && biases.iter().all(Option::is_none)
+        {
+            let xs = [(&dq, m, qd, true), (&dk, m, kvd, true), (&dv, m, kvd, true)];
+            let mut qs = quantize_dual_multi(g, &xs)?.into_iter();
+            let mut next = || match qs.next() {
+                Some((Some(row), col)) => Ok(DualFp8 { row, col }),
+                _ => Err(CudaError::Invalid(
+                    "quantize_dual_multi returned fewer operands than asked".into(),
+                )),
+            };
+            (qq, kq, vq) = (next()?, next()?, next()?);
+            (Dy::Fp8(&qq), Dy::Fp8(&kq), Dy::Fp8(&vq))
+        } else {
+            (Dy::F32(&dq), Dy::F32(&dk), Dy::F32(&dv))
+        };
+        let mut da = cx.linear(dyq, (&a.a, ain), &lp.q, grads, lx.q, lx.q_bias)?;
+        cx.linear_add(dyk, (&a.a, ain), &lp.k, grads, (lx.k, lx.k_bias), &mut da)?;
+        cx.linear_add(dyv, (&a.a, ain), &lp.v, grads, (lx.v, lx.v_bias), &mut da)?;
         let inorm = w.t(lx.input_layernorm);
         let rs1 = &a.rstd1;
         let dw1 = &mut grads.bufs[lx.input_layernorm];

@@ -37,6 +37,7 @@ use super::quantize::{
     FusedOperand, NORM_OPERAND_MAX_DIM,
 };
 use super::{check_len, ensure, pad16, Ctx, Gpu, Result};
+use crate::fp8::Grouping;
 use crate::{Flow, GemmPrecision, GemmRole};
 
 /// A weight `[N, K]` prepared for one step: the copies the flow's GEMM roles read.
@@ -351,6 +352,22 @@ impl XOperand {
 }
 
 impl XOperand {
+    /// Give the operand of an input `[m, k]` its 128x1 groups (WGrad's FP8
+    /// operand), made with other inputs' (`quantize_dual_multi`).
+    pub fn set_fp8_t(&mut self, m: usize, k: usize, q: Fp8Quantized) -> Result<()> {
+        ensure(
+            (q.grouping, q.rows, q.cols) == (Grouping::Col128x1, m, k),
+            || {
+                format!(
+                    "a [{}, {}] {:?} operand given as the 128x1 groups of [{m}, {k}]",
+                    q.rows, q.cols, q.grouping
+                )
+            },
+        )?;
+        self.of(m, k)?.fp8_t = Some(q);
+        Ok(())
+    }
+
     /// What the backward can reuse of a forward operand: the BF16 copy (WGrad's
     /// operand in the BF16 flows, the same bits as making it again from the
     /// BF16-valued input). The 1x128 codes go: WGrad reads 128x1 groups.

@@ -413,6 +413,60 @@ pub fn swiglu_backward_fp8(
     Ok((g, u))
 }
 
+/// [`quantize_dual`] (`dual`) or [`quantize_col128x1`] (not) of several f32
+/// matrices `(x, rows, cols, dual)` in one launch (`quant_dual_multi`: the same
+/// tiles, so the same bits): `(1x128 operand when dual, 128x1 operand)` each.
+pub fn quantize_dual_multi(
+    gpu: &Gpu,
+    xs: &[(&CudaSlice<f32>, usize, usize, bool)],
+) -> Result<Vec<(Option<Fp8Quantized>, Fp8Quantized)>> {
+    let mut outs = Vec::with_capacity(xs.len());
+    let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 10);
+    let mut first = 0usize;
+    for &(x, rows, cols, dual) in xs {
+        check_shape("quantize 1x128 + 128x1 input", x, rows, cols)?;
+        let (rp, cp) = (pad16(rows), pad16(cols));
+        let row = if dual {
+            Some(unwritten_row1x128(gpu, rows, cols)?)
+        } else {
+            None
+        };
+        let codes_t = gpu.uninit::<u8>(cp * rp)?;
+        let scales_t = gpu.uninit::<f32>(rows.div_ceil(GROUP) * cp)?;
+        let col = quantized(Grouping::Col128x1, rows, cols, codes_t, scales_t);
+        tab.extend([
+            gpu.ptr(x) as i64,
+            rows as i64,
+            cols as i64,
+            rp as i64,
+            cp as i64,
+            row.as_ref().map_or(0, |r| gpu.ptr(&r.codes) as i64),
+            row.as_ref().map_or(0, |r| gpu.ptr(&r.scales) as i64),
+            gpu.ptr(&col.codes) as i64,
+            gpu.ptr(&col.scales) as i64,
+            first as i64,
+        ]);
+        first += cp.div_ceil(GROUP) * rows.div_ceil(GROUP);
+        outs.push((row, col));
+    }
+    ensure(first <= i32::MAX as usize, || {
+        format!("quant_dual_multi: {first} blocks is more than one launch takes")
+    })?;
+    if first == 0 {
+        return Ok(outs);
+    }
+    let tab = gpu.upload(&tab)?;
+    gpu.launch(
+        &QUANTIZE,
+        "quant_dual_multi",
+        (first as u32, 1, 1),
+        (512, 1, 1),
+        0,
+        &[Arg::P(gpu.ptr(&tab)), Arg::I(xs.len() as i32)],
+    )?;
+    Ok(outs)
+}
+
 /// `quant_dual_f32` over 128 x 128 tiles: the 128x1 operand, and the 1x128 one
 /// into `row` (codes, scales; device addresses) when given.
 fn tiles(

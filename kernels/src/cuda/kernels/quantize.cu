@@ -158,21 +158,49 @@ __device__ __forceinline__ void dual_tile(const float (&v)[8][4], int g, int ty,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 2)
-    quant_dual_f32(const float* x, long ldx, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
-                   float* scales, u8* codes_t, float* scales_t) {
-    pdl_entry();
-    __shared__ DualShared sh;
+// Tile (g, ty) of x [rows, cols] (row stride ldx) in dual_tile's register layout,
+// zero outside: all eight 16-byte loads a thread in flight.
+__device__ __forceinline__ void dual_load(const float* x, long ldx, int rows, int cols, int g, int ty,
+                                          float (&v)[8][4]) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int c = blockIdx.x * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
+    const int c = g * 128 + lane * 4, r0 = ty * 128 + w * 8;
     const bool vec = (ldx & 3) == 0 && ((u64)x & 15) == 0;
-    float v[8][4];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
         if (r0 + i < rows) load4(x + (long)(r0 + i) * ldx, c, cols, vec, v[i]);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(512, 2)
+    quant_dual_f32(const float* x, long ldx, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
+                   float* scales, u8* codes_t, float* scales_t) {
+    pdl_entry();
+    __shared__ DualShared sh;
+    float v[8][4];
+    dual_load(x, ldx, rows, cols, blockIdx.x, blockIdx.y, v);
     dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, sh);
+}
+
+// quant_dual_f32 over T matrices in one launch (the matrices a step of the backward
+// quantizes together, e.g. a layer's four WGrad inputs: one launch of several waves
+// in place of small launches of about one; the same tiles, so the same bits): tab[t]
+// = {x, rows, cols, rows_pad, cols_pad, codes, scales, codes_t, scales_t, first
+// block} as 10 int64 (x row-contiguous; codes 0: the 128x1 groups alone); block b
+// of matrix t is its tile (b % ceil(cols_pad / 128), b / ceil(cols_pad / 128)).
+extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long long* tab, int T) {
+    pdl_entry();
+    __shared__ DualShared sh;
+    __shared__ int st;
+    if (threadIdx.x == 0) st = tensor_of(tab, 10, 9, T, blockIdx.x);
+    __syncthreads();
+    const long long* e = tab + (long)st * 10;
+    const int rows = (int)e[1], cols = (int)e[2], cols_pad = (int)e[4], nx = (cols_pad + 127) / 128;
+    const long b = (long)blockIdx.x - e[9];
+    const int g = (int)(b % nx), ty = (int)(b / nx);
+    float v[8][4];
+    dual_load((const float*)e[0], cols, rows, cols, g, ty, v);
+    dual_tile(v, g, ty, (int)e[3], cols_pad, (u8*)e[5], (float*)e[6], (u8*)e[7], (float*)e[8], sh);
 }
 
 // SwiGLU's backward with both FP8 groupings of its two outputs (fuses ops.cu's

@@ -478,6 +478,87 @@ fn fp8_gemm_matches_cpu() {
     done();
 }
 
+/// The backward's GEMMs write BF16 (cuBLASLt's rounding of its f32 accumulation):
+/// the bits of rounding the f32 output to nearest even, for DGrad and WGrad in FP8
+/// and BF16 at the training shapes (cuBLASLt may pick another algorithm for another
+/// output type; the count of values that differ says whether it did).
+#[test]
+fn gemm_bf16_output_is_the_rounded_f32() {
+    let Some(g) = gpu() else { return };
+    let rne = |v: &[f32]| -> Vec<u16> {
+        v.iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect()
+    };
+    for (m, k, n) in [(130, 896, 136), (4096, 1024, 3072), (4096, 2048, 1024)] {
+        let shape = format!("{m}x{k}x{n}");
+        let (x, w, dy) = (
+            rnd(m * k, 11, 2.0),
+            rnd(n * k, 12, 0.05),
+            rnd(m * n, 13, 1.0),
+        );
+        let (dx, dw, ddy) = (up(&g, &x), up(&g, &w), up(&g, &dy));
+        let (_, qwt) = gq::quantize_block128(&g, &dw, n, k, true).unwrap();
+        let qwt = qwt.unwrap();
+        let (qdy, qdyt) = gq::quantize_dual(&g, &ddy, m, n).unwrap();
+        let qxt = gq::quantize_col128x1(&g, &dx, m, k).unwrap();
+        let mut differ = 0;
+        for (a, b) in [(&qdy, &qwt), (&qdyt, &qxt)] {
+            let (y, ld) = gemm::fp8_gemm_nt(&g, a, b).unwrap();
+            let (yb, ldb) = gemm::fp8_gemm_nt_bf16(&g, a, b).unwrap();
+            assert_eq!(ld, ldb);
+            let want = rne(&dl(&g, &y, a.outer_pad() * ld));
+            let got = g.download(&yb).unwrap();
+            differ += got.iter().zip(&want).filter(|(p, q)| p != q).count();
+        }
+        report_exact(
+            "FP8 DGrad + WGrad, BF16 out == f32 out rounded",
+            &shape,
+            differ,
+        );
+        // BF16 operands: dy [m, n] x W [n, k] and dy^T [n, m] x X [m, k].
+        let (np, kp) = (cuda::pad16(n), cuda::pad16(k));
+        let b16 = |t, r, c, cp| gq::to_bf16_padded(&g, t, r, c, r, cp).unwrap();
+        let (dyb, wb, xb) = (b16(&ddy, m, n, np), b16(&dw, n, k, kp), b16(&dx, m, k, kp));
+        let dense = |s: &cudarc::driver::CudaSlice<u16>, r, c, ld| gemm::Dense {
+            ptr: s.device_ptr(g.stream()).0,
+            ty: gemm::LtType::Bf16,
+            rows: r,
+            cols: c,
+            ld,
+        };
+        let mut differ = 0;
+        for (ta, b, p) in [
+            (false, dense(&wb, n, k, kp), m),
+            (true, dense(&xb, m, k, kp), n),
+        ] {
+            let a = if ta {
+                dense(&dyb, m, n, np)
+            } else {
+                dense(&dyb, m, n, np)
+            };
+            let y = g.zeros::<f32>(p * kp).unwrap();
+            let yp = y.device_ptr(g.stream()).0;
+            gemm::dense_gemm(&g, a, ta, b, false, yp, kp).unwrap();
+            let yb = g.zeros::<u16>(p * kp).unwrap();
+            let out = (yb.device_ptr(g.stream()).0, kp, gemm::LtType::Bf16);
+            gemm::dense_gemm_to(&g, (a, ta), (b, false), out).unwrap();
+            let want = rne(&dl(&g, &y, p * kp));
+            let got = g.download(&yb).unwrap();
+            differ += (0..p)
+                .flat_map(|r| r * kp..r * kp + k)
+                .filter(|&i| got[i] != want[i])
+                .count();
+        }
+        report_exact(
+            "BF16 DGrad + WGrad, BF16 out == f32 out rounded",
+            &shape,
+            differ,
+        );
+    }
+    done();
+}
+
 fn unpad(y: &[f32], rows: usize, cols: usize, ld: usize) -> Vec<f32> {
     (0..rows)
         .flat_map(|r| y[r * ld..r * ld + cols].iter().copied())

@@ -57,7 +57,7 @@ struct Key {
     mnk: (usize, usize, usize),
     a: (LtType, bool, usize, LtScale),
     b: (LtType, bool, usize, LtScale),
-    ldd: usize,
+    d: (LtType, usize),
 }
 
 struct Inner {
@@ -143,12 +143,27 @@ fn set_desc<T>(
 /// `D [m x n] (column-major, f32, ldd) = op(A) [m x k] op(B) [k x n]`.
 pub fn lt_matmul(
     gpu: &Gpu,
-    (m, n, k): (usize, usize, usize),
+    mnk: (usize, usize, usize),
     a: LtOperand,
     b: LtOperand,
     d: u64,
     ldd: usize,
 ) -> Result<()> {
+    lt_matmul_to(gpu, mnk, a, b, (d, ldd, LtType::F32))
+}
+
+/// [`lt_matmul`] with D of type `dty` (f32, or BF16: the f32 accumulation rounded
+/// to nearest even by cuBLASLt's epilogue).
+pub fn lt_matmul_to(
+    gpu: &Gpu,
+    (m, n, k): (usize, usize, usize),
+    a: LtOperand,
+    b: LtOperand,
+    (d, ldd, dty): (u64, usize, LtType),
+) -> Result<()> {
+    ensure(matches!(dty, LtType::F32 | LtType::Bf16), || {
+        format!("GEMM output type {dty:?}: f32 or BF16 only")
+    })?;
     use sys::cublasLtMatmulDescAttributes_t as A;
     ensure(m > 0 && n > 0 && k > 0, || {
         format!("empty GEMM {m}x{n}x{k}")
@@ -200,11 +215,7 @@ pub fn lt_matmul(
     };
     let (ar, ac) = shape(&a, m, k);
     let (br, bc) = shape(&b, k, n);
-    for (ty, r, c, ld) in [
-        (a.ty, ar, ac, a.ld),
-        (b.ty, br, bc, b.ld),
-        (LtType::F32, m, n, ldd),
-    ] {
+    for (ty, r, c, ld) in [(a.ty, ar, ac, a.ld), (b.ty, br, bc, b.ld), (dty, m, n, ldd)] {
         let l = result::create_matrix_layout(data_type(ty), r as u64, c as u64, ld as i64)
             .ctx("creating a matrix layout")?;
         ds.layouts.push(l);
@@ -214,7 +225,7 @@ pub fn lt_matmul(
         mnk: (m, n, k),
         a: (a.ty, a.trans, a.ld, a.scale),
         b: (b.ty, b.trans, b.ld, b.scale),
-        ldd,
+        d: (dty, ldd),
     };
     let algo = match lt.algos.get(&key) {
         Some(al) => *al,
@@ -287,16 +298,8 @@ fn fp8_operand(gpu: &Gpu, q: &Fp8Quantized, trans: bool) -> LtOperand {
     }
 }
 
-/// `Y [P_pad][Q_pad] (row-major f32, row stride Q_pad) = A [P, K] B [Q, K]^T` on
-/// quantized K-contiguous operands: the forward (`A` = X 1x128, `B` = W blocks),
-/// DGrad (`A` = dY 1x128, `B` = W^T blocks) and WGrad (`A` = dY^T, `B` = X^T,
-/// both 128x1). Rows past P and columns past Q are padding.
-pub fn fp8_gemm_nt_into(
-    gpu: &Gpu,
-    a: &Fp8Quantized,
-    b: &Fp8Quantized,
-    y: &mut CudaSlice<f32>,
-) -> Result<()> {
+/// What cuBLASLt's block-scaled FP8 GEMM needs of the device and the operands.
+fn fp8_checks(gpu: &Gpu, a: &Fp8Quantized, b: &Fp8Quantized) -> Result<()> {
     ensure(gpu.has_fp8_block_scaling(), || {
         format!(
             "the block-scaled FP8 GEMM needs a Hopper GPU (compute capability 9.0); {} is {}.{}",
@@ -312,7 +315,20 @@ pub fn fp8_gemm_nt_into(
     ensure(
         !(a.grouping == Grouping::Block128 && b.grouping == Grouping::Block128),
         || "FP8 GEMM: cuBLASLt has no 128x128 x 128x128 block scaling".into(),
-    )?;
+    )
+}
+
+/// `Y [P_pad][Q_pad] (row-major f32, row stride Q_pad) = A [P, K] B [Q, K]^T` on
+/// quantized K-contiguous operands: the forward (`A` = X 1x128, `B` = W blocks),
+/// DGrad (`A` = dY 1x128, `B` = W^T blocks) and WGrad (`A` = dY^T, `B` = X^T,
+/// both 128x1). Rows past P and columns past Q are padding.
+pub fn fp8_gemm_nt_into(
+    gpu: &Gpu,
+    a: &Fp8Quantized,
+    b: &Fp8Quantized,
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    fp8_checks(gpu, a, b)?;
     let (p, q) = (a.outer_pad(), b.outer_pad());
     ensure(y.len() >= p * q, || {
         format!(
@@ -329,6 +345,22 @@ pub fn fp8_gemm_nt_into(
         yp,
         q,
     )
+}
+
+/// [`fp8_gemm_nt_into`] with a BF16 output (`[P_pad][Q_pad]` BF16 bits, row
+/// stride Q_pad): the backward's GEMMs, whose gradients are BF16.
+pub fn fp8_gemm_nt_bf16(
+    gpu: &Gpu,
+    a: &Fp8Quantized,
+    b: &Fp8Quantized,
+) -> Result<(CudaSlice<u16>, usize)> {
+    fp8_checks(gpu, a, b)?;
+    let (p, q) = (a.outer_pad(), b.outer_pad());
+    let y = gpu.uninit::<u16>(p * q)?;
+    let (fa, fb) = (fp8_operand(gpu, b, true), fp8_operand(gpu, a, false));
+    let out = (gpu.ptr(&y), q, LtType::Bf16);
+    lt_matmul_to(gpu, (q, p, a.inner_pad()), fa, fb, out)?;
+    Ok((y, q))
 }
 
 /// [`fp8_gemm_nt_into`] into a new buffer; returns it with its row stride.
@@ -364,6 +396,16 @@ pub fn dense_gemm(
     y: u64,
     ldy: usize,
 ) -> Result<()> {
+    dense_gemm_to(gpu, (a, ta), (b, tb), (y, ldy, LtType::F32))
+}
+
+/// [`dense_gemm`] with Y of type `yty` (f32, or BF16: rounded by cuBLASLt).
+pub fn dense_gemm_to(
+    gpu: &Gpu,
+    (a, ta): (Dense, bool),
+    (b, tb): (Dense, bool),
+    (y, ldy, yty): (u64, usize, LtType),
+) -> Result<()> {
     let (p, ka) = if ta {
         (a.cols, a.rows)
     } else {
@@ -391,5 +433,5 @@ pub fn dense_gemm(
         scale: LtScale::None,
         scale_ptr: 0,
     };
-    lt_matmul(gpu, (q, p, ka), op(b, tb), op(a, ta), y, ldy)
+    lt_matmul_to(gpu, (q, p, ka), op(b, tb), op(a, ta), (y, ldy, yty))
 }

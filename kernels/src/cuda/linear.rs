@@ -25,7 +25,7 @@ pub use fused::{gate_up_swiglu, linear_residual_norm, qkv_norm_rope, ResidualNor
 pub use group::linear_forward_group;
 
 use super::context::{Arg, OPS};
-use super::gemm::{dense_gemm, fp8_gemm_nt, Dense, LtType};
+use super::gemm::{dense_gemm, dense_gemm_to, fp8_gemm_nt, fp8_gemm_nt_bf16, Dense, LtType};
 use super::gemv::{
     gemm_fp8_rows_fused, gemv_fp8_partial, split_k_pays, Epi, Partial, GEMV_MAX_TOKENS,
 };
@@ -818,8 +818,9 @@ fn backward_to(
     let mut dyb: Option<CudaSlice<u16>> = None;
     let mut qdy_t: Option<Fp8Quantized> = None;
     let own_row;
-    // DGrad: dx [m, k] = dy [m, n] w [n, k]
-    let (d, ldd) = match dgrad {
+    // DGrad: dx [m, k] = dy [m, n] w [n, k]. The low-precision GEMMs write BF16
+    // (the gradients' precision, rounded by cuBLASLt), half the bytes of f32.
+    let d = match dgrad {
         GemmPrecision::F32 => {
             let wf = w.f32.as_ref().ok_or_else(|| w.missing(dgrad))?;
             let dy = dy.f32(dgrad)?;
@@ -829,18 +830,18 @@ fn backward_to(
                 dense(gpu, wf, LtType::F32, n, k, k),
             );
             dense_gemm(gpu, a, false, b, false, gpu.ptr(&d), kp)?;
-            (d, kp)
+            GemmOut::F32(d, kp)
         }
         GemmPrecision::Bf16 => {
             let wb = w.bf16.as_ref().ok_or_else(|| w.missing(dgrad))?;
             let dyb = dy_bf16(gpu, dy, &mut dyb, (m, n))?;
-            let d = gpu.uninit::<f32>(m * kp)?;
+            let d = gpu.uninit::<u16>(m * kp)?;
             let (a, b) = (
                 dense(gpu, dyb, LtType::Bf16, m, n, np),
                 dense(gpu, wb, LtType::Bf16, n, k, kp),
             );
-            dense_gemm(gpu, a, false, b, false, gpu.ptr(&d), kp)?;
-            (d, kp)
+            dense_gemm_to(gpu, (a, false), (b, false), (gpu.ptr(&d), kp, LtType::Bf16))?;
+            GemmOut::Bf16(d, kp)
         }
         GemmPrecision::Fp8 => {
             let wt = w.fp8_t.as_ref().ok_or_else(|| w.missing(dgrad))?;
@@ -857,14 +858,15 @@ fn backward_to(
                     &own_row
                 }
             };
-            fp8_gemm_nt(gpu, qdy, wt)?
+            let (d, ld) = fp8_gemm_nt_bf16(gpu, qdy, wt)?;
+            GemmOut::Bf16(d, ld)
         }
     };
     let dx_add = if dx_acc { Add::Into } else { Add::Nothing };
-    epilogue_to(gpu, &d, (ldd, 1, 0), None, (m, k), dgrad, (dx, dx_add))?;
+    d.epilogue(gpu, (m, k), dgrad, (dx, dx_add))?;
     drop(d);
     // WGrad: dw [n, k] = dy [m, n]^T x [m, k]
-    let (d, ldd) = match wgrad {
+    let d = match wgrad {
         GemmPrecision::F32 => {
             let dy = dy.f32(wgrad)?;
             let d = gpu.uninit::<f32>(n * kp)?;
@@ -873,18 +875,18 @@ fn backward_to(
                 dense(gpu, x, LtType::F32, m, k, k),
             );
             dense_gemm(gpu, a, true, b, false, gpu.ptr(&d), kp)?;
-            (d, kp)
+            GemmOut::F32(d, kp)
         }
         GemmPrecision::Bf16 => {
             let dyb = dy_bf16(gpu, dy, &mut dyb, (m, n))?;
             let xb = xin.of(m, k)?.bf16(gpu, x, m, k)?;
-            let d = gpu.uninit::<f32>(n * kp)?;
+            let d = gpu.uninit::<u16>(n * kp)?;
             let (a, b) = (
                 dense(gpu, dyb, LtType::Bf16, m, n, np),
                 dense(gpu, xb, LtType::Bf16, m, k, kp),
             );
-            dense_gemm(gpu, a, true, b, false, gpu.ptr(&d), kp)?;
-            (d, kp)
+            dense_gemm_to(gpu, (a, true), (b, false), (gpu.ptr(&d), kp, LtType::Bf16))?;
+            GemmOut::Bf16(d, kp)
         }
         GemmPrecision::Fp8 => {
             let own_t;
@@ -898,9 +900,57 @@ fn backward_to(
             };
             let qx = xin.of(m, k)?.fp8_t(gpu, x, m, k)?;
             debug_assert_eq!(qdy.rows_pad, mp);
-            fp8_gemm_nt(gpu, qdy, qx)?
+            let (d, ld) = fp8_gemm_nt_bf16(gpu, qdy, qx)?;
+            GemmOut::Bf16(d, ld)
         }
     };
     let add = if acc { Add::Into } else { Add::Nothing };
-    epilogue_to(gpu, &d, (ldd, 1, 0), None, (n, k), wgrad, (dw, add))
+    d.epilogue(gpu, (n, k), wgrad, (dw, add))
+}
+
+/// A backward GEMM's output: f32 (the f32 flow) or BF16 (cuBLASLt's rounding of
+/// its f32 accumulation), with its row stride.
+enum GemmOut {
+    F32(CudaSlice<f32>, usize),
+    Bf16(CudaSlice<u16>, usize),
+}
+
+impl GemmOut {
+    /// Write (or add, with `Add::Into`) the `[rows, cols]` result into `y`.
+    fn epilogue(
+        &self,
+        gpu: &Gpu,
+        (rows, cols): (usize, usize),
+        prec: GemmPrecision,
+        (y, add): (&mut CudaSlice<f32>, Add),
+    ) -> Result<()> {
+        let (d, ldd) = match self {
+            GemmOut::F32(d, ldd) => {
+                return epilogue_to(gpu, d, (*ldd, 1, 0), None, (rows, cols), prec, (y, add))
+            }
+            GemmOut::Bf16(d, ldd) => (d, *ldd),
+        };
+        let n = rows * cols;
+        check_len("linear output", y, n, format!("[{rows}, {cols}]"))?;
+        let add = match add {
+            Add::Nothing => 0,
+            Add::Into => gpu.ptr(y),
+            Add::Res(r) => gpu.ptr(r),
+        };
+        gpu.launch(
+            &OPS,
+            "linear_epilogue_bf16",
+            (n.div_ceil(1024) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::P(gpu.ptr(d)),
+                Arg::L(ldd as i64),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::P(add),
+                Arg::P(gpu.ptr(y)),
+            ],
+        )
+    }
 }

@@ -489,6 +489,35 @@ extern "C" __global__ void linear_epilogue(const float* d, long ldd, int splits,
     linear_epilogue_at(d, ldd, splits, sstride, bias, rows, cols, round, add, y, blockIdx.x);
 }
 
+// linear_epilogue of a BF16 GEMM output (the backward's DGrad and WGrad: cuBLASLt
+// rounds its f32 accumulation to BF16, linear_epilogue's round_bf16): y [rows, cols]
+// = d (BF16, row stride ldd), plus add when not null (one f32 add, as epi_value). No
+// bias, one slice. Four outputs a thread (8-byte loads when aligned), 1024 a block.
+extern "C" __global__ void linear_epilogue_bf16(const bf16_t* d, long ldd, int rows, int cols, const float* add,
+                                                float* y) {
+    pdl_entry();
+    const long i0 = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4, n = (long)rows * cols;
+    if (i0 >= n) return;
+    const bool vec = ((cols | ldd) & 3) == 0 && (((u64)d | (u64)y | (u64)add) & 7) == 0 &&
+                     (((u64)y | (u64)add) & 15) == 0;
+    if (!vec) {
+        for (long i = i0; i < min(i0 + 4, n); i++) {
+            const int r = (int)(i / cols), c = (int)(i % cols);
+            const float v = bf16_to_f32(d[(long)r * ldd + c]);
+            y[i] = epi_value(v, false, 0.0f, 0, add, add ? add[i] : 0.0f);
+        }
+        return;
+    }
+    const int r = (int)(i0 / cols), c = (int)(i0 % cols);
+    const uint2 q = *reinterpret_cast<const uint2*>(d + (long)r * ldd + c);
+    const float v[4] = {__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u), __uint_as_float(q.y << 16),
+                        __uint_as_float(q.y & 0xffff0000u)};
+    const float4 a = add ? *reinterpret_cast<const float4*>(add + i0) : make_float4(0, 0, 0, 0);
+    *reinterpret_cast<float4*>(y + i0) =
+        make_float4(epi_value(v[0], false, 0.0f, 0, add, a.x), epi_value(v[1], false, 0.0f, 0, add, a.y),
+                    epi_value(v[2], false, 0.0f, 0, add, a.z), epi_value(v[3], false, 0.0f, 0, add, a.w));
+}
+
 // linear_epilogue for up to three outputs of the same rows (the q, k, v or gate, up
 // projections of a decode step) in one launch: problem i takes the next blocks
 // (1024 outputs a block) after problem i - 1's. linear.rs `EpiGroup` lays it out.

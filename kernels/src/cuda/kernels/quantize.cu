@@ -236,9 +236,8 @@ extern "C" __global__ void __launch_bounds__(512, 2)
         // quantizes as quant_dual_f32's zero loads.
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            float dg, du;
-            swiglu_grads(d[j], gv[j], uv[j], dg, du);
-            v[i][j] = round_bf16(o == 0 ? dg : du);
+            const float s = sigmoid_uniform(gv[j]);  // swiglu_grads' two gradients, the one this block makes
+            v[i][j] = round_bf16(o == 0 ? swiglu_dgate(d[j], gv[j], uv[j], s) : swiglu_dup(d[j], gv[j], s));
         }
     }
     dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, o ? uc : gc, o ? us : gs, o ? uct : gct, o ? ust : gst, sh);

@@ -1164,7 +1164,8 @@ fn swiglu_matches_cpu() {
     // multiple of 16; 4860 is not): the bits of the rounded f32 results' copies.
     for cols in [4864, 4860] {
         let rows = n / cols;
-        let (ob, ub) = gops::swiglu_backward_bf16(&g, &ddh, &dg, &du, (rows, cols)).unwrap();
+        let dh = gops::SwigluDh::F32(&ddh);
+        let (ob, ub) = gops::swiglu_backward_bf16(&g, dh, &dg, &du, (rows, cols)).unwrap();
         let (rg, ru) = gops::swiglu_backward(&g, &ddh, &dg, &du, n, true).unwrap();
         let cp = cuda::pad16(cols);
         let copy = |x| gq::to_bf16_padded(&g, x, rows, cols, rows, cp).unwrap();
@@ -1185,12 +1186,40 @@ fn swiglu_matches_cpu() {
     // and scales of quantize_dual of the rounded f32 results; rows not a multiple of
     // 128 and columns not of 128 or 16 (partial tiles, padding).
     for (rows, cols) in [(130, 4864), (130, 4860), (257, 200)] {
-        let (qg, qu) = gq::swiglu_backward_fp8(&g, &ddh, &dg, &du, (rows, cols)).unwrap();
+        let dh = gops::SwigluDh::F32(&ddh);
+        let (qg, qu) = gq::swiglu_backward_fp8(&g, dh, &dg, &du, (rows, cols)).unwrap();
         let (rg, ru) = gops::swiglu_backward(&g, &ddh, &dg, &du, rows * cols, true).unwrap();
         let differ =
             dual_differ(&g, &qg, &rg, (rows, cols)) + dual_differ(&g, &qu, &ru, (rows, cols));
         report_exact(
             "swiglu bwd FP8 operands == quantize_dual of the rounded f32",
+            &format!("[{rows}, {cols}]"),
+            differ,
+        );
+    }
+    // dh as a GEMM's BF16 output (row stride past the columns): the same operands
+    // as from its values in f32 (what the epilogue would have written).
+    for (rows, cols) in [(130, 4864), (257, 200)] {
+        let mut dhr = g.zeros::<f32>(rows * cols).unwrap();
+        g.copy_into(&ddh, &mut dhr, rows * cols).unwrap();
+        gten::round_bf16(&g, &mut dhr, rows * cols).unwrap();
+        let ld = cuda::pad16(cols) + 8;
+        let dh16 = gq::to_bf16_padded(&g, &dhr, rows, cols, rows, ld).unwrap();
+        let (f, b) = (gops::SwigluDh::F32(&dhr), gops::SwigluDh::Bf16(&dh16, ld));
+        let (o1, o2) = gops::swiglu_backward_bf16(&g, f, &dg, &du, (rows, cols)).unwrap();
+        let (p1, p2) = gops::swiglu_backward_bf16(&g, b, &dg, &du, (rows, cols)).unwrap();
+        let mut differ: usize = [(o1, p1), (o2, p2)]
+            .iter()
+            .map(|(a, b)| {
+                let (a, b) = (g.download(a).unwrap(), g.download(b).unwrap());
+                a.iter().zip(&b).filter(|(x, y)| x != y).count()
+            })
+            .sum();
+        let (q1, q2) = gq::swiglu_backward_fp8(&g, b, &dg, &du, (rows, cols)).unwrap();
+        let (rg, ru) = gops::swiglu_backward(&g, &dhr, &dg, &du, rows * cols, true).unwrap();
+        differ += dual_differ(&g, &q1, &rg, (rows, cols)) + dual_differ(&g, &q2, &ru, (rows, cols));
+        report_exact(
+            "swiglu bwd from a BF16 dh (BF16 and FP8 operands) == from its f32 values",
             &format!("[{rows}, {cols}]"),
             differ,
         );

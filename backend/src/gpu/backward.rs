@@ -8,11 +8,12 @@ use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
 use jet_kernels::cuda::flash::flash_backward;
 use jet_kernels::cuda::linear::{
-    linear_backward_add, linear_backward_into, linear_bias_grad_acc, Dy, GpuWeight, XOperand,
+    linear_backward_add, linear_backward_into, linear_backward_raw, linear_bias_grad_acc, Dy,
+    GemmOut, GpuWeight, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_backward, qk_norm_rope_backward_acc, rmsnorm_backward_acc, rope_backward_dev,
-    swiglu_backward, swiglu_backward_bf16,
+    swiglu_backward, swiglu_backward_bf16, SwigluDh,
 };
 use jet_kernels::cuda::quantize::{quantize_dual_multi, swiglu_backward_fp8, DualFp8};
 use jet_kernels::cuda::tensor::round_bf16;
@@ -171,25 +172,40 @@ pub fn backward(
             }
         }
         // MLP: out = h_mid + down(swiglu(gate(b), up(b))), b = norm(h_mid).
-        let dmm = cx.linear(Dy::F32(&dx), (&a.m, min), &lp.down, grads, lx.down, None)?;
+        // The down projection's DGrad output as cuBLASLt wrote it (BF16 in the
+        // low-precision flows): swiglu's backward reads it without an epilogue.
+        let dgrad = cx.precs().0;
+        let dw_down = &mut grads.bufs[lx.down];
+        let dmm = linear_backward_raw(
+            g,
+            (Dy::F32(&dx), &a.m, m),
+            &lp.down,
+            cx.precs(),
+            dw_down,
+            min,
+        )?;
         // gate and up read one input b: its WGrad operand is made once. Their dy
         // leave swiglu's backward as the GEMMs' operands where DGrad and WGrad
         // share a low precision.
-        let (gb, ub, gq, uq, gf, uf);
-        let (dgate, dup) = match operand_dy(model) {
-            Some(GemmPrecision::Bf16) => {
-                (gb, ub) = swiglu_backward_bf16(g, &dmm, &a.gate, &a.up, (m, inter))?;
+        let (gb, ub, gq, uq, gf, uf, dmf);
+        let (dgate, dup) = match (operand_dy(model), &dmm) {
+            (Some(GemmPrecision::Bf16), GemmOut::Bf16(d, ld)) => {
+                let dh = SwigluDh::Bf16(d, *ld);
+                (gb, ub) = swiglu_backward_bf16(g, dh, &a.gate, &a.up, (m, inter))?;
                 (Dy::Bf16(&gb), Dy::Bf16(&ub))
             }
-            Some(GemmPrecision::Fp8) => {
-                (gq, uq) = swiglu_backward_fp8(g, &dmm, &a.gate, &a.up, (m, inter))?;
+            (Some(GemmPrecision::Fp8), GemmOut::Bf16(d, ld)) => {
+                let dh = SwigluDh::Bf16(d, *ld);
+                (gq, uq) = swiglu_backward_fp8(g, dh, &a.gate, &a.up, (m, inter))?;
                 (Dy::Fp8(&gq), Dy::Fp8(&uq))
             }
             _ => {
-                (gf, uf) = swiglu_backward(g, &dmm, &a.gate, &a.up, m * inter, round)?;
+                dmf = dmm.finish(g, (m, inter), dgrad)?;
+                (gf, uf) = swiglu_backward(g, &dmf, &a.gate, &a.up, m * inter, round)?;
                 (Dy::F32(&gf), Dy::F32(&uf))
             }
         };
+        drop(dmm);
         let mut db = cx.linear(dgate, (&a.b, bin), &lp.gate, grads, lx.gate, None)?;
         cx.linear_add(dup, (&a.b, bin), &lp.up, grads, (lx.up, None), &mut db)?;
         let post = w.t(lx.post_attention_layernorm);

@@ -697,7 +697,7 @@ pub fn linear_backward(
 ) -> Result<GpuLinearGrads> {
     let mut dw = gpu.uninit::<f32>(w.n * w.k)?;
     let mut dx = gpu.uninit::<f32>(m * w.k)?;
-    let dxo = (&mut dx, false);
+    let dxo = Some((&mut dx, false));
     let xin = &mut XOperand::default();
     backward_to(
         gpu,
@@ -734,10 +734,26 @@ pub fn linear_backward_into(
         w,
         (dgrad, wgrad),
         (dw_acc, true),
-        (&mut dx, false),
+        Some((&mut dx, false)),
         xin,
     )?;
     Ok(dx)
+}
+
+/// [`linear_backward_into`] with DGrad's output returned as the GEMM wrote it
+/// (`[m][ld]`, no epilogue): for a consumer that reads it directly (swiglu's
+/// backward reads the down projection's BF16 dx).
+pub fn linear_backward_raw(
+    gpu: &Gpu,
+    (dy, x, m): (Dy, &CudaSlice<f32>, usize),
+    w: &GpuWeight,
+    (dgrad, wgrad): (GemmPrecision, GemmPrecision),
+    dw_acc: &mut CudaSlice<f32>,
+    xin: &mut XOperand,
+) -> Result<GemmOut> {
+    let precs = (dgrad, wgrad);
+    backward_to(gpu, (dy, x, m), w, precs, (dw_acc, true), None, xin)?
+        .ok_or_else(|| super::CudaError::Invalid("linear backward: no DGrad output".into()))
 }
 
 /// [`linear_backward_into`] adding dx too, into `dx_acc [m, k]` (the inputs shared
@@ -756,9 +772,10 @@ pub fn linear_backward_add(
         w,
         (dgrad, wgrad),
         (dw_acc, true),
-        (dx_acc, true),
+        Some((dx_acc, true)),
         xin,
     )
+    .map(drop)
 }
 
 /// The bias gradient `[n]` of a linear layer: dy's column sums (rounded to
@@ -792,9 +809,9 @@ fn backward_to(
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     (dw, acc): (&mut CudaSlice<f32>, bool),
-    (dx, dx_acc): (&mut CudaSlice<f32>, bool),
+    dx: Option<(&mut CudaSlice<f32>, bool)>,
     xin: &mut XOperand,
-) -> Result<()> {
+) -> Result<Option<GemmOut>> {
     let (n, k) = (w.n, w.k);
     let (np, kp, mp) = (pad16(n), pad16(k), pad16(m));
     match dy {
@@ -862,9 +879,15 @@ fn backward_to(
             GemmOut::Bf16(d, ld)
         }
     };
-    let dx_add = if dx_acc { Add::Into } else { Add::Nothing };
-    d.epilogue(gpu, (m, k), dgrad, (dx, dx_add))?;
-    drop(d);
+    // DGrad's output into dx (written or added), or returned as written.
+    let raw = match dx {
+        Some((dx, dx_acc)) => {
+            let dx_add = if dx_acc { Add::Into } else { Add::Nothing };
+            d.epilogue(gpu, (m, k), dgrad, (dx, dx_add))?;
+            None
+        }
+        None => Some(d),
+    };
     // WGrad: dw [n, k] = dy [m, n]^T x [m, k]
     let d = match wgrad {
         GemmPrecision::F32 => {
@@ -905,17 +928,32 @@ fn backward_to(
         }
     };
     let add = if acc { Add::Into } else { Add::Nothing };
-    d.epilogue(gpu, (n, k), wgrad, (dw, add))
+    d.epilogue(gpu, (n, k), wgrad, (dw, add))?;
+    Ok(raw)
 }
 
-/// A backward GEMM's output: f32 (the f32 flow) or BF16 (cuBLASLt's rounding of
-/// its f32 accumulation), with its row stride.
-enum GemmOut {
+/// A backward GEMM's output as the GEMM wrote it, with its row stride: f32 (the
+/// f32 flow) or BF16 (cuBLASLt's rounding of its f32 accumulation: the values
+/// the epilogue would write).
+pub enum GemmOut {
     F32(CudaSlice<f32>, usize),
     Bf16(CudaSlice<u16>, usize),
 }
 
 impl GemmOut {
+    /// The `[rows, cols]` result in a new f32 buffer (the epilogue a consumer that
+    /// reads the raw output would have fused).
+    pub fn finish(
+        &self,
+        gpu: &Gpu,
+        (rows, cols): (usize, usize),
+        prec: GemmPrecision,
+    ) -> Result<CudaSlice<f32>> {
+        let mut y = gpu.uninit::<f32>(rows * cols)?;
+        self.epilogue(gpu, (rows, cols), prec, (&mut y, Add::Nothing))?;
+        Ok(y)
+    }
+
     /// Write (or add, with `Add::Into`) the `[rows, cols]` result into `y`.
     fn epilogue(
         &self,

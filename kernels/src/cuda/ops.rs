@@ -733,20 +733,50 @@ pub fn swiglu_backward(
     Ok((dg, du))
 }
 
+/// swiglu's upstream gradient dh `[rows, cols]`: f32, or the down projection's
+/// DGrad output as cuBLASLt wrote it in BF16 (`[rows][ld]`, `linear::GemmOut`),
+/// read without its epilogue (the same values).
+#[derive(Clone, Copy)]
+pub enum SwigluDh<'a> {
+    F32(&'a CudaSlice<f32>),
+    Bf16(&'a CudaSlice<u16>, usize),
+}
+
+impl SwigluDh<'_> {
+    /// Check dh against `[rows, cols]`; its pointer, row stride and whether BF16.
+    pub(crate) fn arg(&self, gpu: &Gpu, rows: usize, cols: usize) -> Result<(u64, usize, bool)> {
+        match *self {
+            SwigluDh::F32(d) => {
+                check_len("swiglu dh", d, rows * cols, format!("[{rows}, {cols}]"))?;
+                Ok((gpu.ptr(d), cols, false))
+            }
+            SwigluDh::Bf16(d, ld) => {
+                ensure(ld >= cols, || {
+                    format!("swiglu dh: row stride {ld} < {cols}")
+                })?;
+                let n = rows.saturating_sub(1) * ld + cols;
+                check_len("swiglu dh (BF16)", d, n, format!("[{rows}][{ld}]"))?;
+                Ok((gpu.ptr(d), ld, true))
+            }
+        }
+    }
+}
+
 /// [`swiglu_backward`] (rounded) as the BF16 GEMM operands of the gate and up
 /// backward: `(dgate, dup)`, each `[rows][pad16(cols)]` BF16 with zero padding,
 /// the bits of `to_bf16_padded` of the rounded f32 results.
 pub fn swiglu_backward_bf16(
     gpu: &Gpu,
-    dh: &CudaSlice<f32>,
+    dh: SwigluDh,
     gate: &CudaSlice<f32>,
     up: &CudaSlice<f32>,
     (rows, cols): (usize, usize),
 ) -> Result<(CudaSlice<u16>, CudaSlice<u16>)> {
     let n = rows * cols;
-    for (what, b) in [("swiglu dh", dh), ("swiglu gate", gate), ("swiglu up", up)] {
+    for (what, b) in [("swiglu gate", gate), ("swiglu up", up)] {
         check_len(what, b, n, format!("[{rows}, {cols}]"))?;
     }
+    let (dhp, ldh, dh16) = dh.arg(gpu, rows, cols)?;
     let ldb = super::pad16(cols);
     ensure(
         rows * ldb < i64::MAX as usize && cols < i32::MAX as usize,
@@ -759,22 +789,33 @@ pub fn swiglu_backward_bf16(
     if rows == 0 {
         return Ok((dg, du));
     }
+    let head: Vec<Arg> = match dh16 {
+        true => vec![Arg::P(dhp), Arg::L(ldh as i64)],
+        false => vec![Arg::P(dhp)],
+    };
     gpu.launch(
         &OPS,
-        "swiglu_bwd_bf16",
+        if dh16 {
+            "swiglu_bwd_bf16_dh16"
+        } else {
+            "swiglu_bwd_bf16"
+        },
         grid1(rows * ldb),
         (256, 1, 1),
         0,
         &[
-            Arg::P(gpu.ptr(dh)),
-            Arg::P(gpu.ptr(gate)),
-            Arg::P(gpu.ptr(up)),
-            Arg::I(rows as i32),
-            Arg::I(cols as i32),
-            Arg::I(ldb as i32),
-            Arg::P(gpu.ptr(&dg)),
-            Arg::P(gpu.ptr(&du)),
-        ],
+            &head[..],
+            &[
+                Arg::P(gpu.ptr(gate)),
+                Arg::P(gpu.ptr(up)),
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::I(ldb as i32),
+                Arg::P(gpu.ptr(&dg)),
+                Arg::P(gpu.ptr(&du)),
+            ],
+        ]
+        .concat(),
     )?;
     Ok((dg, du))
 }

@@ -19,6 +19,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, QUANTIZE};
+use super::ops::SwigluDh;
 use super::{check_len, ensure, pad16, Gpu, Result};
 use crate::fp8::{decode, scale_shape, Fp8Matrix, Grouping, GROUP};
 
@@ -356,15 +357,16 @@ pub struct DualFp8 {
 /// bits of quantizing the f32 gradients; no f32 gradient written.
 pub fn swiglu_backward_fp8(
     gpu: &Gpu,
-    dh: &CudaSlice<f32>,
+    dh: SwigluDh,
     gate: &CudaSlice<f32>,
     up: &CudaSlice<f32>,
     (rows, cols): (usize, usize),
 ) -> Result<(DualFp8, DualFp8)> {
     let n = rows * cols;
-    for (what, b) in [("swiglu dh", dh), ("swiglu gate", gate), ("swiglu up", up)] {
+    for (what, b) in [("swiglu gate", gate), ("swiglu up", up)] {
         check_len(what, b, n, format!("[{rows}, {cols}]"))?;
     }
+    let (dhp, ldh, dh16) = dh.arg(gpu, rows, cols)?;
     ensure(rows > 0 && cols > 0, || {
         format!("swiglu backward (FP8) of [{rows}, {cols}]: empty")
     })?;
@@ -385,9 +387,17 @@ pub fn swiglu_backward_fp8(
             Arg::P(gpu.ptr(&q.col.scales)),
         ]
     };
+    let head: Vec<Arg> = match dh16 {
+        true => vec![Arg::P(dhp), Arg::L(ldh as i64)],
+        false => vec![Arg::P(dhp)],
+    };
     gpu.launch(
         &QUANTIZE,
-        "swiglu_bwd_fp8",
+        if dh16 {
+            "swiglu_bwd_fp8_dh16"
+        } else {
+            "swiglu_bwd_fp8"
+        },
         (
             2 * cp.div_ceil(GROUP) as u32,
             rows.div_ceil(GROUP) as u32,
@@ -396,8 +406,8 @@ pub fn swiglu_backward_fp8(
         (512, 1, 1),
         0,
         &[
+            &head[..],
             &[
-                Arg::P(gpu.ptr(dh)),
                 Arg::P(gpu.ptr(gate)),
                 Arg::P(gpu.ptr(up)),
                 Arg::I(rows as i32),

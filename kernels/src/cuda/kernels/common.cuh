@@ -22,6 +22,9 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
 }
 
 __device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+// A value of an f32 or BF16 buffer as f32 (kernels templated on their input's type).
+__device__ __forceinline__ float to_f32(float f) { return f; }
+__device__ __forceinline__ float to_f32(bf16_t h) { return bf16_to_f32(h); }
 
 // Two f32 -> packed BF16x2, round to nearest even (lo in the low half): the
 // tensor-core attention's operands (flash.cu, flash_wg.cu).

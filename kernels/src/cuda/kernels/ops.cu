@@ -412,23 +412,35 @@ extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const 
 // swiglu_bwd's rounded dgate, dup as the BF16 GEMM operands of the gate and up
 // backward: [rows][ldb] BF16 (ldb = cols padded to 16, zero padding; fuses
 // to_bf16_padded of swiglu_bwd's outputs, whose values are already BF16: the same
-// bits). Grid ceil(rows * ldb / 256), 256 threads.
-extern "C" __global__ void swiglu_bwd_bf16(const float* dh, const float* gate, const float* up, int rows, int cols,
-                                           int ldb, bf16_t* dgate, bf16_t* dup) {
-    pdl_entry();
+// bits). dh [rows, cols] f32 (ldh = cols) or, in _dh16, the down projection's DGrad
+// output as cuBLASLt wrote it in BF16 (row stride ldh; fuses its linear_epilogue_bf16,
+// whose f32 values are these: the same bits). Grid ceil(rows * ldb / 256), 256 threads.
+template <typename DH>
+__device__ __forceinline__ void swiglu_bwd_bf16_at(const DH* dh, long ldh, const float* gate, const float* up,
+                                                   int rows, int cols, int ldb, bf16_t* dgate, bf16_t* dup) {
     long o = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= (long)rows * ldb) return;
     int c = (int)(o % ldb);
-    long i = o / ldb * cols + c;
+    long r = o / ldb, i = r * cols + c;
     if (c >= cols) {
         dgate[o] = 0;
         dup[o] = 0;
         return;
     }
     float dg, du;
-    swiglu_grads(dh[i], gate[i], up[i], dg, du);
+    swiglu_grads(to_f32(dh[r * ldh + c]), gate[i], up[i], dg, du);
     dgate[o] = f32_to_bf16(dg);
     dup[o] = f32_to_bf16(du);
+}
+extern "C" __global__ void swiglu_bwd_bf16(const float* dh, const float* gate, const float* up, int rows, int cols,
+                                           int ldb, bf16_t* dgate, bf16_t* dup) {
+    pdl_entry();
+    swiglu_bwd_bf16_at(dh, cols, gate, up, rows, cols, ldb, dgate, dup);
+}
+extern "C" __global__ void swiglu_bwd_bf16_dh16(const bf16_t* dh, long ldh, const float* gate, const float* up,
+                                                int rows, int cols, int ldb, bf16_t* dgate, bf16_t* dup) {
+    pdl_entry();
+    swiglu_bwd_bf16_at(dh, ldh, gate, up, rows, cols, ldb, dgate, dup);
 }
 
 // ---- linear epilogue ---------------------------------------------------------------

@@ -212,23 +212,22 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long
 // tile in registers, as quant_dual_f32 (two blocks an SM, 12 bytes of spills; the pair's second reads of
 // dh and gate come from L2). Both blocks holding both outputs took 128 registers,
 // one block an SM, and ran 1.4x slower than swiglu_bwd and two quant_dual_f32.
-extern "C" __global__ void __launch_bounds__(512, 2)
-    swiglu_bwd_fp8(const float* dh, const float* gate, const float* up, int rows, int cols, int rows_pad,
-                   int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us, u8* uct,
-                   float* ust) {
-    pdl_entry();
+template <typename DH>
+__device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const float* gate, const float* up,
+                                                  int rows, int cols, int rows_pad, int cols_pad, u8* gc, float* gs,
+                                                  u8* gct, float* gst, u8* uc, float* us, u8* uct, float* ust) {
     __shared__ DualShared sh;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int tx = blockIdx.x >> 1, o = blockIdx.x & 1;
     const int c = tx * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
-    const bool vec = (cols & 3) == 0 && (((u64)dh | (u64)gate | (u64)up) & 15) == 0;
+    const bool vec = ((cols | ldh) & 3) == 0 && (((u64)gate | (u64)up) & 15) == 0 && ((u64)dh & 15) == 0;
     float v[8][4];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, gv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, uv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (r0 + i < rows) {
             const long off = (long)(r0 + i) * cols;
-            load4(dh + off, c, cols, vec, d);
+            load4(dh + (long)(r0 + i) * ldh, c, cols, vec, d);
             load4(gate + off, c, cols, vec, gv);
             if (o == 0) load4(up + off, c, cols, vec, uv);  // dup does not read up
         }
@@ -241,6 +240,22 @@ extern "C" __global__ void __launch_bounds__(512, 2)
         }
     }
     dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, o ? uc : gc, o ? us : gs, o ? uct : gct, o ? ust : gst, sh);
+}
+extern "C" __global__ void __launch_bounds__(512, 2)
+    swiglu_bwd_fp8(const float* dh, const float* gate, const float* up, int rows, int cols, int rows_pad,
+                   int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us, u8* uct,
+                   float* ust) {
+    pdl_entry();
+    swiglu_bwd_fp8_at(dh, cols, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust);
+}
+// dh as the down projection's BF16 DGrad output, row stride ldh (fuses its
+// linear_epilogue_bf16: the same values).
+extern "C" __global__ void __launch_bounds__(512, 2)
+    swiglu_bwd_fp8_dh16(const bf16_t* dh, long ldh, const float* gate, const float* up, int rows, int cols,
+                        int rows_pad, int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us,
+                        u8* uct, float* ust) {
+    pdl_entry();
+    swiglu_bwd_fp8_at(dh, ldh, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust);
 }
 
 // token_logprobs_bwd's dz with both FP8 groupings, the LM head's dy operands (fuses

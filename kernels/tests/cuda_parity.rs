@@ -532,11 +532,7 @@ fn gemm_bf16_output_is_the_rounded_f32() {
             (false, dense(&wb, n, k, kp), m),
             (true, dense(&xb, m, k, kp), n),
         ] {
-            let a = if ta {
-                dense(&dyb, m, n, np)
-            } else {
-                dense(&dyb, m, n, np)
-            };
+            let a = dense(&dyb, m, n, np); // dy, as A (DGrad) or A^T (WGrad)
             let y = g.zeros::<f32>(p * kp).unwrap();
             let yp = y.device_ptr(g.stream()).0;
             gemm::dense_gemm(&g, a, ta, b, false, yp, kp).unwrap();

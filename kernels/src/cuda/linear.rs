@@ -188,6 +188,17 @@ enum Add<'a> {
     Res(&'a CudaSlice<f32>),
 }
 
+impl Add<'_> {
+    /// The epilogue kernels' `add` argument for output `y` (0: nothing).
+    fn ptr(self, gpu: &Gpu, y: &CudaSlice<f32>) -> u64 {
+        match self {
+            Add::Nothing => 0,
+            Add::Into => gpu.ptr(y),
+            Add::Res(r) => gpu.ptr(r),
+        }
+    }
+}
+
 /// `y [rows, cols] = d (row stride ldd) + bias`, rounded to BF16 unless F32, plus
 /// `add`; `d` may hold `splits` slices `sstride` apart (split-K), added in order.
 #[allow(clippy::too_many_arguments)]
@@ -248,11 +259,7 @@ fn epilogue_to(
 ) -> Result<()> {
     let n = rows * cols;
     check_len("linear output", y, n, format!("[{rows}, {cols}]"))?;
-    let add = match add {
-        Add::Nothing => 0,
-        Add::Into => gpu.ptr(y),
-        Add::Res(r) => gpu.ptr(r),
-    };
+    let add = add.ptr(gpu, y);
     gpu.launch(
         &OPS,
         "linear_epilogue",
@@ -970,11 +977,7 @@ impl GemmOut {
         };
         let n = rows * cols;
         check_len("linear output", y, n, format!("[{rows}, {cols}]"))?;
-        let add = match add {
-            Add::Nothing => 0,
-            Add::Into => gpu.ptr(y),
-            Add::Res(r) => gpu.ptr(r),
-        };
+        let add = add.ptr(gpu, y);
         gpu.launch(
             &OPS,
             "linear_epilogue_bf16",

@@ -316,25 +316,44 @@ pub fn token_logprobs_backward_fp8_at(
         (512, 1, 1),
         0,
         &[
-            Arg::P(gpu.ptr(logits)),
-            Arg::I(total as i32),
-            Arg::I(vocab as i32),
-            Arg::P(gpu.ptr(&slot)),
-            Arg::P(gpu.ptr(&t)),
-            Arg::P(gpu.ptr(&d.fwd.lse)),
-            Arg::P(gpu.ptr(&d.fwd.entropy)),
-            Arg::P(gpu.ptr(d.dlogp)),
-            Arg::P(d.dentropy.map_or(0, |x| gpu.ptr(x))),
-            Arg::F(scale),
-            Arg::I(rp as i32),
-            Arg::I(cp as i32),
-            Arg::P(gpu.ptr(&q.row.codes)),
-            Arg::P(gpu.ptr(&q.row.scales)),
-            Arg::P(gpu.ptr(&q.col.codes)),
-            Arg::P(gpu.ptr(&q.col.scales)),
-        ],
+            &scored_args(gpu, (logits, total, vocab), gpu.ptr(&slot), &t, d, scale)[..],
+            &[
+                Arg::I(rp as i32),
+                Arg::I(cp as i32),
+                Arg::P(gpu.ptr(&q.row.codes)),
+                Arg::P(gpu.ptr(&q.row.scales)),
+                Arg::P(gpu.ptr(&q.col.codes)),
+                Arg::P(gpu.ptr(&q.col.scales)),
+            ],
+        ]
+        .concat(),
     )?;
     Ok(q)
+}
+
+/// The arguments `token_logprobs_bwd` and `token_logprobs_bwd_fp8` share, up to
+/// their outputs: the logits `[rows, vocab]`, the slots (0: none), the targets, the
+/// per-scored-row inputs and the scale.
+fn scored_args(
+    gpu: &Gpu,
+    (logits, rows, vocab): (&CudaSlice<f32>, usize, usize),
+    slot: u64,
+    t: &CudaSlice<i32>,
+    d: &ScoredGrad,
+    scale: f32,
+) -> Vec<Arg> {
+    vec![
+        Arg::P(gpu.ptr(logits)),
+        Arg::I(rows as i32),
+        Arg::I(vocab as i32),
+        Arg::P(slot),
+        Arg::P(gpu.ptr(t)),
+        Arg::P(gpu.ptr(&d.fwd.lse)),
+        Arg::P(gpu.ptr(&d.fwd.entropy)),
+        Arg::P(gpu.ptr(d.dlogp)),
+        Arg::P(d.dentropy.map_or(0, |x| gpu.ptr(x))),
+        Arg::F(scale),
+    ]
 }
 
 /// Check the per-scored-row inputs; the targets on the device.
@@ -373,18 +392,17 @@ fn scored_backward(
         (256, 1, 1),
         0,
         &[
-            Arg::P(gpu.ptr(logits)),
-            Arg::I(out_rows as i32),
-            Arg::I(vocab as i32),
-            Arg::P(slot.map_or(0, |s| gpu.ptr(s))),
-            Arg::P(gpu.ptr(&t)),
-            Arg::P(gpu.ptr(&d.fwd.lse)),
-            Arg::P(gpu.ptr(&d.fwd.entropy)),
-            Arg::P(gpu.ptr(d.dlogp)),
-            Arg::P(d.dentropy.map_or(0, |x| gpu.ptr(x))),
-            Arg::F(scale),
-            Arg::P(gpu.ptr(&dz)),
-        ],
+            &scored_args(
+                gpu,
+                (logits, out_rows, vocab),
+                slot.map_or(0, |s| gpu.ptr(s)),
+                &t,
+                d,
+                scale,
+            )[..],
+            &[Arg::P(gpu.ptr(&dz))],
+        ]
+        .concat(),
     )?;
     Ok(dz)
 }

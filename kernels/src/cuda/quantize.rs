@@ -459,21 +459,7 @@ pub fn quantize_dual_multi(
         first += cp.div_ceil(GROUP) * rows.div_ceil(GROUP);
         outs.push((row, col));
     }
-    ensure(first <= i32::MAX as usize, || {
-        format!("quant_dual_multi: {first} blocks is more than one launch takes")
-    })?;
-    if first == 0 {
-        return Ok(outs);
-    }
-    let tab = gpu.upload(&tab)?;
-    gpu.launch(
-        &QUANTIZE,
-        "quant_dual_multi",
-        (first as u32, 1, 1),
-        (512, 1, 1),
-        0,
-        &[Arg::P(gpu.ptr(&tab)), Arg::I(xs.len() as i32)],
-    )?;
+    launch_table(gpu, "quant_dual_multi", &tab, xs.len(), first)?;
     Ok(outs)
 }
 
@@ -623,22 +609,34 @@ pub fn quantize_block128_multi(
         first += rows.div_ceil(GROUP) * cols.div_ceil(GROUP);
         outs.push((out.fwd, out.t));
     }
-    ensure(first <= i32::MAX as usize, || {
-        format!("quant_block128_multi: {first} blocks is more than one launch takes")
+    launch_table(gpu, "quant_block128_multi", &tab, ws.len(), first)?;
+    Ok(outs)
+}
+
+/// A multi-tensor quantizer `name(tab, count)` over `blocks` blocks of 512 threads
+/// (its table uploaded, then freed in stream order after the launch).
+fn launch_table(
+    gpu: &Gpu,
+    name: &'static str,
+    tab: &[i64],
+    count: usize,
+    blocks: usize,
+) -> Result<()> {
+    ensure(blocks <= i32::MAX as usize, || {
+        format!("{name}: {blocks} blocks is more than one launch takes")
     })?;
-    if first == 0 {
-        return Ok(outs);
+    if blocks == 0 {
+        return Ok(());
     }
-    let tab = gpu.upload(&tab)?;
+    let tab = gpu.upload(tab)?;
     gpu.launch(
         &QUANTIZE,
-        "quant_block128_multi",
-        (first as u32, 1, 1),
+        name,
+        (blocks as u32, 1, 1),
         (512, 1, 1),
         0,
-        &[Arg::P(gpu.ptr(&tab)), Arg::I(ws.len() as i32)],
-    )?;
-    Ok(outs)
+        &[Arg::P(gpu.ptr(&tab)), Arg::I(count as i32)],
+    )
 }
 
 /// The buffers of a weight's 128x128 operand (and its transpose's), for

@@ -97,6 +97,22 @@ fn flash_matches_cpu_reference() {
                 (b, r.unwrap())
             })
             .collect();
+        // dv rounded by the kernel (the low-precision flows) == dv rounded after it;
+        // dq and dk unchanged.
+        let (rq, rk, rv) =
+            flash::flash_backward_rounded(&g, &plan, &gdout, &out, &saved, sh).unwrap();
+        let (pq, pk, pv) = flash::flash_backward(&g, &plan, &gdout, &out, &saved, sh).unwrap();
+        let want_v: Vec<f32> = dl(&g, &pv, rows * kvw)
+            .iter()
+            .map(|&x| jet_kernels::bf16::round(x))
+            .collect();
+        report_exact(
+            "flash bwd, dv rounded in the kernel == rounded after",
+            &label(c),
+            bits_differ(&dl(&g, &rv, rows * kvw), &want_v)
+                + bits_differ(&dl(&g, &rq, rows * qw), &dl(&g, &pq, rows * qw))
+                + bits_differ(&dl(&g, &rk, rows * kvw), &dl(&g, &pk, rows * kvw)),
+        );
         // The capped-register build of the forward computes the same bits.
         let (out3, _) =
             flash::flash_forward_with(&g, &plan, &gq, &gk, &gv, sh, flash::FwdKernel::Occupancy3)

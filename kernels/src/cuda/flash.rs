@@ -298,6 +298,21 @@ pub fn flash_backward(
     flash_backward_with(gpu, plan, dout, out, saved, shape, which)
 }
 
+/// [`flash_backward`] with dv rounded to BF16 values by the kernel that writes it
+/// (the low-precision flows' rounding of the gradients between ops, fused: the
+/// bits of `tensor::round_bf16` of [`flash_backward`]'s dv).
+pub fn flash_backward_rounded(
+    gpu: &Gpu,
+    plan: &FlashPlan,
+    dout: &CudaSlice<f32>,
+    out: &CudaSlice<f32>,
+    saved: &FlashSaved,
+    shape: AttnShape,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+    let which = BwdKernel::default_for(gpu);
+    flash_backward_opts(gpu, plan, (dout, out), saved, shape, (which, true))
+}
+
 /// [`flash_backward`] with a chosen build of the kernels.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_backward_with(
@@ -308,6 +323,18 @@ pub fn flash_backward_with(
     saved: &FlashSaved,
     shape: AttnShape,
     which: BwdKernel,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+    flash_backward_opts(gpu, plan, (dout, out), saved, shape, (which, false))
+}
+
+/// The backward with a chosen build, dv rounded to BF16 when `round_dv`.
+fn flash_backward_opts(
+    gpu: &Gpu,
+    plan: &FlashPlan,
+    (dout, out): (&CudaSlice<f32>, &CudaSlice<f32>),
+    saved: &FlashSaved,
+    shape: AttnShape,
+    (which, round_dv): (BwdKernel, bool),
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
     check(shape)?;
     ensure(which == BwdKernel::MmaSync || gpu.wgmma(), || {
@@ -387,7 +414,11 @@ pub fn flash_backward_with(
         ),
     };
     let mut args = common(&plan.tiles_kv);
-    args.extend([Arg::P(gpu.ptr(&dk)), Arg::P(gpu.ptr(&dv))]);
+    args.extend([
+        Arg::P(gpu.ptr(&dk)),
+        Arg::P(gpu.ptr(&dv)),
+        Arg::I(round_dv as i32),
+    ]);
     gpu.launch(src, kv, plan.grid(nkv)?, (128, 1, 1), kv_smem, &args)?;
     let mut args = common(&plan.tiles_q);
     args.push(Arg::P(gpu.ptr(&dq)));

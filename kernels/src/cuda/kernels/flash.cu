@@ -543,7 +543,7 @@ extern "C" __global__ void fa_bwd_prep(const float* dout, const float* out, int 
 template <int D>
 __device__ void fa_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                           const float* lse, const float* delta, const int* tiles, int nh, int nkv, float sl2,
-                          float scale, float* dk, float* dv) {
+                          float scale, float* dk, float* dv, int round_dv) {
     extern __shared__ __align__(16) unsigned char fa_sm[];
     const int T = FA_BC * (D + 8), S = FA_BQ * (D + 8);
     bf16_t* sK = (bf16_t*)fa_sm;
@@ -634,7 +634,8 @@ __device__ void fa_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
         for (int nd = 0; nd < D / 8; nd++) {
             int d = nd * 8 + 2 * (lane & 3);
             *(float2*)(dk + row + d) = make_float2(ak[nd][2 * i] * scale, ak[nd][2 * i + 1] * scale);
-            *(float2*)(dv + row + d) = make_float2(av[nd][2 * i], av[nd][2 * i + 1]);
+            *(float2*)(dv + row + d) = round_dv ? make_float2(round_bf16(av[nd][2 * i]), round_bf16(av[nd][2 * i + 1]))
+                                                : make_float2(av[nd][2 * i], av[nd][2 * i + 1]);
         }
     }
 }
@@ -742,8 +743,8 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_kv_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse, \
                       const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,        \
-                      float* dk, float* dv) { pdl_entry();                                                               \
-        fa_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv);                        \
+                      float* dk, float* dv, int round_dv) { pdl_entry();                                                 \
+        fa_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv, round_dv);              \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_q_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,  \

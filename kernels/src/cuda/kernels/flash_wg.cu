@@ -92,7 +92,7 @@ __device__ __forceinline__ void fw_landed() {
 template <int D>
 __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,
                           const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale, float* dk,
-                          float* dv) {
+                          float* dv, int round_dv) {
     constexpr int TB = FwTile<D>::BYTES, PL = D / 64;
     extern __shared__ u8 fw_raw[];
     u8* sm = align1024(fw_raw);
@@ -210,7 +210,8 @@ __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
             for (int j = 0; j < 8; j++) {
                 const int d = p * 64 + j * 8 + 2 * (lane & 3), e = 4 * j + 2 * i;
                 *(float2*)(dk + row + d) = make_float2(ak[p][e] * scale, ak[p][e + 1] * scale);
-                *(float2*)(dv + row + d) = make_float2(av[p][e], av[p][e + 1]);
+                *(float2*)(dv + row + d) = round_dv ? make_float2(round_bf16(av[p][e]), round_bf16(av[p][e + 1]))
+                                                    : make_float2(av[p][e], av[p][e + 1]);
             }
     }
 }
@@ -333,9 +334,9 @@ __device__ void fw_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
     extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
         fa_bwd_kv_wg_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,   \
                          const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale, float* dk,  \
-                         float* dv) {                                                                               \
+                         float* dv, int round_dv) {                                                                 \
         pdl_entry();                                                                                               \
-        fw_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv);                               \
+        fw_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv, round_dv);                     \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
         fa_bwd_q_wg_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,    \

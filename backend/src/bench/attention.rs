@@ -55,7 +55,7 @@ fn flash_rows(g: &Gpu, shape: AttnShape, seqs: usize, len: usize) -> Result<Vec<
     })?;
     let (o, saved) = flash_forward(g, &plan, &q, &k, &v, shape)?;
     let bwd = time_us(g, 20, || {
-        flash_backward(g, &plan, &dout, &o, &saved, shape).map(drop)
+        flash_backward(g, &plan, &dout, &o, &saved, shape, false).map(drop)
     })?;
     let f = causal_flops(shape, seqs, len);
     let desc = format!("{seqs} x {} x {len}, d {}", shape.n_heads, shape.head_dim);

@@ -6,7 +6,7 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
-use jet_kernels::cuda::flash::{flash_backward, flash_backward_rounded};
+use jet_kernels::cuda::flash::flash_backward;
 use jet_kernels::cuda::linear::{
     linear_backward_add, linear_backward_into, linear_backward_raw, linear_bias_grad_acc, Dy,
     GemmOut, GpuWeight, XOperand,
@@ -227,13 +227,12 @@ pub fn backward(
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
             (AttnSaved::Flash(saved), Some(plan)) => {
                 // dv leaves the kernel rounded where the flow rounds gradients.
-                match cx.round() {
-                    true => flash_backward_rounded(g, plan, &dattn, &a.attn, saved, shape)?,
-                    false => flash_backward(g, plan, &dattn, &a.attn, saved, shape)?,
-                }
+                flash_backward(g, plan, &dattn, &a.attn, saved, shape, cx.round())?
             }
             (AttnSaved::Probs(p), _) => {
-                attention_backward(g, &dattn, &a.q, &a.k, &a.v, p, &acts.seq_lens, shape)?
+                let (dq, dk, dv) =
+                    attention_backward(g, &dattn, &a.q, &a.k, &a.v, p, &acts.seq_lens, shape)?;
+                (dq, dk, cx.lp(dv)?)
             }
             (AttnSaved::Flash(_), None) => {
                 return Err(CudaError::Invalid(
@@ -242,11 +241,6 @@ pub fn backward(
             }
         };
         let pos = &acts.rows.positions;
-        // The per-row attention's dv (Probs) is rounded here; flash's in its kernel.
-        let dv = match a.saved {
-            AttnSaved::Flash(_) => dv,
-            AttnSaved::Probs(_) => cx.lp(dv)?,
-        };
         let qk_norms = (lx.q_norm, lx.k_norm, a.qk_pre.as_ref());
         if let (Some(qn), Some(kn), Some((q_pre, k_pre, q_rstd, k_rstd))) = qk_norms {
             if hd == 128 {

@@ -285,7 +285,10 @@ pub fn flash_forward_with(
     Ok((out, saved))
 }
 
-/// Backward: `(dq, dk, dv)` from `dout` and the forward's output and saved state.
+/// Backward: `(dq, dk, dv)` from `dout` and the forward's output and saved state;
+/// with `round_dv`, dv rounded to BF16 values by the kernel that writes it (the
+/// low-precision flows' rounding of the gradients between ops, fused: the bits of
+/// `tensor::round_bf16` of the unrounded dv).
 pub fn flash_backward(
     gpu: &Gpu,
     plan: &FlashPlan,
@@ -293,24 +296,10 @@ pub fn flash_backward(
     out: &CudaSlice<f32>,
     saved: &FlashSaved,
     shape: AttnShape,
+    round_dv: bool,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
     let which = BwdKernel::default_for(gpu);
-    flash_backward_with(gpu, plan, dout, out, saved, shape, which)
-}
-
-/// [`flash_backward`] with dv rounded to BF16 values by the kernel that writes it
-/// (the low-precision flows' rounding of the gradients between ops, fused: the
-/// bits of `tensor::round_bf16` of [`flash_backward`]'s dv).
-pub fn flash_backward_rounded(
-    gpu: &Gpu,
-    plan: &FlashPlan,
-    dout: &CudaSlice<f32>,
-    out: &CudaSlice<f32>,
-    saved: &FlashSaved,
-    shape: AttnShape,
-) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
-    let which = BwdKernel::default_for(gpu);
-    flash_backward_opts(gpu, plan, (dout, out), saved, shape, (which, true))
+    flash_backward_opts(gpu, plan, (dout, out), saved, shape, (which, round_dv))
 }
 
 /// [`flash_backward`] with a chosen build of the kernels.

@@ -69,34 +69,55 @@ impl GpuWeight {
         k: usize,
         flow: Flow,
     ) -> Result<GpuWeight> {
-        Self::prepare_roles(gpu, w, n, k, flow, true)
+        check_len("weight", w, n * k, format!("[{n}, {k}]"))?;
+        let blocks = fp8_blocks(flow)
+            .map(|t| quantize_block128(gpu, w, n, k, t))
+            .transpose()?;
+        Self::with_blocks(gpu, w, n, k, flow, blocks)
     }
 
-    /// [`GpuWeight::prepare`], the FP8 blocks left out unless `with_fp8`.
-    fn prepare_roles(
+    /// [`GpuWeight::prepare`] of several weights `(w, n, k)` (a model's): the
+    /// 128x128 FP8 blocks of all of them in one launch (the same bits).
+    pub fn prepare_many(
+        gpu: &Gpu,
+        ws: &[(&CudaSlice<f32>, usize, usize)],
+        flow: Flow,
+    ) -> Result<Vec<GpuWeight>> {
+        let blocks: Vec<_> = match fp8_blocks(flow) {
+            Some(t) => quantize_block128_multi(gpu, ws, t)?
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => ws.iter().map(|_| None).collect(),
+        };
+        ws.iter()
+            .zip(blocks)
+            .map(|(&(w, n, k), b)| Self::with_blocks(gpu, w, n, k, flow, b))
+            .collect()
+    }
+
+    /// The weight with its FP8 blocks (and their transposes) made already, and the
+    /// f32 or BF16 copies its flow's other roles read.
+    fn with_blocks(
         gpu: &Gpu,
         w: &CudaSlice<f32>,
         n: usize,
         k: usize,
         flow: Flow,
-        with_fp8: bool,
+        blocks: Option<(Fp8Quantized, Option<Fp8Quantized>)>,
     ) -> Result<GpuWeight> {
         check_len("weight", w, n * k, format!("[{n}, {k}]"))?;
+        let (fp8, fp8_t) = blocks.map_or((None, None), |(q, qt)| (Some(q), qt));
         let mut p = GpuWeight {
             n,
             k,
             f32: None,
             bf16: None,
-            fp8: None,
-            fp8_t: None,
+            fp8,
+            fp8_t,
             batch_invariant: true,
         };
-        let roles = [
-            GemmRole::RolloutForward,
-            GemmRole::TrainForward,
-            GemmRole::DGrad,
-        ];
-        for role in roles {
+        for role in WEIGHT_ROLES {
             match flow.precision(role) {
                 GemmPrecision::F32 if p.f32.is_none() => {
                     p.f32 = Some(
@@ -108,53 +129,10 @@ impl GpuWeight {
                 GemmPrecision::Bf16 if p.bf16.is_none() => {
                     p.bf16 = Some(to_bf16_padded(gpu, w, n, k, pad16(n), pad16(k))?)
                 }
-                GemmPrecision::Fp8 if with_fp8 && p.fp8.is_none() => {
-                    let t = flow.precision(GemmRole::DGrad) == GemmPrecision::Fp8;
-                    let (q, qt) = quantize_block128(gpu, w, n, k, t)?;
-                    p.fp8 = Some(q);
-                    p.fp8_t = qt;
-                }
                 _ => {}
             }
         }
         Ok(p)
-    }
-
-    /// [`GpuWeight::prepare`] of several weights `(w, n, k)` (a model's): the
-    /// 128x128 FP8 blocks of all of them in one launch (the same bits).
-    pub fn prepare_many(
-        gpu: &Gpu,
-        ws: &[(&CudaSlice<f32>, usize, usize)],
-        flow: Flow,
-    ) -> Result<Vec<GpuWeight>> {
-        let roles = [
-            GemmRole::RolloutForward,
-            GemmRole::TrainForward,
-            GemmRole::DGrad,
-        ];
-        let fp8 = roles
-            .iter()
-            .any(|&r| flow.precision(r) == GemmPrecision::Fp8);
-        let mut q = if fp8 {
-            let t = flow.precision(GemmRole::DGrad) == GemmPrecision::Fp8;
-            quantize_block128_multi(gpu, ws, t)?
-                .into_iter()
-                .map(Some)
-                .collect()
-        } else {
-            vec![]
-        };
-        ws.iter()
-            .enumerate()
-            .map(|(i, &(w, n, k))| {
-                let mut p = Self::prepare_roles(gpu, w, n, k, flow, false)?;
-                if let Some((f, t)) = q.get_mut(i).and_then(Option::take) {
-                    p.fp8 = Some(f);
-                    p.fp8_t = t;
-                }
-                Ok(p)
-            })
-            .collect()
     }
 
     /// [`GpuWeight::prepare`] from a host weight.
@@ -176,6 +154,23 @@ impl GpuWeight {
             self.n, self.k
         ))
     }
+}
+
+/// The GEMM roles that read a prepared weight.
+const WEIGHT_ROLES: [GemmRole; 3] = [
+    GemmRole::RolloutForward,
+    GemmRole::TrainForward,
+    GemmRole::DGrad,
+];
+
+/// Whether `flow` reads 128x128 FP8 weight blocks in some role, and if so whether
+/// their transposes too (FP8 DGrad).
+fn fp8_blocks(flow: Flow) -> Option<bool> {
+    let fp8 = |r: GemmRole| flow.precision(r) == GemmPrecision::Fp8;
+    WEIGHT_ROLES
+        .into_iter()
+        .any(fp8)
+        .then(|| fp8(GemmRole::DGrad))
 }
 
 /// What an epilogue adds to its result (one f32 add a value, as `tensor::add_into`).

@@ -743,12 +743,13 @@ pub enum SwigluDh<'a> {
 }
 
 impl SwigluDh<'_> {
-    /// Check dh against `[rows, cols]`; its pointer, row stride and whether BF16.
-    pub(crate) fn arg(&self, gpu: &Gpu, rows: usize, cols: usize) -> Result<(u64, usize, bool)> {
+    /// Check dh against `[rows, cols]`; the swiglu backward kernel's leading
+    /// arguments (`dh`, or `dh, ldh` for the `_dh16` kernels) and whether BF16.
+    pub(crate) fn args(&self, gpu: &Gpu, rows: usize, cols: usize) -> Result<(Vec<Arg>, bool)> {
         match *self {
             SwigluDh::F32(d) => {
                 check_len("swiglu dh", d, rows * cols, format!("[{rows}, {cols}]"))?;
-                Ok((gpu.ptr(d), cols, false))
+                Ok((vec![Arg::P(gpu.ptr(d))], false))
             }
             SwigluDh::Bf16(d, ld) => {
                 ensure(ld >= cols, || {
@@ -756,7 +757,7 @@ impl SwigluDh<'_> {
                 })?;
                 let n = rows.saturating_sub(1) * ld + cols;
                 check_len("swiglu dh (BF16)", d, n, format!("[{rows}][{ld}]"))?;
-                Ok((gpu.ptr(d), ld, true))
+                Ok((vec![Arg::P(gpu.ptr(d)), Arg::L(ld as i64)], true))
             }
         }
     }
@@ -776,7 +777,7 @@ pub fn swiglu_backward_bf16(
     for (what, b) in [("swiglu gate", gate), ("swiglu up", up)] {
         check_len(what, b, n, format!("[{rows}, {cols}]"))?;
     }
-    let (dhp, ldh, dh16) = dh.arg(gpu, rows, cols)?;
+    let (head, dh16) = dh.args(gpu, rows, cols)?;
     let ldb = super::pad16(cols);
     ensure(
         rows * ldb < i64::MAX as usize && cols < i32::MAX as usize,
@@ -789,10 +790,6 @@ pub fn swiglu_backward_bf16(
     if rows == 0 {
         return Ok((dg, du));
     }
-    let head: Vec<Arg> = match dh16 {
-        true => vec![Arg::P(dhp), Arg::L(ldh as i64)],
-        false => vec![Arg::P(dhp)],
-    };
     gpu.launch(
         &OPS,
         if dh16 {

@@ -366,7 +366,7 @@ pub fn swiglu_backward_fp8(
     for (what, b) in [("swiglu gate", gate), ("swiglu up", up)] {
         check_len(what, b, n, format!("[{rows}, {cols}]"))?;
     }
-    let (dhp, ldh, dh16) = dh.arg(gpu, rows, cols)?;
+    let (head, dh16) = dh.args(gpu, rows, cols)?;
     ensure(rows > 0 && cols > 0, || {
         format!("swiglu backward (FP8) of [{rows}, {cols}]: empty")
     })?;
@@ -386,10 +386,6 @@ pub fn swiglu_backward_fp8(
             Arg::P(gpu.ptr(&q.col.codes)),
             Arg::P(gpu.ptr(&q.col.scales)),
         ]
-    };
-    let head: Vec<Arg> = match dh16 {
-        true => vec![Arg::P(dhp), Arg::L(ldh as i64)],
-        false => vec![Arg::P(dhp)],
     };
     gpu.launch(
         &QUANTIZE,
@@ -436,14 +432,11 @@ pub fn quantize_dual_multi(
     for &(x, rows, cols, dual) in xs {
         check_shape("quantize 1x128 + 128x1 input", x, rows, cols)?;
         let (rp, cp) = (pad16(rows), pad16(cols));
-        let row = if dual {
-            Some(unwritten_row1x128(gpu, rows, cols)?)
-        } else {
-            None
+        let row = match dual {
+            true => Some(unwritten_row1x128(gpu, rows, cols)?),
+            false => None,
         };
-        let codes_t = gpu.uninit::<u8>(cp * rp)?;
-        let scales_t = gpu.uninit::<f32>(rows.div_ceil(GROUP) * cp)?;
-        let col = quantized(Grouping::Col128x1, rows, cols, codes_t, scales_t);
+        let col = unwritten_col128x1(gpu, rows, cols)?;
         tab.extend([
             gpu.ptr(x) as i64,
             rows as i64,
@@ -473,8 +466,7 @@ fn tiles(
     row: Option<(u64, u64)>,
 ) -> Result<Fp8Quantized> {
     let (rp, cp) = (pad16(rows), pad16(cols));
-    let codes_t = gpu.uninit::<u8>(cp * rp)?;
-    let scales_t = gpu.uninit::<f32>(rows.div_ceil(GROUP) * cp)?;
+    let col = unwritten_col128x1(gpu, rows, cols)?;
     let (cd, sc) = row.unwrap_or((0, 0));
     gpu.launch(
         &QUANTIZE,
@@ -491,22 +483,28 @@ fn tiles(
             Arg::I(cp as i32),
             Arg::P(cd),
             Arg::P(sc),
-            Arg::P(gpu.ptr(&codes_t)),
-            Arg::P(gpu.ptr(&scales_t)),
+            Arg::P(gpu.ptr(&col.codes)),
+            Arg::P(gpu.ptr(&col.scales)),
         ],
     )?;
-    Ok(quantized(Grouping::Col128x1, rows, cols, codes_t, scales_t))
+    Ok(col)
 }
 
 /// The buffers of a `[rows, cols]` source's 1x128 and 128x1 operands, for a kernel
 /// to write (`quant_dual_f32`'s outputs).
 pub(crate) fn unwritten_dual(gpu: &Gpu, rows: usize, cols: usize) -> Result<DualFp8> {
-    let (rp, cp) = (pad16(rows), pad16(cols));
     let row = unwritten_row1x128(gpu, rows, cols)?;
+    let col = unwritten_col128x1(gpu, rows, cols)?;
+    Ok(DualFp8 { row, col })
+}
+
+/// The buffers of a `[rows, cols]` source's 128x1 operand, for a kernel to write:
+/// codes^T `[cols_pad][rows_pad]`, scales `[ceil(rows/128)][cols_pad]`.
+fn unwritten_col128x1(gpu: &Gpu, rows: usize, cols: usize) -> Result<Fp8Quantized> {
+    let (rp, cp) = (pad16(rows), pad16(cols));
     let codes_t = gpu.uninit::<u8>(cp * rp)?;
     let scales_t = gpu.uninit::<f32>(rows.div_ceil(GROUP) * cp)?;
-    let col = quantized(Grouping::Col128x1, rows, cols, codes_t, scales_t);
-    Ok(DualFp8 { row, col })
+    Ok(quantized(Grouping::Col128x1, rows, cols, codes_t, scales_t))
 }
 
 /// The buffers of a `[rows, cols]` source's 1x128 operand, for a kernel to write:

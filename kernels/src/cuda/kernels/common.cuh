@@ -22,6 +22,13 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
 }
 
 __device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+// Four consecutive BF16 values (8 bytes, lo first) as f32: exact.
+__device__ __forceinline__ void bf16x4_to_f32(uint2 q, float v[4]) {
+    v[0] = __uint_as_float(q.x << 16);
+    v[1] = __uint_as_float(q.x & 0xffff0000u);
+    v[2] = __uint_as_float(q.y << 16);
+    v[3] = __uint_as_float(q.y & 0xffff0000u);
+}
 // A value of an f32 or BF16 buffer as f32 (kernels templated on their input's type).
 __device__ __forceinline__ float to_f32(float f) { return f; }
 __device__ __forceinline__ float to_f32(bf16_t h) { return bf16_to_f32(h); }
@@ -169,7 +176,8 @@ __device__ __forceinline__ float sigmoid_uniform(float x) {
 
 // The entry of a multi-tensor launch's table that block `block` belongs to: the last
 // t < T with tab[t * stride + field] <= block (that field ascending: each tensor's
-// first block). adamw_multi, sumsq_partial_multi and quant_block128_multi share it.
+// first block). adamw_multi, sumsq_partial_multi, quant_block128_multi and
+// quant_dual_multi share it.
 __device__ __forceinline__ int tensor_of(const long long* tab, int stride, int field, int T, long block) {
     int lo = 0, hi = T - 1;
     while (lo < hi) {

@@ -510,8 +510,7 @@ extern "C" __global__ void linear_epilogue_bf16(const bf16_t* d, long ldd, int r
     pdl_entry();
     const long i0 = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4, n = (long)rows * cols;
     if (i0 >= n) return;
-    const bool vec = ((cols | ldd) & 3) == 0 && (((u64)d | (u64)y | (u64)add) & 7) == 0 &&
-                     (((u64)y | (u64)add) & 15) == 0;
+    const bool vec = ((cols | ldd) & 3) == 0 && ((u64)d & 7) == 0 && (((u64)y | (u64)add) & 15) == 0;
     if (!vec) {
         for (long i = i0; i < min(i0 + 4, n); i++) {
             const int r = (int)(i / cols), c = (int)(i % cols);
@@ -521,9 +520,8 @@ extern "C" __global__ void linear_epilogue_bf16(const bf16_t* d, long ldd, int r
         return;
     }
     const int r = (int)(i0 / cols), c = (int)(i0 % cols);
-    const uint2 q = *reinterpret_cast<const uint2*>(d + (long)r * ldd + c);
-    const float v[4] = {__uint_as_float(q.x << 16), __uint_as_float(q.x & 0xffff0000u), __uint_as_float(q.y << 16),
-                        __uint_as_float(q.y & 0xffff0000u)};
+    float v[4];
+    bf16x4_to_f32(*reinterpret_cast<const uint2*>(d + (long)r * ldd + c), v);
     const float4 a = add ? *reinterpret_cast<const float4*>(add + i0) : make_float4(0, 0, 0, 0);
     *reinterpret_cast<float4*>(y + i0) =
         make_float4(epi_value(v[0], false, 0.0f, 0, add, a.x), epi_value(v[1], false, 0.0f, 0, add, a.y),

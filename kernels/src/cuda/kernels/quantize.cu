@@ -21,9 +21,7 @@ __device__ __forceinline__ void load4(const float* row, int c, int cols, bool ve
 }
 __device__ __forceinline__ void load4(const bf16_t* row, int c, int cols, bool vec, float v[4]) {
     if (vec && c + 3 < cols) {
-        uint2 q = *reinterpret_cast<const uint2*>(row + c);
-        v[0] = __uint_as_float(q.x << 16); v[1] = __uint_as_float(q.x & 0xffff0000u);
-        v[2] = __uint_as_float(q.y << 16); v[3] = __uint_as_float(q.y & 0xffff0000u);
+        bf16x4_to_f32(*reinterpret_cast<const uint2*>(row + c), v);
     } else {
         for (int i = 0; i < 4; i++) v[i] = c + i < cols ? bf16_to_f32(row[c + i]) : 0.0f;
     }
@@ -205,12 +203,13 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long
 
 // SwiGLU's backward with both FP8 groupings of its two outputs (fuses ops.cu's
 // swiglu_bwd, rounded, and quant_dual_f32 of dgate and of dup: the same values, so the
-// same codes): dh, gate, up [rows, cols] f32; the gate projection's dy operands
-// (gc, gs: 1x128; gct, gst: 128x1) and the up projection's (uc .. ust), layouts as
-// quant_dual_f32's. Grid (2 ceil(cols_pad/128), ceil(rows/128)), 512 threads: block
-// 2x + o makes output o (0 gate, 1 up) of column tile x, so each block holds one
-// tile in registers, as quant_dual_f32 (two blocks an SM, 12 bytes of spills; the pair's second reads of
-// dh and gate come from L2). Both blocks holding both outputs took 128 registers,
+// same codes): gate, up [rows, cols] f32, dh f32 or (the _dh16 kernel) BF16, row
+// stride ldh; the gate projection's dy operands (gc, gs: 1x128; gct, gst: 128x1) and
+// the up projection's (uc .. ust), layouts as quant_dual_f32's. Grid (2
+// ceil(cols_pad/128), ceil(rows/128)), 512 threads: block 2x + o makes output o (0
+// gate, 1 up) of column tile x, so each block holds one tile in registers, as
+// quant_dual_f32 (two blocks an SM, about 20 bytes of spills; the pair's second
+// reads of dh and gate come from L2). Both blocks holding both outputs took 128 registers,
 // one block an SM, and ran 1.4x slower than swiglu_bwd and two quant_dual_f32.
 template <typename DH>
 __device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const float* gate, const float* up,

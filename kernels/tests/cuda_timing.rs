@@ -331,23 +331,42 @@ fn timing_report() {
 }
 
 /// The batch-invariant FP8 forward against cuBLASLt's block-scaled GEMM at the
-/// Qwen3-0.6B projections: training (4,096 rows) and batch-256 decode. TFLOP/s.
+/// Qwen3-0.6B projections (`JET_TIMING_SHAPES=8b`: Qwen3-8B's): training (4,096
+/// rows) and batch-256 decode. TFLOP/s.
+/// `JET_TIMING_ONLY=NAME` times that shape alone.
 #[test]
 #[ignore]
 fn fp8_rows_timing() {
     let Some(g) = gpu() else { return };
     let mut pre = g.zeros::<u8>(4 << 30).unwrap();
     let pre = &mut pre;
-    let shapes = [
-        ("q_proj", 1024, 2048),
-        ("k/v_proj", 1024, 1024),
-        ("o_proj", 2048, 1024),
-        ("gate/up", 1024, 3072),
-        ("down", 3072, 1024),
-        ("lm_head", 1024, 151936),
-    ];
+    // (name, K, N)
+    let shapes: &[(&str, usize, usize)] =
+        if std::env::var("JET_TIMING_SHAPES").as_deref() == Ok("8b") {
+            &[
+                ("q/o_proj", 4096, 4096),
+                ("k/v_proj", 4096, 1024),
+                ("gate/up", 4096, 12288),
+                ("down", 12288, 4096),
+                ("lm_head", 4096, 151936),
+            ]
+        } else {
+            &[
+                ("q_proj", 1024, 2048),
+                ("k/v_proj", 1024, 1024),
+                ("o_proj", 2048, 1024),
+                ("gate/up", 1024, 3072),
+                ("down", 3072, 1024),
+                ("lm_head", 1024, 151936),
+            ]
+        };
     for m in [4096usize, 256] {
-        for &(name, k, n) in &shapes {
+        // JET_TIMING_ONLY=NAME: that shape alone (for a profiler run).
+        let only = std::env::var("JET_TIMING_ONLY").ok();
+        for &(name, k, n) in shapes
+            .iter()
+            .filter(|s| only.as_deref().is_none_or(|o| s.0 == o))
+        {
             let x = rand_dev(&g, m * k, 1, 2.0);
             let w = rand_dev(&g, n * k, 2, 0.05);
             let qx = gq::quantize_row1x128(&g, &x, m, k).unwrap();

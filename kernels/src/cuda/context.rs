@@ -321,6 +321,12 @@ fn options(arch: &str, include: Option<&str>) -> Vec<String> {
     if let Some(i) = include {
         o.push(format!("--include-path={i}"));
     }
+    // A developer's switch between kernel variants kept side by side in a source
+    // (`JET_NVRTC_DEFINES="NAME NAME=1"`), so one binary can time them in one call;
+    // the options are part of the compiled-kernel cache key.
+    if let Ok(defs) = std::env::var("JET_NVRTC_DEFINES") {
+        o.extend(defs.split_whitespace().map(|d| format!("-D{d}")));
+    }
     o
 }
 

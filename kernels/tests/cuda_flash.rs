@@ -114,6 +114,30 @@ fn flash_matches_cpu_reference() {
                 + bits_differ(&dl(&g, &rq, rows * qw), &dl(&g, &pq, rows * qw))
                 + bits_differ(&dl(&g, &rk, rows * kvw), &dl(&g, &pk, rows * kvw)),
         );
+        // dv's BF16 operand from the same kernel: the copy of the rounded dv, bit
+        // for bit, and dq, dk, dv those of the rounded backward.
+        let (oq, ok, ov, o16) =
+            flash::flash_backward_operand(&g, &plan, (&gdout, &out), &saved, sh, true).unwrap();
+        let copy = gq::to_bf16_padded(&g, &rv, rows, kvw, rows, kvw).unwrap();
+        let (a, b) = (g.download(&o16).unwrap(), g.download(&copy).unwrap());
+        report_exact(
+            "flash bwd, dv's BF16 operand == the copy of dv",
+            &label(c),
+            a.iter().zip(&b).filter(|(x, y)| x != y).count()
+                + bits_differ(&dl(&g, &ov, rows * kvw), &dl(&g, &rv, rows * kvw))
+                + bits_differ(&dl(&g, &oq, rows * qw), &dl(&g, &rq, rows * qw))
+                + bits_differ(&dl(&g, &ok, rows * kvw), &dl(&g, &rk, rows * kvw)),
+        );
+        // The output's BF16 operand from the forward kernel: the copy of the output.
+        let (fo, _, f16) = flash::flash_forward_operand(&g, &plan, (&gq, &gk, &gv), sh).unwrap();
+        let copy = gq::to_bf16_padded(&g, &out, rows, qw, rows, qw).unwrap();
+        let (a, b) = (g.download(&f16).unwrap(), g.download(&copy).unwrap());
+        report_exact(
+            "flash fwd, the output's BF16 operand == the copy of the output",
+            &label(c),
+            a.iter().zip(&b).filter(|(x, y)| x != y).count()
+                + bits_differ(&dl(&g, &fo, rows * qw), &dl(&g, &out, rows * qw)),
+        );
         // The capped-register build of the forward computes the same bits.
         let (out3, _) =
             flash::flash_forward_with(&g, &plan, &gq, &gk, &gv, sh, flash::FwdKernel::Occupancy3)

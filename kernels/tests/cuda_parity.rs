@@ -797,6 +797,29 @@ fn rmsnorm_matches_cpu() {
             bits_differ(&dl(&g, &adx, rows * dim), &dl(&g, &fdx, rows * dim))
                 + bits_differ(&dl(&g, &acc, dim), &dl(&g, &want_acc, dim)),
         );
+        // dx's BF16 operand from the same kernel: the bits of the copy of dx (the
+        // next projection's dy), dx itself unchanged; none for rows that would need
+        // padding columns.
+        let mut acc16 = up(&g, &acc0);
+        let (odx, o16) = gops::rmsnorm_backward_acc_operand(
+            &g,
+            (&ddy, &dx, &dw, &rs),
+            (rows, dim),
+            (true, Some(&res)),
+            &mut acc16,
+            true,
+        )
+        .unwrap();
+        let o16 = o16.expect("a BF16 operand for rows of a multiple of 16");
+        let copy = gq::to_bf16_padded(&g, &odx, rows, dim, rows, dim).unwrap();
+        let (a, b) = (g.download(&o16).unwrap(), g.download(&copy).unwrap());
+        report_exact(
+            "rmsnorm bwd dx + its BF16 operand == dx, its copy",
+            &shape,
+            bits_differ(&dl(&g, &odx, rows * dim), &dl(&g, &fdx, rows * dim))
+                + a.iter().zip(&b).filter(|(x, y)| x != y).count()
+                + bits_differ(&dl(&g, &acc16, dim), &dl(&g, &want_acc, dim)),
+        );
         // The bias gradient's column sums: near the f64 sums; added into an
         // accumulator, the bits of add_into.
         let sums = gops::column_sums(&g, &ddy, rows, dim, false).unwrap();
@@ -846,6 +869,29 @@ fn rmsnorm_matches_cpu() {
             1e-5,
         );
     }
+    // Rows that would need padding columns get no BF16 operand (the linear layer
+    // copies dx instead).
+    let (rows, dim) = (3usize, 90usize);
+    let (x, w) = (
+        up(&g, &rnd(rows * dim, 24, 2.0)),
+        up(&g, &rnd(dim, 25, 1.0)),
+    );
+    let dy = up(&g, &rnd(rows * dim, 26, 1.0));
+    let (_, rs) = gops::rmsnorm_forward(&g, &x, &w, rows, dim, 1e-6).unwrap();
+    let mut acc = up(&g, &rnd(dim, 27, 1.0));
+    let (_, o16) = gops::rmsnorm_backward_acc_operand(
+        &g,
+        (&dy, &x, &w, &rs),
+        (rows, dim),
+        (true, None),
+        &mut acc,
+        true,
+    )
+    .unwrap();
+    assert!(
+        o16.is_none(),
+        "a BF16 operand of rows of 90 would need padding"
+    );
     done();
 }
 
@@ -1123,6 +1169,28 @@ fn qk_norm_rope_backward_equals_the_two_passes() {
                 &format!("{tokens} tokens x {nh} heads of 128"),
                 bits_differ(&dl(&g, &got, rows * 128), &dl(&g, &want, rows * 128))
                     + bits_differ(&dl(&g, &acc, 128), &dl(&g, &want_acc, 128)),
+            );
+            // With dx's BF16 operand from the same pass: dx's copy, bit for bit.
+            let mut acc16 = up(&g, &acc0);
+            let (odx, o16) = gops::qk_norm_rope_backward_acc_operand(
+                &g,
+                (&dy, &x, &w, &rstd),
+                (&dpos, &gt),
+                (tokens, nh),
+                round,
+                &mut acc16,
+                true,
+            )
+            .unwrap();
+            let o16 = o16.expect("the BF16 operand asked for");
+            let copy = gq::to_bf16_padded(&g, &odx, tokens, nh * 128, tokens, nh * 128).unwrap();
+            let (a, b) = (g.download(&o16).unwrap(), g.download(&copy).unwrap());
+            report_exact(
+                &format!("q/k norm + rope bwd's BF16 operand == the copy of dx (round {round})"),
+                &format!("{tokens} tokens x {nh} heads of 128"),
+                bits_differ(&dl(&g, &odx, rows * 128), &dl(&g, &want, rows * 128))
+                    + a.iter().zip(&b).filter(|(x, y)| x != y).count()
+                    + bits_differ(&dl(&g, &acc16, 128), &dl(&g, &want_acc, 128)),
             );
         }
     }

@@ -6,14 +6,15 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
-use jet_kernels::cuda::flash::flash_backward;
+use jet_kernels::cuda::flash::{flash_backward, flash_backward_operand};
 use jet_kernels::cuda::linear::{
     linear_backward_add, linear_backward_into, linear_backward_raw, linear_bias_grad_acc, Dy,
     GemmOut, GpuWeight, XOperand,
 };
 use jet_kernels::cuda::ops::{
-    embedding_backward, qk_norm_rope_backward_acc, rmsnorm_backward_acc, rope_backward_dev,
-    swiglu_backward, swiglu_backward_bf16, SwigluDh,
+    embedding_backward, qk_norm_rope_backward_acc_operand, rmsnorm_backward_acc,
+    rmsnorm_backward_acc_operand, rope_backward_dev, swiglu_backward, swiglu_backward_bf16,
+    SwigluDh,
 };
 use jet_kernels::cuda::quantize::{quantize_dual_multi, swiglu_backward_fp8, DualFp8};
 use jet_kernels::cuda::tensor::round_bf16;
@@ -139,7 +140,12 @@ pub fn backward(
     let hs = &acts.h_final;
     let rs = (cx.round(), None);
     let fin = (&dn, hs, w.t(w.ix.norm), &acts.rstd_final);
-    let mut dx = rmsnorm_backward_acc(g, fin, (m, h), rs, &mut grads.bufs[w.ix.norm])?;
+    // Where DGrad and WGrad are BF16, the norms' backward (and the q/k norms' and
+    // RoPE's) also write the next projections' dy as their BF16 GEMM operands, so no
+    // copy of the f32 gradient is made (None: the linear layer copies it).
+    let bf16_dy = operand_dy(model) == Some(GemmPrecision::Bf16);
+    let dwn = &mut grads.bufs[w.ix.norm];
+    let (mut dx, mut dx16) = rmsnorm_backward_acc_operand(g, fin, (m, h), rs, dwn, bf16_dy)?;
 
     // Gradients between ops are rounded to BF16 by the kernels that produce them
     // (`round`), residual branches added in the norms' backward, and the inputs
@@ -176,14 +182,8 @@ pub fn backward(
         // low-precision flows): swiglu's backward reads it without an epilogue.
         let dgrad = cx.precs().0;
         let dw_down = &mut grads.bufs[lx.down];
-        let dmm = linear_backward_raw(
-            g,
-            (Dy::F32(&dx), &a.m, m),
-            &lp.down,
-            cx.precs(),
-            dw_down,
-            min,
-        )?;
+        let dy_down = dx16.as_ref().map_or(Dy::F32(&dx), Dy::Bf16);
+        let dmm = linear_backward_raw(g, (dy_down, &a.m, m), &lp.down, cx.precs(), dw_down, min)?;
         // gate and up read one input b: its WGrad operand is made once. Their dy
         // leave swiglu's backward as the GEMMs' operands where DGrad and WGrad
         // share a low precision.
@@ -212,11 +212,13 @@ pub fn backward(
         let rs2 = &a.rstd2;
         let dw2 = &mut grads.bufs[lx.post_attention_layernorm];
         let post_in = (&db, &a.h_mid, post, rs2);
-        let dh_mid = rmsnorm_backward_acc(g, post_in, (m, h), (round, Some(&dx)), dw2)?;
+        let dh_opts = (round, Some(&dx));
+        let (dh_mid, dh16) =
+            rmsnorm_backward_acc_operand(g, post_in, (m, h), dh_opts, dw2, bf16_dy)?;
 
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
         let dattn = cx.linear(
-            Dy::F32(&dh_mid),
+            dh16.as_ref().map_or(Dy::F32(&dh_mid), Dy::Bf16),
             (&a.attn, attn_in),
             &lp.o,
             grads,
@@ -224,7 +226,18 @@ pub fn backward(
             None,
         )?;
         let shape = model.attn_shape();
+        let biases = [lx.q_bias, lx.k_bias, lx.v_bias];
+        let no_bias = biases.iter().all(Option::is_none);
+        let mut dv16 = None;
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
+            (AttnSaved::Flash(saved), Some(plan)) if bf16_dy && no_bias => {
+                // dv leaves the kernel rounded, and as the v projection's BF16 dy.
+                let outs = (&dattn, &a.attn);
+                let (dq, dk, dv, v16) =
+                    flash_backward_operand(g, plan, outs, saved, shape, cx.round())?;
+                dv16 = Some(v16);
+                (dq, dk, dv)
+            }
             (AttnSaved::Flash(saved), Some(plan)) => {
                 // dv leaves the kernel rounded where the flow rounds gradients.
                 flash_backward(g, plan, &dattn, &a.attn, saved, shape, cx.round())?
@@ -242,16 +255,21 @@ pub fn backward(
         };
         let pos = &acts.rows.positions;
         let qk_norms = (lx.q_norm, lx.k_norm, a.qk_pre.as_ref());
+        // q's and k's dy as BF16 operands (the bias gradients read dy in f32).
+        let (mut dq16, mut dk16) = (None, None);
         if let (Some(qn), Some(kn), Some((q_pre, k_pre, q_rstd, k_rstd))) = qk_norms {
             if hd == 128 {
                 // RoPE's and the norms' backward in one pass each (the same bits).
                 let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
                 let rope = (pos, &*model.rope);
+                let b16 = bf16_dy && no_bias;
                 let bq = &mut grads.bufs[qn];
-                let dqp = qk_norm_rope_backward_acc(g, qi, rope, (m, nh), round, bq)?;
+                let (dqp, q16) =
+                    qk_norm_rope_backward_acc_operand(g, qi, rope, (m, nh), round, bq, b16)?;
                 let bk = &mut grads.bufs[kn];
-                let dkp = qk_norm_rope_backward_acc(g, ki, rope, (m, nkv), round, bk)?;
-                (dq, dk) = (dqp, dkp);
+                let (dkp, k16) =
+                    qk_norm_rope_backward_acc_operand(g, ki, rope, (m, nkv), round, bk, b16)?;
+                (dq, dk, dq16, dk16) = (dqp, dkp, q16, k16);
             } else {
                 rope_backward_dev(g, &mut dq, pos, (m, nh), &model.rope, round)?;
                 rope_backward_dev(g, &mut dk, pos, (m, nkv), &model.rope, round)?;
@@ -267,11 +285,8 @@ pub fn backward(
         }
         // q, k and v read one input a. Their dy's FP8 operands (FP8 DGrad and
         // WGrad, no biases: those read dy in f32) in one launch.
-        let biases = [lx.q_bias, lx.k_bias, lx.v_bias];
         let (qq, kq, vq);
-        let (dyq, dyk, dyv) = if operand_dy(model) == Some(GemmPrecision::Fp8)
-            && biases.iter().all(Option::is_none)
-        {
+        let (dyq, dyk, dyv) = if operand_dy(model) == Some(GemmPrecision::Fp8) && no_bias {
             let xs = [(&dq, m, qd, true), (&dk, m, kvd, true), (&dv, m, kvd, true)];
             let mut qs = quantize_dual_multi(g, &xs)?.into_iter();
             let mut next = || match qs.next() {
@@ -283,7 +298,9 @@ pub fn backward(
             (qq, kq, vq) = (next()?, next()?, next()?);
             (Dy::Fp8(&qq), Dy::Fp8(&kq), Dy::Fp8(&vq))
         } else {
-            (Dy::F32(&dq), Dy::F32(&dk), Dy::F32(&dv))
+            let q = dq16.as_ref().map_or(Dy::F32(&dq), Dy::Bf16);
+            let k = dk16.as_ref().map_or(Dy::F32(&dk), Dy::Bf16);
+            (q, k, dv16.as_ref().map_or(Dy::F32(&dv), Dy::Bf16))
         };
         let mut da = cx.linear(dyq, (&a.a, ain), &lp.q, grads, lx.q, lx.q_bias)?;
         cx.linear_add(dyk, (&a.a, ain), &lp.k, grads, (lx.k, lx.k_bias), &mut da)?;
@@ -292,7 +309,8 @@ pub fn backward(
         let rs1 = &a.rstd1;
         let dw1 = &mut grads.bufs[lx.input_layernorm];
         let in_in = (&da, &a.x_in, inorm, rs1);
-        dx = rmsnorm_backward_acc(g, in_in, (m, h), (round, Some(&dh_mid)), dw1)?;
+        let in_opts = (round, Some(&dh_mid));
+        (dx, dx16) = rmsnorm_backward_acc_operand(g, in_in, (m, h), in_opts, dw1, bf16_dy)?;
     }
     embedding_backward(
         g,

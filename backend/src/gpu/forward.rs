@@ -2,9 +2,11 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_forward;
-use jet_kernels::cuda::flash::{flash_forward, FlashPlan};
+use jet_kernels::cuda::flash::{flash_forward, flash_forward_operand, FlashPlan};
+use jet_kernels::cuda::linear::XOperand;
+use jet_kernels::cuda::quantize::FusedOperand;
 use jet_kernels::cuda::Result;
-use jet_kernels::GemmRole;
+use jet_kernels::{GemmPrecision, GemmRole};
 
 use super::layers::{head, run_layers, AttnSaved, GpuAttention, GpuLayerActs, RowsIn};
 use super::model::GpuModel;
@@ -86,6 +88,27 @@ impl GpuAttention for PackedCausal<'_> {
         }
         let (o, p) = attention_forward(self.gpu, q, k, v, self.seq_lens, self.shape)?;
         Ok((o, self.keep_probs.then_some(AttnSaved::Probs(p))))
+    }
+
+    /// The tensor-core attention writes the o projection's BF16 operand of its
+    /// output itself (no copy of the f32 output).
+    fn attend_operand(
+        &mut self,
+        layer: usize,
+        (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        prec: GemmPrecision,
+    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
+        let Some(plan) = self.flash.as_ref().filter(|_| prec == GemmPrecision::Bf16) else {
+            let (o, saved) = self.attend(layer, q, k, v)?;
+            return Ok((o, saved, XOperand::default()));
+        };
+        if let Some(keep) = self.keep_kv.as_mut() {
+            keep(layer, k, v)?;
+        }
+        let (o, saved, o16) = flash_forward_operand(self.gpu, plan, (q, k, v), self.shape)?;
+        let width = self.shape.n_heads * self.shape.head_dim;
+        let op = XOperand::fused(plan.rows(), width, FusedOperand::Bf16(o16));
+        Ok((o, self.keep_probs.then_some(AttnSaved::Flash(saved)), op))
     }
 }
 

@@ -192,7 +192,14 @@ pub fn rmsnorm_backward(
     dx_opts: (bool, Option<&CudaSlice<f32>>),
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
     let mut dw = gpu.uninit::<f32>(shape.1)?;
-    let dx = norm_bwd(gpu, (dy, x, w, rstd), shape, dx_opts, (&mut dw, false))?;
+    let (dx, _) = norm_bwd(
+        gpu,
+        (dy, x, w, rstd),
+        shape,
+        dx_opts,
+        (&mut dw, false),
+        false,
+    )?;
     Ok((dx, dw))
 }
 
@@ -206,18 +213,35 @@ pub fn rmsnorm_backward_acc(
     dw_acc: &mut CudaSlice<f32>,
 ) -> Result<CudaSlice<f32>> {
     check_len("rmsnorm dw accumulator", dw_acc, dim, format!("[{dim}]"))?;
-    norm_bwd(gpu, input, (rows, dim), dx_opts, (dw_acc, true))
+    Ok(norm_bwd(gpu, input, (rows, dim), dx_opts, (dw_acc, true), false)?.0)
 }
 
-/// Both backwards: the inputs checked, dx returned, dw written (or added when
-/// `add`) into `dw`.
+/// [`rmsnorm_backward_acc`] that also returns dx's BF16 GEMM operand `[rows][dim]`
+/// (the bits of `to_bf16_padded` of dx), written by the same kernel, when `bf16` and
+/// `dim` is a multiple of 16 (no padding columns); otherwise None.
+pub fn rmsnorm_backward_acc_operand(
+    gpu: &Gpu,
+    input: NormBwdIn,
+    (rows, dim): (usize, usize),
+    dx_opts: (bool, Option<&CudaSlice<f32>>),
+    dw_acc: &mut CudaSlice<f32>,
+    bf16: bool,
+) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+    check_len("rmsnorm dw accumulator", dw_acc, dim, format!("[{dim}]"))?;
+    let want = bf16 && dim % 16 == 0;
+    norm_bwd(gpu, input, (rows, dim), dx_opts, (dw_acc, true), want)
+}
+
+/// Both backwards: the inputs checked, dx returned (with its BF16 operand when
+/// `bf16`), dw written (or added when `add`) into `dw`.
 fn norm_bwd(
     gpu: &Gpu,
     (dy, x, w, rstd): NormBwdIn,
     (rows, dim): (usize, usize),
     (round, res): (bool, Option<&CudaSlice<f32>>),
     (dw, add): (&mut CudaSlice<f32>, bool),
-) -> Result<CudaSlice<f32>> {
+    bf16: bool,
+) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
     for (what, b, n) in [
         ("rmsnorm dy", dy, rows * dim),
         ("rmsnorm x", x, rows * dim),
@@ -234,7 +258,14 @@ fn norm_bwd(
             format!("rows {rows}, dim {dim}"),
         )?;
     }
-    let dx = bwd_dx(gpu, (dy, x, w, rstd), (rows, dim), (round, res), dim == 128)?;
+    let dx = bwd_dx(
+        gpu,
+        (dy, x, w, rstd),
+        (rows, dim),
+        (round, res),
+        dim == 128,
+        bf16,
+    )?;
     colsum(gpu, dy, Some((x, rstd)), (rows, dim), round, (dw, add))?;
     Ok(dx)
 }
@@ -246,12 +277,26 @@ fn norm_bwd(
 /// then [`rmsnorm_backward_acc`] over rows of 128 (`cuda_parity`).
 pub fn qk_norm_rope_backward_acc(
     gpu: &Gpu,
+    input: NormBwdIn,
+    rope: (&CudaSlice<i32>, &GpuRope),
+    shape: (usize, usize),
+    round: bool,
+    dw_acc: &mut CudaSlice<f32>,
+) -> Result<CudaSlice<f32>> {
+    Ok(qk_norm_rope_backward_acc_operand(gpu, input, rope, shape, round, dw_acc, false)?.0)
+}
+
+/// [`qk_norm_rope_backward_acc`] that also returns dx's BF16 GEMM operand
+/// `[tokens][n_heads * 128]` (the bits of `to_bf16_padded` of dx) when `bf16`.
+pub fn qk_norm_rope_backward_acc_operand(
+    gpu: &Gpu,
     (dy, x, w, rstd): NormBwdIn,
     (positions, table): (&CudaSlice<i32>, &GpuRope),
     (tokens, n_heads): (usize, usize),
     round: bool,
     dw_acc: &mut CudaSlice<f32>,
-) -> Result<CudaSlice<f32>> {
+    bf16: bool,
+) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
     const HD: usize = 128;
     ensure(table.head_dim == HD, || {
         format!(
@@ -276,6 +321,11 @@ pub fn qk_norm_rope_backward_acc(
     }
     check_len("rope positions", positions, tokens, format!("[{tokens}]"))?;
     let dx = gpu.uninit::<f32>(rows * HD)?;
+    let dx16 = if bf16 {
+        Some(gpu.uninit::<u16>(rows * HD)?)
+    } else {
+        None
+    };
     let chunks = rows.div_ceil(256).max(1);
     let part = gpu.uninit::<f32>(chunks * HD)?;
     gpu.launch(
@@ -297,10 +347,11 @@ pub fn qk_norm_rope_backward_acc(
             Arg::I(round as i32),
             Arg::P(gpu.ptr(&dx)),
             Arg::P(gpu.ptr(&part)),
+            Arg::P(dx16.as_ref().map_or(0, |b| gpu.ptr(b))),
         ],
     )?;
     colsum_final(gpu, &part, (chunks, HD), round, (dw_acc, true))?;
-    Ok(dx)
+    Ok((dx, dx16))
 }
 
 /// rmsnorm backward's inputs: dy, the forward's x, the weight and rstd.
@@ -319,8 +370,17 @@ fn bwd_dx(
     (rows, dim): (usize, usize),
     (round, res): (bool, Option<&CudaSlice<f32>>),
     warp_rows: bool,
-) -> Result<CudaSlice<f32>> {
+    bf16: bool,
+) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+    ensure(!bf16 || dim % 16 == 0, || {
+        format!("rmsnorm backward: a BF16 operand of rows of {dim} (not a multiple of 16) needs padding")
+    })?;
     let dx = gpu.uninit::<f32>(rows * dim)?;
+    let dx16 = if bf16 {
+        Some(gpu.uninit::<u16>(rows * dim)?)
+    } else {
+        None
+    };
     let (name, grid, threads) = if warp_rows {
         ensure(dim == 128, || {
             format!("rmsnorm_bwd_dx128 takes rows of 128, not {dim}")
@@ -351,9 +411,10 @@ fn bwd_dx(
             Arg::P(gpu.ptr(&dx)),
             Arg::I(round as i32),
             Arg::P(res.map_or(0, |r| gpu.ptr(r))),
+            Arg::P(dx16.as_ref().map_or(0, |b| gpu.ptr(b))),
         ],
     )?;
-    Ok(dx)
+    Ok((dx, dx16))
 }
 
 /// [`rmsnorm_backward`]'s dx by a block a row whatever the width (the check that
@@ -365,7 +426,15 @@ pub fn rmsnorm_bwd_dx_block_rows(
     (rows, dim): (usize, usize),
     (round, res): (bool, Option<&CudaSlice<f32>>),
 ) -> Result<CudaSlice<f32>> {
-    bwd_dx(gpu, (dy, x, w, rstd), (rows, dim), (round, res), false)
+    Ok(bwd_dx(
+        gpu,
+        (dy, x, w, rstd),
+        (rows, dim),
+        (round, res),
+        false,
+        false,
+    )?
+    .0)
 }
 
 /// Column sums `out [cols] = sum_r a [r, c]`, optionally rounded to BF16 (the bias

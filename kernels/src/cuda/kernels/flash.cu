@@ -252,7 +252,7 @@ __device__ __forceinline__ void fa_tile(const u32 (&qf)[D / 16][4], const bf16_t
 template <int D>
 __device__ __forceinline__ void fa_finish(float (&o)[D / 8][4], const float (&m)[2], float (&l)[2], float* out,
                                           const long (&orow)[2], float* lse, const long (&lrow)[2],
-                                          int lane) {
+                                          int lane, bf16_t* o16 = nullptr) {
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -266,6 +266,9 @@ __device__ __forceinline__ void fa_finish(float (&o)[D / 8][4], const float (&m)
         for (int nd = 0; nd < D / 8; nd++) {
             float2 v = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
             *(float2*)(out + orow[i] + nd * 8 + 2 * (lane & 3)) = v;
+            if (o16)
+                *(u32*)(o16 + orow[i] + nd * 8 + 2 * (lane & 3)) =
+                    (u32)f32_to_bf16(v.x) | ((u32)f32_to_bf16(v.y) << 16);
         }
         if (lse && (lane & 3) == 0) lse[lrow[i]] = m[i] + log2f(l[i]);
     }
@@ -274,11 +277,12 @@ __device__ __forceinline__ void fa_finish(float (&o)[D / 8][4], const float (&m)
 // Training forward. tiles[3t..3t+3] = (first row of the sequence in the packed
 // batch, first query position of the tile, sequence length). Grid (tiles, nh),
 // 128 threads. q [rows, nh*D], k, v [rows, nkv*D] in BF16 (fa_to_bf16); out
-// [rows, nh*D] f32; lse [rows, nh]. Key/value tiles are double-buffered: tile j+1
-// is in flight while tile j is computed.
+// [rows, nh*D] f32; lse [rows, nh]; o16 (when not null) out's BF16 copy as well
+// (fuses pad_bf16_f32 of out: the o projection's BF16 operand). Key/value tiles
+// are double-buffered: tile j+1 is in flight while tile j is computed.
 template <int D>
 __device__ void fa_fwd(const bf16_t* q, const bf16_t* k, const bf16_t* v, const int* tiles, int nh, int nkv,
-                       float sl2, float* out, float* lse) {
+                       float sl2, float* out, float* lse, bf16_t* o16) {
     extern __shared__ __align__(16) unsigned char fa_sm[];
     const int T = FA_BC * (D + 8);
     bf16_t* sb = (bf16_t*)fa_sm;  // [2][K, V]
@@ -325,7 +329,7 @@ __device__ void fa_fwd(const bf16_t* q, const bf16_t* k, const bf16_t* v, const 
         orow[i] = ok ? (seq0 + ri) * qw + h * D : -1;
         lrow[i] = (long)(seq0 + ri) * nh + h;
     }
-    fa_finish<D>(o, m, l, out, orow, lse, lrow, lane);
+    fa_finish<D>(o, m, l, out, orow, lse, lrow, lane, o16);
 }
 
 // The o projection's operand of a decode step's attention output [rows, nh*D]
@@ -539,11 +543,12 @@ extern "C" __global__ void fa_bwd_prep(const float* dout, const float* out, int 
 // for one kv head. Each warp owns 16 keys: S^T = K Q^T, P^T from lse,
 // dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
 // Summed over the group's query heads, then query rows, in order. q, k, v, dout
-// in BF16; steps of FA_BQ query rows double-buffered.
+// in BF16; steps of FA_BQ query rows double-buffered. dv16 (when not null): dv's
+// BF16 GEMM operand as well (fuses pad_bf16_f32 of dv: the v projection's dy).
 template <int D>
 __device__ void fa_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                           const float* lse, const float* delta, const int* tiles, int nh, int nkv, float sl2,
-                          float scale, float* dk, float* dv, int round_dv) {
+                          float scale, float* dk, float* dv, int round_dv, bf16_t* dv16) {
     extern __shared__ __align__(16) unsigned char fa_sm[];
     const int T = FA_BC * (D + 8), S = FA_BQ * (D + 8);
     bf16_t* sK = (bf16_t*)fa_sm;
@@ -634,8 +639,10 @@ __device__ void fa_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
         for (int nd = 0; nd < D / 8; nd++) {
             int d = nd * 8 + 2 * (lane & 3);
             *(float2*)(dk + row + d) = make_float2(ak[nd][2 * i] * scale, ak[nd][2 * i + 1] * scale);
-            *(float2*)(dv + row + d) = round_dv ? make_float2(round_bf16(av[nd][2 * i]), round_bf16(av[nd][2 * i + 1]))
-                                                : make_float2(av[nd][2 * i], av[nd][2 * i + 1]);
+            const float2 v2 = round_dv ? make_float2(round_bf16(av[nd][2 * i]), round_bf16(av[nd][2 * i + 1]))
+                                       : make_float2(av[nd][2 * i], av[nd][2 * i + 1]);
+            *(float2*)(dv + row + d) = v2;
+            if (dv16) *(u32*)(dv16 + row + d) = (u32)f32_to_bf16(v2.x) | ((u32)f32_to_bf16(v2.y) << 16);
         }
     }
 }
@@ -726,14 +733,16 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
 #define FA_INSTANTIATE(D)                                                                                   \
     extern "C" __global__ void __launch_bounds__(128) fa_fwd_##D(const bf16_t* q, const bf16_t* k,         \
                                                                  const bf16_t* v, const int* tiles, int nh, \
-                                                                 int nkv, float sl2, float* out, float* lse) { pdl_entry(); \
-        fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse);                                                 \
+                                                                 int nkv, float sl2, float* out, float* lse, \
+                                                                 bf16_t* o16) { pdl_entry();                \
+        fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse, o16);                                            \
     }                                                                                                       \
     /* The same, capped at 168 registers for 3 CTAs an SM (spills a little at D = 128). */                 \
     extern "C" __global__ void __launch_bounds__(128, 3) fa_fwd_occ3_##D(const bf16_t* q, const bf16_t* k, \
                                                                  const bf16_t* v, const int* tiles, int nh, \
-                                                                 int nkv, float sl2, float* out, float* lse) { pdl_entry(); \
-        fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse);                                                 \
+                                                                 int nkv, float sl2, float* out, float* lse, \
+                                                                 bf16_t* o16) { pdl_entry();                \
+        fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse, o16);                                            \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(32)                                                        \
         fa_dec_##D(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,    \
@@ -743,8 +752,8 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_kv_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse, \
                       const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,        \
-                      float* dk, float* dv, int round_dv) { pdl_entry();                                                 \
-        fa_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv, round_dv);              \
+                      float* dk, float* dv, int round_dv, bf16_t* dv16) { pdl_entry();                                                 \
+        fa_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv, round_dv, dv16);              \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_q_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,  \

@@ -88,11 +88,12 @@ __device__ __forceinline__ void fw_landed() {
 // fa_bwd_kv's sums, steps of 64 query rows (the group's
 // heads, then query rows, in order; Q, dO and the rows' lse, delta double-buffered).
 // Per step: S^T = K Q^T and dP^T = V dO^T; P^T from lse, dS^T = P^T (dP^T - delta);
-// dV += P^T dO, dK += dS^T Q. Thread rows: keys 16 warp + lane / 4 (+8).
+// dV += P^T dO, dK += dS^T Q. Thread rows: keys 16 warp + lane / 4 (+8). dv16 (when
+// not null): dv's BF16 GEMM operand as well, as fa_bwd_kv.
 template <int D>
 __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,
                           const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale, float* dk,
-                          float* dv, int round_dv) {
+                          float* dv, int round_dv, bf16_t* dv16) {
     constexpr int TB = FwTile<D>::BYTES, PL = D / 64;
     extern __shared__ u8 fw_raw[];
     u8* sm = align1024(fw_raw);
@@ -210,8 +211,10 @@ __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
             for (int j = 0; j < 8; j++) {
                 const int d = p * 64 + j * 8 + 2 * (lane & 3), e = 4 * j + 2 * i;
                 *(float2*)(dk + row + d) = make_float2(ak[p][e] * scale, ak[p][e + 1] * scale);
-                *(float2*)(dv + row + d) = round_dv ? make_float2(round_bf16(av[p][e]), round_bf16(av[p][e + 1]))
-                                                    : make_float2(av[p][e], av[p][e + 1]);
+                const float2 v2 = round_dv ? make_float2(round_bf16(av[p][e]), round_bf16(av[p][e + 1]))
+                                           : make_float2(av[p][e], av[p][e + 1]);
+                *(float2*)(dv + row + d) = v2;
+                if (dv16) *(u32*)(dv16 + row + d) = (u32)f32_to_bf16(v2.x) | ((u32)f32_to_bf16(v2.y) << 16);
             }
     }
 }
@@ -334,9 +337,9 @@ __device__ void fw_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
     extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
         fa_bwd_kv_wg_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,   \
                          const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale, float* dk,  \
-                         float* dv, int round_dv) {                                                                 \
+                         float* dv, int round_dv, bf16_t* dv16) {                                                                 \
         pdl_entry();                                                                                               \
-        fw_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv, round_dv);                     \
+        fw_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv, round_dv, dv16);                     \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
         fa_bwd_q_wg_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,    \

@@ -45,9 +45,11 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const float* w, int rows,
 
 // dx = rstd * (dy*w - xh * mean(dy*w*xh)), xh = x * rstd; one block per row. In the
 // low-precision flows `round` gives the BF16 value (fuses the backward's rounding) and
-// `res` (when not null) is then added (fuses the residual's add_into).
+// `res` (when not null) is then added (fuses the residual's add_into). dx16 (when not
+// null, dim a multiple of 16): dx's BF16 GEMM operand [rows][dim] as well (fuses
+// pad_bf16_f32 of dx: the next projection's dy).
 extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const float* w, const float* rstd,
-                                          int rows, int dim, float* dx, int round, const float* res) {
+                                          int rows, int dim, float* dx, int round, const float* res, bf16_t* dx16) {
     pdl_entry();
     __shared__ float sh[32];
     int r = blockIdx.x, B = blockDim.x, t = threadIdx.x;
@@ -77,12 +79,16 @@ extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const
         if (c >= dim) continue;
         float v = rs * (gy[u] - gx[u] * rs * mean);
         v = round ? round_bf16(v) : v;
-        dx[o + c] = res ? __fadd_rn(v, res[o + c]) : v;
+        v = res ? __fadd_rn(v, res[o + c]) : v;
+        dx[o + c] = v;
+        if (dx16) dx16[o + c] = f32_to_bf16(v);
     }
     for (int c = t + RB * B; c < dim; c += B) {
         float v = rs * (dy[o + c] * w[c] - x[o + c] * rs * mean);
         v = round ? round_bf16(v) : v;
-        dx[o + c] = res ? __fadd_rn(v, res[o + c]) : v;
+        v = res ? __fadd_rn(v, res[o + c]) : v;
+        dx[o + c] = v;
+        if (dx16) dx16[o + c] = f32_to_bf16(v);
     }
 }
 
@@ -108,7 +114,8 @@ __device__ __forceinline__ void norm_bwd_row128(const float (&dyv)[4], const flo
 }
 // Takes rmsnorm_bwd_dx's arguments (dim is 128).
 extern "C" __global__ void rmsnorm_bwd_dx128(const float* dy, const float* x, const float* w, const float* rstd,
-                                             int rows, int dim, float* dx, int round, const float* res) {
+                                             int rows, int dim, float* dx, int round, const float* res,
+                                             bf16_t* dx16) {
     pdl_entry();
     const int lane = threadIdx.x & 31, r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -124,8 +131,10 @@ extern "C" __global__ void rmsnorm_bwd_dx128(const float* dy, const float* x, co
 #pragma unroll
     for (int u = 0; u < 4; u++) {
         const int c = lane + 32 * u;
-        const float d = round ? round_bf16(v[u]) : v[u];
-        dx[o + c] = res ? __fadd_rn(d, res[o + c]) : d;
+        float d = round ? round_bf16(v[u]) : v[u];
+        d = res ? __fadd_rn(d, res[o + c]) : d;
+        dx[o + c] = d;
+        if (dx16) dx16[o + c] = f32_to_bf16(d);
     }
 }
 
@@ -153,9 +162,11 @@ __device__ __forceinline__ void colsum_add(float& s, float a, float x, float rs,
 // takes the 256-row chunk ch, warp g its rows g, g + 8, .. in order (a row a
 // step: rotate, dx, then the row's dw terms into the lane's four column sums),
 // then the eight warps' sums in warp order into part[ch][128], as colsum_partial.
+// dx16 (when not null): dx's BF16 GEMM operand [tokens][n_heads * 128] as well (fuses
+// pad_bf16_f32 of dx: the q or k projection's dy).
 extern "C" __global__ void qk_norm_rope_bwd(const float* dy, const float* x, const float* w, const float* rstd,
                                             const int* pos, const float* cos_t, const float* sin_t, int rows,
-                                            int n_heads, int round, float* dx, float* part) {
+                                            int n_heads, int round, float* dx, float* part, bf16_t* dx16) {
     pdl_entry();
     __shared__ float sh[8][129];
     const int lane = threadIdx.x & 31, g = threadIdx.x >> 5, ch = blockIdx.x;
@@ -196,7 +207,9 @@ extern "C" __global__ void qk_norm_rope_bwd(const float* dy, const float* x, con
             norm_bwd_row128(dyv, xv[i], w, rs[i], lane, v);
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                dx[o + lane + 32 * u] = round ? round_bf16(v[u]) : v[u];
+                const float d = round ? round_bf16(v[u]) : v[u];
+                dx[o + lane + 32 * u] = d;
+                if (dx16) dx16[o + lane + 32 * u] = f32_to_bf16(d);
                 colsum_add(cs[u], dyv[u], xv[i][u], rs[i], true);
             }
         }

@@ -210,19 +210,36 @@ fn check_rows(what: &str, b: &CudaSlice<f32>, rows: usize, width: usize) -> Resu
     )
 }
 
-/// A BF16 (RNE) copy of the first `n` values of `x` (`n` a multiple of 4).
-fn to_bf16(gpu: &Gpu, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<u16>> {
-    let y = gpu.uninit::<u16>(n)?;
-    let blocks = n.div_ceil(4 * 256).clamp(1, 4 * gpu.sm_count().max(1)) as u32;
+/// BF16 (RNE) copies of the first `n` values of each `x` (`n` multiples of 4): q,
+/// k and v in one launch (`fa_to_bf16_x3`).
+fn to_bf16_x3(gpu: &Gpu, xs: [(&CudaSlice<f32>, usize); 3]) -> Result<[CudaSlice<u16>; 3]> {
+    let ys = [
+        gpu.uninit::<u16>(xs[0].1)?,
+        gpu.uninit::<u16>(xs[1].1)?,
+        gpu.uninit::<u16>(xs[2].1)?,
+    ];
+    let mut t = CStruct::default();
+    for (x, _) in xs {
+        t.u64(gpu.ptr(x));
+    }
+    for y in &ys {
+        t.u64(gpu.ptr(y));
+    }
+    for (_, n) in xs {
+        t.i64(n as i64);
+    }
+    // A thread converts 16 values an iteration (four float4 loads in flight).
+    let most = xs.iter().map(|x| x.1).max().unwrap_or(0);
+    let blocks = most.div_ceil(16 * 256).clamp(1, 65_535) as u32;
     gpu.launch(
         &FLASH,
-        "fa_to_bf16",
-        (blocks, 1, 1),
+        "fa_to_bf16_x3",
+        (blocks, 3, 1),
         (256, 1, 1),
         0,
-        &[Arg::P(gpu.ptr(x)), Arg::P(gpu.ptr(&y)), Arg::L(n as i64)],
+        &[t.arg()?],
     )?;
-    Ok(y)
+    Ok(ys)
 }
 
 /// Forward: `out [rows, nh*hd]` and what the backward needs.
@@ -282,11 +299,15 @@ fn flash_forward_opts(
     check_rows("q", q, n, nh * hd)?;
     check_rows("k", k, n, nkv * hd)?;
     check_rows("v", v, n, nkv * hd)?;
+    let [q16, k16, v16] = to_bf16_x3(
+        gpu,
+        [(q, n * nh * hd), (k, n * nkv * hd), (v, n * nkv * hd)],
+    )?;
     let saved = FlashSaved {
         lse: gpu.uninit::<f32>(n * nh)?,
-        q16: to_bf16(gpu, q, n * nh * hd)?,
-        k16: to_bf16(gpu, k, n * nkv * hd)?,
-        v16: to_bf16(gpu, v, n * nkv * hd)?,
+        q16,
+        k16,
+        v16,
     };
     let out = gpu.uninit::<f32>(n * nh * hd)?;
     let o16 = if o16 {

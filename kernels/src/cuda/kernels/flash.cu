@@ -102,13 +102,34 @@ __device__ __forceinline__ void kv_next(bf16_t* sb, const bf16_t* kb, const bf16
     }
 }
 
-// x (f32) -> y (BF16, RNE), n a multiple of 4: the operand copies of the
-// tensor-core attention, the same rounding stage() applies.
-extern "C" __global__ void fa_to_bf16(const float* x, bf16_t* y, long n) {
+// fa_to_bf16_x3: x (f32) -> y (BF16, RNE) for q, k and v in one launch (blockIdx.y
+// picks the tensor; n_i multiples of 4): the operand copies of the tensor-core
+// attention, the same rounding stage() applies. Four float4 loads in flight a
+// thread (three launches of one load at a time ran at about 1 TB/s).
+struct ToBf16x3 {
+    const float* x[3];
+    bf16_t* y[3];
+    long n[3];
+};
+extern "C" __global__ void fa_to_bf16_x3(ToBf16x3 t) {
     pdl_entry();
-    for (long i = (blockIdx.x * (long)blockDim.x + threadIdx.x) * 4; i < n; i += (long)gridDim.x * blockDim.x * 4) {
-        float4 v = *(const float4*)(x + i);
-        *(uint2*)(y + i) = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    // Picked by value (an index into the parameter arrays would copy them to the stack).
+    const int b = blockIdx.y;
+    const float* x = b == 0 ? t.x[0] : b == 1 ? t.x[1] : t.x[2];
+    bf16_t* y = b == 0 ? t.y[0] : b == 1 ? t.y[1] : t.y[2];
+    const long n = b == 0 ? t.n[0] : b == 1 ? t.n[1] : t.n[2], stride = (long)gridDim.x * blockDim.x * 4;
+    for (long i0 = (blockIdx.x * (long)blockDim.x + threadIdx.x) * 4; i0 < n; i0 += 4 * stride) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const long i = i0 + u * stride;
+            if (i < n) v[u] = *(const float4*)(x + i);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const long i = i0 + u * stride;
+            if (i < n) *(uint2*)(y + i) = make_uint2(pack_bf16x2(v[u].x, v[u].y), pack_bf16x2(v[u].z, v[u].w));
+        }
     }
 }
 
@@ -276,7 +297,7 @@ __device__ __forceinline__ void fa_finish(float (&o)[D / 8][4], const float (&m)
 
 // Training forward. tiles[3t..3t+3] = (first row of the sequence in the packed
 // batch, first query position of the tile, sequence length). Grid (tiles, nh),
-// 128 threads. q [rows, nh*D], k, v [rows, nkv*D] in BF16 (fa_to_bf16); out
+// 128 threads. q [rows, nh*D], k, v [rows, nkv*D] in BF16 (fa_to_bf16_x3); out
 // [rows, nh*D] f32; lse [rows, nh]; o16 (when not null) out's BF16 copy as well
 // (fuses pad_bf16_f32 of out: the o projection's BF16 operand). Key/value tiles
 // are double-buffered: tile j+1 is in flight while tile j is computed.
@@ -397,7 +418,7 @@ __device__ __forceinline__ void fa_dec_operand_pad(const DecOperand& op, int b, 
 // Decode: query row b's `group` heads of kv head kvh (the rows of one warp's tile)
 // at position len[b] - 1 against cache rows kv0[b] .. kv0[b] + len[b] of the BF16
 // caches k_cache, v_cache [*, nkv*D] (fa_scatter_bf16 wrote them with the rounding
-// of fa_to_bf16). q, out [B, nh*D] f32. One warp a block, block = b * nkv + kvh:
+// of fa_to_bf16_x3). q, out [B, nh*D] f32. One warp a block, block = b * nkv + kvh:
 // each (row, kv head) is a chain of key tiles in the forward's order (fa_tile's
 // two halves), and one buffer each for K and V (34 KiB at D = 128) lets six chains
 // share an SM, where a block of one computing warp and three copying ones, with
@@ -442,7 +463,7 @@ __device__ void fa_dec(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, c
         }
     }
     const int last = (n - 1) % FA_BC;  // the new row's place in the last tile
-    // Q (f32, rounded here as fa_to_bf16 does) goes through V's buffer first.
+    // Q (f32, rounded here as fa_to_bf16_x3 does) goes through V's buffer first.
     stage<D>(sV, q + b * qw + (long)kvh * group * D, D, 16, group);
     __syncwarp();
     u32 qf[D / 16][4];
@@ -505,7 +526,7 @@ __device__ void fa_dec(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, c
 }
 
 // dst[rows[j]] = BF16(src[j]) for rows of `cols` values (even): new rows of a
-// BF16 KV cache, rounded as fa_to_bf16 rounds the training forward's k, v.
+// BF16 KV cache, rounded as fa_to_bf16_x3 rounds the training forward's k, v.
 extern "C" __global__ void fa_scatter_bf16(bf16_t* dst, const long* rows, long nrows, long cols,
                                            const float* src) {
     pdl_entry();
@@ -517,7 +538,7 @@ extern "C" __global__ void fa_scatter_bf16(bf16_t* dst, const long* rows, long n
 
 // The backward's inputs in one pass over dout: delta[r, h] = dout[r, h, :] .
 // out[r, h, :] (the softmax backward's row term) and dout16 = BF16(dout) (RNE, as
-// fa_to_bf16). Grid rows, 128 threads: warp w takes heads w, w+4, ..; lane l the
+// fa_to_bf16_x3). Grid rows, 128 threads: warp w takes heads w, w+4, ..; lane l the
 // values 4 l .. 4 l + 3 (+128 ..), summed in that order, then across lanes.
 extern "C" __global__ void fa_bwd_prep(const float* dout, const float* out, int nh, int hd, bf16_t* dout16,
                                        float* delta) {

@@ -71,6 +71,40 @@ impl<'a> PackedCausal<'a> {
     }
 }
 
+impl PackedCausal<'_> {
+    /// The attention of one layer and, when `o16` and the tensor-core kernels run,
+    /// the o projection's BF16 operand of its output, written by the attention
+    /// itself (else an empty operand, made by the projection).
+    fn run(
+        &mut self,
+        layer: usize,
+        (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        o16: bool,
+    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
+        if let Some(keep) = self.keep_kv.as_mut() {
+            keep(layer, k, v)?;
+        }
+        let keep = self.keep_probs;
+        let Some(plan) = &self.flash else {
+            let (o, p) = attention_forward(self.gpu, q, k, v, self.seq_lens, self.shape)?;
+            return Ok((o, keep.then_some(AttnSaved::Probs(p)), XOperand::default()));
+        };
+        let (o, saved, op) = if o16 {
+            let (o, saved, b) = flash_forward_operand(self.gpu, plan, (q, k, v), self.shape)?;
+            let width = self.shape.n_heads * self.shape.head_dim;
+            (
+                o,
+                saved,
+                XOperand::fused(plan.rows(), width, FusedOperand::Bf16(b)),
+            )
+        } else {
+            let (o, saved) = flash_forward(self.gpu, plan, q, k, v, self.shape)?;
+            (o, saved, XOperand::default())
+        };
+        Ok((o, keep.then_some(AttnSaved::Flash(saved)), op))
+    }
+}
+
 impl GpuAttention for PackedCausal<'_> {
     fn attend(
         &mut self,
@@ -79,15 +113,8 @@ impl GpuAttention for PackedCausal<'_> {
         k: &CudaSlice<f32>,
         v: &CudaSlice<f32>,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)> {
-        if let Some(keep) = self.keep_kv.as_mut() {
-            keep(layer, k, v)?;
-        }
-        if let Some(plan) = &self.flash {
-            let (o, saved) = flash_forward(self.gpu, plan, q, k, v, self.shape)?;
-            return Ok((o, self.keep_probs.then_some(AttnSaved::Flash(saved))));
-        }
-        let (o, p) = attention_forward(self.gpu, q, k, v, self.seq_lens, self.shape)?;
-        Ok((o, self.keep_probs.then_some(AttnSaved::Probs(p))))
+        let (o, saved, _) = self.run(layer, (q, k, v), false)?;
+        Ok((o, saved))
     }
 
     /// The tensor-core attention writes the o projection's BF16 operand of its
@@ -95,20 +122,10 @@ impl GpuAttention for PackedCausal<'_> {
     fn attend_operand(
         &mut self,
         layer: usize,
-        (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        qkv: (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
         prec: GemmPrecision,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
-        let Some(plan) = self.flash.as_ref().filter(|_| prec == GemmPrecision::Bf16) else {
-            let (o, saved) = self.attend(layer, q, k, v)?;
-            return Ok((o, saved, XOperand::default()));
-        };
-        if let Some(keep) = self.keep_kv.as_mut() {
-            keep(layer, k, v)?;
-        }
-        let (o, saved, o16) = flash_forward_operand(self.gpu, plan, (q, k, v), self.shape)?;
-        let width = self.shape.n_heads * self.shape.head_dim;
-        let op = XOperand::fused(plan.rows(), width, FusedOperand::Bf16(o16));
-        Ok((o, self.keep_probs.then_some(AttnSaved::Flash(saved)), op))
+        self.run(layer, qkv, prec == GemmPrecision::Bf16)
     }
 }
 

@@ -265,8 +265,7 @@ pub fn flash_forward_with(
     shape: AttnShape,
     which: FwdKernel,
 ) -> Result<(CudaSlice<f32>, FlashSaved)> {
-    let (out, saved, _) = flash_forward_opts(gpu, plan, (q, k, v), shape, (which, false))?;
-    Ok((out, saved))
+    flash_forward_opts(gpu, plan, (q, k, v), shape, (which, None))
 }
 
 /// [`flash_forward`] that also returns the output's BF16 GEMM operand `[rows][nh *
@@ -278,22 +277,21 @@ pub fn flash_forward_operand(
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     shape: AttnShape,
 ) -> Result<(CudaSlice<f32>, FlashSaved, CudaSlice<u16>)> {
-    let (out, saved, o16) =
-        flash_forward_opts(gpu, plan, (q, k, v), shape, (FwdKernel::Regs, true))?;
-    let o16 =
-        o16.ok_or_else(|| super::CudaError::Invalid("attention forward: no BF16 output".into()))?;
+    let o16 = gpu.uninit::<u16>(plan.rows * shape.n_heads * shape.head_dim)?;
+    let (out, saved) =
+        flash_forward_opts(gpu, plan, (q, k, v), shape, (FwdKernel::Regs, Some(&o16)))?;
     Ok((out, saved, o16))
 }
 
-/// The forward with a chosen build, and the output's BF16 copy when `o16`.
-#[allow(clippy::type_complexity)]
+/// The forward with a chosen build, and the output's BF16 copy into `o16` when given
+/// (`[rows][nh * hd]`).
 fn flash_forward_opts(
     gpu: &Gpu,
     plan: &FlashPlan,
     (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     shape: AttnShape,
-    (which, o16): (FwdKernel, bool),
-) -> Result<(CudaSlice<f32>, FlashSaved, Option<CudaSlice<u16>>)> {
+    (which, o16): (FwdKernel, Option<&CudaSlice<u16>>),
+) -> Result<(CudaSlice<f32>, FlashSaved)> {
     check(shape)?;
     let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
     check_rows("q", q, n, nh * hd)?;
@@ -310,11 +308,6 @@ fn flash_forward_opts(
         v16,
     };
     let out = gpu.uninit::<f32>(n * nh * hd)?;
-    let o16 = if o16 {
-        Some(gpu.uninit::<u16>(n * nh * hd)?)
-    } else {
-        None
-    };
     let name = match which {
         FwdKernel::Regs => kernel("fwd", hd)?,
         FwdKernel::Occupancy3 => kernel("fwd3", hd)?,
@@ -335,10 +328,10 @@ fn flash_forward_opts(
             Arg::F(scales(hd).1),
             Arg::P(gpu.ptr(&out)),
             Arg::P(gpu.ptr(&saved.lse)),
-            Arg::P(o16.as_ref().map_or(0, |b| gpu.ptr(b))),
+            Arg::P(o16.map_or(0, |b| gpu.ptr(b))),
         ],
     )?;
-    Ok((out, saved, o16))
+    Ok((out, saved))
 }
 
 /// Backward: `(dq, dk, dv)` from `dout` and the forward's output and saved state;
@@ -355,15 +348,14 @@ pub fn flash_backward(
     round_dv: bool,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
     let which = BwdKernel::default_for(gpu);
-    let (dq, dk, dv, _) = flash_backward_opts(
+    flash_backward_opts(
         gpu,
         plan,
         (dout, out),
         saved,
         shape,
-        (which, round_dv, false),
-    )?;
-    Ok((dq, dk, dv))
+        (which, round_dv, None),
+    )
 }
 
 /// [`flash_backward`] that also returns dv's BF16 GEMM operand `[rows][n_kv_heads *
@@ -384,16 +376,10 @@ pub fn flash_backward_operand(
     CudaSlice<u16>,
 )> {
     let which = BwdKernel::default_for(gpu);
-    let (dq, dk, dv, dv16) = flash_backward_opts(
-        gpu,
-        plan,
-        (dout, out),
-        saved,
-        shape,
-        (which, round_dv, true),
-    )?;
-    let dv16 =
-        dv16.ok_or_else(|| super::CudaError::Invalid("attention backward: no BF16 dv".into()))?;
+    let dv16 = gpu.uninit::<u16>(plan.rows * shape.n_kv_heads * shape.head_dim)?;
+    let io = (dout, out);
+    let (dq, dk, dv) =
+        flash_backward_opts(gpu, plan, io, saved, shape, (which, round_dv, Some(&dv16)))?;
     Ok((dq, dk, dv, dv16))
 }
 
@@ -408,27 +394,19 @@ pub fn flash_backward_with(
     shape: AttnShape,
     which: BwdKernel,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
-    let (dq, dk, dv, _) =
-        flash_backward_opts(gpu, plan, (dout, out), saved, shape, (which, false, false))?;
-    Ok((dq, dk, dv))
+    flash_backward_opts(gpu, plan, (dout, out), saved, shape, (which, false, None))
 }
 
 /// The backward with a chosen build, dv rounded to BF16 when `round_dv`, and dv's
-/// BF16 operand as well when `dv16`.
-#[allow(clippy::type_complexity)]
+/// BF16 operand into `dv16` when given (`[rows][n_kv_heads * head_dim]`).
 fn flash_backward_opts(
     gpu: &Gpu,
     plan: &FlashPlan,
     (dout, out): (&CudaSlice<f32>, &CudaSlice<f32>),
     saved: &FlashSaved,
     shape: AttnShape,
-    (which, round_dv, dv16): (BwdKernel, bool, bool),
-) -> Result<(
-    CudaSlice<f32>,
-    CudaSlice<f32>,
-    CudaSlice<f32>,
-    Option<CudaSlice<u16>>,
-)> {
+    (which, round_dv, dv16): (BwdKernel, bool, Option<&CudaSlice<u16>>),
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
     check(shape)?;
     ensure(which == BwdKernel::MmaSync || gpu.wgmma(), || {
         "attention backward: the wgmma kernels need an sm_90 GPU (and JET_WGMMA not 0)".into()
@@ -473,11 +451,6 @@ fn flash_backward_opts(
     let dq = gpu.uninit::<f32>(n * nh * hd)?;
     let dk = gpu.uninit::<f32>(n * nkv * hd)?;
     let dv = gpu.uninit::<f32>(n * nkv * hd)?;
-    let dv16 = if dv16 {
-        Some(gpu.uninit::<u16>(n * nkv * hd)?)
-    } else {
-        None
-    };
     let (scale, sl2) = scales(hd);
     let common = |tiles: &CudaSlice<i32>| {
         vec![
@@ -516,13 +489,13 @@ fn flash_backward_opts(
         Arg::P(gpu.ptr(&dk)),
         Arg::P(gpu.ptr(&dv)),
         Arg::I(round_dv as i32),
-        Arg::P(dv16.as_ref().map_or(0, |b| gpu.ptr(b))),
+        Arg::P(dv16.map_or(0, |b| gpu.ptr(b))),
     ]);
     gpu.launch(src, kv, plan.grid(nkv)?, (128, 1, 1), kv_smem, &args)?;
     let mut args = common(&plan.tiles_q);
     args.push(Arg::P(gpu.ptr(&dq)));
     gpu.launch(src, q, plan.grid(nh)?, (128, 1, 1), q_smem, &args)?;
-    Ok((dq, dk, dv, dv16))
+    Ok((dq, dk, dv))
 }
 
 /// Write f32 rows `src [rows.len(), cols]` into rows `rows` of a BF16 cache

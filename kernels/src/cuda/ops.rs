@@ -321,11 +321,7 @@ pub fn qk_norm_rope_backward_acc_operand(
     }
     check_len("rope positions", positions, tokens, format!("[{tokens}]"))?;
     let dx = gpu.uninit::<f32>(rows * HD)?;
-    let dx16 = if bf16 {
-        Some(gpu.uninit::<u16>(rows * HD)?)
-    } else {
-        None
-    };
+    let dx16 = bf16.then(|| gpu.uninit::<u16>(rows * HD)).transpose()?;
     let chunks = rows.div_ceil(256).max(1);
     let part = gpu.uninit::<f32>(chunks * HD)?;
     gpu.launch(
@@ -376,11 +372,7 @@ fn bwd_dx(
         format!("rmsnorm backward: a BF16 operand of rows of {dim} (not a multiple of 16) needs padding")
     })?;
     let dx = gpu.uninit::<f32>(rows * dim)?;
-    let dx16 = if bf16 {
-        Some(gpu.uninit::<u16>(rows * dim)?)
-    } else {
-        None
-    };
+    let dx16 = bf16.then(|| gpu.uninit::<u16>(rows * dim)).transpose()?;
     let (name, grid, threads) = if warp_rows {
         ensure(dim == 128, || {
             format!("rmsnorm_bwd_dx128 takes rows of 128, not {dim}")

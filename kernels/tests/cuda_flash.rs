@@ -7,7 +7,7 @@
 //! tensor-core products (f32 accumulation); the reference is all f32. BF16 has a
 //! relative step of 2^-8, so errors of a few 1e-3 norm-wise are expected.
 
-use jet_kernels::cuda::flash::{self, FlashPlan};
+use jet_kernels::cuda::flash::{self, Dout, FlashPlan};
 use jet_kernels::cuda::quantize as gq;
 use jet_kernels::ops::attention::{self, AttnShape};
 
@@ -100,9 +100,9 @@ fn flash_matches_cpu_reference() {
         // dv rounded by the kernel (the low-precision flows) == dv rounded after it;
         // dq and dk unchanged.
         let (rq, rk, rv) =
-            flash::flash_backward(&g, &plan, &gdout, &out, &saved, sh, true).unwrap();
+            flash::flash_backward(&g, &plan, Dout::F32(&gdout), &out, &saved, sh, true).unwrap();
         let (pq, pk, pv) =
-            flash::flash_backward(&g, &plan, &gdout, &out, &saved, sh, false).unwrap();
+            flash::flash_backward(&g, &plan, Dout::F32(&gdout), &out, &saved, sh, false).unwrap();
         let want_v: Vec<f32> = dl(&g, &pv, rows * kvw)
             .iter()
             .map(|&x| jet_kernels::bf16::round(x))
@@ -117,7 +117,8 @@ fn flash_matches_cpu_reference() {
         // dv's BF16 operand from the same kernel: the copy of the rounded dv, bit
         // for bit, and dq, dk, dv those of the rounded backward.
         let (oq, ok, ov, o16) =
-            flash::flash_backward_operand(&g, &plan, (&gdout, &out), &saved, sh, true).unwrap();
+            flash::flash_backward_operand(&g, &plan, (Dout::F32(&gdout), &out), &saved, sh, true)
+                .unwrap();
         let copy = gq::to_bf16_padded(&g, &rv, rows, kvw, rows, kvw).unwrap();
         let (a, b) = (g.download(&o16).unwrap(), g.download(&copy).unwrap());
         report_exact(
@@ -127,6 +128,26 @@ fn flash_matches_cpu_reference() {
                 + bits_differ(&dl(&g, &ov, rows * kvw), &dl(&g, &rv, rows * kvw))
                 + bits_differ(&dl(&g, &oq, rows * qw), &dl(&g, &rq, rows * qw))
                 + bits_differ(&dl(&g, &ok, rows * kvw), &dl(&g, &rk, rows * kvw)),
+        );
+        // dO given as BF16 values (the o projection's DGrad output, read in place of
+        // its f32 epilogue): the bits of the backward of those values in f32.
+        let d16 = gq::to_bf16_padded(&g, &gdout, rows, qw, rows, qw).unwrap();
+        let dr: Vec<f32> = dout.iter().map(|&x| jet_kernels::bf16::round(x)).collect();
+        let gdr = up(&g, &dr);
+        let (fq, fk, fv, f16) =
+            flash::flash_backward_operand(&g, &plan, (Dout::F32(&gdr), &out), &saved, sh, true)
+                .unwrap();
+        let (bq, bk, bv, b16) =
+            flash::flash_backward_operand(&g, &plan, (Dout::Bf16(&d16), &out), &saved, sh, true)
+                .unwrap();
+        let (a, b) = (g.download(&f16).unwrap(), g.download(&b16).unwrap());
+        report_exact(
+            "flash bwd, dO in BF16 == dO's BF16 values in f32",
+            &label(c),
+            a.iter().zip(&b).filter(|(x, y)| x != y).count()
+                + bits_differ(&dl(&g, &bq, rows * qw), &dl(&g, &fq, rows * qw))
+                + bits_differ(&dl(&g, &bk, rows * kvw), &dl(&g, &fk, rows * kvw))
+                + bits_differ(&dl(&g, &bv, rows * kvw), &dl(&g, &fv, rows * kvw)),
         );
         // The output's BF16 operand from the forward kernel: the copy of the output.
         let (fo, _, f16) = flash::flash_forward_operand(&g, &plan, (&gq, &gk, &gv), sh).unwrap();

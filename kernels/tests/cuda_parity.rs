@@ -820,6 +820,63 @@ fn rmsnorm_matches_cpu() {
                 + a.iter().zip(&b).filter(|(x, y)| x != y).count()
                 + bits_differ(&dl(&g, &acc16, dim), &dl(&g, &want_acc, dim)),
         );
+        // dy as the in-order sum of 1-3 BF16 arrays (the DGrad outputs of the
+        // projections that read the norm's output, read by the norm's kernels in
+        // place of their f32 epilogues): the bits of the backward of that sum in
+        // f32 (dx, its BF16 operand, dw accumulated). Signed zeros: part 0 holds
+        // dy's, so -0 + -0 rows stay -0.
+        for np in 1..=3usize {
+            let vals: Vec<Vec<f32>> = (0..np)
+                .map(|i| match i {
+                    0 => dy.iter().map(|&x| jet_kernels::bf16::round(x)).collect(),
+                    _ => rnd(rows * dim, 40 + i as u64, 1.0)
+                        .iter()
+                        .map(|&x| jet_kernels::bf16::round(x))
+                        .collect(),
+                })
+                .collect();
+            let mut sum = vals[0].clone();
+            for v in &vals[1..] {
+                sum.iter_mut().zip(v).for_each(|(s, x)| *s += x);
+            }
+            let parts: Vec<_> = vals
+                .iter()
+                .map(|v| gq::to_bf16_padded(&g, &up(&g, v), rows, dim, rows, dim).unwrap())
+                .collect();
+            let refs: Vec<&_> = parts.iter().collect();
+            let (mut acc_f, mut acc_s) = (up(&g, &acc0), up(&g, &acc0));
+            let opts = (true, Some(&res));
+            let (fdx, f16) = gops::rmsnorm_backward_acc_operand(
+                &g,
+                (&up(&g, &sum), &dx, &dw, &rs),
+                (rows, dim),
+                opts,
+                &mut acc_f,
+                true,
+            )
+            .unwrap();
+            let (sdx, s16) = gops::rmsnorm_backward_acc_operand_sum(
+                &g,
+                &refs,
+                (&dx, &dw, &rs),
+                (rows, dim),
+                opts,
+                &mut acc_s,
+                true,
+            )
+            .unwrap();
+            let (a, b) = (
+                g.download(&f16.unwrap()).unwrap(),
+                g.download(&s16.unwrap()).unwrap(),
+            );
+            report_exact(
+                &format!("rmsnorm bwd, dy the sum of {np} BF16 parts == that sum in f32"),
+                &shape,
+                bits_differ(&dl(&g, &sdx, rows * dim), &dl(&g, &fdx, rows * dim))
+                    + a.iter().zip(&b).filter(|(x, y)| x != y).count()
+                    + bits_differ(&dl(&g, &acc_s, dim), &dl(&g, &acc_f, dim)),
+            );
+        }
         // The bias gradient's column sums: near the f64 sums; added into an
         // accumulator, the bits of add_into.
         let sums = gops::column_sums(&g, &ddy, rows, dim, false).unwrap();

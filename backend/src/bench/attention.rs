@@ -7,7 +7,7 @@
 use jet_kernels::cuda::attention::{attention_backward, attention_decode, attention_forward};
 use jet_kernels::cuda::flash::{
     flash_backward, flash_backward_with, flash_decode_at, flash_forward, flash_forward_with,
-    flash_scatter_rows, flash_supported, BwdKernel, FlashPlan, FwdKernel,
+    flash_scatter_rows, flash_supported, BwdKernel, Dout, FlashPlan, FwdKernel,
 };
 use jet_kernels::cuda::{Gpu, Result};
 use jet_kernels::ops::attention::AttnShape;
@@ -55,7 +55,7 @@ fn flash_rows(g: &Gpu, shape: AttnShape, seqs: usize, len: usize) -> Result<Vec<
     })?;
     let (o, saved) = flash_forward(g, &plan, &q, &k, &v, shape)?;
     let bwd = time_us(g, 20, || {
-        flash_backward(g, &plan, &dout, &o, &saved, shape, false).map(drop)
+        flash_backward(g, &plan, Dout::F32(&dout), &o, &saved, shape, false).map(drop)
     })?;
     let f = causal_flops(shape, seqs, len);
     let desc = format!("{seqs} x {} x {len}, d {}", shape.n_heads, shape.head_dim);

@@ -6,15 +6,15 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
-use jet_kernels::cuda::flash::{flash_backward, flash_backward_operand};
+use jet_kernels::cuda::flash::{flash_backward, flash_backward_operand, Dout};
 use jet_kernels::cuda::linear::{
-    linear_backward_add, linear_backward_into, linear_backward_raw, linear_bias_grad_acc, Dy,
-    GemmOut, GpuWeight, XOperand,
+    linear_backward_into, linear_backward_raw, linear_bias_grad_acc, Dy, GemmOut, GpuWeight,
+    XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_backward, qk_norm_rope_backward_acc_operand, rmsnorm_backward_acc,
-    rmsnorm_backward_acc_operand, rope_backward_dev, swiglu_backward, swiglu_backward_bf16,
-    SwigluDh,
+    rmsnorm_backward_acc_operand, rmsnorm_backward_acc_operand_sum, rope_backward_dev,
+    swiglu_backward, swiglu_backward_bf16, SwigluDh,
 };
 use jet_kernels::cuda::quantize::{quantize_dual_multi, swiglu_backward_fp8, DualFp8};
 use jet_kernels::cuda::tensor::round_bf16;
@@ -54,22 +54,6 @@ impl Ctx<'_> {
         (f.precision(GemmRole::DGrad), f.precision(GemmRole::WGrad))
     }
 
-    /// [`Ctx::linear`] adding dx into `dx_acc [m, k]` (in the DGrad epilogue).
-    #[allow(clippy::too_many_arguments)]
-    fn linear_add(
-        &self,
-        dy: Dy,
-        (x, xin): (&CudaSlice<f32>, &mut XOperand),
-        w: &GpuWeight,
-        grads: &mut GpuWeights,
-        (dw, db): (usize, Option<usize>),
-        dx_acc: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        let acc = (&mut grads.bufs[dw], dx_acc);
-        linear_backward_add(self.g, (dy, x, self.m), w, self.precs(), acc, xin)?;
-        self.bias(dy, w, grads, db)
-    }
-
     /// db += the column sums of dy (rounded as the WGrad), when the layer has a bias.
     fn bias(&self, dy: Dy, w: &GpuWeight, grads: &mut GpuWeights, db: Option<usize>) -> Result<()> {
         if let Some(db) = db {
@@ -78,6 +62,51 @@ impl Ctx<'_> {
             linear_bias_grad_acc(self.g, dy, (self.m, w.n), wgrad, &mut grads.bufs[db])?;
         }
         Ok(())
+    }
+
+    /// [`Ctx::linear`] with DGrad's output as the GEMM wrote it, for a consumer
+    /// that reads it (or sums several) where it reads dx.
+    fn linear_raw(
+        &self,
+        dy: Dy,
+        (x, xin): (&CudaSlice<f32>, &mut XOperand),
+        w: &GpuWeight,
+        grads: &mut GpuWeights,
+        (dw, db): (usize, Option<usize>),
+    ) -> Result<GemmOut> {
+        let dwb = &mut grads.bufs[dw];
+        let out = linear_backward_raw(self.g, (dy, x, self.m), w, self.precs(), dwb, xin)?;
+        self.bias(dy, w, grads, db)?;
+        Ok(out)
+    }
+
+    /// The norm backward of an input read by several projections, given their DGrad
+    /// outputs in order: their BF16 values summed by the norm's kernels where each
+    /// output is BF16 without padding (no epilogue launches, no f32 dy), else
+    /// summed into f32 first. Returns dx and, with `bf16`, its BF16 operand.
+    fn norm_of_sum(
+        &self,
+        outs: &[&GemmOut],
+        (x, w, rstd): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+        (dim, res): (usize, Option<&CudaSlice<f32>>),
+        dw: &mut CudaSlice<f32>,
+        bf16: bool,
+    ) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+        let (g, m, round) = (self.g, self.m, self.round());
+        let parts: Option<Vec<&CudaSlice<u16>>> = outs.iter().map(|o| o.bf16_rows(dim)).collect();
+        if let Some(parts) = parts {
+            return rmsnorm_backward_acc_operand_sum(
+                g,
+                &parts,
+                (x, w, rstd),
+                (m, dim),
+                (round, res),
+                dw,
+                bf16,
+            );
+        }
+        let dy = GemmOut::finish_sum(outs, g, (m, dim), self.precs().0)?;
+        rmsnorm_backward_acc_operand(g, (&dy, x, w, rstd), (m, dim), (round, res), dw, bf16)
     }
 
     /// Linear backward; adds dW (in the WGrad epilogue) and db into `grads`,
@@ -206,25 +235,33 @@ pub fn backward(
             }
         };
         drop(dmm);
-        let mut db = cx.linear(dgate, (&a.b, bin), &lp.gate, grads, lx.gate, None)?;
-        cx.linear_add(dup, (&a.b, bin), &lp.up, grads, (lx.up, None), &mut db)?;
-        let post = w.t(lx.post_attention_layernorm);
-        let rs2 = &a.rstd2;
+        // db = gate's dx + up's dx, summed where the norm's backward reads it.
+        let dbg = cx.linear_raw(dgate, (&a.b, bin), &lp.gate, grads, (lx.gate, None))?;
+        let dbu = cx.linear_raw(dup, (&a.b, bin), &lp.up, grads, (lx.up, None))?;
+        let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
         let dw2 = &mut grads.bufs[lx.post_attention_layernorm];
-        let post_in = (&db, &a.h_mid, post, rs2);
-        let dh_opts = (round, Some(&dx));
-        let (dh_mid, dh16) =
-            rmsnorm_backward_acc_operand(g, post_in, (m, h), dh_opts, dw2, bf16_dy)?;
+        let (dh_mid, dh16) = cx.norm_of_sum(&[&dbg, &dbu], post, (h, Some(&dx)), dw2, bf16_dy)?;
+        drop((dbg, dbu));
 
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
-        let dattn = cx.linear(
+        // The o projection's DGrad output, read by the flash backward as its BF16
+        // dO where it is BF16 without padding.
+        let qd_ = nh * hd;
+        let dattn_raw = cx.linear_raw(
             dh16.as_ref().map_or(Dy::F32(&dh_mid), Dy::Bf16),
             (&a.attn, attn_in),
             &lp.o,
             grads,
-            lx.o,
-            None,
+            (lx.o, None),
         )?;
+        let dattn_f32;
+        let dout = match (&a.saved, dattn_raw.bf16_rows(qd_)) {
+            (AttnSaved::Flash(_), Some(d16)) => Dout::Bf16(d16),
+            _ => {
+                dattn_f32 = dattn_raw.finish(g, (m, qd_), cx.precs().0)?;
+                Dout::F32(&dattn_f32)
+            }
+        };
         let shape = model.attn_shape();
         let biases = [lx.q_bias, lx.k_bias, lx.v_bias];
         let no_bias = biases.iter().all(Option::is_none);
@@ -232,7 +269,7 @@ pub fn backward(
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
             (AttnSaved::Flash(saved), Some(plan)) if bf16_dy && no_bias => {
                 // dv leaves the kernel rounded, and as the v projection's BF16 dy.
-                let outs = (&dattn, &a.attn);
+                let outs = (dout, &a.attn);
                 let (dq, dk, dv, v16) =
                     flash_backward_operand(g, plan, outs, saved, shape, cx.round())?;
                 dv16 = Some(v16);
@@ -240,11 +277,16 @@ pub fn backward(
             }
             (AttnSaved::Flash(saved), Some(plan)) => {
                 // dv leaves the kernel rounded where the flow rounds gradients.
-                flash_backward(g, plan, &dattn, &a.attn, saved, shape, cx.round())?
+                flash_backward(g, plan, dout, &a.attn, saved, shape, cx.round())?
             }
             (AttnSaved::Probs(p), _) => {
+                let Dout::F32(dattn) = dout else {
+                    return Err(CudaError::Invalid(
+                        "attention backward: probabilities kept but dO not in f32".into(),
+                    ));
+                };
                 let (dq, dk, dv) =
-                    attention_backward(g, &dattn, &a.q, &a.k, &a.v, p, &acts.seq_lens, shape)?;
+                    attention_backward(g, dattn, &a.q, &a.k, &a.v, p, &acts.seq_lens, shape)?;
                 (dq, dk, cx.lp(dv)?)
             }
             (AttnSaved::Flash(_), None) => {
@@ -302,15 +344,14 @@ pub fn backward(
             let k = dk16.as_ref().map_or(Dy::F32(&dk), Dy::Bf16);
             (q, k, dv16.as_ref().map_or(Dy::F32(&dv), Dy::Bf16))
         };
-        let mut da = cx.linear(dyq, (&a.a, ain), &lp.q, grads, lx.q, lx.q_bias)?;
-        cx.linear_add(dyk, (&a.a, ain), &lp.k, grads, (lx.k, lx.k_bias), &mut da)?;
-        cx.linear_add(dyv, (&a.a, ain), &lp.v, grads, (lx.v, lx.v_bias), &mut da)?;
-        let inorm = w.t(lx.input_layernorm);
-        let rs1 = &a.rstd1;
+        // da = q's dx + k's dx + v's dx, summed where the norm's backward reads it.
+        let daq = cx.linear_raw(dyq, (&a.a, ain), &lp.q, grads, (lx.q, lx.q_bias))?;
+        let dak = cx.linear_raw(dyk, (&a.a, ain), &lp.k, grads, (lx.k, lx.k_bias))?;
+        let dav = cx.linear_raw(dyv, (&a.a, ain), &lp.v, grads, (lx.v, lx.v_bias))?;
+        let inorm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
         let dw1 = &mut grads.bufs[lx.input_layernorm];
-        let in_in = (&da, &a.x_in, inorm, rs1);
-        let in_opts = (round, Some(&dh_mid));
-        (dx, dx16) = rmsnorm_backward_acc_operand(g, in_in, (m, h), in_opts, dw1, bf16_dy)?;
+        let outs = [&daq, &dak, &dav];
+        (dx, dx16) = cx.norm_of_sum(&outs, inorm, (h, Some(&dh_mid)), dw1, bf16_dy)?;
     }
     embedding_backward(
         g,

@@ -334,6 +334,17 @@ fn flash_forward_opts(
     Ok((out, saved))
 }
 
+/// The attention output's gradient `[rows, n_heads * head_dim]` a backward reads:
+/// f32 values, or BF16 values (the o projection's DGrad output as cuBLASLt wrote
+/// it, row stride n_heads * head_dim), which the kernels read as their BF16 dO
+/// directly; its f32 values are those the DGrad epilogue would have written, so
+/// the bits of the backward are the same.
+#[derive(Clone, Copy)]
+pub enum Dout<'a> {
+    F32(&'a CudaSlice<f32>),
+    Bf16(&'a CudaSlice<u16>),
+}
+
 /// Backward: `(dq, dk, dv)` from `dout` and the forward's output and saved state;
 /// with `round_dv`, dv rounded to BF16 values by the kernel that writes it (the
 /// low-precision flows' rounding of the gradients between ops, fused: the bits of
@@ -341,7 +352,7 @@ fn flash_forward_opts(
 pub fn flash_backward(
     gpu: &Gpu,
     plan: &FlashPlan,
-    dout: &CudaSlice<f32>,
+    dout: Dout,
     out: &CudaSlice<f32>,
     saved: &FlashSaved,
     shape: AttnShape,
@@ -365,7 +376,7 @@ pub fn flash_backward(
 pub fn flash_backward_operand(
     gpu: &Gpu,
     plan: &FlashPlan,
-    (dout, out): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (dout, out): (Dout, &CudaSlice<f32>),
     saved: &FlashSaved,
     shape: AttnShape,
     round_dv: bool,
@@ -394,7 +405,14 @@ pub fn flash_backward_with(
     shape: AttnShape,
     which: BwdKernel,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
-    flash_backward_opts(gpu, plan, (dout, out), saved, shape, (which, false, None))
+    flash_backward_opts(
+        gpu,
+        plan,
+        (Dout::F32(dout), out),
+        saved,
+        shape,
+        (which, false, None),
+    )
 }
 
 /// The backward with a chosen build, dv rounded to BF16 when `round_dv`, and dv's
@@ -402,7 +420,7 @@ pub fn flash_backward_with(
 fn flash_backward_opts(
     gpu: &Gpu,
     plan: &FlashPlan,
-    (dout, out): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (dout, out): (Dout, &CudaSlice<f32>),
     saved: &FlashSaved,
     shape: AttnShape,
     (which, round_dv, dv16): (BwdKernel, bool, Option<&CudaSlice<u16>>),
@@ -412,12 +430,12 @@ fn flash_backward_opts(
         "attention backward: the wgmma kernels need an sm_90 GPU (and JET_WGMMA not 0)".into()
     })?;
     let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
-    for (what, b, w) in [
-        ("dout", dout, nh * hd),
-        ("out", out, nh * hd),
-        ("lse", &saved.lse, nh),
-    ] {
+    for (what, b, w) in [("out", out, nh * hd), ("lse", &saved.lse, nh)] {
         check_rows(what, b, n, w)?;
+    }
+    match dout {
+        Dout::F32(d) => check_rows("dout", d, n, nh * hd)?,
+        Dout::Bf16(d) => check_len("dout (BF16)", d, n * nh * hd, format!("[{n}, {}]", nh * hd))?,
     }
     for (what, b, w) in [
         ("q", &saved.q16, nh * hd),
@@ -431,7 +449,15 @@ fn flash_backward_opts(
             format!("[{n}, {w}]"),
         )?;
     }
-    let dout16 = gpu.uninit::<u16>(n * nh * hd)?;
+    // dO's BF16 copy made by fa_bwd_prep, or the BF16 dO given (read there).
+    let own16;
+    let (dout_f32, dout16) = match dout {
+        Dout::F32(d) => {
+            own16 = gpu.uninit::<u16>(n * nh * hd)?;
+            (gpu.ptr(d), &own16)
+        }
+        Dout::Bf16(d) => (0, d),
+    };
     let delta = gpu.uninit::<f32>(n * nh)?;
     gpu.launch(
         &FLASH,
@@ -440,11 +466,11 @@ fn flash_backward_opts(
         (128, 1, 1),
         0,
         &[
-            Arg::P(gpu.ptr(dout)),
+            Arg::P(dout_f32),
             Arg::P(gpu.ptr(out)),
             Arg::I(nh as i32),
             Arg::I(hd as i32),
-            Arg::P(gpu.ptr(&dout16)),
+            Arg::P(gpu.ptr(dout16)),
             Arg::P(gpu.ptr(&delta)),
         ],
     )?;
@@ -454,7 +480,7 @@ fn flash_backward_opts(
     let (scale, sl2) = scales(hd);
     let common = |tiles: &CudaSlice<i32>| {
         vec![
-            Arg::P(gpu.ptr(&dout16)),
+            Arg::P(gpu.ptr(dout16)),
             Arg::P(gpu.ptr(&saved.q16)),
             Arg::P(gpu.ptr(&saved.k16)),
             Arg::P(gpu.ptr(&saved.v16)),

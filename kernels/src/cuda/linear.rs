@@ -956,6 +956,35 @@ impl GemmOut {
         Ok(y)
     }
 
+    /// The outputs' `[rows, cols]` results summed into a new f32 buffer, in order
+    /// (the first written, each next one added, as the DGrad epilogues of the
+    /// projections that share an input add them).
+    pub fn finish_sum(
+        outs: &[&GemmOut],
+        gpu: &Gpu,
+        shape: (usize, usize),
+        prec: GemmPrecision,
+    ) -> Result<CudaSlice<f32>> {
+        let (first, rest) = outs
+            .split_first()
+            .ok_or_else(|| super::CudaError::Invalid("a sum of no linear outputs".into()))?;
+        let mut y = first.finish(gpu, shape, prec)?;
+        for o in rest {
+            o.epilogue(gpu, shape, prec, (&mut y, Add::Into))?;
+        }
+        Ok(y)
+    }
+
+    /// The BF16 values `[rows][cols]` when this is a BF16 output without padding
+    /// columns (row stride `cols`): what a consumer can read in place of the f32
+    /// result (each value's f32 is the one the epilogue writes).
+    pub fn bf16_rows(&self, cols: usize) -> Option<&CudaSlice<u16>> {
+        match self {
+            GemmOut::Bf16(d, ld) if *ld == cols => Some(d),
+            _ => None,
+        }
+    }
+
     /// Write (or add, with `Add::Into`) the `[rows, cols]` result into `y`.
     fn epilogue(
         &self,

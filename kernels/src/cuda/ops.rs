@@ -194,7 +194,7 @@ pub fn rmsnorm_backward(
     let mut dw = gpu.uninit::<f32>(shape.1)?;
     let (dx, _) = norm_bwd(
         gpu,
-        (dy, x, w, rstd),
+        (DySrc::F32(dy), x, w, rstd),
         shape,
         dx_opts,
         (&mut dw, false),
@@ -213,6 +213,8 @@ pub fn rmsnorm_backward_acc(
     dw_acc: &mut CudaSlice<f32>,
 ) -> Result<CudaSlice<f32>> {
     check_len("rmsnorm dw accumulator", dw_acc, dim, format!("[{dim}]"))?;
+    let (dy, x, w, rstd) = input;
+    let input = (DySrc::F32(dy), x, w, rstd);
     Ok(norm_bwd(gpu, input, (rows, dim), dx_opts, (dw_acc, true), false)?.0)
 }
 
@@ -229,21 +231,104 @@ pub fn rmsnorm_backward_acc_operand(
 ) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
     check_len("rmsnorm dw accumulator", dw_acc, dim, format!("[{dim}]"))?;
     let want = bf16 && dim % 16 == 0;
-    norm_bwd(gpu, input, (rows, dim), dx_opts, (dw_acc, true), want)
+    let (dy, x, w, rstd) = input;
+    norm_bwd(
+        gpu,
+        (DySrc::F32(dy), x, w, rstd),
+        (rows, dim),
+        dx_opts,
+        (dw_acc, true),
+        want,
+    )
+}
+
+/// [`rmsnorm_backward_acc_operand`] with dy the in-order sum of `parts` (1 to 3
+/// BF16 arrays `[rows][dim]`: the DGrad outputs of the projections that read the
+/// norm's output, as cuBLASLt wrote them). The kernels read the parts where they
+/// read dy, adding them as the DGrad epilogues (`linear_epilogue_bf16`, the first
+/// written, the others added) would have into an f32 dy: the same bits, without
+/// those launches or the f32 dy.
+pub fn rmsnorm_backward_acc_operand_sum(
+    gpu: &Gpu,
+    parts: &[&CudaSlice<u16>],
+    (x, w, rstd): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (rows, dim): (usize, usize),
+    dx_opts: (bool, Option<&CudaSlice<f32>>),
+    dw_acc: &mut CudaSlice<f32>,
+    bf16: bool,
+) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+    ensure((1..=3).contains(&parts.len()), || {
+        format!(
+            "rmsnorm backward: dy as a sum of {} BF16 parts (1 to 3)",
+            parts.len()
+        )
+    })?;
+    for (i, p) in parts.iter().enumerate() {
+        check_len(
+            &format!("rmsnorm dy part {i} (BF16)"),
+            p,
+            rows * dim,
+            format!("[{rows}, {dim}]"),
+        )?;
+    }
+    check_len("rmsnorm dw accumulator", dw_acc, dim, format!("[{dim}]"))?;
+    let want = bf16 && dim % 16 == 0;
+    let dy = DySrc::Bf16Sum(parts);
+    norm_bwd(
+        gpu,
+        (dy, x, w, rstd),
+        (rows, dim),
+        dx_opts,
+        (dw_acc, true),
+        want,
+    )
+}
+
+/// A norm backward's dy: f32 values, or the in-order sum of BF16 arrays of its
+/// shape (`dy_val` in `ops.cu`).
+#[derive(Clone, Copy)]
+enum DySrc<'a> {
+    F32(&'a CudaSlice<f32>),
+    Bf16Sum(&'a [&'a CudaSlice<u16>]),
+}
+
+impl DySrc<'_> {
+    /// The kernels' `dy, p0, p1, p2` arguments (null where unused).
+    fn args(&self, gpu: &Gpu) -> [Arg; 4] {
+        match self {
+            DySrc::F32(d) => [Arg::P(gpu.ptr(*d)), Arg::P(0), Arg::P(0), Arg::P(0)],
+            DySrc::Bf16Sum(p) => {
+                let at = |i: usize| Arg::P(p.get(i).map_or(0, |b| gpu.ptr(*b)));
+                [Arg::P(0), at(0), at(1), at(2)]
+            }
+        }
+    }
+
+    fn check(&self, rows: usize, dim: usize) -> Result<()> {
+        match self {
+            DySrc::F32(d) => check_len(
+                "rmsnorm dy",
+                d,
+                rows * dim,
+                format!("rows {rows}, dim {dim}"),
+            ),
+            DySrc::Bf16Sum(_) => Ok(()),
+        }
+    }
 }
 
 /// Both backwards: the inputs checked, dx returned (with its BF16 operand when
 /// `bf16`), dw written (or added when `add`) into `dw`.
 fn norm_bwd(
     gpu: &Gpu,
-    (dy, x, w, rstd): NormBwdIn,
+    (dy, x, w, rstd): (DySrc, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     (rows, dim): (usize, usize),
     (round, res): (bool, Option<&CudaSlice<f32>>),
     (dw, add): (&mut CudaSlice<f32>, bool),
     bf16: bool,
 ) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+    dy.check(rows, dim)?;
     for (what, b, n) in [
-        ("rmsnorm dy", dy, rows * dim),
         ("rmsnorm x", x, rows * dim),
         ("rmsnorm w", w, dim),
         ("rmsnorm rstd", rstd, rows),
@@ -362,7 +447,7 @@ pub type NormBwdIn<'a> = (
 /// both add in one order, so the bits are the same.
 fn bwd_dx(
     gpu: &Gpu,
-    (dy, x, w, rstd): NormBwdIn,
+    (dy, x, w, rstd): (DySrc, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     (rows, dim): (usize, usize),
     (round, res): (bool, Option<&CudaSlice<f32>>),
     warp_rows: bool,
@@ -387,6 +472,7 @@ fn bwd_dx(
             dim.next_multiple_of(32).clamp(32, 256),
         )
     };
+    let [d, p0, p1, p2] = dy.args(gpu);
     gpu.launch(
         &OPS,
         name,
@@ -394,7 +480,7 @@ fn bwd_dx(
         (threads as u32, 1, 1),
         0,
         &[
-            Arg::P(gpu.ptr(dy)),
+            d,
             Arg::P(gpu.ptr(x)),
             Arg::P(gpu.ptr(w)),
             Arg::P(gpu.ptr(rstd)),
@@ -404,6 +490,9 @@ fn bwd_dx(
             Arg::I(round as i32),
             Arg::P(res.map_or(0, |r| gpu.ptr(r))),
             Arg::P(dx16.as_ref().map_or(0, |b| gpu.ptr(b))),
+            p0,
+            p1,
+            p2,
         ],
     )?;
     Ok((dx, dx16))
@@ -420,7 +509,7 @@ pub fn rmsnorm_bwd_dx_block_rows(
 ) -> Result<CudaSlice<f32>> {
     Ok(bwd_dx(
         gpu,
-        (dy, x, w, rstd),
+        (DySrc::F32(dy), x, w, rstd),
         (rows, dim),
         (round, res),
         false,
@@ -446,7 +535,14 @@ pub fn column_sums(
         format!("[{rows}, {cols}]"),
     )?;
     let mut out = gpu.uninit::<f32>(cols)?;
-    colsum(gpu, a, None, (rows, cols), round, (&mut out, false))?;
+    colsum(
+        gpu,
+        DySrc::F32(a),
+        None,
+        (rows, cols),
+        round,
+        (&mut out, false),
+    )?;
     Ok(out)
 }
 
@@ -465,14 +561,14 @@ pub fn column_sums_acc(
         format!("[{rows}, {cols}]"),
     )?;
     check_len("column sums accumulator", acc, cols, format!("[{cols}]"))?;
-    colsum(gpu, a, None, (rows, cols), round, (acc, true))
+    colsum(gpu, DySrc::F32(a), None, (rows, cols), round, (acc, true))
 }
 
 /// The column sums (of `a`, or of `a * x * rstd` per row) written, or added when
 /// `add`, into `out [cols]`.
 fn colsum(
     gpu: &Gpu,
-    a: &CudaSlice<f32>,
+    a: DySrc,
     xr: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
     (rows, cols): (usize, usize),
     round: bool,
@@ -482,6 +578,7 @@ fn colsum(
     let chunks = rows.div_ceil(CHUNK).max(1);
     let part = gpu.uninit::<f32>(chunks * cols)?;
     let (xp, rp) = xr.map_or((0, 0), |(x, r)| (gpu.ptr(x), gpu.ptr(r)));
+    let [a0, p0, p1, p2] = a.args(gpu);
     gpu.launch(
         &OPS,
         "colsum_partial",
@@ -489,13 +586,16 @@ fn colsum(
         (256, 1, 1),
         0,
         &[
-            Arg::P(gpu.ptr(a)),
+            a0,
             Arg::P(xp),
             Arg::P(rp),
             Arg::I(rows as i32),
             Arg::I(cols as i32),
             Arg::I(CHUNK as i32),
             Arg::P(gpu.ptr(&part)),
+            p0,
+            p1,
+            p2,
         ],
     )?;
     colsum_final(gpu, &part, (chunks, cols), round, (out, add))

@@ -539,7 +539,9 @@ extern "C" __global__ void fa_scatter_bf16(bf16_t* dst, const long* rows, long n
 // The backward's inputs in one pass over dout: delta[r, h] = dout[r, h, :] .
 // out[r, h, :] (the softmax backward's row term) and dout16 = BF16(dout) (RNE, as
 // fa_to_bf16_x3). Grid rows, 128 threads: warp w takes heads w, w+4, ..; lane l the
-// values 4 l .. 4 l + 3 (+128 ..), summed in that order, then across lanes.
+// values 4 l .. 4 l + 3 (+128 ..), summed in that order, then across lanes. dout
+// null: dout16 is the input (the o projection's DGrad output as cuBLASLt wrote it,
+// whose f32 values its epilogue would have written as dout: the same delta).
 extern "C" __global__ void fa_bwd_prep(const float* dout, const float* out, int nh, int hd, bf16_t* dout16,
                                        float* delta) {
     pdl_entry();
@@ -548,8 +550,16 @@ extern "C" __global__ void fa_bwd_prep(const float* dout, const float* out, int 
         const long o0 = ((long)r * nh + h) * hd;
         float s = 0.f;
         for (int d = lane * 4; d < hd; d += 128) {
-            const float4 a = *(const float4*)(dout + o0 + d), b = *(const float4*)(out + o0 + d);
-            *(uint2*)(dout16 + o0 + d) = make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
+            float4 a;
+            if (dout) {
+                a = *(const float4*)(dout + o0 + d);
+                *(uint2*)(dout16 + o0 + d) = make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
+            } else {
+                float v[4];
+                bf16x4_to_f32(*(const uint2*)(dout16 + o0 + d), v);
+                a = make_float4(v[0], v[1], v[2], v[3]);
+            }
+            const float4 b = *(const float4*)(out + o0 + d);
             s += a.x * b.x;
             s += a.y * b.y;
             s += a.z * b.z;

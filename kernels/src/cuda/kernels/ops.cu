@@ -43,13 +43,29 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const float* w, int rows,
     if (threadIdx.x == 0) rstd[r] = rs;
 }
 
+// A norm backward's dy[i]: dy's f32 value, or, when dy is null, the in-order sum of
+// the BF16 arrays p0 (+ p1 (+ p2)) laid out as dy: the DGrad outputs of the
+// projections that read the norm's output, as cuBLASLt wrote them. These are the
+// values their linear_epilogue_bf16 launches wrote into dy (the first as is, each
+// next one added with __fadd_rn(sum, next)), computed where they are read.
+__device__ __forceinline__ float dy_val(const float* dy, const bf16_t* p0, const bf16_t* p1, const bf16_t* p2,
+                                        long i) {
+    if (dy) return dy[i];
+    float v = bf16_to_f32(p0[i]);
+    if (p1) v = __fadd_rn(v, bf16_to_f32(p1[i]));
+    if (p2) v = __fadd_rn(v, bf16_to_f32(p2[i]));
+    return v;
+}
+
 // dx = rstd * (dy*w - xh * mean(dy*w*xh)), xh = x * rstd; one block per row. In the
 // low-precision flows `round` gives the BF16 value (fuses the backward's rounding) and
 // `res` (when not null) is then added (fuses the residual's add_into). dx16 (when not
 // null, dim a multiple of 16): dx's BF16 GEMM operand [rows][dim] as well (fuses
-// pad_bf16_f32 of dx: the next projection's dy).
+// pad_bf16_f32 of dx: the next projection's dy). dy null: dy is dy_val's sum of p0-p2
+// (fuses the DGrad epilogues).
 extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const float* w, const float* rstd,
-                                          int rows, int dim, float* dx, int round, const float* res, bf16_t* dx16) {
+                                          int rows, int dim, float* dx, int round, const float* res, bf16_t* dx16,
+                                          const bf16_t* p0, const bf16_t* p1, const bf16_t* p2) {
     pdl_entry();
     __shared__ float sh[32];
     int r = blockIdx.x, B = blockDim.x, t = threadIdx.x;
@@ -63,14 +79,14 @@ extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const
 #pragma unroll
     for (int u = 0; u < RB; u++) {
         int c = t + u * B;
-        gy[u] = c < dim ? dy[o + c] * w[c] : 0.0f;
+        gy[u] = c < dim ? dy_val(dy, p0, p1, p2, o + c) * w[c] : 0.0f;
         gx[u] = c < dim ? x[o + c] : 0.0f;
     }
     float dot = 0.0f;
 #pragma unroll
     for (int u = 0; u < RB; u++)
         if (t + u * B < dim) dot += gy[u] * (gx[u] * rs);
-    for (int c = t + RB * B; c < dim; c += B) dot += dy[o + c] * w[c] * (x[o + c] * rs);
+    for (int c = t + RB * B; c < dim; c += B) dot += dy_val(dy, p0, p1, p2, o + c) * w[c] * (x[o + c] * rs);
     dot = block_sum(dot, sh);
     float mean = dot / (float)dim;
 #pragma unroll
@@ -84,7 +100,7 @@ extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const
         if (dx16) dx16[o + c] = f32_to_bf16(v);
     }
     for (int c = t + RB * B; c < dim; c += B) {
-        float v = rs * (dy[o + c] * w[c] - x[o + c] * rs * mean);
+        float v = rs * (dy_val(dy, p0, p1, p2, o + c) * w[c] - x[o + c] * rs * mean);
         v = round ? round_bf16(v) : v;
         v = res ? __fadd_rn(v, res[o + c]) : v;
         dx[o + c] = v;
@@ -115,7 +131,7 @@ __device__ __forceinline__ void norm_bwd_row128(const float (&dyv)[4], const flo
 // Takes rmsnorm_bwd_dx's arguments (dim is 128).
 extern "C" __global__ void rmsnorm_bwd_dx128(const float* dy, const float* x, const float* w, const float* rstd,
                                              int rows, int dim, float* dx, int round, const float* res,
-                                             bf16_t* dx16) {
+                                             bf16_t* dx16, const bf16_t* p0, const bf16_t* p1, const bf16_t* p2) {
     pdl_entry();
     const int lane = threadIdx.x & 31, r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (r >= rows) return;
@@ -124,7 +140,7 @@ extern "C" __global__ void rmsnorm_bwd_dx128(const float* dy, const float* x, co
     float dyv[4], xv[4], v[4];
 #pragma unroll
     for (int u = 0; u < 4; u++) {
-        dyv[u] = dy[o + lane + 32 * u];
+        dyv[u] = dy_val(dy, p0, p1, p2, o + lane + 32 * u);
         xv[u] = x[o + lane + 32 * u];
     }
     norm_bwd_row128(dyv, xv, w, rs, lane, v);
@@ -235,8 +251,10 @@ extern "C" __global__ void qk_norm_rope_bwd(const float* dy, const float* x, con
 // adds rows g, g + 8, .. of the chunk in that order, then warp 0 adds the eight
 // warps' sums in warp order. (A thread a column over 64 rows, and one thread a
 // column over all chunks, kept the 128-wide q/k norms' 1,024 chunks latency-bound.)
+// a null: a is dy_val's sum of p0-p2 (a norm's dw from its projections' DGrad outputs).
 extern "C" __global__ void colsum_partial(const float* a, const float* x, const float* rstd, int rows,
-                                          int cols, int chunk, float* part) {
+                                          int cols, int chunk, float* part, const bf16_t* p0, const bf16_t* p1,
+                                          const bf16_t* p2) {
     pdl_entry();
     __shared__ float sh[8][33];
     const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
@@ -252,7 +270,7 @@ extern "C" __global__ void colsum_partial(const float* a, const float* x, const 
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 const long i = (long)(r + 8 * u) * cols + c;
-                v[u] = a[i];
+                v[u] = dy_val(a, p0, p1, p2, i);
                 xs[u] = x ? x[i] : 0.0f;
                 rs[u] = x ? rstd[r + 8 * u] : 0.0f;
             }
@@ -261,7 +279,7 @@ extern "C" __global__ void colsum_partial(const float* a, const float* x, const 
         }
         for (; r < r1; r += 8) {
             const long i = (long)r * cols + c;
-            colsum_add(s, a[i], x ? x[i] : 0.0f, x ? rstd[r] : 0.0f, x != nullptr);
+            colsum_add(s, dy_val(a, p0, p1, p2, i), x ? x[i] : 0.0f, x ? rstd[r] : 0.0f, x != nullptr);
         }
     }
     sh[g][lane] = s;

@@ -958,7 +958,7 @@ pub fn swiglu_backward_bf16(
         } else {
             "swiglu_bwd_bf16"
         },
-        grid1(rows * ldb),
+        grid1((rows * ldb).div_ceil(4)),
         (256, 1, 1),
         0,
         &[

@@ -33,6 +33,34 @@ __device__ __forceinline__ void bf16x4_to_f32(uint2 q, float v[4]) {
 __device__ __forceinline__ float to_f32(float f) { return f; }
 __device__ __forceinline__ float to_f32(bf16_t h) { return bf16_to_f32(h); }
 
+// Four consecutive values at column c (c % 4 == 0) of a row; zero beyond `cols`.
+__device__ __forceinline__ void load4(const float* row, int c, int cols, bool vec, float v[4]) {
+    if (vec && c + 3 < cols) {
+        float4 q = *reinterpret_cast<const float4*>(row + c);
+        v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+    } else {
+        for (int i = 0; i < 4; i++) v[i] = c + i < cols ? row[c + i] : 0.0f;
+    }
+}
+__device__ __forceinline__ void load4(const bf16_t* row, int c, int cols, bool vec, float v[4]) {
+    if (vec && c + 3 < cols) {
+        bf16x4_to_f32(*reinterpret_cast<const uint2*>(row + c), v);
+    } else {
+        for (int i = 0; i < 4; i++) v[i] = c + i < cols ? bf16_to_f32(row[c + i]) : 0.0f;
+    }
+}
+
+// Four f32 values to columns c .. c+3 (c % 4 == 0) of a row, those below `cols`: one
+// 16-byte store when vec (row 16-byte aligned) and all four are in the row.
+__device__ __forceinline__ void store4(float* row, int c, int cols, bool vec, const float v[4]) {
+    if (vec && c + 3 < cols) {
+        *reinterpret_cast<float4*>(row + c) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+        for (int i = 0; i < 4; i++)
+            if (c + i < cols) row[c + i] = v[i];
+    }
+}
+
 // Two f32 -> packed BF16x2, round to nearest even (lo in the low half): the
 // tensor-core attention's operands (flash.cu, flash_wg.cu).
 __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {

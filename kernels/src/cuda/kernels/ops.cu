@@ -421,6 +421,10 @@ extern "C" __global__ void qkv_sk_norm_rope(SkIn qi, SkIn ki, SkIn vi, const flo
 }
 
 // ---- swiglu ----------------------------------------------------------------------
+// Two f32 as BF16 (f32_to_bf16 each: the bits of two scalar stores), lo first.
+__device__ __forceinline__ u32 pack2_bf16(float lo, float hi) {
+    return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+}
 extern "C" __global__ void swiglu_fwd(const float* gate, const float* up, long n, float* h) {
     pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -445,23 +449,36 @@ extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const 
 // to_bf16_padded of swiglu_bwd's outputs, whose values are already BF16: the same
 // bits). dh [rows, cols] f32 (ldh = cols) or, in _dh16, the down projection's DGrad
 // output as cuBLASLt wrote it in BF16 (row stride ldh; fuses its linear_epilogue_bf16,
-// whose f32 values are these: the same bits). Grid ceil(rows * ldb / 256), 256 threads.
+// whose f32 values are these: the same bits). Four outputs a thread (ldb is a multiple
+// of 16, so they share a row; 16-byte loads and 8-byte stores where aligned): grid
+// ceil(rows * ldb / 1024), 256 threads.
 template <typename DH>
 __device__ __forceinline__ void swiglu_bwd_bf16_at(const DH* dh, long ldh, const float* gate, const float* up,
                                                    int rows, int cols, int ldb, bf16_t* dgate, bf16_t* dup) {
-    long o = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long o = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (o >= (long)rows * ldb) return;
-    int c = (int)(o % ldb);
-    long r = o / ldb, i = r * cols + c;
-    if (c >= cols) {
-        dgate[o] = 0;
-        dup[o] = 0;
-        return;
+    const int c = (int)(o % ldb);
+    const long r = o / ldb;
+    const bool vec = ((cols | ldh) & 3) == 0 && (((u64)dh | (u64)gate | (u64)up) & 15) == 0;
+    float d[4], gv[4], uv[4], dg[4], du[4];
+    load4(dh + r * ldh, c, cols, vec, d);
+    load4(gate + r * cols, c, cols, vec, gv);
+    load4(up + r * cols, c, cols, vec, uv);
+    for (int j = 0; j < 4; j++) {
+        dg[j] = du[j] = 0.0f;  // padding columns
+        if (c + j < cols) swiglu_grads(d[j], gv[j], uv[j], dg[j], du[j]);
     }
-    float dg, du;
-    swiglu_grads(to_f32(dh[r * ldh + c]), gate[i], up[i], dg, du);
-    dgate[o] = f32_to_bf16(dg);
-    dup[o] = f32_to_bf16(du);
+    const uint2 pg = make_uint2(pack2_bf16(dg[0], dg[1]), pack2_bf16(dg[2], dg[3]));
+    const uint2 pu = make_uint2(pack2_bf16(du[0], du[1]), pack2_bf16(du[2], du[3]));
+    if (((u64)dgate | (u64)dup) & 7) {
+        for (int j = 0; j < 4; j++) {
+            dgate[o + j] = f32_to_bf16(dg[j]);
+            dup[o + j] = f32_to_bf16(du[j]);
+        }
+    } else {
+        *reinterpret_cast<uint2*>(dgate + o) = pg;
+        *reinterpret_cast<uint2*>(dup + o) = pu;
+    }
 }
 extern "C" __global__ void swiglu_bwd_bf16(const float* dh, const float* gate, const float* up, int rows, int cols,
                                            int ldb, bf16_t* dgate, bf16_t* dup) {

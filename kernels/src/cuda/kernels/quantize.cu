@@ -10,23 +10,6 @@
 // layout pads the K stride to 4). Padding holds code 0; a padding-only group has scale 1.
 // Inputs are f32 or bf16 (`_bf16` kernels), with a row stride ldx.
 
-// Four consecutive values at column c (c % 4 == 0) of a row; zero beyond `cols`.
-__device__ __forceinline__ void load4(const float* row, int c, int cols, bool vec, float v[4]) {
-    if (vec && c + 3 < cols) {
-        float4 q = *reinterpret_cast<const float4*>(row + c);
-        v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
-    } else {
-        for (int i = 0; i < 4; i++) v[i] = c + i < cols ? row[c + i] : 0.0f;
-    }
-}
-__device__ __forceinline__ void load4(const bf16_t* row, int c, int cols, bool vec, float v[4]) {
-    if (vec && c + 3 < cols) {
-        bf16x4_to_f32(*reinterpret_cast<const uint2*>(row + c), v);
-    } else {
-        for (int i = 0; i < 4; i++) v[i] = c + i < cols ? bf16_to_f32(row[c + i]) : 0.0f;
-    }
-}
-
 // The four codes of v (scale d), by the hardware conversion of the quotients, or
 // (SW, kept as the check of both) by e4m3_encode of the division itself.
 template <bool SW = false>
@@ -474,15 +457,15 @@ __device__ __forceinline__ void rmsnorm_operand_at(Load load, const float* w, in
     }
     ss = block_sum(ss, sh);
     const float rs = 1.0f / sqrtf(ss / (float)dim + eps);
+    const bool vec = (dim & 3) == 0 && (((u64)y | (u64)w) & 15) == 0;  // y's stores 16 bytes a lane
 #pragma unroll
     for (int i = 0; i < G; i++) {
         int g = warp + i * nw, c = g * 128 + lane * 4;
         if (g >= L) break;  // warp-uniform
-        for (int j = 0; j < 4; j++) {
-            float o = real && c + j < dim ? w[c + j] * (v[i][j] * rs) : 0.0f;
-            if (real && c + j < dim) y[(long)r * dim + c + j] = o;
-            v[i][j] = o;
-        }
+        float wv[4];
+        load4(w, c, dim, vec, wv);
+        for (int j = 0; j < 4; j++) v[i][j] = real && c + j < dim ? wv[j] * (v[i][j] * rs) : 0.0f;
+        if (real) store4(y + (long)r * dim, c, dim, vec, v[i]);
         store_operand4(v[i], r, g, c, lane, rows_pad, cols_pad, codes, scales, yb);
     }
     if (threadIdx.x == 0 && real) rstd[r] = rs;
@@ -529,8 +512,10 @@ __device__ __forceinline__ void swiglu_operand_at(Load load, int rows, int cols,
     for (int j = 0; j < 4; j++) {
         bool in = r < rows && c + j < cols;
         v[j] = in ? gv[j] * sigmoid(gv[j]) * uv[j] : 0.0f;
-        if (in && h) h[(long)r * cols + c + j] = v[j];
     }
+    // h's stores 16 bytes a lane (four 4-byte stores 16 bytes apart kept the kernel
+    // at half the copy bandwidth).
+    if (h && r < rows) store4(h + (long)r * cols, c, cols, (cols & 3) == 0 && ((u64)h & 15) == 0, v);
     store_operand4(v, r, g, c, lane, rows_pad, cols_pad, codes, scales, yb);
 }
 

@@ -246,7 +246,6 @@ pub fn backward(
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
         // The o projection's DGrad output, read by the flash backward as its BF16
         // dO where it is BF16 without padding.
-        let qd_ = nh * hd;
         let dattn_raw = cx.linear_raw(
             dh16.as_ref().map_or(Dy::F32(&dh_mid), Dy::Bf16),
             (&a.attn, attn_in),
@@ -255,10 +254,10 @@ pub fn backward(
             (lx.o, None),
         )?;
         let dattn_f32;
-        let dout = match (&a.saved, dattn_raw.bf16_rows(qd_)) {
+        let dout = match (&a.saved, dattn_raw.bf16_rows(qd)) {
             (AttnSaved::Flash(_), Some(d16)) => Dout::Bf16(d16),
             _ => {
-                dattn_f32 = dattn_raw.finish(g, (m, qd_), cx.precs().0)?;
+                dattn_f32 = dattn_raw.finish(g, (m, qd), cx.precs().0)?;
                 Dout::F32(&dattn_f32)
             }
         };

@@ -699,7 +699,7 @@ pub fn linear_backward(
 ) -> Result<GpuLinearGrads> {
     let mut dw = gpu.uninit::<f32>(w.n * w.k)?;
     let mut dx = gpu.uninit::<f32>(m * w.k)?;
-    let dxo = Some((&mut dx, false));
+    let dxo = Some(&mut dx);
     let xin = &mut XOperand::default();
     backward_to(
         gpu,
@@ -736,7 +736,7 @@ pub fn linear_backward_into(
         w,
         (dgrad, wgrad),
         (dw_acc, true),
-        Some((&mut dx, false)),
+        Some(&mut dx),
         xin,
     )?;
     Ok(dx)
@@ -756,28 +756,6 @@ pub fn linear_backward_raw(
     let precs = (dgrad, wgrad);
     backward_to(gpu, (dy, x, m), w, precs, (dw_acc, true), None, xin)?
         .ok_or_else(|| super::CudaError::Invalid("linear backward: no DGrad output".into()))
-}
-
-/// [`linear_backward_into`] adding dx too, into `dx_acc [m, k]` (the inputs shared
-/// by several layers: q, k, v and gate, up), as `tensor::add_into` would.
-pub fn linear_backward_add(
-    gpu: &Gpu,
-    (dy, x, m): (Dy, &CudaSlice<f32>, usize),
-    w: &GpuWeight,
-    (dgrad, wgrad): (GemmPrecision, GemmPrecision),
-    (dw_acc, dx_acc): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
-    xin: &mut XOperand,
-) -> Result<()> {
-    backward_to(
-        gpu,
-        (dy, x, m),
-        w,
-        (dgrad, wgrad),
-        (dw_acc, true),
-        Some((dx_acc, true)),
-        xin,
-    )
-    .map(drop)
 }
 
 /// The bias gradient `[n]` of a linear layer: dy's column sums (rounded to
@@ -803,15 +781,15 @@ pub fn linear_bias_grad_acc(
     super::ops::column_sums_acc(gpu, dy, (m, n), wgrad != GemmPrecision::F32, db)
 }
 
-/// DGrad (written, or added when `dx_acc`, into `dx`) and WGrad (written, or added
-/// when `acc`, into `dw`).
+/// DGrad (written into `dx`, or returned as the GEMM wrote it when `dx` is None)
+/// and WGrad (written, or added when `acc`, into `dw`).
 fn backward_to(
     gpu: &Gpu,
     (dy, x, m): (Dy, &CudaSlice<f32>, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     (dw, acc): (&mut CudaSlice<f32>, bool),
-    dx: Option<(&mut CudaSlice<f32>, bool)>,
+    dx: Option<&mut CudaSlice<f32>>,
     xin: &mut XOperand,
 ) -> Result<Option<GemmOut>> {
     let (n, k) = (w.n, w.k);
@@ -881,11 +859,10 @@ fn backward_to(
             GemmOut::Bf16(d, ld)
         }
     };
-    // DGrad's output into dx (written or added), or returned as written.
+    // DGrad's output into dx, or returned as written.
     let raw = match dx {
-        Some((dx, dx_acc)) => {
-            let dx_add = if dx_acc { Add::Into } else { Add::Nothing };
-            d.epilogue(gpu, (m, k), dgrad, (dx, dx_add))?;
+        Some(dx) => {
+            d.epilogue(gpu, (m, k), dgrad, (dx, Add::Nothing))?;
             None
         }
         None => Some(d),

@@ -207,15 +207,13 @@ pub fn rmsnorm_backward(
 /// `tensor::add_into` of the returned dw, in the column sums' last launch); returns dx.
 pub fn rmsnorm_backward_acc(
     gpu: &Gpu,
-    input: NormBwdIn,
-    (rows, dim): (usize, usize),
+    (dy, x, w, rstd): NormBwdIn,
+    shape: (usize, usize),
     dx_opts: (bool, Option<&CudaSlice<f32>>),
     dw_acc: &mut CudaSlice<f32>,
 ) -> Result<CudaSlice<f32>> {
-    check_len("rmsnorm dw accumulator", dw_acc, dim, format!("[{dim}]"))?;
-    let (dy, x, w, rstd) = input;
     let input = (DySrc::F32(dy), x, w, rstd);
-    Ok(norm_bwd(gpu, input, (rows, dim), dx_opts, (dw_acc, true), false)?.0)
+    Ok(norm_bwd_acc(gpu, input, shape, dx_opts, dw_acc, false)?.0)
 }
 
 /// [`rmsnorm_backward_acc`] that also returns dx's BF16 GEMM operand `[rows][dim]`
@@ -223,23 +221,14 @@ pub fn rmsnorm_backward_acc(
 /// `dim` is a multiple of 16 (no padding columns); otherwise None.
 pub fn rmsnorm_backward_acc_operand(
     gpu: &Gpu,
-    input: NormBwdIn,
-    (rows, dim): (usize, usize),
+    (dy, x, w, rstd): NormBwdIn,
+    shape: (usize, usize),
     dx_opts: (bool, Option<&CudaSlice<f32>>),
     dw_acc: &mut CudaSlice<f32>,
     bf16: bool,
 ) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
-    check_len("rmsnorm dw accumulator", dw_acc, dim, format!("[{dim}]"))?;
-    let want = bf16 && dim % 16 == 0;
-    let (dy, x, w, rstd) = input;
-    norm_bwd(
-        gpu,
-        (DySrc::F32(dy), x, w, rstd),
-        (rows, dim),
-        dx_opts,
-        (dw_acc, true),
-        want,
-    )
+    let input = (DySrc::F32(dy), x, w, rstd);
+    norm_bwd_acc(gpu, input, shape, dx_opts, dw_acc, bf16)
 }
 
 /// [`rmsnorm_backward_acc_operand`] with dy the in-order sum of `parts` (1 to 3
@@ -252,36 +241,28 @@ pub fn rmsnorm_backward_acc_operand_sum(
     gpu: &Gpu,
     parts: &[&CudaSlice<u16>],
     (x, w, rstd): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    shape: (usize, usize),
+    dx_opts: (bool, Option<&CudaSlice<f32>>),
+    dw_acc: &mut CudaSlice<f32>,
+    bf16: bool,
+) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+    let input = (DySrc::Bf16Sum(parts), x, w, rstd);
+    norm_bwd_acc(gpu, input, shape, dx_opts, dw_acc, bf16)
+}
+
+/// The three above: dw added into `dw_acc [dim]`, and dx's BF16 operand when `bf16`
+/// and `dim` is a multiple of 16.
+fn norm_bwd_acc(
+    gpu: &Gpu,
+    input: (DySrc, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
     (rows, dim): (usize, usize),
     dx_opts: (bool, Option<&CudaSlice<f32>>),
     dw_acc: &mut CudaSlice<f32>,
     bf16: bool,
 ) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
-    ensure((1..=3).contains(&parts.len()), || {
-        format!(
-            "rmsnorm backward: dy as a sum of {} BF16 parts (1 to 3)",
-            parts.len()
-        )
-    })?;
-    for (i, p) in parts.iter().enumerate() {
-        check_len(
-            &format!("rmsnorm dy part {i} (BF16)"),
-            p,
-            rows * dim,
-            format!("[{rows}, {dim}]"),
-        )?;
-    }
     check_len("rmsnorm dw accumulator", dw_acc, dim, format!("[{dim}]"))?;
     let want = bf16 && dim % 16 == 0;
-    let dy = DySrc::Bf16Sum(parts);
-    norm_bwd(
-        gpu,
-        (dy, x, w, rstd),
-        (rows, dim),
-        dx_opts,
-        (dw_acc, true),
-        want,
-    )
+    norm_bwd(gpu, input, (rows, dim), dx_opts, (dw_acc, true), want)
 }
 
 /// A norm backward's dy: f32 values, or the in-order sum of BF16 arrays of its
@@ -304,6 +285,7 @@ impl DySrc<'_> {
         }
     }
 
+    /// dy against `[rows, dim]`: the f32 values, or each of 1 to 3 BF16 parts.
     fn check(&self, rows: usize, dim: usize) -> Result<()> {
         match self {
             DySrc::F32(d) => check_len(
@@ -312,7 +294,23 @@ impl DySrc<'_> {
                 rows * dim,
                 format!("rows {rows}, dim {dim}"),
             ),
-            DySrc::Bf16Sum(_) => Ok(()),
+            DySrc::Bf16Sum(parts) => {
+                ensure((1..=3).contains(&parts.len()), || {
+                    format!(
+                        "rmsnorm backward: dy as a sum of {} BF16 parts (1 to 3)",
+                        parts.len()
+                    )
+                })?;
+                for (i, p) in parts.iter().enumerate() {
+                    check_len(
+                        &format!("rmsnorm dy part {i} (BF16)"),
+                        p,
+                        rows * dim,
+                        format!("[{rows}, {dim}]"),
+                    )?;
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -22,6 +22,11 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
 }
 
 __device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+// Two f32 as packed BF16, lo first, by f32_to_bf16 each (the bits of two scalar
+// stores; pack_bf16x2's instruction differs only in NaN payloads).
+__device__ __forceinline__ u32 pack2_bf16(float lo, float hi) {
+    return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+}
 // Four consecutive BF16 values (8 bytes, lo first) as f32: exact.
 __device__ __forceinline__ void bf16x4_to_f32(uint2 q, float v[4]) {
     v[0] = __uint_as_float(q.x << 16);

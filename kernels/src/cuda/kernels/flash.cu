@@ -287,9 +287,7 @@ __device__ __forceinline__ void fa_finish(float (&o)[D / 8][4], const float (&m)
         for (int nd = 0; nd < D / 8; nd++) {
             float2 v = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
             *(float2*)(out + orow[i] + nd * 8 + 2 * (lane & 3)) = v;
-            if (o16)
-                *(u32*)(o16 + orow[i] + nd * 8 + 2 * (lane & 3)) =
-                    (u32)f32_to_bf16(v.x) | ((u32)f32_to_bf16(v.y) << 16);
+            if (o16) *(u32*)(o16 + orow[i] + nd * 8 + 2 * (lane & 3)) = pack2_bf16(v.x, v.y);
         }
         if (lse && (lane & 3) == 0) lse[lrow[i]] = m[i] + log2f(l[i]);
     }
@@ -382,8 +380,7 @@ __device__ __forceinline__ void fa_dec_operand(const float (&o)[D / 8][4], const
         if (op.yb && valid) {
 #pragma unroll
             for (int nd = 0; nd < D / 8; nd++)
-                *(u32*)(op.yb + at + nd * 8) =
-                    (u32)f32_to_bf16(o[nd][2 * i] * inv) | ((u32)f32_to_bf16(o[nd][2 * i + 1] * inv) << 16);
+                *(u32*)(op.yb + at + nd * 8) = pack2_bf16(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
         }
         if (!op.codes) continue;
 #pragma unroll
@@ -673,7 +670,7 @@ __device__ void fa_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
             const float2 v2 = round_dv ? make_float2(round_bf16(av[nd][2 * i]), round_bf16(av[nd][2 * i + 1]))
                                        : make_float2(av[nd][2 * i], av[nd][2 * i + 1]);
             *(float2*)(dv + row + d) = v2;
-            if (dv16) *(u32*)(dv16 + row + d) = (u32)f32_to_bf16(v2.x) | ((u32)f32_to_bf16(v2.y) << 16);
+            if (dv16) *(u32*)(dv16 + row + d) = pack2_bf16(v2.x, v2.y);
         }
     }
 }

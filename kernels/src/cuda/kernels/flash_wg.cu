@@ -214,7 +214,7 @@ __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
                 const float2 v2 = round_dv ? make_float2(round_bf16(av[p][e]), round_bf16(av[p][e + 1]))
                                            : make_float2(av[p][e], av[p][e + 1]);
                 *(float2*)(dv + row + d) = v2;
-                if (dv16) *(u32*)(dv16 + row + d) = (u32)f32_to_bf16(v2.x) | ((u32)f32_to_bf16(v2.y) << 16);
+                if (dv16) *(u32*)(dv16 + row + d) = pack2_bf16(v2.x, v2.y);
             }
     }
 }

@@ -421,10 +421,6 @@ extern "C" __global__ void qkv_sk_norm_rope(SkIn qi, SkIn ki, SkIn vi, const flo
 }
 
 // ---- swiglu ----------------------------------------------------------------------
-// Two f32 as BF16 (f32_to_bf16 each: the bits of two scalar stores), lo first.
-__device__ __forceinline__ u32 pack2_bf16(float lo, float hi) {
-    return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
-}
 extern "C" __global__ void swiglu_fwd(const float* gate, const float* up, long n, float* h) {
     pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;

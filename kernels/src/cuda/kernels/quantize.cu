@@ -387,9 +387,7 @@ extern "C" __global__ void pad_bf16_f32_x4(const float* x, long ldx, int rows, i
             for (int j = 0; j < 4; j++) v[j] = c + j < cols ? xr[j] : 0.f;
         }
     }
-    u32 lo = (u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16);
-    u32 hi = (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16);
-    *(uint2*)(y + (long)r * cols_pad + c) = make_uint2(lo, hi);
+    *(uint2*)(y + (long)r * cols_pad + c) = make_uint2(pack2_bf16(v[0], v[1]), pack2_bf16(v[2], v[3]));
 }
 
 // Fill with deterministic pseudo-random values in [-amp, amp) (tests and timings).
@@ -417,9 +415,7 @@ __device__ __forceinline__ void store_operand4(const float v[4], int r, int g, i
         if (lane == 0) scales[(long)g * rows_pad + r] = s;
     }
     if (yb && c < cols_pad) {
-        u32 lo = (u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16);
-        u32 hi = (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16);
-        *(uint2*)(yb + (long)r * cols_pad + c) = make_uint2(lo, hi);
+        *(uint2*)(yb + (long)r * cols_pad + c) = make_uint2(pack2_bf16(v[0], v[1]), pack2_bf16(v[2], v[3]));
     }
 }
 

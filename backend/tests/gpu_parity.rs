@@ -14,7 +14,9 @@ use common::{expected, fixture};
 use jet_backend::config::RunConfig;
 use jet_backend::gpu::forward::forward as gpu_forward;
 use jet_backend::gpu::optim::global_norm_gpu;
-use jet_backend::gpu::{open_gpu, run_pass_gpu, GpuAdam, GpuDecoder, GpuModel, GpuWeights};
+use jet_backend::gpu::{
+    open_gpu, run_pass_gpu, GpuAdam, GpuDecoder, GpuGrads, GpuModel, GpuWeights,
+};
 use jet_backend::model::{init_random, load_model, Arch, ModelConfig, ModelWeights};
 use jet_backend::rl::mismatch::mismatch;
 use jet_backend::rl::optim::{global_norm, AdamW, OptimConfig, Schedule};
@@ -194,7 +196,7 @@ fn whole_step_matches_cpu() {
         let norm_c = oc.step(&mut wc, &gc, &ocfg(), 1e-3);
         // GPU.
         let mut dw = GpuWeights::upload(&g, &w0).unwrap();
-        let mut dg = GpuWeights::zeros_like(&g, &dw).unwrap();
+        let mut dg = GpuGrads::zeros_like(&g, &dw).unwrap();
         let mut gf_g = |i: usize, _t: usize, lp: f64, _e: f64| {
             loss_g -= adv[i] * lp / n_tok as f64;
             (-adv[i] / n_tok as f64, 0.0)
@@ -288,7 +290,7 @@ fn training_pass_reads_only_what_it_wrote() {
         for flow in [Flow::F32, Flow::Bf16, Flow::Fp8] {
             let grads = |fill: u8| {
                 poison_pool(&g, 1 << 30, fill);
-                let mut dg = GpuWeights::zeros_like(&g, &dw).unwrap();
+                let mut dg = GpuGrads::zeros_like(&g, &dw).unwrap();
                 let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
                 let mut gf = |i: usize, _t: usize, _lp: f64, _e: f64| (-adv[i] / n_tok as f64, 0.0);
                 run_pass_gpu(&model, &seqs, 0.8, 2, Some((&mut gf, &mut dg))).unwrap();

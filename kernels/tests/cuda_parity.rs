@@ -615,7 +615,8 @@ fn linear_layer_matches_cpu() {
             // dy given as its BF16 operand: the bits of dy given in f32 (BF16
             // GEMMs); refused by the others.
             let dyb = gq::to_bf16_padded(&g, &ddy, m, n, m, cuda::pad16(n)).unwrap();
-            let (mut acc_f, mut acc_b) = (up(&g, &w), up(&g, &w));
+            let gacc = |x: &[f32]| cuda::grad::GradAcc::from_f32(up(&g, x));
+            let (mut acc_f, mut acc_b) = (gacc(&w), gacc(&w));
             let (precs, xi) = ((prec, prec), &mut glin::XOperand::default());
             let dx_f = glin::linear_backward_into(
                 &g,
@@ -641,7 +642,10 @@ fn linear_layer_matches_cpu() {
                     bits_differ(
                         &dl(&g, &dx_f.unwrap(), m * k),
                         &dl(&g, &dx_b.unwrap(), m * k),
-                    ) + bits_differ(&dl(&g, &acc_f, n * k), &dl(&g, &acc_b, n * k)),
+                    ) + bits_differ(
+                        &dl(&g, acc_f.f32_mut(&g).unwrap(), n * k),
+                        &dl(&g, acc_b.f32_mut(&g).unwrap(), n * k),
+                    ),
                 ),
                 _ => assert!(
                     dx_b.err()
@@ -1836,7 +1840,7 @@ fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
         .enumerate()
         .map(|(i, [p, gr, m, v])| gadam::AdamTensor {
             p,
-            g: &*gr,
+            g: cuda::grad::GradSrc::f32(gr),
             m,
             v,
             decay: i % 2 == 0,
@@ -1860,7 +1864,8 @@ fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
         gten::sum_squares_into(&g, x, sizes[i], &mut acc1, i).unwrap();
     }
     let mut acc2 = g.zeros::<f64>(xs.len()).unwrap();
-    gten::sum_squares_multi(&g, &xs, &mut acc2).unwrap();
+    let srcs: Vec<_> = xs.iter().map(|x| cuda::grad::GradSrc::f32(x)).collect();
+    gten::sum_squares_multi(&g, &srcs, &mut acc2).unwrap();
     let (a1, a2) = (g.download(&acc1).unwrap(), g.download(&acc2).unwrap());
     let sdiff = a1
         .iter()
@@ -1872,6 +1877,133 @@ fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
         "5 tensors",
         sdiff,
     );
+    done();
+}
+
+/// A gradient whose last WGrad output is held in BF16 (`GradAcc`) reads, in the
+/// gradient norm and AdamW, as the f32 gradient its epilogue would have written:
+/// accumulators never written (+0, signed zeros among the addends), written, and
+/// with two addends (the first added when the second arrives); settling it gives
+/// those values too.
+#[test]
+fn held_bf16_gradients_read_as_the_epilogue_wrote_them() {
+    use cuda::grad::{GradAcc, GradSrc};
+    let Some(g) = gpu() else { return };
+    let sizes = [1_000_003usize, 5, 4096, 70_001];
+    // BF16 codes of random values, with +-0 and a few large ones among them.
+    let bf = |n: usize, seed: u64| -> Vec<u16> {
+        let v = nasty(1, n, seed);
+        v.iter()
+            .enumerate()
+            .map(|(i, x)| match i % 97 {
+                0 => 0x8000,
+                1 => 0,
+                _ => half::bf16::from_f32(*x).to_bits(),
+            })
+            .collect()
+    };
+    let f = |b: &[u16]| -> Vec<f32> {
+        b.iter()
+            .map(|&h| half::bf16::from_bits(h).to_f32())
+            .collect()
+    };
+    let s = gadam::AdamStep {
+        lr: 3e-4,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        bc1: 1.0 - 0.9f64.powi(2),
+        bc2: 1.0 - 0.95f64.powi(2),
+        wd_factor: 1.0 - 3e-4 * 0.1,
+        decay: true,
+        grad_scale: 0.37,
+    };
+    // case 0: never written + one addend; 1: written + one addend; 2: never
+    // written + two addends; 3: written, no addend.
+    for case in 0..4 {
+        let mut accs: Vec<GradAcc> = Vec::new();
+        let mut want: Vec<Vec<f32>> = Vec::new();
+        for (t, &n) in sizes.iter().enumerate() {
+            let seed = 300 + 10 * t as u64 + case;
+            let base = nasty(1, n, seed);
+            let (b1, b2) = (bf(n, seed + 1), bf(n, seed + 2));
+            let mut a = match case {
+                1 | 3 => GradAcc::from_f32(up(&g, &base)),
+                _ => GradAcc::new(&g, n).unwrap(),
+            };
+            // The epilogue's values: a zeroed (or written) f32, each dW added.
+            let mut w: Vec<f32> = match case {
+                1 | 3 => base.clone(),
+                _ => vec![0.0; n],
+            };
+            let adds: Vec<&Vec<u16>> = match case {
+                0 | 1 => vec![&b1],
+                2 => vec![&b1, &b2],
+                _ => vec![],
+            };
+            for b in adds {
+                a.add_bf16(&g, g.upload(b).unwrap()).unwrap();
+                w.iter_mut().zip(f(b)).for_each(|(x, y)| *x += y);
+            }
+            accs.push(a);
+            want.push(w);
+        }
+        let sh = format!("case {case}, {} tensors", sizes.len());
+        // Gradient norm.
+        let srcs: Vec<GradSrc> = accs.iter().map(|a| a.src()).collect();
+        let (mut s1, mut s2) = (g.zeros::<f64>(4).unwrap(), g.zeros::<f64>(4).unwrap());
+        gten::sum_squares_multi(&g, &srcs, &mut s1).unwrap();
+        let ups: Vec<_> = want.iter().map(|w| up(&g, w)).collect();
+        let plain: Vec<GradSrc> = ups.iter().map(GradSrc::f32).collect();
+        gten::sum_squares_multi(&g, &plain, &mut s2).unwrap();
+        let (a1, a2) = (g.download(&s1).unwrap(), g.download(&s2).unwrap());
+        let nd = a1
+            .iter()
+            .zip(&a2)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        report_exact("sum of squares, held BF16 gradient vs f32", &sh, nd);
+        // AdamW.
+        let state = |t: usize| {
+            let n = sizes[t];
+            let v: Vec<f32> = rnd(n, 500 + t as u64, 1e-2).iter().map(|x| x * x).collect();
+            [nasty(1, n, 400 + t as u64), rnd(n, 450 + t as u64, 1e-2), v]
+        };
+        let dev = || -> Vec<[cudarc::driver::CudaSlice<f32>; 3]> {
+            (0..sizes.len())
+                .map(|t| state(t).map(|x| up(&g, &x)))
+                .collect()
+        };
+        let (mut held, mut flat) = (dev(), dev());
+        for (ps, srcs) in [(&mut held, &srcs), (&mut flat, &plain)] {
+            let mut ts: Vec<gadam::AdamTensor> = ps
+                .iter_mut()
+                .zip(srcs.iter())
+                .map(|([p, m, v], gs)| gadam::AdamTensor {
+                    p,
+                    g: *gs,
+                    m,
+                    v,
+                    decay: true,
+                })
+                .collect();
+            gadam::adamw_multi(&g, &mut ts, &s).unwrap();
+        }
+        let mut diff = 0;
+        for (t, (a, b)) in held.iter().zip(&flat).enumerate() {
+            for j in 0..3 {
+                diff += bits_differ(&dl(&g, &a[j], sizes[t]), &dl(&g, &b[j], sizes[t]));
+            }
+        }
+        report_exact("adamw, held BF16 gradient vs f32 (p, m, v)", &sh, diff);
+        // Settled into f32.
+        drop(srcs);
+        let mut diff = 0;
+        for (t, a) in accs.iter_mut().enumerate() {
+            diff += bits_differ(&dl(&g, a.f32_mut(&g).unwrap(), sizes[t]), &want[t]);
+        }
+        report_exact("held BF16 gradient settled into f32", &sh, diff);
+    }
     done();
 }
 

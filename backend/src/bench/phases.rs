@@ -14,7 +14,9 @@ use serde::Serialize;
 
 use super::eos::{EosAt, EOS};
 use super::{mem_used_gib, BenchArgs, Report};
-use crate::gpu::{run_pass_gpu, GpuAdam, GpuDecoder, GpuModel, GpuWeights, PreparedParts};
+use crate::gpu::{
+    run_pass_gpu, GpuAdam, GpuDecoder, GpuGrads, GpuModel, GpuWeights, PreparedParts,
+};
 use crate::model::ModelConfig;
 use crate::rl::optim::{OptimConfig, Schedule};
 use crate::rollout::engine::{generate_with, GenConfig, Sample};
@@ -228,7 +230,7 @@ fn train(
     g: &std::sync::Arc<Gpu>,
     cfg: &ModelConfig,
     w: &mut GpuWeights,
-    grads: &mut GpuWeights,
+    grads: &mut GpuGrads,
     adam: &mut GpuAdam,
     var: Variant,
     seqs: &[TrainSeq],
@@ -237,7 +239,7 @@ fn train(
     prepared: Option<PreparedParts>,
 ) -> Result<f64> {
     let t = Instant::now();
-    grads.zero(g)?;
+    grads.clear();
     let n: usize = seqs.iter().map(|s| s.response_len()).sum();
     let inv = 1.0 / n.max(1) as f64;
     let mut gf = |_: usize, _: usize, _: f64, _: f64| (-inv, 0.0);
@@ -261,7 +263,7 @@ fn parts(
     g: &std::sync::Arc<Gpu>,
     cfg: &ModelConfig,
     w: &mut GpuWeights,
-    grads: &GpuWeights,
+    grads: &GpuGrads,
     adam: &mut GpuAdam,
     var: Variant,
     seqs: &[TrainSeq],
@@ -310,7 +312,7 @@ pub fn run(
     say: &dyn Fn(&str),
 ) -> anyhow::Result<()> {
     let mut w = GpuWeights::random(g, cfg, 7)?;
-    let mut grads = GpuWeights::zeros_like(g, &w)?;
+    let mut grads = GpuGrads::zeros_like(g, &w)?;
     let mut adam = GpuAdam {
         m: GpuWeights::zeros_like(g, &w)?,
         v: GpuWeights::zeros_like(g, &w)?,
@@ -384,7 +386,7 @@ pub fn run(
         let flow = var.flow;
         say(&format!("  train {}", var.name()));
         // The first update is a warm-up (cuBLASLt picks its algorithms).
-        let update = |w: &mut GpuWeights, grads: &mut GpuWeights, adam: &mut GpuAdam| {
+        let update = |w: &mut GpuWeights, grads: &mut GpuGrads, adam: &mut GpuAdam| {
             train(
                 g,
                 cfg,

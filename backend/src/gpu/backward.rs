@@ -22,9 +22,9 @@ use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
 
 use super::forward::GpuActivations;
+use super::grads::GpuGrads;
 use super::layers::AttnSaved;
 use super::model::GpuModel;
-use super::weights::GpuWeights;
 
 struct Ctx<'a> {
     model: &'a GpuModel<'a>,
@@ -55,11 +55,11 @@ impl Ctx<'_> {
     }
 
     /// db += the column sums of dy (rounded as the WGrad), when the layer has a bias.
-    fn bias(&self, dy: Dy, w: &GpuWeight, grads: &mut GpuWeights, db: Option<usize>) -> Result<()> {
+    fn bias(&self, dy: Dy, w: &GpuWeight, grads: &mut GpuGrads, db: Option<usize>) -> Result<()> {
         if let Some(db) = db {
             let wgrad = self.precs().1;
             let dy = dy.f32(wgrad)?;
-            linear_bias_grad_acc(self.g, dy, (self.m, w.n), wgrad, &mut grads.bufs[db])?;
+            linear_bias_grad_acc(self.g, dy, (self.m, w.n), wgrad, grads.acc(self.g, db)?)?;
         }
         Ok(())
     }
@@ -71,7 +71,7 @@ impl Ctx<'_> {
         dy: Dy,
         (x, xin): (&CudaSlice<f32>, &mut XOperand),
         w: &GpuWeight,
-        grads: &mut GpuWeights,
+        grads: &mut GpuGrads,
         (dw, db): (usize, Option<usize>),
     ) -> Result<GemmOut> {
         let dwb = &mut grads.bufs[dw];
@@ -117,7 +117,7 @@ impl Ctx<'_> {
         dy: Dy,
         (x, xin): (&CudaSlice<f32>, &mut XOperand),
         w: &GpuWeight,
-        grads: &mut GpuWeights,
+        grads: &mut GpuGrads,
         dw: usize,
         db: Option<usize>,
     ) -> Result<CudaSlice<f32>> {
@@ -154,7 +154,7 @@ pub fn backward(
     model: &GpuModel,
     acts: &mut GpuActivations,
     dlogits: Dy,
-    grads: &mut GpuWeights,
+    grads: &mut GpuGrads,
 ) -> Result<()> {
     let (cfg, w, g) = (model.cfg, model.w, &*model.gpu);
     let (h, hd) = (cfg.hidden_size, cfg.head_dim);
@@ -173,7 +173,7 @@ pub fn backward(
     // RoPE's) also write the next projections' dy as their BF16 GEMM operands, so no
     // copy of the f32 gradient is made (None: the linear layer copies it).
     let bf16_dy = operand_dy(model) == Some(GemmPrecision::Bf16);
-    let dwn = &mut grads.bufs[w.ix.norm];
+    let dwn = grads.acc(g, w.ix.norm)?;
     let (mut dx, mut dx16) = rmsnorm_backward_acc_operand(g, fin, (m, h), rs, dwn, bf16_dy)?;
 
     // Gradients between ops are rounded to BF16 by the kernels that produce them
@@ -239,7 +239,7 @@ pub fn backward(
         let dbg = cx.linear_raw(dgate, (&a.b, bin), &lp.gate, grads, (lx.gate, None))?;
         let dbu = cx.linear_raw(dup, (&a.b, bin), &lp.up, grads, (lx.up, None))?;
         let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
-        let dw2 = &mut grads.bufs[lx.post_attention_layernorm];
+        let dw2 = grads.acc(g, lx.post_attention_layernorm)?;
         let (dh_mid, dh16) = cx.norm_of_sum(&[&dbg, &dbu], post, (h, Some(&dx)), dw2, bf16_dy)?;
         drop((dbg, dbu));
 
@@ -304,10 +304,10 @@ pub fn backward(
                 let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
                 let rope = (pos, &*model.rope);
                 let b16 = bf16_dy && no_bias;
-                let bq = &mut grads.bufs[qn];
+                let bq = grads.acc(g, qn)?;
                 let (dqp, q16) =
                     qk_norm_rope_backward_acc_operand(g, qi, rope, (m, nh), round, bq, b16)?;
-                let bk = &mut grads.bufs[kn];
+                let bk = grads.acc(g, kn)?;
                 let (dkp, k16) =
                     qk_norm_rope_backward_acc_operand(g, ki, rope, (m, nkv), round, bk, b16)?;
                 (dq, dk, dq16, dk16) = (dqp, dkp, q16, k16);
@@ -316,8 +316,8 @@ pub fn backward(
                 rope_backward_dev(g, &mut dk, pos, (m, nkv), &model.rope, round)?;
                 let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
                 let rq = (round, None);
-                let dqp = rmsnorm_backward_acc(g, qi, (m * nh, hd), rq, &mut grads.bufs[qn])?;
-                let dkp = rmsnorm_backward_acc(g, ki, (m * nkv, hd), rq, &mut grads.bufs[kn])?;
+                let dqp = rmsnorm_backward_acc(g, qi, (m * nh, hd), rq, grads.acc(g, qn)?)?;
+                let dkp = rmsnorm_backward_acc(g, ki, (m * nkv, hd), rq, grads.acc(g, kn)?)?;
                 (dq, dk) = (dqp, dkp);
             }
         } else {
@@ -348,13 +348,13 @@ pub fn backward(
         let dak = cx.linear_raw(dyk, (&a.a, ain), &lp.k, grads, (lx.k, lx.k_bias))?;
         let dav = cx.linear_raw(dyv, (&a.a, ain), &lp.v, grads, (lx.v, lx.v_bias))?;
         let inorm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
-        let dw1 = &mut grads.bufs[lx.input_layernorm];
+        let dw1 = grads.acc(g, lx.input_layernorm)?;
         let outs = [&daq, &dak, &dav];
         (dx, dx16) = cx.norm_of_sum(&outs, inorm, (h, Some(&dh_mid)), dw1, bf16_dy)?;
     }
     embedding_backward(
         g,
-        &mut grads.bufs[w.ix.embed],
+        grads.acc(g, w.ix.embed)?,
         cfg.vocab_size,
         h,
         &acts.tokens,

@@ -13,6 +13,7 @@ pub mod decode;
 pub mod decode_graph;
 pub mod forward;
 pub mod generate;
+pub mod grads;
 pub mod layers;
 pub mod model;
 pub mod optim;
@@ -25,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use jet_kernels::cuda::{cuda_available, DirKernelStore, Gpu, Result};
 
 pub use generate::GpuDecoder;
+pub use grads::GpuGrads;
 pub use model::{GpuModel, PreparedParts};
 pub use optim::GpuAdam;
 pub use pass::run_pass_gpu;
@@ -39,8 +41,8 @@ pub struct GpuState {
     pub gpu: Arc<Gpu>,
     pub weights: GpuWeights,
     pub adam: GpuAdam,
-    /// Gradients of the current update (zeroed before each).
-    pub grads: GpuWeights,
+    /// Gradients of the current update (cleared before each).
+    pub grads: GpuGrads,
     /// Frozen weights for the KL penalty.
     pub reference: Option<GpuWeights>,
     /// The trainer's host weights and optimizer are behind these.
@@ -86,7 +88,7 @@ impl GpuState {
         reference: Option<&ModelWeights>,
     ) -> Result<GpuState> {
         let weights = GpuWeights::upload(&gpu, w)?;
-        let grads = GpuWeights::zeros_like(&gpu, &weights)?;
+        let grads = GpuGrads::zeros_like(&gpu, &weights)?;
         Ok(GpuState {
             adam: GpuAdam::upload(&gpu, opt)?,
             reference: reference.map(|r| GpuWeights::upload(&gpu, r)).transpose()?,

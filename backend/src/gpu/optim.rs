@@ -7,6 +7,7 @@ use jet_kernels::cuda::adamw::{adamw_multi, AdamStep, AdamTensor};
 use jet_kernels::cuda::tensor::sum_squares_multi;
 use jet_kernels::cuda::{Gpu, Result};
 
+use super::grads::GpuGrads;
 use super::weights::GpuWeights;
 use crate::rl::optim::{AdamW, OptimConfig};
 
@@ -18,10 +19,9 @@ pub struct GpuAdam {
 }
 
 /// Global L2 norm of `g` (f64 sums per tensor, added on the host in tensor order).
-pub fn global_norm_gpu(gpu: &Gpu, g: &GpuWeights) -> Result<f64> {
+pub fn global_norm_gpu(gpu: &Gpu, g: &GpuGrads) -> Result<f64> {
     let mut acc = gpu.zeros::<f64>(g.bufs.len())?;
-    let xs: Vec<_> = g.bufs.iter().collect();
-    sum_squares_multi(gpu, &xs, &mut acc)?;
+    sum_squares_multi(gpu, &g.srcs(), &mut acc)?;
     Ok(gpu.download(&acc)?.iter().sum::<f64>().sqrt())
 }
 
@@ -57,7 +57,7 @@ impl GpuAdam {
         &mut self,
         gpu: &Gpu,
         w: &mut GpuWeights,
-        g: &GpuWeights,
+        g: &GpuGrads,
         cfg: &OptimConfig,
         lr: f64,
     ) -> Result<f64> {
@@ -82,7 +82,7 @@ impl GpuAdam {
         let mut ts: Vec<AdamTensor> = w
             .bufs
             .iter_mut()
-            .zip(&g.bufs)
+            .zip(g.srcs())
             .zip(self.m.bufs.iter_mut().zip(self.v.bufs.iter_mut()))
             .zip(&w.names)
             .map(|(((p, g), (m, v)), name)| AdamTensor {

@@ -18,8 +18,8 @@ use jet_kernels::{GemmPrecision, GemmRole};
 
 use super::backward::{backward, operand_dy};
 use super::forward::forward;
+use super::grads::GpuGrads;
 use super::model::GpuModel;
-use super::weights::GpuWeights;
 use crate::trainer::pass::{Scored, TokenGrad, TrainSeq};
 
 /// Run `seqs` through the model in micro-batches of `micro` sequences. When
@@ -31,7 +31,7 @@ pub fn run_pass_gpu(
     seqs: &[TrainSeq],
     temperature: f64,
     micro: usize,
-    mut grad: Option<(TokenGrad, &mut GpuWeights)>,
+    mut grad: Option<(TokenGrad, &mut GpuGrads)>,
 ) -> Result<Scored> {
     let g = &*model.gpu;
     let vocab = model.cfg.vocab_size;

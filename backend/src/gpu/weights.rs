@@ -164,19 +164,6 @@ impl GpuWeights {
     pub fn opt(&self, i: Option<usize>) -> Option<&CudaSlice<f32>> {
         i.map(|i| &self.bufs[i])
     }
-
-    /// Set every tensor to zero (a gradient buffer before an update).
-    pub fn zero(&mut self, gpu: &Gpu) -> Result<()> {
-        for b in &mut self.bufs {
-            gpu.stream()
-                .memset_zeros(b)
-                .map_err(|e| CudaError::Driver {
-                    what: "zeroing device tensors".into(),
-                    err: e.to_string(),
-                })?;
-        }
-        Ok(())
-    }
 }
 
 impl GpuWeights {

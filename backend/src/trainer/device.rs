@@ -92,7 +92,7 @@ impl Trainer {
             }
             Some(d) => {
                 if want {
-                    d.grads.zero(&d.gpu)?;
+                    d.grads.clear();
                 }
                 let GpuState {
                     gpu,
@@ -136,9 +136,13 @@ impl Trainer {
                 if poison {
                     let n = d.grads.ix.norm;
                     let len = d.grads.bufs[n].len();
-                    jet_kernels::cuda::tensor::fill(&d.gpu, &mut d.grads.bufs[n], len, f32::NAN)?;
+                    let acc = d.grads.acc(&d.gpu, n)?;
+                    jet_kernels::cuda::tensor::fill(&d.gpu, acc, len, f32::NAN)?;
                 }
                 let norm = d.adam.step(&d.gpu, &mut d.weights, &d.grads, oc, lr)?;
+                // The gradient is spent: its held BF16 outputs go back to the pool
+                // before the next rollout.
+                d.grads.clear();
                 d.host_stale = true;
                 d.version += 1;
                 Ok(norm)

@@ -6,6 +6,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, ADAMW};
+use super::grad::GradSrc;
 use super::{check_len, Gpu, Result};
 
 /// The scalars of one AdamW step for one tensor.
@@ -124,10 +125,11 @@ fn recip(b: f64) -> f64 {
 }
 
 /// One tensor of an [`adamw_multi`] step: `p`, `m`, `v` updated in place from
-/// `g`, all of `p`'s length; weight decay when `decay`.
+/// the gradient `g` (f32, or an accumulator with its BF16 addend: [`GradSrc`]),
+/// all of `p`'s length; weight decay when `decay`.
 pub struct AdamTensor<'a> {
     pub p: &'a mut CudaSlice<f32>,
-    pub g: &'a CudaSlice<f32>,
+    pub g: GradSrc<'a>,
     pub m: &'a mut CudaSlice<f32>,
     pub v: &'a mut CudaSlice<f32>,
     pub decay: bool,
@@ -135,24 +137,29 @@ pub struct AdamTensor<'a> {
 
 /// [`adamw_step`] on every tensor of `ts` in one launch (`s.decay` is replaced
 /// by each tensor's own): the same operations per element, so the same bits as
-/// one launch per tensor, without a launch's host work per tensor (a 0.6B
-/// model has 310 tensors).
+/// one launch per tensor (on the gradient's values), without a launch's host work
+/// per tensor (a 0.6B model has 310 tensors).
 pub fn adamw_multi(gpu: &Gpu, ts: &mut [AdamTensor], s: &AdamStep) -> Result<()> {
-    let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * 7);
+    let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * 8);
     let mut first = 0usize;
     for t in ts.iter() {
         let n = t.p.len();
-        for (what, b) in [("adamw g", t.g), ("adamw m", &*t.m), ("adamw v", &*t.v)] {
+        super::ensure(t.g.len == n, || {
+            format!("adamw g: {} values for a tensor of {n}", t.g.len)
+        })?;
+        let (g, pend) = t.g.ptrs(gpu, "adamw g")?;
+        for (what, b) in [("adamw m", &*t.m), ("adamw v", &*t.v)] {
             check_len(what, b, n, format!("[{n}]"))?;
         }
         tab.extend([
             gpu.ptr(&*t.p) as i64,
-            gpu.ptr(t.g) as i64,
+            g as i64,
             gpu.ptr(&*t.m) as i64,
             gpu.ptr(&*t.v) as i64,
             n as i64,
             first as i64,
             t.decay as i64,
+            pend as i64,
         ]);
         first += n.div_ceil(1024);
     }

@@ -30,6 +30,7 @@ use super::gemv::{
     gemm_fp8_rows_fused, gemv_fp8_partial, split_k_pays, Epi, Partial, GEMV_MAX_TOKENS,
 };
 use super::gemv_bf16::{gemm_bf16_rows_fused, gemv_bf16_partial, Bf16Rows};
+use super::grad::GradAcc;
 use super::ops::{rmsnorm_forward, swiglu_forward};
 use super::quantize::{
     quantize_block128, quantize_block128_multi, quantize_col128x1, quantize_dual,
@@ -706,7 +707,7 @@ pub fn linear_backward(
         (Dy::F32(dy), x, m),
         w,
         (dgrad, wgrad),
-        (&mut dw, false),
+        DwTo::Write(&mut dw),
         dxo,
         xin,
     )?;
@@ -717,8 +718,9 @@ pub fn linear_backward(
     Ok(GpuLinearGrads { dx, dw, db })
 }
 
-/// [`linear_backward`] adding dW (rounded as there) into `dw_acc [n, k]` (as
-/// `tensor::add_into` would) without a dW buffer of its own; the bias gradient,
+/// [`linear_backward`] adding dW (rounded as there) into the gradient `dw_acc [n, k]`
+/// (as `tensor::add_into` would; a BF16 dW without padding columns is held as the
+/// gradient's addend, [`GradAcc::add_bf16`]); the bias gradient,
 /// if any, is [`linear_bias_grad`]'s. `xin` holds x's WGrad operand for the
 /// projections that share x (a fresh one for each x). Returns dx `[m, k]`.
 pub fn linear_backward_into(
@@ -726,7 +728,7 @@ pub fn linear_backward_into(
     (dy, x, m): (Dy, &CudaSlice<f32>, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
-    dw_acc: &mut CudaSlice<f32>,
+    dw_acc: &mut GradAcc,
     xin: &mut XOperand,
 ) -> Result<CudaSlice<f32>> {
     let mut dx = gpu.uninit::<f32>(m * w.k)?;
@@ -735,7 +737,7 @@ pub fn linear_backward_into(
         (dy, x, m),
         w,
         (dgrad, wgrad),
-        (dw_acc, true),
+        DwTo::Acc(dw_acc),
         Some(&mut dx),
         xin,
     )?;
@@ -750,11 +752,11 @@ pub fn linear_backward_raw(
     (dy, x, m): (Dy, &CudaSlice<f32>, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
-    dw_acc: &mut CudaSlice<f32>,
+    dw_acc: &mut GradAcc,
     xin: &mut XOperand,
 ) -> Result<GemmOut> {
     let precs = (dgrad, wgrad);
-    backward_to(gpu, (dy, x, m), w, precs, (dw_acc, true), None, xin)?
+    backward_to(gpu, (dy, x, m), w, precs, DwTo::Acc(dw_acc), None, xin)?
         .ok_or_else(|| super::CudaError::Invalid("linear backward: no DGrad output".into()))
 }
 
@@ -781,14 +783,20 @@ pub fn linear_bias_grad_acc(
     super::ops::column_sums_acc(gpu, dy, (m, n), wgrad != GemmPrecision::F32, db)
 }
 
+/// Where WGrad's dW goes: written into an f32 buffer, or added into a gradient.
+enum DwTo<'a> {
+    Write(&'a mut CudaSlice<f32>),
+    Acc(&'a mut GradAcc),
+}
+
 /// DGrad (written into `dx`, or returned as the GEMM wrote it when `dx` is None)
-/// and WGrad (written, or added when `acc`, into `dw`).
+/// and WGrad (into `dw`).
 fn backward_to(
     gpu: &Gpu,
     (dy, x, m): (Dy, &CudaSlice<f32>, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
-    (dw, acc): (&mut CudaSlice<f32>, bool),
+    dw: DwTo,
     dx: Option<&mut CudaSlice<f32>>,
     xin: &mut XOperand,
 ) -> Result<Option<GemmOut>> {
@@ -906,8 +914,12 @@ fn backward_to(
             GemmOut::Bf16(d, ld)
         }
     };
-    let add = if acc { Add::Into } else { Add::Nothing };
-    d.epilogue(gpu, (n, k), wgrad, (dw, add))?;
+    match (dw, d) {
+        (DwTo::Write(dw), d) => d.epilogue(gpu, (n, k), wgrad, (dw, Add::Nothing))?,
+        // The gradient's readers add it (the epilogue's values, where they load them).
+        (DwTo::Acc(g), GemmOut::Bf16(d, ld)) if ld == k => g.add_bf16(gpu, d)?,
+        (DwTo::Acc(g), d) => d.epilogue(gpu, (n, k), wgrad, (g.f32_mut(gpu)?, Add::Into))?,
+    }
     Ok(raw)
 }
 

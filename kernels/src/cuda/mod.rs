@@ -19,6 +19,7 @@
 //! - [`ops`], [`attention`], [`logsoftmax`]: the other ops, forward and backward.
 //! - [`tensor`]: element-wise glue, row gather/scatter, deterministic sum of squares.
 //! - [`adamw`]: the AdamW step, bit-exact with [`adamw::adamw_reference`].
+//! - [`grad`]: a gradient accumulator whose last BF16 WGrad output its readers add.
 //! - [`sample`]: greedy and Gumbel-max token sampling, as [`sample::sample_reference`].
 //! - [`graph`]: CUDA graphs (the decode step captured once, replayed per token).
 
@@ -29,6 +30,7 @@ pub mod flash;
 pub mod gemm;
 pub mod gemv;
 pub mod gemv_bf16;
+pub mod grad;
 pub mod graph;
 pub mod linear;
 pub mod logsoftmax;

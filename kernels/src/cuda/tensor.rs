@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, TENSOR};
+use super::grad::GradSrc;
 use super::{check_len, ensure, CudaError, Gpu, Result};
 
 const BLOCK: u32 = 256;
@@ -161,12 +162,9 @@ fn sumsq_blocks(n: usize) -> usize {
 
 /// `acc[t] += sum of squares of xs[t]` for every t (`acc` holds at least
 /// `xs.len()` values) in two launches: each tensor's blocks and sums are those of
-/// [`sum_squares_into`]`(xs[t], len, acc, t)`, so the bits are too.
-pub fn sum_squares_multi(
-    gpu: &Gpu,
-    xs: &[&CudaSlice<f32>],
-    acc: &mut CudaSlice<f64>,
-) -> Result<()> {
+/// [`sum_squares_into`] on its values (a gradient's with its BF16 addend added,
+/// [`GradSrc`]), so the bits are too.
+pub fn sum_squares_multi(gpu: &Gpu, xs: &[GradSrc], acc: &mut CudaSlice<f64>) -> Result<()> {
     ensure(xs.len() <= acc.len(), || {
         format!(
             "sum_squares_multi: {} tensors for {} sums",
@@ -174,12 +172,13 @@ pub fn sum_squares_multi(
             acc.len()
         )
     })?;
-    let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 4);
+    let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 5);
     let mut first = 0usize;
-    for x in xs {
-        let n = x.len();
+    for (t, x) in xs.iter().enumerate() {
+        let n = x.len;
+        let (a, p) = x.ptrs(gpu, &format!("sum_squares_multi tensor {t}"))?;
         let blocks = if n == 0 { 0 } else { sumsq_blocks(n) };
-        tab.extend([gpu.ptr(*x) as i64, n as i64, blocks as i64, first as i64]);
+        tab.extend([a as i64, p as i64, n as i64, blocks as i64, first as i64]);
         first += blocks;
     }
     if first == 0 {

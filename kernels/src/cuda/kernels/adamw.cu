@@ -26,11 +26,11 @@ __device__ __forceinline__ float adamw_one(float p, float g, float* m_io, float*
     double upd = __ddiv_rn(__dmul_rn(lr, mhat), __dadd_rn(__dsqrt_rn(vhat), eps));
     return __fsub_rn(p, __double2float_rn(upd));
 }
-__device__ __forceinline__ void adamw_elem(float* p, const float* g, float* m, float* v, long i, double lr,
-                                           float b1, float b2, double eps, double bc1, double bc2, double r1,
-                                           double r2, float wd_factor, int decay, float grad_scale) {
+__device__ __forceinline__ void adamw_elem(float* p, float g, float* m, float* v, long i, double lr, float b1,
+                                           float b2, double eps, double bc1, double bc2, double r1, double r2,
+                                           float wd_factor, int decay, float grad_scale) {
     float mi = m[i], vi = v[i];
-    p[i] = adamw_one(p[i], g[i], &mi, &vi, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale);
+    p[i] = adamw_one(p[i], g, &mi, &vi, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale);
     m[i] = mi;
     v[i] = vi;
 }
@@ -40,36 +40,47 @@ extern "C" __global__ void adamw_step(float* p, const float* g, float* m, float*
     pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    adamw_elem(p, g, m, v, i, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale);
+    adamw_elem(p, g[i], m, v, i, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale);
 }
 
 // adamw_step over T tensors in one launch (the same per-element operations, so the
-// same bits): tab[t] = {p, g, m, v, n, first block, decay} as 7 int64; 256-thread
+// same bits): tab[t] = {p, g, m, v, n, first block, decay, pend} as 8 int64, the
+// gradient being grad_val(g, pend, i) (g null: not written yet; pend not null: the
+// last WGrad output still in BF16, added here as its epilogue would have); 256-thread
 // blocks of 1024 elements, thread j of tensor t's block b taking elements
-// 4j .. 4j+3 of the block (float4 loads and stores when the tensor's four arrays
-// are 16-byte aligned: more bytes in flight a thread).
+// 4j .. 4j+3 of the block (float4 loads and stores when the tensor's arrays are
+// 16-byte aligned, pend 8-byte: more bytes in flight a thread).
 extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, float b1, float b2, double eps,
                                        double bc1, double bc2, double r1, double r2, float wd_factor,
                                        float grad_scale) {
     pdl_entry();
     __shared__ int st;
-    if (threadIdx.x == 0) st = tensor_of(tab, 7, 5, T, blockIdx.x);
+    if (threadIdx.x == 0) st = tensor_of(tab, 8, 5, T, blockIdx.x);
     __syncthreads();
-    const long long* e = tab + (long)st * 7;
+    const long long* e = tab + (long)st * 8;
     float *p = (float*)e[0], *m = (float*)e[2], *v = (float*)e[3];
     const float* g = (const float*)e[1];
+    const bf16_t* pend = (const bf16_t*)e[7];
     const long n = e[4], i0 = (((long)blockIdx.x - e[5]) * blockDim.x + threadIdx.x) * 4;
     const int decay = (int)e[6];
     if (i0 >= n) return;
-    const bool vec = i0 + 3 < n && (((u64)p | (u64)g | (u64)m | (u64)v) & 15) == 0;
+    const bool vec = i0 + 3 < n && (((u64)p | (u64)g | (u64)m | (u64)v) & 15) == 0 && ((u64)pend & 7) == 0;
     if (!vec) {
         for (long i = i0; i < min(i0 + 4, n); i++)
-            adamw_elem(p, g, m, v, i, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale);
+            adamw_elem(p, grad_val(g, pend, i), m, v, i, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay,
+                       grad_scale);
         return;
     }
-    float4 pp = *reinterpret_cast<const float4*>(p + i0), gg = *reinterpret_cast<const float4*>(g + i0);
+    float4 pp = *reinterpret_cast<const float4*>(p + i0);
+    float4 gg = g ? *reinterpret_cast<const float4*>(g + i0) : make_float4(0, 0, 0, 0);
     float4 mm = *reinterpret_cast<const float4*>(m + i0), vv = *reinterpret_cast<const float4*>(v + i0);
-    float* P = &pp.x; const float* G = &gg.x; float* M = &mm.x; float* V = &vv.x;
+    float* P = &pp.x; float* G = &gg.x; float* M = &mm.x; float* V = &vv.x;
+    if (pend) {
+        float d[4];
+        bf16x4_to_f32(*reinterpret_cast<const uint2*>(pend + i0), d);
+#pragma unroll
+        for (int u = 0; u < 4; u++) G[u] = __fadd_rn(G[u], d[u]);
+    }
 #pragma unroll
     for (int u = 0; u < 4; u++)
         P[u] = adamw_one(P[u], G[u], &M[u], &V[u], lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay,

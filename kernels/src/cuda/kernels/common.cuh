@@ -34,6 +34,14 @@ __device__ __forceinline__ void bf16x4_to_f32(uint2 q, float v[4]) {
     v[2] = __uint_as_float(q.y << 16);
     v[3] = __uint_as_float(q.y & 0xffff0000u);
 }
+// A parameter's gradient at i (grad.rs GradAcc; read by the gradient norm and AdamW):
+// its f32 accumulator (null: not written yet, +0) plus, when not null, the last WGrad
+// output still in BF16, added as the WGrad epilogue (linear_epilogue_bf16 into the
+// accumulator) would have added it: __fadd_rn(acc, dW).
+__device__ __forceinline__ float grad_val(const float* acc, const bf16_t* pend, long i) {
+    const float a = acc ? acc[i] : 0.0f;
+    return pend ? __fadd_rn(a, bf16_to_f32(pend[i])) : a;
+}
 // A value of an f32 or BF16 buffer as f32 (kernels templated on their input's type).
 __device__ __forceinline__ float to_f32(float f) { return f; }
 __device__ __forceinline__ float to_f32(bf16_t h) { return bf16_to_f32(h); }

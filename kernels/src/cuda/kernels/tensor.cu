@@ -62,11 +62,13 @@ __device__ double block_sum_d(double v, double* sh) {
     v = lane < nw ? sh[lane] : 0.0;
     return warp_sum_d(v);
 }
-__device__ __forceinline__ void sumsq_part(const float* x, long n, long nblocks, long b, double* sh, double* out) {
+// x: the f32 values, or with pend a gradient's (grad_val: x null reads as +0).
+__device__ __forceinline__ void sumsq_part(const float* x, const bf16_t* pend, long n, long nblocks, long b,
+                                           double* sh, double* out) {
     long stride = nblocks * blockDim.x;
     double s = 0.0;
     for (long i = b * blockDim.x + threadIdx.x; i < n; i += stride) {
-        double d = (double)x[i];
+        double d = (double)grad_val(x, pend, i);
         s = __dadd_rn(s, __dmul_rn(d, d));
     }
     s = block_sum_d(s, sh);
@@ -81,7 +83,7 @@ __device__ __forceinline__ void sumsq_fin(const double* part, int blocks, double
 extern "C" __global__ void sumsq_partial(const float* x, long n, double* part) {
     pdl_entry();
     __shared__ double sh[32];
-    sumsq_part(x, n, gridDim.x, blockIdx.x, sh, part + blockIdx.x);
+    sumsq_part(x, nullptr, n, gridDim.x, blockIdx.x, sh, part + blockIdx.x);
 }
 extern "C" __global__ void sumsq_final(const double* part, int blocks, double* acc, long slot) {
     pdl_entry();
@@ -89,21 +91,44 @@ extern "C" __global__ void sumsq_final(const double* part, int blocks, double* a
     sumsq_fin(part, blocks, sh, acc + slot);
 }
 // sumsq_partial / sumsq_final over T tensors in two launches, each tensor's blocks
-// and sums exactly as its own launches would do: tab[t] = {x, n, blocks, first
-// block} as 4 int64 (first ascending); part has one double per block in all.
+// and sums exactly as its own launches would do: tab[t] = {x, pend, n, blocks, first
+// block} as 5 int64 (first ascending; x null and pend: a gradient not yet written,
+// pend not null: its BF16 WGrad output still to add, grad_val); part has one double
+// per block in all.
 extern "C" __global__ void sumsq_partial_multi(const long long* tab, int T, double* part) {
     pdl_entry();
     __shared__ double sh[32];
     __shared__ int st;
-    if (threadIdx.x == 0) st = tensor_of(tab, 4, 3, T, blockIdx.x);
+    if (threadIdx.x == 0) st = tensor_of(tab, 5, 4, T, blockIdx.x);
     __syncthreads();
-    const long long* e = tab + (long)st * 4;
-    sumsq_part((const float*)e[0], e[1], e[2], (long)blockIdx.x - e[3], sh, part + blockIdx.x);
+    const long long* e = tab + (long)st * 5;
+    sumsq_part((const float*)e[0], (const bf16_t*)e[1], e[2], e[3], (long)blockIdx.x - e[4], sh,
+               part + blockIdx.x);
 }
 // Block t: acc[t] += the sum of tensor t's partials.
 extern "C" __global__ void sumsq_final_multi(const long long* tab, const double* part, double* acc) {
     pdl_entry();
     __shared__ double sh[32];
-    const long long* e = tab + (long)blockIdx.x * 4;
-    sumsq_fin(part + e[3], (int)e[2], sh, acc + blockIdx.x);
+    const long long* e = tab + (long)blockIdx.x * 5;
+    sumsq_fin(part + e[4], (int)e[3], sh, acc + blockIdx.x);
+}
+
+// y[i] = grad_val(acc, d, i) for i < n: a GradAcc's pending BF16 WGrad output added
+// into its f32 accumulator (acc null: written as +0 + dW), the values the WGrad
+// epilogue (linear_epilogue_bf16 into the zeroed or running accumulator) writes; y
+// may be acc. Four values a thread (16-byte f32, 8-byte BF16 accesses where aligned),
+// grid ceil(n / 1024) x 256.
+extern "C" __global__ void grad_settle(const float* acc, const bf16_t* d, long n, float* y) {
+    pdl_entry();
+    const long i0 = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i0 >= n) return;
+    if (i0 + 3 >= n || (((u64)acc | (u64)y) & 15) != 0 || ((u64)d & 7) != 0) {
+        for (long i = i0; i < min(i0 + 4, n); i++) y[i] = grad_val(acc, d, i);
+        return;
+    }
+    float v[4];
+    bf16x4_to_f32(*reinterpret_cast<const uint2*>(d + i0), v);
+    const float4 a = acc ? *reinterpret_cast<const float4*>(acc + i0) : make_float4(0, 0, 0, 0);
+    *reinterpret_cast<float4*>(y + i0) =
+        make_float4(__fadd_rn(a.x, v[0]), __fadd_rn(a.y, v[1]), __fadd_rn(a.z, v[2]), __fadd_rn(a.w, v[3]));
 }

@@ -1,0 +1,66 @@
+//! A step's gradients on the device: one [`GradAcc`] per tensor, in the layout of
+//! [`GpuWeights`]. The matrices' last WGrad outputs stay in BF16 until the gradient
+//! norm and AdamW read them (`jet_kernels::cuda::grad`); everything else adds into
+//! the f32 accumulators through [`GpuGrads::acc`].
+
+use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::grad::{GradAcc, GradSrc};
+use jet_kernels::cuda::{CudaError, Gpu, Result};
+
+use super::weights::{GpuWeights, Index};
+use crate::model::ModelWeights;
+
+pub struct GpuGrads {
+    pub names: Vec<String>,
+    pub bufs: Vec<GradAcc>,
+    pub ix: Index,
+}
+
+impl GpuGrads {
+    /// Zero gradients for `like`'s tensors.
+    pub fn zeros_like(gpu: &Gpu, like: &GpuWeights) -> Result<GpuGrads> {
+        let bufs = like
+            .bufs
+            .iter()
+            .map(|b| GradAcc::new(gpu, b.len()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(GpuGrads {
+            names: like.names.clone(),
+            bufs,
+            ix: like.ix.clone(),
+        })
+    }
+
+    /// Every gradient back to zero (before an update's passes), writing nothing;
+    /// the held BF16 outputs' memory goes back to the pool.
+    pub fn clear(&mut self) {
+        self.bufs.iter_mut().for_each(GradAcc::clear);
+    }
+
+    /// Tensor `i`'s f32 accumulator with everything added so far, for a kernel
+    /// that adds into it.
+    pub fn acc(&mut self, gpu: &Gpu, i: usize) -> Result<&mut CudaSlice<f32>> {
+        self.bufs[i].f32_mut(gpu)
+    }
+
+    /// How the gradient norm and AdamW read each tensor, in order.
+    pub fn srcs(&self) -> Vec<GradSrc<'_>> {
+        self.bufs.iter().map(GradAcc::src).collect()
+    }
+
+    /// Copy every gradient into `w` (same layout).
+    pub fn download_into(&mut self, gpu: &Gpu, w: &mut ModelWeights) -> Result<()> {
+        for ((name, t), b) in w.tensors_mut().into_iter().zip(&mut self.bufs) {
+            let host = gpu.download(b.f32_mut(gpu)?)?;
+            if host.len() != t.len() {
+                return Err(CudaError::Invalid(format!(
+                    "gradient of {name}: the device holds {} values, the host {}",
+                    host.len(),
+                    t.len()
+                )));
+            }
+            *t = host;
+        }
+        Ok(())
+    }
+}

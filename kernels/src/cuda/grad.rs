@@ -1,0 +1,159 @@
+//! A parameter's gradient on the device while a step's backward passes add into it.
+//!
+//! The low-precision flows' WGrad GEMMs write dW in BF16; their epilogue
+//! (`linear_epilogue_bf16`) then added it into the f32 gradient: 2 + 4 bytes read
+//! and 4 written a parameter, on top of zeroing the gradient (4) before the step.
+//! A [`GradAcc`] keeps the last BF16 dW instead, and the readers of the gradient
+//! (the gradient norm, AdamW: `grad_val` in `common.cuh`) add it where they load
+//! the value, with the epilogue's `__fadd_rn(acc, dW)`; an accumulator nothing has
+//! written yet is read as +0 and never zeroed. The values, so the bits, are the
+//! epilogue's. With one micro-batch a matrix's gradient is never written in f32 at
+//! all; with more, each dW but the last is added when the next one arrives.
+
+use cudarc::driver::CudaSlice;
+
+use super::context::{Arg, TENSOR};
+use super::{check_len, Ctx, Gpu, Result};
+
+/// A gradient `[len]`: an f32 accumulator (read as +0 until first written) plus, at
+/// most, one BF16 addend `[len]` not yet added into it.
+pub struct GradAcc {
+    acc: CudaSlice<f32>,
+    /// `acc` holds no value yet: the gradient is +0 plus `pending`.
+    zero: bool,
+    /// The last WGrad output, still in BF16 (added after `acc`).
+    pending: Option<CudaSlice<u16>>,
+}
+
+/// How a kernel reads one gradient of `len` values: `acc` (None: +0) plus, when
+/// given, `pend`'s BF16 values (`grad_val`). What [`super::adamw::adamw_multi`] and
+/// [`super::tensor::sum_squares_multi`] take.
+#[derive(Clone, Copy)]
+pub struct GradSrc<'a> {
+    pub acc: Option<&'a CudaSlice<f32>>,
+    pub pend: Option<&'a CudaSlice<u16>>,
+    pub len: usize,
+}
+
+impl<'a> GradSrc<'a> {
+    /// Plain f32 values.
+    pub fn f32(x: &'a CudaSlice<f32>) -> GradSrc<'a> {
+        GradSrc {
+            acc: Some(x),
+            pend: None,
+            len: x.len(),
+        }
+    }
+
+    /// The kernels' (acc, pend) pointers (0: none), after checking the lengths.
+    pub(crate) fn ptrs(&self, gpu: &Gpu, what: &str) -> Result<(u64, u64)> {
+        let n = self.len;
+        if let Some(a) = self.acc {
+            check_len(what, a, n, format!("[{n}]"))?;
+        }
+        if let Some(p) = self.pend {
+            check_len(&format!("{what} (BF16 addend)"), p, n, format!("[{n}]"))?;
+        }
+        Ok((
+            self.acc.map_or(0, |a| gpu.ptr(a)),
+            self.pend.map_or(0, |p| gpu.ptr(p)),
+        ))
+    }
+}
+
+impl GradAcc {
+    /// A zero gradient of `len` values.
+    pub fn new(gpu: &Gpu, len: usize) -> Result<GradAcc> {
+        Ok(GradAcc {
+            acc: gpu.zeros(len)?,
+            zero: true,
+            pending: None,
+        })
+    }
+
+    /// A gradient whose accumulator already holds `acc`'s values.
+    pub fn from_f32(acc: CudaSlice<f32>) -> GradAcc {
+        GradAcc {
+            acc,
+            zero: false,
+            pending: None,
+        }
+    }
+
+    /// The number of values.
+    pub fn len(&self) -> usize {
+        self.acc.len()
+    }
+
+    /// Whether the gradient has no values (a zero-length tensor).
+    pub fn is_empty(&self) -> bool {
+        self.acc.is_empty()
+    }
+
+    /// Back to zero, without writing: the next step's gradient. Drops the BF16
+    /// addend's buffer.
+    pub fn clear(&mut self) {
+        self.zero = true;
+        self.pending = None;
+    }
+
+    /// How the gradient norm and AdamW read it now.
+    pub fn src(&self) -> GradSrc<'_> {
+        GradSrc {
+            acc: (!self.zero).then_some(&self.acc),
+            pend: self.pending.as_ref(),
+            len: self.acc.len(),
+        }
+    }
+
+    /// Hold `dw` (BF16, `[len]`: a WGrad output without padding columns) as the
+    /// next addend; the one held before, if any, is added into the f32 first.
+    pub fn add_bf16(&mut self, gpu: &Gpu, dw: CudaSlice<u16>) -> Result<()> {
+        let n = self.len();
+        check_len("gradient addend (BF16)", &dw, n, format!("[{n}]"))?;
+        self.settle(gpu)?;
+        self.pending = Some(dw);
+        Ok(())
+    }
+
+    /// The f32 accumulator with every addend in it (zeroed first if nothing wrote
+    /// it): for kernels that add into it themselves, and for downloads.
+    pub fn f32_mut(&mut self, gpu: &Gpu) -> Result<&mut CudaSlice<f32>> {
+        self.settle(gpu)?;
+        if self.zero {
+            gpu.stream()
+                .memset_zeros(&mut self.acc)
+                .ctx("zeroing a gradient")?;
+            self.zero = false;
+        }
+        Ok(&mut self.acc)
+    }
+
+    /// Add the held BF16 addend into the f32 accumulator (`grad_settle`: the WGrad
+    /// epilogue's values).
+    fn settle(&mut self, gpu: &Gpu) -> Result<()> {
+        let Some(d) = self.pending.take() else {
+            return Ok(());
+        };
+        let n = self.acc.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let acc = if self.zero { 0 } else { gpu.ptr(&self.acc) };
+        gpu.launch(
+            &TENSOR,
+            "grad_settle",
+            (n.div_ceil(1024) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::P(acc),
+                Arg::P(gpu.ptr(&d)),
+                Arg::L(n as i64),
+                Arg::P(gpu.ptr(&self.acc)),
+            ],
+        )?;
+        self.zero = false;
+        Ok(())
+    }
+}

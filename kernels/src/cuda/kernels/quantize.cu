@@ -256,15 +256,23 @@ extern "C" __global__ void __launch_bounds__(512, 2)
     const int c = blockIdx.x * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
     const bool vec = (vocab & 3) == 0 && ((u64)z & 15) == 0;
     float v[8][4];
+    // The eight rows' slots, then their logits, each set of loads in flight together
+    // (one row's slot, logits and statistics after another's kept 16 dependent trips
+    // to memory a thread in flight one at a time), then the gradients.
+    int cs[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) cs[i] = r0 + i < out_rows ? (slot ? slot[r0 + i] : r0 + i) : -1;  // warp-uniform
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const int r = r0 + i;
         for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
-        const int cs = r < out_rows ? (slot ? slot[r] : r) : -1;  // warp-uniform
-        if (cs < 0) continue;
-        load4(z + (long)r * vocab, c, vocab, vec, v[i]);
-        const float gl = dlogp[cs], ge = dentropy ? dentropy[cs] : 0.0f, l = lse[cs], h = entropy[cs];
-        const int t = targets[cs];
+        if (cs[i] >= 0) load4(z + (long)(r0 + i) * vocab, c, vocab, vec, v[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (cs[i] < 0) continue;
+        const int k = cs[i];
+        const float gl = dlogp[k], ge = dentropy ? dentropy[k] : 0.0f, l = lse[k], h = entropy[k];
+        const int t = targets[k];
         for (int j = 0; j < 4; j++)
             if (c + j < vocab) v[i][j] = logprob_grad(v[i][j], l, h, gl, ge, c + j == t, scale);
     }

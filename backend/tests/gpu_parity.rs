@@ -266,6 +266,73 @@ fn whole_step_matches_cpu() {
     }
 }
 
+/// The optimizer step that rewrites the prepared BF16 weight copies from the new
+/// values (`GpuAdam::step_prepared`) leaves them equal, bit for bit, to copies
+/// made afresh from the updated weights, so the next update's forward reads the
+/// same operands; the flows with FP8 copies are left as they were (not rewritten).
+#[test]
+fn optimizer_step_keeps_the_bf16_copies_prepared() {
+    let Some(g) = gpu() else { return };
+    let seqs = seqs();
+    let adv = [1.0f64, -0.5, 0.25];
+    let n_tok: usize = seqs.iter().map(|s| s.response_len()).sum();
+    for (name, cfg) in [("tiny", tiny()), ("qwen3 widths", qwen3_widths())] {
+        for flow in [Flow::Bf16, Flow::Bf16Fp8Rollout, Flow::Fp8] {
+            let w0 = init_random(&cfg, 4);
+            let mut dw = GpuWeights::upload(&g, &w0).unwrap();
+            let mut dg = GpuGrads::zeros_like(&g, &dw).unwrap();
+            let mut parts = {
+                let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
+                let mut gf = |i: usize, _t: usize, _lp: f64, _e: f64| (-adv[i] / n_tok as f64, 0.0);
+                run_pass_gpu(&model, &seqs, 0.8, 2, Some((&mut gf, &mut dg))).unwrap();
+                model.into_parts()
+            };
+            let mut ga = GpuAdam::upload(&g, &AdamW::new(&cfg)).unwrap();
+            let (_, rewrote) = ga
+                .step_prepared(&g, &mut dw, &dg, &ocfg(), 1e-2, Some(&mut parts))
+                .unwrap();
+            assert_eq!(
+                rewrote,
+                flow == Flow::Bf16,
+                "{name} {}: rewritten",
+                flow.name()
+            );
+            if !rewrote {
+                continue;
+            }
+            let fresh = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
+            let kept = GpuModel::reuse(&g, &cfg, &dw, parts);
+            let bits =
+                |w: &jet_kernels::cuda::linear::GpuWeight| g.download(w.bf16().unwrap()).unwrap();
+            let mut differ = 0;
+            let mut total = 0;
+            for (a, b) in fresh.layers.iter().zip(&kept.layers) {
+                for (x, y) in [
+                    (&a.q, &b.q),
+                    (&a.k, &b.k),
+                    (&a.v, &b.v),
+                    (&a.o, &b.o),
+                    (&a.gate, &b.gate),
+                    (&a.up, &b.up),
+                    (&a.down, &b.down),
+                ] {
+                    let (x, y) = (bits(x), bits(y));
+                    total += x.len();
+                    differ += x.iter().zip(&y).filter(|(p, q)| p != q).count();
+                }
+            }
+            let (x, y) = (bits(&fresh.lm_head), bits(&kept.lm_head));
+            total += x.len();
+            differ += x.iter().zip(&y).filter(|(p, q)| p != q).count();
+            println!(
+                "PARITY | {name} {}: BF16 weight copies rewritten by AdamW vs made afresh | {differ} differing of {total}",
+                flow.name()
+            );
+            assert_eq!(differ, 0);
+        }
+    }
+}
+
 /// Fill `bytes` of the device's memory pool with `fill` and give them back: the
 /// allocations that follow are likely to land on those bytes.
 fn poison_pool(g: &Gpu, bytes: usize, fill: u8) {

@@ -1835,15 +1835,24 @@ fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
         };
         gadam::adamw_step(&g, p, gr, m, v, sizes[i], &st).unwrap();
     }
+    // Every other tensor's BF16 copy rewritten by the step (odd sizes: the scalar
+    // path too).
+    let mut copies: Vec<Option<cudarc::driver::CudaSlice<u16>>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (i % 2 == 1).then(|| g.zeros::<u16>(n).unwrap()))
+        .collect();
     let mut ts: Vec<gadam::AdamTensor> = multi
         .iter_mut()
+        .zip(copies.iter_mut())
         .enumerate()
-        .map(|(i, [p, gr, m, v])| gadam::AdamTensor {
+        .map(|(i, ([p, gr, m, v], pb))| gadam::AdamTensor {
             p,
             g: cuda::grad::GradSrc::f32(gr),
             m,
             v,
             decay: i % 2 == 0,
+            p_bf16: pb.as_mut(),
         })
         .collect();
     gadam::adamw_multi(&g, &mut ts, &s).unwrap();
@@ -1857,6 +1866,26 @@ fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
         "adamw multi-tensor vs per tensor (p, m, v)",
         "5 tensors",
         diff,
+    );
+    // The copies: to_bf16_padded's bits of the new values.
+    let mut cdiff = 0;
+    for (i, c) in copies.iter().enumerate() {
+        let Some(c) = c else { continue };
+        let n = sizes[i];
+        let want = g
+            .download(&gq::to_bf16_padded(&g, &one[i][0], 1, n, 1, n).unwrap())
+            .unwrap();
+        let got = g.download(c).unwrap();
+        cdiff += want[..n]
+            .iter()
+            .zip(&got[..n])
+            .filter(|(x, y)| x != y)
+            .count();
+    }
+    report_exact(
+        "adamw BF16 copies vs to_bf16_padded of the new values",
+        "2 tensors",
+        cdiff,
     );
     let xs: Vec<_> = one.iter().map(|t| &t[0]).collect();
     let mut acc1 = g.zeros::<f64>(xs.len()).unwrap();
@@ -1985,6 +2014,7 @@ fn held_bf16_gradients_read_as_the_epilogue_wrote_them() {
                     m,
                     v,
                     decay: true,
+                    p_bf16: None,
                 })
                 .collect();
             gadam::adamw_multi(&g, &mut ts, &s).unwrap();

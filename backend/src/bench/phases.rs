@@ -224,7 +224,9 @@ fn rollout(
     Ok((s, t.elapsed().as_secs_f64(), counts))
 }
 
-/// One update over `seqs` (forward, a loss of -mean logp, backward, AdamW), timed.
+/// One update over `seqs` (forward, a loss of -mean logp, backward, AdamW), timed;
+/// returns the prepared parts when AdamW rewrote them for the new weights (the
+/// bf16 flow), for the next update to reuse as the trainer does.
 #[allow(clippy::too_many_arguments)]
 fn train(
     g: &std::sync::Arc<Gpu>,
@@ -237,24 +239,28 @@ fn train(
     micro: usize,
     rope: &Arc<GpuRope>,
     prepared: Option<PreparedParts>,
-) -> Result<f64> {
+) -> Result<(f64, Option<PreparedParts>)> {
     let t = Instant::now();
     grads.clear();
     let n: usize = seqs.iter().map(|s| s.response_len()).sum();
     let inv = 1.0 / n.max(1) as f64;
     let mut gf = |_: usize, _: usize, _: f64, _: f64| (-inv, 0.0);
-    {
-        // As the trainer: the rollout's prepared weights serve the first update.
+    let mut parts = {
+        // As the trainer: the rollout's (or the last update's) prepared weights
+        // serve this update.
         let mut model = match prepared {
             Some(p) => GpuModel::reuse(g, cfg, w, p),
             None => var.model(g, cfg, w, rope)?,
         };
         model.set_batch_invariant(var.invariant);
         run_pass_gpu(&model, seqs, 1.0, micro, Some((&mut gf, &mut *grads)))?;
-    }
-    adam.step(g, w, grads, &opt_cfg(), 1e-6)?;
+        // Parts the optimizer cannot rewrite are freed before it runs.
+        let mut p = model.into_parts();
+        p.rewritable(&w.ix).then_some(p)
+    };
+    let (_, rewrote) = adam.step_prepared(g, w, grads, &opt_cfg(), 1e-6, parts.as_mut())?;
     g.sync()?;
-    Ok(t.elapsed().as_secs_f64())
+    Ok((t.elapsed().as_secs_f64(), parts.filter(|_| rewrote)))
 }
 
 /// Seconds of the weight preparation, the training forward and one AdamW step, each alone.
@@ -280,9 +286,10 @@ fn parts(
         crate::gpu::forward::forward(&model, &refs, jet_kernels::GemmRole::TrainForward, true)?;
     g.sync()?;
     let fwd = t.elapsed().as_secs_f64();
-    drop((out, model));
+    drop(out);
+    let mut p = model.into_parts();
     let t = Instant::now();
-    adam.step(g, w, grads, &opt_cfg(), 1e-6)?;
+    adam.step_prepared(g, w, grads, &opt_cfg(), 1e-6, Some(&mut p))?;
     g.sync()?;
     Ok((prepare, fwd, t.elapsed().as_secs_f64()))
 }
@@ -386,8 +393,12 @@ pub fn run(
         let flow = var.flow;
         say(&format!("  train {}", var.name()));
         // The first update is a warm-up (cuBLASLt picks its algorithms).
-        let update = |w: &mut GpuWeights, grads: &mut GpuGrads, adam: &mut GpuAdam| {
-            train(
+        // Each update reuses the parts the last one's AdamW rewrote, if it did.
+        let update = |w: &mut GpuWeights,
+                      grads: &mut GpuGrads,
+                      adam: &mut GpuAdam,
+                      kept: &mut Option<PreparedParts>| {
+            let (s, p) = train(
                 g,
                 cfg,
                 w,
@@ -397,12 +408,15 @@ pub fn run(
                 &seqs,
                 a.train_seqs,
                 &rope,
-                None,
-            )
+                kept.take(),
+            )?;
+            *kept = p;
+            anyhow::Ok(s)
         };
+        let mut kept = None;
         let mut total = 0.0;
         for i in 0..=a.train_steps {
-            let s = update(&mut w, &mut grads, &mut adam)?;
+            let s = update(&mut w, &mut grads, &mut adam, &mut kept)?;
             if i > 0 {
                 total += s;
             }
@@ -411,8 +425,13 @@ pub fn run(
         peak = peak.max(used);
         let (prepare_s, forward_s, optimizer_s) =
             parts(g, cfg, &mut w, &grads, &mut adam, var, &seqs, &rope)?;
+        // parts() changed the weights: the profiled update prepares afresh unless
+        // its parts are made first, as the timed ones had them.
+        kept = kept
+            .map(|_| var.model(g, cfg, &w, &rope).map(|m| m.into_parts()))
+            .transpose()?;
         g.profile_start();
-        let wall = update(&mut w, &mut grads, &mut adam)?;
+        let wall = update(&mut w, &mut grads, &mut adam, &mut kept)?;
         let breakdown = with_other(g.profile_stop()?, wall);
         let top_kernels = top(g);
         let step_s = total / a.train_steps as f64;
@@ -450,7 +469,7 @@ pub fn run(
         let (samples, roll_s, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
         let prepared = model.into_parts();
         let seqs = TrainSeq::of_samples(&ps, &samples);
-        let train_s = train(
+        let (train_s, _) = train(
             g,
             cfg,
             &mut w,

@@ -152,5 +152,25 @@ pub fn keep_model(
     version: u64,
     model: GpuModel,
 ) {
-    prepared.lock().unwrap()[slot as usize] = Some((slot.version(version), model.into_parts()));
+    keep_parts(prepared, slot, version, model.into_parts());
+}
+
+/// Keep `parts`, made from the weights at `version`, for the next [`cached_model`]
+/// of `slot`.
+pub fn keep_parts(
+    prepared: &Mutex<[Option<(u64, PreparedParts)>; 2]>,
+    slot: Slot,
+    version: u64,
+    parts: PreparedParts,
+) {
+    prepared.lock().unwrap()[slot as usize] = Some((slot.version(version), parts));
+}
+
+/// The parts kept for `slot` with the version they were made at (None: nothing
+/// kept); [`keep_parts`] puts them back.
+pub fn take_parts(
+    prepared: &Mutex<[Option<(u64, PreparedParts)>; 2]>,
+    slot: Slot,
+) -> Option<(u64, PreparedParts)> {
+    prepared.lock().unwrap()[slot as usize].take()
 }

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::flash::flash_supported;
 use jet_kernels::cuda::linear::GpuWeight;
 use jet_kernels::cuda::ops::GpuRope;
@@ -12,7 +13,7 @@ use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::ops::attention::AttnShape;
 use jet_kernels::Flow;
 
-use super::weights::GpuWeights;
+use super::weights::{GpuWeights, Index};
 use crate::model::ModelConfig;
 use crate::transformer::rope_table;
 
@@ -52,6 +53,39 @@ pub struct PreparedParts {
 impl PreparedParts {
     pub fn flow(&self) -> Flow {
         self.flow
+    }
+
+    /// Whether an optimizer step can rewrite these parts for the new weights
+    /// ([`PreparedParts::bf16_targets`]).
+    pub fn rewritable(&mut self, ix: &Index) -> bool {
+        self.bf16_targets(ix).is_some()
+    }
+
+    /// Every prepared weight's BF16 copy with the index of the tensor it copies
+    /// (the LM head's: the embedding's when tied), when each is one an optimizer
+    /// step can rewrite ([`GpuWeight::bf16_only_mut`]: the bf16 flow, rows without
+    /// padding); None otherwise.
+    pub fn bf16_targets(&mut self, ix: &Index) -> Option<Vec<(usize, &mut CudaSlice<u16>)>> {
+        if self.layers.len() != ix.layers.len() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(self.layers.len() * 7 + 1);
+        for (l, x) in self.layers.iter_mut().zip(&ix.layers) {
+            for (w, i) in [
+                (&mut l.q, x.q),
+                (&mut l.k, x.k),
+                (&mut l.v, x.v),
+                (&mut l.o, x.o),
+                (&mut l.gate, x.gate),
+                (&mut l.up, x.up),
+                (&mut l.down, x.down),
+            ] {
+                out.push((i, w.bf16_only_mut()?));
+            }
+        }
+        let head = ix.lm_head.unwrap_or(ix.embed);
+        out.push((head, self.lm_head.bf16_only_mut()?));
+        Some(out)
     }
     pub fn rope(&self) -> &Arc<GpuRope> {
         &self.rope

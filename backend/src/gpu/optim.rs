@@ -3,11 +3,13 @@
 //! of squares (one download of a value per tensor per step). Both run over all
 //! tensors at once (multi-tensor launches: two for the norm, one for the step).
 
+use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::adamw::{adamw_multi, AdamStep, AdamTensor};
 use jet_kernels::cuda::tensor::sum_squares_multi;
 use jet_kernels::cuda::{Gpu, Result};
 
 use super::grads::GpuGrads;
+use super::model::PreparedParts;
 use super::weights::GpuWeights;
 use crate::rl::optim::{AdamW, OptimConfig};
 
@@ -61,6 +63,23 @@ impl GpuAdam {
         cfg: &OptimConfig,
         lr: f64,
     ) -> Result<f64> {
+        Ok(self.step_prepared(gpu, w, g, cfg, lr, None)?.0)
+    }
+
+    /// [`GpuAdam::step`], also rewriting `parts`' BF16 weight copies from the new
+    /// values where all of them can be (`PreparedParts::bf16_targets`: the bf16
+    /// flow), so they serve the next version of the weights without preparing
+    /// them again. Returns the norm and whether `parts` were rewritten (if not,
+    /// they still hold the old weights' copies).
+    pub fn step_prepared(
+        &mut self,
+        gpu: &Gpu,
+        w: &mut GpuWeights,
+        g: &GpuGrads,
+        cfg: &OptimConfig,
+        lr: f64,
+        parts: Option<&mut PreparedParts>,
+    ) -> Result<(f64, bool)> {
         let norm = global_norm_gpu(gpu, g)?;
         let scale = if cfg.grad_clip > 0.0 && norm > cfg.grad_clip {
             cfg.grad_clip / norm
@@ -79,21 +98,29 @@ impl GpuAdam {
             decay: true,
             grad_scale: scale as f32,
         };
+        let mut copies: Vec<Option<&mut CudaSlice<u16>>> =
+            (0..w.bufs.len()).map(|_| None).collect();
+        let targets = parts.and_then(|p| p.bf16_targets(&w.ix));
+        let wrote = targets.is_some();
+        for (i, b) in targets.into_iter().flatten() {
+            copies[i] = Some(b);
+        }
         let mut ts: Vec<AdamTensor> = w
             .bufs
             .iter_mut()
             .zip(g.srcs())
             .zip(self.m.bufs.iter_mut().zip(self.v.bufs.iter_mut()))
-            .zip(&w.names)
-            .map(|(((p, g), (m, v)), name)| AdamTensor {
+            .zip(w.names.iter().zip(copies))
+            .map(|(((p, g), (m, v)), (name, p_bf16))| AdamTensor {
                 p,
                 g,
                 m,
                 v,
                 decay: !(name.contains("norm") || name.ends_with(".bias")),
+                p_bf16,
             })
             .collect();
         adamw_multi(gpu, &mut ts, &base)?;
-        Ok(norm)
+        Ok((norm, wrote))
     }
 }

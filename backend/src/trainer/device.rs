@@ -5,7 +5,10 @@
 use jet_kernels::cuda::CudaError;
 use rand::RngCore;
 
-use crate::gpu::{cached_model, keep_model, run_pass_gpu, GpuDecoder, GpuState, GpuWeights, Slot};
+use crate::gpu::{
+    cached_model, keep_model, keep_parts, run_pass_gpu, take_parts, GpuDecoder, GpuState,
+    GpuWeights, Slot,
+};
 use crate::model::ModelWeights;
 use crate::rl::optim::OptimConfig;
 use crate::rollout::engine::{generate_with, CpuDecoder, Decoder, GenConfig, Sample};
@@ -139,12 +142,31 @@ impl Trainer {
                     let acc = d.grads.acc(&d.gpu, n)?;
                     jet_kernels::cuda::tensor::fill(&d.gpu, acc, len, f32::NAN)?;
                 }
-                let norm = d.adam.step(&d.gpu, &mut d.weights, &d.grads, oc, lr)?;
+                // The policy's prepared copies of these weights, when the optimizer
+                // can rewrite them from the new values (the bf16 flow); they then
+                // serve the next version without being made again.
+                let (mut current, other) = match take_parts(&d.prepared, Slot::Policy) {
+                    Some((v, p)) if v == d.version && p.flow() == self.flow => (Some(p), None),
+                    other => (None, other),
+                };
+                let (w, g) = (&mut d.weights, &d.grads);
+                let (norm, rewrote) =
+                    d.adam
+                        .step_prepared(&d.gpu, w, g, oc, lr, current.as_mut())?;
                 // The gradient is spent: its held BF16 outputs go back to the pool
                 // before the next rollout.
                 d.grads.clear();
                 d.host_stale = true;
                 d.version += 1;
+                // Put the parts back: new ones for the new version, or the old
+                // ones (stale, kept for their RoPE table) as they were.
+                let kept = match (current, other) {
+                    (Some(p), _) => Some((d.version - u64::from(!rewrote), p)),
+                    (None, other) => other,
+                };
+                if let Some((v, p)) = kept {
+                    keep_parts(&d.prepared, Slot::Policy, v, p);
+                }
                 Ok(norm)
             }
             _ => Err(SetupError::Device(

@@ -126,13 +126,16 @@ fn recip(b: f64) -> f64 {
 
 /// One tensor of an [`adamw_multi`] step: `p`, `m`, `v` updated in place from
 /// the gradient `g` (f32, or an accumulator with its BF16 addend: [`GradSrc`]),
-/// all of `p`'s length; weight decay when `decay`.
+/// all of `p`'s length; weight decay when `decay`. `p_bf16`: the parameter's BF16
+/// copy (a GEMM operand without padding), rewritten from the new values with
+/// `to_bf16_padded`'s rounding, so it need not be made again.
 pub struct AdamTensor<'a> {
     pub p: &'a mut CudaSlice<f32>,
     pub g: GradSrc<'a>,
     pub m: &'a mut CudaSlice<f32>,
     pub v: &'a mut CudaSlice<f32>,
     pub decay: bool,
+    pub p_bf16: Option<&'a mut CudaSlice<u16>>,
 }
 
 /// [`adamw_step`] on every tensor of `ts` in one launch (`s.decay` is replaced
@@ -140,7 +143,7 @@ pub struct AdamTensor<'a> {
 /// one launch per tensor (on the gradient's values), without a launch's host work
 /// per tensor (a 0.6B model has 310 tensors).
 pub fn adamw_multi(gpu: &Gpu, ts: &mut [AdamTensor], s: &AdamStep) -> Result<()> {
-    let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * 8);
+    let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * 9);
     let mut first = 0usize;
     for t in ts.iter() {
         let n = t.p.len();
@@ -151,6 +154,9 @@ pub fn adamw_multi(gpu: &Gpu, ts: &mut [AdamTensor], s: &AdamStep) -> Result<()>
         for (what, b) in [("adamw m", &*t.m), ("adamw v", &*t.v)] {
             check_len(what, b, n, format!("[{n}]"))?;
         }
+        if let Some(b) = t.p_bf16.as_deref() {
+            check_len("adamw BF16 copy", b, n, format!("[{n}]"))?;
+        }
         tab.extend([
             gpu.ptr(&*t.p) as i64,
             g as i64,
@@ -160,6 +166,7 @@ pub fn adamw_multi(gpu: &Gpu, ts: &mut [AdamTensor], s: &AdamStep) -> Result<()>
             first as i64,
             t.decay as i64,
             pend as i64,
+            t.p_bf16.as_deref().map_or(0, |b| gpu.ptr(b)) as i64,
         ]);
         first += n.div_ceil(1024);
     }

@@ -149,6 +149,22 @@ impl GpuWeight {
         self.fp8.as_ref()
     }
 
+    /// The BF16 copy, when it is the weight's only prepared copy and its rows have
+    /// no padding (k a multiple of 16: its first n k values are the weight's, row
+    /// by row; the padding rows after them stay zero): an optimizer step that
+    /// rewrites those from the new master values (`adamw::AdamTensor::p_bf16`)
+    /// keeps the weight prepared.
+    pub fn bf16_only_mut(&mut self) -> Option<&mut CudaSlice<u16>> {
+        let rows_whole = self.k.is_multiple_of(16);
+        let only = self.f32.is_none() && self.fp8.is_none() && self.fp8_t.is_none();
+        self.bf16.as_mut().filter(|_| rows_whole && only)
+    }
+
+    /// The BF16 copy `[pad16(n)][pad16(k)]`, when the flow has one.
+    pub fn bf16(&self) -> Option<&CudaSlice<u16>> {
+        self.bf16.as_ref()
+    }
+
     fn missing(&self, prec: GemmPrecision) -> super::CudaError {
         super::CudaError::Invalid(format!(
             "weight [{}, {}] was not prepared for {prec:?}",

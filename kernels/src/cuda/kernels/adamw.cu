@@ -44,9 +44,11 @@ extern "C" __global__ void adamw_step(float* p, const float* g, float* m, float*
 }
 
 // adamw_step over T tensors in one launch (the same per-element operations, so the
-// same bits): tab[t] = {p, g, m, v, n, first block, decay, pend} as 8 int64, the
+// same bits): tab[t] = {p, g, m, v, n, first block, decay, pend, pb} as 9 int64, the
 // gradient being grad_val(g, pend, i) (g null: not written yet; pend not null: the
-// last WGrad output still in BF16, added here as its epilogue would have); 256-thread
+// last WGrad output still in BF16, added here as its epilogue would have); pb not
+// null: the parameter's BF16 copy [n], written from the new values (fuses the next
+// step's pad_bf16_f32 of the weight: f32_to_bf16 of each value, the same bits); 256-thread
 // blocks of 1024 elements, thread j of tensor t's block b taking elements
 // 4j .. 4j+3 of the block (float4 loads and stores when the tensor's arrays are
 // 16-byte aligned, pend 8-byte: more bytes in flight a thread).
@@ -55,20 +57,24 @@ extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, f
                                        float grad_scale) {
     pdl_entry();
     __shared__ int st;
-    if (threadIdx.x == 0) st = tensor_of(tab, 8, 5, T, blockIdx.x);
+    if (threadIdx.x == 0) st = tensor_of(tab, 9, 5, T, blockIdx.x);
     __syncthreads();
-    const long long* e = tab + (long)st * 8;
+    const long long* e = tab + (long)st * 9;
     float *p = (float*)e[0], *m = (float*)e[2], *v = (float*)e[3];
     const float* g = (const float*)e[1];
     const bf16_t* pend = (const bf16_t*)e[7];
+    bf16_t* pb = (bf16_t*)e[8];
     const long n = e[4], i0 = (((long)blockIdx.x - e[5]) * blockDim.x + threadIdx.x) * 4;
     const int decay = (int)e[6];
     if (i0 >= n) return;
-    const bool vec = i0 + 3 < n && (((u64)p | (u64)g | (u64)m | (u64)v) & 15) == 0 && ((u64)pend & 7) == 0;
+    const bool vec =
+        i0 + 3 < n && (((u64)p | (u64)g | (u64)m | (u64)v) & 15) == 0 && (((u64)pend | (u64)pb) & 7) == 0;
     if (!vec) {
-        for (long i = i0; i < min(i0 + 4, n); i++)
+        for (long i = i0; i < min(i0 + 4, n); i++) {
             adamw_elem(p, grad_val(g, pend, i), m, v, i, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay,
                        grad_scale);
+            if (pb) pb[i] = f32_to_bf16(p[i]);
+        }
         return;
     }
     float4 pp = *reinterpret_cast<const float4*>(p + i0);
@@ -88,4 +94,5 @@ extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, f
     *reinterpret_cast<float4*>(p + i0) = pp;
     *reinterpret_cast<float4*>(m + i0) = mm;
     *reinterpret_cast<float4*>(v + i0) = vv;
+    if (pb) *reinterpret_cast<uint2*>(pb + i0) = make_uint2(pack2_bf16(P[0], P[1]), pack2_bf16(P[2], P[3]));
 }

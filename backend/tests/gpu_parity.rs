@@ -270,13 +270,25 @@ fn whole_step_matches_cpu() {
 /// values (`GpuAdam::step_prepared`) leaves them equal, bit for bit, to copies
 /// made afresh from the updated weights, so the next update's forward reads the
 /// same operands; the flows with FP8 copies are left as they were (not rewritten).
+/// The step reads the backward's gradients with their last WGrad outputs held in
+/// BF16 (two micro-batches, tied and untied LM heads): its norm, weights and
+/// moments equal those of the same step on the gradients settled into f32.
 #[test]
 fn optimizer_step_keeps_the_bf16_copies_prepared() {
     let Some(g) = gpu() else { return };
     let seqs = seqs();
     let adv = [1.0f64, -0.5, 0.25];
     let n_tok: usize = seqs.iter().map(|s| s.response_len()).sum();
-    for (name, cfg) in [("tiny", tiny()), ("qwen3 widths", qwen3_widths())] {
+    let untied = ModelConfig {
+        tie_word_embeddings: false,
+        ..qwen3_widths()
+    };
+    let cfgs = [
+        ("tiny", tiny()),
+        ("qwen3 widths", qwen3_widths()),
+        ("untied", untied),
+    ];
+    for (name, cfg) in cfgs {
         for flow in [Flow::Bf16, Flow::Bf16Fp8Rollout, Flow::Fp8] {
             let w0 = init_random(&cfg, 4);
             let mut dw = GpuWeights::upload(&g, &w0).unwrap();
@@ -288,9 +300,33 @@ fn optimizer_step_keeps_the_bf16_copies_prepared() {
                 model.into_parts()
             };
             let mut ga = GpuAdam::upload(&g, &AdamW::new(&cfg)).unwrap();
-            let (_, rewrote) = ga
+            let (norm, rewrote) = ga
                 .step_prepared(&g, &mut dw, &dg, &ocfg(), 1e-2, Some(&mut parts))
                 .unwrap();
+            // The same step on the same gradients settled into f32 first.
+            let mut host_g = ModelWeights::zeros(&cfg);
+            dg.download_into(&g, &mut host_g).unwrap();
+            let mut dw_f = GpuWeights::upload(&g, &w0).unwrap();
+            let mut ga_f = GpuAdam::upload(&g, &AdamW::new(&cfg)).unwrap();
+            let norm_f = ga_f.step(&g, &mut dw_f, &dg, &ocfg(), 1e-2).unwrap();
+            let flat = |w: &GpuWeights| -> Vec<u32> {
+                let mut h = ModelWeights::zeros(&cfg);
+                w.download_into(&g, &mut h).unwrap();
+                h.tensors()
+                    .into_iter()
+                    .flat_map(|(_, t)| t.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                    .collect()
+            };
+            let mut held_vs_f32 = usize::from(norm.to_bits() != norm_f.to_bits());
+            for (a, b) in [(&dw, &dw_f), (&ga.m, &ga_f.m), (&ga.v, &ga_f.v)] {
+                let (a, b) = (flat(a), flat(b));
+                held_vs_f32 += a.iter().zip(&b).filter(|(x, y)| x != y).count();
+            }
+            println!(
+                "PARITY | {name} {}: AdamW on held BF16 gradients vs settled f32 (norm, p, m, v) | {held_vs_f32} differing",
+                flow.name()
+            );
+            assert_eq!(held_vs_f32, 0);
             assert_eq!(
                 rewrote,
                 flow == Flow::Bf16,

@@ -109,7 +109,8 @@ impl Ctx<'_> {
         rmsnorm_backward_acc_operand(g, (&dy, x, w, rstd), (m, dim), (round, res), dw, bf16)
     }
 
-    /// Linear backward; adds dW (in the WGrad epilogue) and db into `grads`,
+    /// Linear backward; adds dW (held as its BF16 output, or by the WGrad epilogue:
+    /// `GradAcc::add_bf16`) and db into `grads`,
     /// returns dx `[m, k]`. `xin`: x's WGrad operand, kept for the projections
     /// that read x after this one.
     fn linear(

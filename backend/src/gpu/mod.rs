@@ -51,7 +51,8 @@ pub struct GpuState {
     pub version: u64,
     /// Prepared copies of `weights` (slot 0, with the version they were made
     /// at) and of `reference` (slot 1): a step's rollout and its passes before
-    /// the first update share one preparation.
+    /// the first update share one preparation; where the optimizer step rewrites
+    /// the copies (`GpuAdam::step_prepared`) they are kept under the new version.
     pub prepared: Mutex<[Option<(u64, PreparedParts)>; 2]>,
 }
 

@@ -62,10 +62,11 @@ impl PreparedParts {
     }
 
     /// Every prepared weight's BF16 copy with the index of the tensor it copies
-    /// (the LM head's: the embedding's when tied), when each is one an optimizer
-    /// step can rewrite ([`GpuWeight::bf16_only_mut`]: the bf16 flow, rows without
-    /// padding); None otherwise.
-    pub fn bf16_targets(&mut self, ix: &Index) -> Option<Vec<(usize, &mut CudaSlice<u16>)>> {
+    /// (the LM head's: the embedding's when tied) and that tensor's length (n k),
+    /// when each is one an optimizer step can rewrite
+    /// ([`GpuWeight::bf16_only_mut`]: the bf16 flow, rows without padding); None
+    /// otherwise.
+    pub fn bf16_targets(&mut self, ix: &Index) -> Option<Vec<(usize, usize, &mut CudaSlice<u16>)>> {
         if self.layers.len() != ix.layers.len() {
             return None;
         }
@@ -80,11 +81,13 @@ impl PreparedParts {
                 (&mut l.up, x.up),
                 (&mut l.down, x.down),
             ] {
-                out.push((i, w.bf16_only_mut()?));
+                let len = w.n * w.k;
+                out.push((i, len, w.bf16_only_mut()?));
             }
         }
         let head = ix.lm_head.unwrap_or(ix.embed);
-        out.push((head, self.lm_head.bf16_only_mut()?));
+        let len = self.lm_head.n * self.lm_head.k;
+        out.push((head, len, self.lm_head.bf16_only_mut()?));
         Some(out)
     }
     pub fn rope(&self) -> &Arc<GpuRope> {

@@ -6,7 +6,7 @@
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::adamw::{adamw_multi, AdamStep, AdamTensor};
 use jet_kernels::cuda::tensor::sum_squares_multi;
-use jet_kernels::cuda::{Gpu, Result};
+use jet_kernels::cuda::{CudaError, Gpu, Result};
 
 use super::grads::GpuGrads;
 use super::model::PreparedParts;
@@ -102,7 +102,15 @@ impl GpuAdam {
             (0..w.bufs.len()).map(|_| None).collect();
         let targets = parts.and_then(|p| p.bf16_targets(&w.ix));
         let wrote = targets.is_some();
-        for (i, b) in targets.into_iter().flatten() {
+        for (i, len, b) in targets.into_iter().flatten() {
+            // One copy a tensor, of that tensor's shape: a copy the step skipped
+            // would be kept as if it were current.
+            let (name, have) = (&w.names[i], w.bufs[i].len());
+            if copies[i].is_some() || have != len {
+                return Err(CudaError::Invalid(format!(
+                    "prepared copy of {name}: {len} values for a tensor of {have}, or a second copy"
+                )));
+            }
             copies[i] = Some(b);
         }
         let mut ts: Vec<AdamTensor> = w

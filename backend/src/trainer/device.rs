@@ -56,7 +56,8 @@ impl Trainer {
                 Ok(run(&mut CpuDecoder::new(&model))?)
             }
             Some(d) => {
-                // The step's first passes reuse these copies (until the update).
+                // The passes until the next update reuse these copies (and, where
+                // the optimizer rewrites them, the passes after it too).
                 let model = cached_model(
                     &d.gpu,
                     &d.prepared,
@@ -150,9 +151,18 @@ impl Trainer {
                     other => (None, other),
                 };
                 let (w, g) = (&mut d.weights, &d.grads);
-                let (norm, rewrote) =
-                    d.adam
-                        .step_prepared(&d.gpu, w, g, oc, lr, current.as_mut())?;
+                let stepped = d.adam.step_prepared(&d.gpu, w, g, oc, lr, current.as_mut());
+                let (norm, rewrote) = match stepped {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // The weights did not change: the parts are as they were.
+                        let back = current.map(|p| (d.version, p)).or(other);
+                        if let Some((v, p)) = back {
+                            keep_parts(&d.prepared, Slot::Policy, v, p);
+                        }
+                        return Err(e.into());
+                    }
+                };
                 // The gradient is spent: its held BF16 outputs go back to the pool
                 // before the next rollout.
                 d.grads.clear();
@@ -193,6 +203,10 @@ impl Trainer {
     /// second set could exhaust device memory on a large model).
     pub fn host_changed(&mut self) -> Result<(), SetupError> {
         if let Some(d) = self.device.as_mut() {
+            // The prepared copies were made from the weights about to be
+            // overwritten: dropped first, so a copy failing halfway leaves none.
+            d.version += 1;
+            *d.prepared.lock().unwrap() = [None, None];
             d.weights.copy_from_host(&d.gpu, &self.weights)?;
             d.adam.copy_from_host(&d.gpu, &self.opt)?;
             match (&mut d.reference, &self.reference) {
@@ -205,9 +219,6 @@ impl Trainer {
                 }
             }
             d.host_stale = false;
-            // The prepared copies were made from the weights just overwritten.
-            d.version += 1;
-            *d.prepared.lock().unwrap() = [None, None];
         }
         Ok(())
     }

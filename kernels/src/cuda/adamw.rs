@@ -127,7 +127,8 @@ fn recip(b: f64) -> f64 {
 /// One tensor of an [`adamw_multi`] step: `p`, `m`, `v` updated in place from
 /// the gradient `g` (f32, or an accumulator with its BF16 addend: [`GradSrc`]),
 /// all of `p`'s length; weight decay when `decay`. `p_bf16`: the parameter's BF16
-/// copy (a GEMM operand without padding), rewritten from the new values with
+/// copy (a GEMM operand whose rows have no padding columns: its first n values are
+/// the weight's, row by row), rewritten from the new values with
 /// `to_bf16_padded`'s rounding, so it need not be made again.
 pub struct AdamTensor<'a> {
     pub p: &'a mut CudaSlice<f32>,

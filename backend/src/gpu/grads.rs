@@ -5,9 +5,9 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::grad::{GradAcc, GradSrc};
-use jet_kernels::cuda::{CudaError, Gpu, Result};
+use jet_kernels::cuda::{Gpu, Result};
 
-use super::weights::{GpuWeights, Index};
+use super::weights::{download_tensors, GpuWeights, Index};
 use crate::model::ModelWeights;
 
 pub struct GpuGrads {
@@ -48,19 +48,13 @@ impl GpuGrads {
         self.bufs.iter().map(GradAcc::src).collect()
     }
 
-    /// Copy every gradient into `w` (same layout).
+    /// Copy every gradient into `w` (same layout), its held addend added first.
     pub fn download_into(&mut self, gpu: &Gpu, w: &mut ModelWeights) -> Result<()> {
-        for ((name, t), b) in w.tensors_mut().into_iter().zip(&mut self.bufs) {
-            let host = gpu.download(b.f32_mut(gpu)?)?;
-            if host.len() != t.len() {
-                return Err(CudaError::Invalid(format!(
-                    "gradient of {name}: the device holds {} values, the host {}",
-                    host.len(),
-                    t.len()
-                )));
-            }
-            *t = host;
-        }
-        Ok(())
+        let bufs = self
+            .bufs
+            .iter_mut()
+            .map(|b| b.f32_mut(gpu).map(|x| &*x))
+            .collect::<Result<Vec<_>>>()?;
+        download_tensors(gpu, &bufs, w, "gradient of ")
     }
 }

@@ -6,6 +6,28 @@ use jet_kernels::cuda::{CudaError, Gpu, Result};
 
 use crate::model::ModelWeights;
 
+/// Copy `bufs` (one a tensor, in `w`'s order) into `w`'s tensors; a length that
+/// differs is an error naming the tensor (after `what`: "", "gradient of ").
+pub(super) fn download_tensors(
+    gpu: &Gpu,
+    bufs: &[&CudaSlice<f32>],
+    w: &mut ModelWeights,
+    what: &str,
+) -> Result<()> {
+    for ((name, t), b) in w.tensors_mut().into_iter().zip(bufs) {
+        let host = gpu.download(b)?;
+        if host.len() != t.len() {
+            return Err(CudaError::Invalid(format!(
+                "{what}{name}: device copy holds {} values, host {}",
+                host.len(),
+                t.len()
+            )));
+        }
+        *t = host;
+    }
+    Ok(())
+}
+
 /// Where one layer's tensors sit in [`GpuWeights::bufs`].
 #[derive(Clone, Debug)]
 pub struct LayerIx {
@@ -138,18 +160,8 @@ impl GpuWeights {
 
     /// Copy every tensor back into `w` (same layout).
     pub fn download_into(&self, gpu: &Gpu, w: &mut ModelWeights) -> Result<()> {
-        for ((name, t), b) in w.tensors_mut().into_iter().zip(&self.bufs) {
-            let host = gpu.download(b)?;
-            if host.len() != t.len() {
-                return Err(CudaError::Invalid(format!(
-                    "{name}: device copy holds {} values, host {}",
-                    host.len(),
-                    t.len()
-                )));
-            }
-            *t = host;
-        }
-        Ok(())
+        let bufs: Vec<&CudaSlice<f32>> = self.bufs.iter().collect();
+        download_tensors(gpu, &bufs, w, "")
     }
 
     /// The output projection `[vocab, hidden]`: lm_head, or the embedding when tied.

@@ -409,6 +409,13 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             .map(|(n, t, c)| format!("{n} {:.1} ({c})", t * 1e3))
             .collect();
         let _ = writeln!(s, "  {:<16} top: {}", "", top.join(", "));
+        let idle: Vec<String> = x
+            .idle_before
+            .iter()
+            .take(4)
+            .map(|(n, t, c)| format!("{n} {:.2} ({c})", t * 1e3))
+            .collect();
+        let _ = writeln!(s, "  {:<16} idle before: {}", "", idle.join(", "));
     }
     let _ = writeln!(
         s,

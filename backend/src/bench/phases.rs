@@ -45,6 +45,8 @@ pub struct RolloutRow {
     /// The same rollout again with device time per category (see TrainRow).
     pub breakdown: Vec<(String, f64)>,
     pub top_kernels: Vec<(String, f64, usize)>,
+    /// That rollout's idle stream time (see TrainRow).
+    pub idle_before: Vec<(String, f64, usize)>,
     /// The decode floor: every step reads the weights once in the flow's rollout
     /// precision (2 bytes a parameter in BF16, 1 in FP8, the embedding table only
     /// where it is the LM head) and each sequence's KV cache (BF16 for the
@@ -82,6 +84,10 @@ pub struct TrainRow {
     pub breakdown: Vec<(String, f64)>,
     /// The ten kernels of that update with the most device time: (name, s, calls).
     pub top_kernels: Vec<(String, f64, usize)>,
+    /// Where that update's stream sat idle, waiting for the host: the gaps between
+    /// one launch's end and the next one's start, per the kernel launched after
+    /// them (name, s, gaps), largest first.
+    pub idle_before: Vec<(String, f64, usize)>,
 }
 
 #[derive(Serialize)]
@@ -310,6 +316,13 @@ fn top(g: &Gpu) -> Vec<(String, f64, usize)> {
     k.into_iter().map(|(n, ms, c)| (n, ms / 1e3, c)).collect()
 }
 
+/// The phase's 15 largest idle sums by the kernel after them (name, seconds, gaps).
+fn idle(g: &Gpu) -> Vec<(String, f64, usize)> {
+    let mut k = g.profile_idle();
+    k.truncate(15);
+    k.into_iter().map(|(n, ms, c)| (n, ms / 1e3, c)).collect()
+}
+
 pub fn run(
     g: &std::sync::Arc<Gpu>,
     cfg: &ModelConfig,
@@ -352,7 +365,7 @@ pub fn run(
             g.profile_start();
             let (_, wall, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
             let breakdown = with_other(g.profile_stop()?, wall);
-            let top_kernels = top(g);
+            let (top_kernels, idle_before) = (top(g), idle(g));
             r.rollout.push(RolloutRow {
                 flow: var.name(),
                 batch: b,
@@ -369,6 +382,7 @@ pub fn run(
                 peak_gib: used,
                 breakdown,
                 top_kernels,
+                idle_before,
                 floor_s: None,
                 of_floor: None,
             });
@@ -433,7 +447,7 @@ pub fn run(
         g.profile_start();
         let wall = update(&mut w, &mut grads, &mut adam, &mut kept)?;
         let breakdown = with_other(g.profile_stop()?, wall);
-        let top_kernels = top(g);
+        let (top_kernels, idle_before) = (top(g), idle(g));
         let step_s = total / a.train_steps as f64;
         let tps = (a.train_seqs * a.train_len) as f64 / step_s;
         if flow == Flow::Bf16 {
@@ -453,6 +467,7 @@ pub fn run(
             of_floor: None,
             breakdown,
             top_kernels,
+            idle_before,
         });
     }
 

@@ -5,6 +5,10 @@
 //! between its first event and the kernel's start (a launch that arrives late):
 //! host-bound code shows up where it happens. Copies and memsets are not
 //! bracketed; what no span covers is the caller's wall time minus the total.
+//! That uncovered time is also attributed: the gap between one span's end event
+//! and the next one's start is time the stream had nothing queued (the host was
+//! late: syncs, host work, launch cost), summed per the kernel that came after it
+//! ([`Gpu::profile_idle`]).
 
 use std::sync::Mutex;
 
@@ -22,10 +26,27 @@ pub(crate) struct ProfState {
     on: bool,
     /// Per-kernel sums of the last profile.
     kernels: Vec<(String, f64, usize)>,
+    /// Per-kernel sums of the idle gaps before its launches in the last profile.
+    idle: Vec<(String, f64, usize)>,
     /// A graph capture is on: launches are counted, not bracketed (events
     /// cannot be timed inside a graph).
     capturing: bool,
     captured: usize,
+}
+
+/// Gaps between spans shorter than this are the events' own resolution (about half
+/// a microsecond) and back-to-back launches, not a stream waiting for the host.
+const IDLE_MIN_MS: f64 = 0.002;
+
+/// Add `ms` to `name`'s (sum, count) in `v`.
+fn add_to(v: &mut Vec<(String, f64, usize)>, name: &str, ms: f64) {
+    match v.iter_mut().find(|(k, _, _)| k == name) {
+        Some(k) => {
+            k.1 += ms;
+            k.2 += 1;
+        }
+        None => v.push((name.to_string(), ms, 1)),
+    }
 }
 
 /// Per-category device time of one profile, in milliseconds, largest first.
@@ -65,6 +86,8 @@ impl Gpu {
             .ctx("waiting for the profiled work")?;
         let mut sums: Vec<(String, f64)> = Vec::new();
         let mut kernels: Vec<(String, f64, usize)> = Vec::new();
+        let mut idle: Vec<(String, f64, usize)> = Vec::new();
+        let mut prev_end: Option<usize> = None;
         for &(cat, name, i) in &p.spans {
             let ms = p.pool[i]
                 .elapsed_ms(&p.pool[i + 1])
@@ -73,24 +96,37 @@ impl Gpu {
                 Some(s) => s.1 += ms,
                 None => sums.push((cat.to_string(), ms)),
             }
-            match kernels.iter_mut().find(|(k, _, _)| k == name) {
-                Some(k) => {
-                    k.1 += ms;
-                    k.2 += 1;
+            add_to(&mut kernels, name, ms);
+            // The stream's idle time before this span: its start event recorded
+            // after the previous span's end had already completed.
+            if let Some(e) = prev_end {
+                let gap = p.pool[e]
+                    .elapsed_ms(&p.pool[i])
+                    .ctx("reading profile events")? as f64;
+                if gap > IDLE_MIN_MS {
+                    add_to(&mut idle, name, gap);
                 }
-                None => kernels.push((name.to_string(), ms, 1)),
             }
+            prev_end = Some(i + 1);
         }
         p.spans.clear();
         sums.sort_by(|a, b| b.1.total_cmp(&a.1));
         kernels.sort_by(|a, b| b.1.total_cmp(&a.1));
+        idle.sort_by(|a, b| b.1.total_cmp(&a.1));
         p.kernels = kernels;
+        p.idle = idle;
         Ok(sums)
     }
 
     /// The last profile per kernel: (name, milliseconds, calls), largest first.
     pub fn profile_kernels(&self) -> Vec<(String, f64, usize)> {
         self.prof().lock().unwrap().kernels.clone()
+    }
+
+    /// The last profile's idle gaps (longer than 2 us) per the kernel launched after
+    /// them: (name, milliseconds, gaps), largest first.
+    pub fn profile_idle(&self) -> Vec<(String, f64, usize)> {
+        self.prof().lock().unwrap().idle.clone()
     }
 
     /// Whether a graph capture is on.

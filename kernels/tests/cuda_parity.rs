@@ -1580,11 +1580,12 @@ fn token_logprobs_in_place_match_gathered() {
             dlogp: &dlp,
             dentropy: Some(&dent),
         };
-        let got_dev = glsm::token_logprobs_backward_at(&g, &dz, (total, vocab), &at, &d, scale);
+        // As the LM head's FP8 operands (from the logits before the in-place
+        // backward overwrites them): quantize_dual's bits of that gradient.
+        let q = glsm::token_logprobs_backward_fp8_at(&g, &dz, (total, vocab), &at, &d, scale);
+        let got_dev = glsm::token_logprobs_backward_at(&g, dz, (total, vocab), &at, &d, scale);
         let got_dev = got_dev.unwrap();
         let got = dl(&g, &got_dev, total * vocab);
-        // As the LM head's FP8 operands: quantize_dual's bits of that gradient.
-        let q = glsm::token_logprobs_backward_fp8_at(&g, &dz, (total, vocab), &at, &d, scale);
         report_exact(
             "token logprobs bwd FP8 operands == quantize_dual of it",
             &shape,

@@ -106,15 +106,16 @@ pub fn run_pass_gpu(
         };
         // Where the LM head's DGrad and WGrad are FP8, dlogits leaves the kernel as
         // their operands (no f32 copy of [m, vocab] written and quantized).
+        // Otherwise dlogits overwrites the logits (no second [m, vocab] f32 buffer).
         let (dq, df);
         let dlogits = if operand_dy(model) == Some(GemmPrecision::Fp8) {
             dq = token_logprobs_backward_fp8_at(g, &logits, (m, vocab), &rows, &d, scale)?;
+            drop(logits);
             Dy::Fp8(&dq)
         } else {
-            df = token_logprobs_backward_at(g, &logits, (m, vocab), &rows, &d, scale)?;
+            df = token_logprobs_backward_at(g, logits, (m, vocab), &rows, &d, scale)?;
             Dy::F32(&df)
         };
-        drop(logits);
         backward(model, acts, dlogits, grads)?;
     }
     Ok(scored)

@@ -109,6 +109,8 @@ extern "C" __global__ void token_logprobs_bwd(const float* z, int out_rows, int 
                                               const int* targets, const float* lse, const float* entropy,
                                               const float* dlogp, const float* dentropy, float scale,
                                               float* dz) {
+    // z and dz may be one buffer (the in-place backward): each thread reads its
+    // four logits before it writes their gradients, and touches no other.
     pdl_entry();
     int o = blockIdx.x, j0 = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
     if (j0 >= vocab) return;

@@ -1580,17 +1580,8 @@ fn token_logprobs_in_place_match_gathered() {
             dlogp: &dlp,
             dentropy: Some(&dent),
         };
-        // As the LM head's FP8 operands (from the logits before the in-place
-        // backward overwrites them): quantize_dual's bits of that gradient.
-        let q = glsm::token_logprobs_backward_fp8_at(&g, &dz, (total, vocab), &at, &d, scale);
-        let got_dev = glsm::token_logprobs_backward_at(&g, dz, (total, vocab), &at, &d, scale);
-        let got_dev = got_dev.unwrap();
-        let got = dl(&g, &got_dev, total * vocab);
-        report_exact(
-            "token logprobs bwd FP8 operands == quantize_dual of it",
-            &shape,
-            dual_differ(&g, &q.unwrap(), &got_dev, (total, vocab)),
-        );
+        // The gathered backward scattered into zeros and scaled: what every form must
+        // hold (f32), or be the copy of (BF16: to_bf16_padded; FP8: quantize_dual).
         let dg = glsm::token_logprobs_backward(&g, &dzg, r, vocab, &tg, &want, &dlp, Some(&dent));
         let dg = dl(&g, &dg.unwrap(), r * vocab);
         let mut want_full = vec![0.0f32; total * vocab];
@@ -1599,10 +1590,52 @@ fn token_logprobs_in_place_match_gathered() {
                 want_full[row * vocab + j] = dg[i * vocab + j] * scale;
             }
         }
+        let want_dev = up(&g, &want_full);
+        // Each output form from fresh logits (the in-place one overwrites them).
+        let back = |prec| {
+            let out = glsm::ScoredOut::alloc(&g, prec, total, vocab).unwrap();
+            let logits = up(&g, &z);
+            glsm::token_logprobs_backward_at(&g, logits, (total, vocab), &at, &d, scale, out)
+                .unwrap()
+        };
+        let glsm::ScoredDz::F32(got_dev) = back(None) else {
+            panic!("in place: not f32")
+        };
+        let got = dl(&g, &got_dev, total * vocab);
+        let bad: Vec<_> = (0..got.len())
+            .filter(|&i| got[i].to_bits() != want_full[i].to_bits())
+            .map(|i| (i / vocab, i % vocab, got[i], want_full[i]))
+            .take(4)
+            .collect();
+        if !bad.is_empty() {
+            println!("  in place {shape}: (row, col, got, want) {bad:?}");
+        }
         report_exact(
             "token logprobs bwd in place",
             &shape,
             bits_differ(&got, &want_full),
+        );
+        // As the LM head's FP8 operands: quantize_dual's bits of that gradient.
+        let glsm::ScoredDz::Fp8(q) = back(Some(GemmPrecision::Fp8)) else {
+            panic!("FP8 operands asked for")
+        };
+        report_exact(
+            "token logprobs bwd FP8 operands == quantize_dual of it",
+            &shape,
+            dual_differ(&g, &q, &want_dev, (total, vocab)),
+        );
+        // As the BF16 operand: to_bf16_padded's bits of it, zero padding included.
+        let glsm::ScoredDz::Bf16(b) = back(Some(GemmPrecision::Bf16)) else {
+            panic!("BF16 operand asked for")
+        };
+        let cp = cuda::pad16(vocab);
+        let want_b = gq::to_bf16_padded(&g, &want_dev, total, vocab, total, cp).unwrap();
+        let (gb, wb) = (g.download(&b).unwrap(), g.download(&want_b).unwrap());
+        let differ = gb.iter().zip(&wb).filter(|(x, y)| x != y).count();
+        report_exact(
+            "token logprobs bwd BF16 operand == to_bf16_padded of it",
+            &shape,
+            differ,
         );
     }
     let dz = up(&g, &rnd(4 * 10, 66, 1.0));

@@ -9,12 +9,11 @@
 
 use jet_kernels::cuda::linear::Dy;
 use jet_kernels::cuda::logsoftmax::{
-    token_logprobs_backward_at, token_logprobs_backward_fp8_at, token_logprobs_forward_at,
-    ScoredGrad,
+    token_logprobs_backward_at, token_logprobs_forward_at, ScoredDz, ScoredGrad, ScoredOut,
 };
 use jet_kernels::cuda::tensor::div_scalar;
 use jet_kernels::cuda::Result;
-use jet_kernels::{GemmPrecision, GemmRole};
+use jet_kernels::GemmRole;
 
 use super::backward::{backward, operand_dy};
 use super::forward::forward;
@@ -40,7 +39,7 @@ pub fn run_pass_gpu(
     let micro = micro.max(1);
     for (mb, chunk) in seqs.chunks(micro).enumerate() {
         let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
-        let mut out = forward(model, &refs, GemmRole::TrainForward, grad.is_some())?;
+        let mut fwd = forward(model, &refs, GemmRole::TrainForward, grad.is_some())?;
         let m: usize = refs.iter().map(|s| s.len()).sum();
         // Row prompt_len-1+t predicts token prompt_len+t.
         let mut rows = Vec::new();
@@ -62,11 +61,17 @@ pub fn run_pass_gpu(
         // The scored rows are read in place from the logits [m, vocab] (no
         // gathered copy); a temperature divides all of them first, as the
         // CPU divides the gathered rows (the same bits).
-        let mut logits = out.logits;
+        let mut logits = fwd.logits;
         if tempered {
             div_scalar(g, &mut logits, m * vocab, temperature as f32)?;
         }
         let tl = token_logprobs_forward_at(g, &logits, m, vocab, &rows, &targets)?;
+        // dlogits' buffers now, while the forward runs: the download below waits for
+        // it anyway, and after it the stream would wait for the allocation.
+        let out = match grad {
+            Some(_) => Some(ScoredOut::alloc(g, operand_dy(model), m, vocab)?),
+            None => None,
+        };
         let logp = g.download_n(&tl.logp, r)?;
         let ent = g.download_n(&tl.entropy, r)?;
         let mut k = 0;
@@ -87,7 +92,8 @@ pub fn run_pass_gpu(
             scored.logp.push(lp);
             scored.entropy.push(en);
         }
-        let (Some((_, grads)), Some(acts)) = (grad.as_mut(), out.acts.as_mut()) else {
+        let (Some((_, grads)), Some(acts), Some(dst)) = (grad.as_mut(), fwd.acts.as_mut(), out)
+        else {
             continue;
         };
         let (dl, de) = (g.upload(&dlogp)?, g.upload(&dent)?);
@@ -98,23 +104,20 @@ pub fn run_pass_gpu(
             dentropy: Some(&de),
         };
         // Each scored row's gradient in place, every other row 0, times 1/T
-        // when tempered (fuses the scatter into zeros and the 1/T scale).
+        // when tempered (fuses the scatter into zeros and the 1/T scale). Where the
+        // LM head's DGrad and WGrad are BF16 or FP8, dlogits leaves the kernel as
+        // their operands (no f32 copy of [m, vocab] written, copied or quantized);
+        // otherwise it overwrites the logits.
         let scale = if tempered {
             (1.0 / temperature) as f32
         } else {
             1.0
         };
-        // Where the LM head's DGrad and WGrad are FP8, dlogits leaves the kernel as
-        // their operands (no f32 copy of [m, vocab] written and quantized).
-        // Otherwise dlogits overwrites the logits (no second [m, vocab] f32 buffer).
-        let (dq, df);
-        let dlogits = if operand_dy(model) == Some(GemmPrecision::Fp8) {
-            dq = token_logprobs_backward_fp8_at(g, &logits, (m, vocab), &rows, &d, scale)?;
-            drop(logits);
-            Dy::Fp8(&dq)
-        } else {
-            df = token_logprobs_backward_at(g, logits, (m, vocab), &rows, &d, scale)?;
-            Dy::F32(&df)
+        let dz = token_logprobs_backward_at(g, logits, (m, vocab), &rows, &d, scale, dst)?;
+        let dlogits = match &dz {
+            ScoredDz::F32(x) => Dy::F32(x),
+            ScoredDz::Bf16(x) => Dy::Bf16(x),
+            ScoredDz::Fp8(x) => Dy::Fp8(x),
         };
         backward(model, acts, dlogits, grads)?;
     }

@@ -6,6 +6,7 @@ use cudarc::driver::CudaSlice;
 use super::context::{Arg, LOGSOFTMAX, QUANTIZE};
 use super::quantize::{unwritten_dual, DualFp8};
 use super::{check_len, ensure, pad16, Gpu, Result};
+use crate::GemmPrecision;
 
 /// Entries of a row a `softmax_chunk_stats` block reduces (`LS_CHUNK` in
 /// `logsoftmax.cu`): fixed, so every caller's max and `ln S` are the same bits.
@@ -257,8 +258,10 @@ pub fn token_logprobs_backward(
         dlogp,
         dentropy,
     };
+    let t = scored_inputs(gpu, &d, vocab)?;
     let dz = gpu.uninit::<f32>(rows * vocab)?;
-    scored_backward(gpu, (logits, &dz), (None, rows), vocab, &d, 1.0)?;
+    let args = scored_args(gpu, (logits, rows, vocab), 0, &t, &d, 1.0);
+    scored_backward(gpu, args, rows, (gpu.ptr(&dz), 0, vocab))?;
     Ok(dz)
 }
 
@@ -270,15 +273,61 @@ pub struct ScoredGrad<'a> {
     pub dentropy: Option<&'a CudaSlice<f32>>,
 }
 
+/// Where [`token_logprobs_backward_at`] writes `dlogits [total, vocab]`: over the
+/// logits (f32, in place: each element's gradient needs only that logit and its
+/// row's statistics), or as the LM head's BF16 or FP8 GEMM operands. The caller
+/// allocates these while the forward runs (`gpu/pass.rs`): a fresh buffer of a
+/// gigabyte or more costs the pool milliseconds of host time (it maps new memory),
+/// which a stream waiting on the host would sit out.
+pub enum ScoredOut {
+    InPlace,
+    /// `[total][pad16(vocab)]` BF16 bits.
+    Bf16(CudaSlice<u16>),
+    /// The 1x128 and 128x1 operands.
+    Fp8(DualFp8),
+}
+
+impl ScoredOut {
+    /// The buffers for `dlogits [total, vocab]` as the operands of a `prec` DGrad
+    /// and WGrad (`None`, F32: in place).
+    pub fn alloc(
+        gpu: &Gpu,
+        prec: Option<GemmPrecision>,
+        total: usize,
+        vocab: usize,
+    ) -> Result<ScoredOut> {
+        let (rp, cp) = (pad16(total), pad16(vocab));
+        ensure(
+            rp.checked_mul(cp).is_some_and(|e| e < i64::MAX as usize),
+            || format!("token log-prob backward of [{total}, {vocab}]: too large"),
+        )?;
+        Ok(match prec {
+            Some(GemmPrecision::Bf16) => ScoredOut::Bf16(gpu.uninit::<u16>(total * cp)?),
+            Some(GemmPrecision::Fp8) => {
+                ensure(total > 0, || {
+                    "token log-prob backward (FP8) of 0 rows".into()
+                })?;
+                ScoredOut::Fp8(unwritten_dual(gpu, total, vocab)?)
+            }
+            _ => ScoredOut::InPlace,
+        })
+    }
+}
+
+/// `dlogits` in the form its [`ScoredOut`] asked for.
+pub enum ScoredDz {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<u16>),
+    Fp8(DualFp8),
+}
+
 /// The backward of [`token_logprobs_forward_at`]: `dlogits [total, vocab]`, row
 /// `at[i]` the gradient of result `i` times `scale` (`1 / temperature` for logits
 /// that were divided by it; 1 is exact), every other row 0. The same bits as the
-/// gathered backward scattered into zeros and scaled.
-///
-/// In place: `logits` becomes `dlogits` (each element's gradient needs only that
-/// logit and its row's statistics). A second `[total, vocab]` f32 buffer would be
-/// 2.5 GB at Qwen3 vocabularies and 4,096 rows, and the pool mapped it anew at
-/// every step (2.7-3.8 ms of host time a 0.6B step with the stream idle).
+/// gathered backward scattered into zeros and scaled; as BF16 operands, the bits
+/// of `to_bf16_padded` of it (`token_logprobs_bwd` fuses the copy); as FP8
+/// operands, those of `quantize_dual` of it (`token_logprobs_bwd_fp8`, no f32
+/// written). `logits` is consumed: in place it becomes the result.
 pub fn token_logprobs_backward_at(
     gpu: &Gpu,
     logits: CudaSlice<f32>,
@@ -286,64 +335,52 @@ pub fn token_logprobs_backward_at(
     at: &[usize],
     d: &ScoredGrad,
     scale: f32,
-) -> Result<CudaSlice<f32>> {
+    out: ScoredOut,
+) -> Result<ScoredDz> {
     check_logits(&logits, total, vocab)?;
     let slot = gpu.upload(&slots(at, total)?)?;
-    scored_backward(
-        gpu,
-        (&logits, &logits),
-        (Some(&slot), total),
-        vocab,
-        d,
-        scale,
-    )?;
-    Ok(logits)
-}
-
-/// [`token_logprobs_backward_at`] as the LM head's FP8 dy operands (FP8 DGrad
-/// and WGrad): the 1x128 and 128x1 groups of `dlogits`, with the bits of
-/// `quantize_dual` of it, in one pass (`token_logprobs_bwd_fp8`); no f32
-/// `dlogits` written.
-pub fn token_logprobs_backward_fp8_at(
-    gpu: &Gpu,
-    logits: &CudaSlice<f32>,
-    (total, vocab): (usize, usize),
-    at: &[usize],
-    d: &ScoredGrad,
-    scale: f32,
-) -> Result<DualFp8> {
-    check_logits(logits, total, vocab)?;
-    ensure(total > 0, || {
-        "token log-prob backward (FP8) of 0 rows".into()
-    })?;
-    let (rp, cp) = (pad16(total), pad16(vocab));
-    ensure(
-        rp.checked_mul(cp).is_some_and(|e| e < i64::MAX as usize),
-        || format!("token log-prob backward (FP8) of [{total}, {vocab}]: too large"),
-    )?;
-    let slot = gpu.upload(&slots(at, total)?)?;
     let t = scored_inputs(gpu, d, vocab)?;
-    let q = unwritten_dual(gpu, total, vocab)?;
-    gpu.launch(
-        &QUANTIZE,
-        "token_logprobs_bwd_fp8",
-        (cp.div_ceil(128) as u32, total.div_ceil(128) as u32, 1),
-        (512, 1, 1),
-        0,
-        &[
-            &scored_args(gpu, (logits, total, vocab), gpu.ptr(&slot), &t, d, scale)[..],
-            &[
-                Arg::I(rp as i32),
-                Arg::I(cp as i32),
-                Arg::P(gpu.ptr(&q.row.codes)),
-                Arg::P(gpu.ptr(&q.row.scales)),
-                Arg::P(gpu.ptr(&q.col.codes)),
-                Arg::P(gpu.ptr(&q.col.scales)),
-            ],
-        ]
-        .concat(),
-    )?;
-    Ok(q)
+    let args = |gpu: &Gpu| scored_args(gpu, (&logits, total, vocab), gpu.ptr(&slot), &t, d, scale);
+    match out {
+        ScoredOut::InPlace => {
+            let dz = (gpu.ptr(&logits), 0, vocab);
+            scored_backward(gpu, args(gpu), total, dz)?;
+            Ok(ScoredDz::F32(logits))
+        }
+        ScoredOut::Bf16(b) => {
+            let cp = pad16(vocab);
+            check_len("BF16 dlogits", &b, total * cp, format!("[{total}][{cp}]"))?;
+            scored_backward(gpu, args(gpu), total, (0, gpu.ptr(&b), cp))?;
+            Ok(ScoredDz::Bf16(b))
+        }
+        ScoredOut::Fp8(q) => {
+            ensure(
+                (q.row.rows, q.row.cols, q.col.rows, q.col.cols) == (total, vocab, total, vocab),
+                || format!("FP8 dlogits buffers are not those of [{total}, {vocab}]"),
+            )?;
+            let (rp, cp) = (pad16(total), pad16(vocab));
+            gpu.launch(
+                &QUANTIZE,
+                "token_logprobs_bwd_fp8",
+                (cp.div_ceil(128) as u32, total.div_ceil(128) as u32, 1),
+                (512, 1, 1),
+                0,
+                &[
+                    &args(gpu)[..],
+                    &[
+                        Arg::I(rp as i32),
+                        Arg::I(cp as i32),
+                        Arg::P(gpu.ptr(&q.row.codes)),
+                        Arg::P(gpu.ptr(&q.row.scales)),
+                        Arg::P(gpu.ptr(&q.col.codes)),
+                        Arg::P(gpu.ptr(&q.col.scales)),
+                    ],
+                ]
+                .concat(),
+            )?;
+            Ok(ScoredDz::Fp8(q))
+        }
+    }
 }
 
 /// The arguments `token_logprobs_bwd` and `token_logprobs_bwd_fp8` share, up to
@@ -387,37 +424,25 @@ fn scored_inputs(gpu: &Gpu, d: &ScoredGrad, vocab: usize) -> Result<CudaSlice<i3
     targets(gpu, d.tgt, rows, vocab)
 }
 
-/// `token_logprobs_bwd` from `logits` into `dz` (`[out_rows, vocab]` each; they
-/// may be one buffer: the kernel reads each element before it writes it).
+/// `token_logprobs_bwd` over `out_rows` logits rows (`args`: [`scored_args`])
+/// into `(dz, dzb, ld)`: f32 `dz [out_rows, vocab]` (which may be the logits: the
+/// kernel reads each element before it writes it) with `dzb` 0 and `ld` vocab, or
+/// `dz` 0 and the BF16 operand `dzb [out_rows][ld]`, ld = pad16(vocab).
 fn scored_backward(
     gpu: &Gpu,
-    (logits, dz): (&CudaSlice<f32>, &CudaSlice<f32>),
-    (slot, out_rows): (Option<&CudaSlice<i32>>, usize),
-    vocab: usize,
-    d: &ScoredGrad,
-    scale: f32,
+    args: Vec<Arg>,
+    out_rows: usize,
+    (dz, dzb, ld): (u64, u64, usize),
 ) -> Result<()> {
-    let t = scored_inputs(gpu, d, vocab)?;
     if out_rows == 0 {
         return Ok(());
     }
     gpu.launch(
         &LOGSOFTMAX,
         "token_logprobs_bwd",
-        (out_rows as u32, vocab.div_ceil(1024) as u32, 1),
+        (out_rows as u32, ld.div_ceil(1024) as u32, 1),
         (256, 1, 1),
         0,
-        &[
-            &scored_args(
-                gpu,
-                (logits, out_rows, vocab),
-                slot.map_or(0, |s| gpu.ptr(s)),
-                &t,
-                d,
-                scale,
-            )[..],
-            &[Arg::P(gpu.ptr(dz))],
-        ]
-        .concat(),
+        &[&args[..], &[Arg::P(dz), Arg::P(dzb), Arg::I(ld as i32)]].concat(),
     )
 }

@@ -101,42 +101,57 @@ extern "C" __global__ void log_softmax_rows(const float* z, int vocab, const flo
 }
 
 // dz = (-gl p - ge p (log p + H), plus gl at the target) * scale; grid (out_rows,
-// ceil(vocab/1024)), four entries a thread. Output row o is logits row o; its
+// ceil(ld / 1024)), four entries a thread. Output row o is logits row o; its
 // per-row inputs (targets, lse, entropy, dlogp, dentropy) are at c = slot[o] (slot
 // null: c = o), and a row with c < 0 is not scored: its dz is 0. Fuses the gathered
 // backward's scatter into zeros and the temperature's 1/T (__fmul_rn; scale 1 is exact).
+// dzb null: dz [out_rows, vocab] f32, ld = vocab; z and dz may be one buffer (the
+// in-place backward): each thread reads its four logits before it writes their
+// gradients, and touches no other. dzb not null: dz as the LM head's BF16 GEMM
+// operand instead, [out_rows][ld] with ld = vocab padded to 16 and zero padding
+// (fuses to_bf16_padded of dz: the same bits).
 extern "C" __global__ void token_logprobs_bwd(const float* z, int out_rows, int vocab, const int* slot,
                                               const int* targets, const float* lse, const float* entropy,
                                               const float* dlogp, const float* dentropy, float scale,
-                                              float* dz) {
-    // z and dz may be one buffer (the in-place backward): each thread reads its
-    // four logits before it writes their gradients, and touches no other.
+                                              float* dz, bf16_t* dzb, int ld) {
     pdl_entry();
     int o = blockIdx.x, j0 = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
-    if (j0 >= vocab) return;
+    if (j0 >= ld) return;
     long base = (long)o * vocab;
     int c = slot ? slot[o] : o;
-    int n = min(4, vocab - j0);
+    // Entry j0 + u is in the row when j0 + u < vocab (the rest: BF16 padding). The
+    // tests are written on j0 and vocab, not on a clamped count: CUDA 13.0's JIT
+    // turned max(0, min(4, vocab - j0)) == 4 into a predicate that was true for a
+    // row's last, partial quad, which then took the float4 path and overwrote the
+    // next row's first entries (cuda_parity, [7, 1003], nineteenth session).
+    const bool whole = j0 + 4 <= vocab;
     // float4 when the four entries are whole and 16-byte aligned (vocab % 4 == 0).
-    bool vec = n == 4 && ((base + j0) & 3) == 0;
+    const bool vec = whole && ((base + j0) & 3) == 0;
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (c < 0) {
-        if (vec) *reinterpret_cast<float4*>(dz + base + j0) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        else
-            for (int u = 0; u < n; u++) dz[base + j0 + u] = 0.0f;
-        return;
-    }
-    float gl = dlogp[c], ge = dentropy ? dentropy[c] : 0.0f, l = lse[c], h = entropy[c];
-    int t = targets[c];
-    if (vec) {
-        float4 q = *reinterpret_cast<const float4*>(z + base + j0);
-        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-    } else {
-        for (int u = 0; u < n; u++) v[u] = z[base + j0 + u];
-    }
+    if (c >= 0) {
+        float gl = dlogp[c], ge = dentropy ? dentropy[c] : 0.0f, l = lse[c], h = entropy[c];
+        int t = targets[c];
+        if (vec) {
+            float4 q = *reinterpret_cast<const float4*>(z + base + j0);
+            v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+        } else {
 #pragma unroll
-    for (int u = 0; u < 4; u++) v[u] = logprob_grad(v[u], l, h, gl, ge, j0 + u == t, scale);
-    if (vec) *reinterpret_cast<float4*>(dz + base + j0) = make_float4(v[0], v[1], v[2], v[3]);
-    else
-        for (int u = 0; u < n; u++) dz[base + j0 + u] = v[u];
+            for (int u = 0; u < 4; u++)
+                if (j0 + u < vocab) v[u] = z[base + j0 + u];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            v[u] = j0 + u < vocab ? logprob_grad(v[u], l, h, gl, ge, j0 + u == t, scale) : 0.0f;
+    }
+    if (dzb) {  // ld and j0 are multiples of 4: one 8-byte store
+        uint2 w = make_uint2((u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16),
+                             (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16));
+        *reinterpret_cast<uint2*>(dzb + (long)o * ld + j0) = w;
+    } else if (vec) {
+        *reinterpret_cast<float4*>(dz + base + j0) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (j0 + u < vocab) dz[base + j0 + u] = v[u];
+    }
 }

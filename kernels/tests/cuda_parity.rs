@@ -1943,6 +1943,91 @@ fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
     done();
 }
 
+/// The gradient clip on the device: `clip_scale`'s norm and scale have the bits of
+/// the host optimizer's arithmetic on the same per-tensor sums (clip off, not
+/// reached, reached, and a NaN sum), and AdamW reading that scale on the device
+/// (`adamw_multi_scaled`) gives the bits of AdamW given it as a number.
+#[test]
+fn clip_scale_matches_the_host_optimizer() {
+    let Some(g) = gpu() else { return };
+    // rl::optim::AdamW::step: norm = sqrt(in-order sum), scale as f32.
+    let host = |sums: &[f64], clip: f64| {
+        let norm = sums.iter().sum::<f64>().sqrt();
+        let scale = if clip > 0.0 && norm > clip {
+            clip / norm
+        } else {
+            1.0
+        };
+        (norm, scale as f32)
+    };
+    let sums = vec![3.25e3, 0.0, 1.5e-7, 42.123456789, 7.0e5 / 3.0, 1e-300];
+    let mut nan = sums.clone();
+    nan[2] = f64::NAN;
+    let mut differ = 0;
+    for (s, clip) in [
+        (&sums, 0.0),
+        (&sums, 1e9),
+        (&sums, 1.0),
+        (&sums, 850.3),
+        (&nan, 1.0),
+    ] {
+        let acc = g.upload(s).unwrap();
+        let (dn, ds) = gten::clip_scale(&g, &acc, s.len(), clip).unwrap();
+        let (n, sc) = (g.download(&dn).unwrap()[0], g.download(&ds).unwrap()[0]);
+        let (hn, hs) = host(s, clip);
+        differ += usize::from(n.to_bits() != hn.to_bits() && !(n.is_nan() && hn.is_nan()));
+        differ += usize::from(sc.to_bits() != hs.to_bits());
+    }
+    report_exact("clip_scale norm and scale vs the host's", "5 cases", differ);
+    // AdamW with the scale read on the device vs given as a number.
+    let n = 70_001;
+    let (b1, b2) = (0.9f32, 0.95f32);
+    let (_, hs) = host(&sums, 850.3);
+    let s = gadam::AdamStep {
+        lr: 3e-4,
+        beta1: b1,
+        beta2: b2,
+        eps: 1e-8,
+        bc1: 1.0 - (b1 as f64).powi(3),
+        bc2: 1.0 - (b2 as f64).powi(3),
+        wd_factor: 1.0 - 3e-4 * 0.1,
+        decay: true,
+        grad_scale: hs,
+    };
+    let v: Vec<f32> = rnd(n, 203, 1e-2).iter().map(|x| x * x).collect();
+    let host_t = [nasty(1, n, 200), nasty(1, n, 201), rnd(n, 202, 1e-2), v];
+    let dev = || -> [cudarc::driver::CudaSlice<f32>; 4] { host_t.clone().map(|x| up(&g, &x)) };
+    let (mut a, mut b) = (dev(), dev());
+    let acc = g.upload(&sums).unwrap();
+    let (_, scale) = gten::clip_scale(&g, &acc, sums.len(), 850.3).unwrap();
+    for (t, dev_scale) in [(&mut a, None), (&mut b, Some(&scale))] {
+        let [p, gr, m, v] = t;
+        let mut ts = [gadam::AdamTensor {
+            p,
+            g: cuda::grad::GradSrc::f32(gr),
+            m,
+            v,
+            decay: true,
+            p_bf16: None,
+        }];
+        let st = gadam::AdamStep {
+            grad_scale: if dev_scale.is_some() { 1.0 } else { hs },
+            ..s
+        };
+        gadam::adamw_multi_scaled(&g, &mut ts, &st, dev_scale).unwrap();
+    }
+    let diff: usize = [0, 2, 3]
+        .iter()
+        .map(|&j| bits_differ(&dl(&g, &a[j], n), &dl(&g, &b[j], n)))
+        .sum();
+    report_exact(
+        "adamw with the scale on the device vs given (p, m, v)",
+        "[70001]",
+        diff,
+    );
+    done();
+}
+
 /// A gradient whose last WGrad output is held in BF16 (`GradAcc`) reads, in the
 /// gradient norm and AdamW, as the f32 gradient its epilogue would have written:
 /// accumulators never written (+0, signed zeros among the addends), written, and

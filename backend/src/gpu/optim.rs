@@ -1,11 +1,13 @@
 //! AdamW on the GPU, element for element the CPU's `rl::optim::AdamW` (same
 //! f32/f64 operations), with the global gradient norm from per-tensor f64 sums
-//! of squares (one download of a value per tensor per step). Both run over all
-//! tensors at once (multi-tensor launches: two for the norm, one for the step).
+//! of squares and the clip's scale computed on the device (`clip_scale`, the
+//! host's operations), so AdamW is queued without waiting for the norm; the norm
+//! comes down after. All run over all tensors at once (multi-tensor launches:
+//! two for the sums, one for the clip, one for the step).
 
 use cudarc::driver::CudaSlice;
-use jet_kernels::cuda::adamw::{adamw_multi, AdamStep, AdamTensor};
-use jet_kernels::cuda::tensor::sum_squares_multi;
+use jet_kernels::cuda::adamw::{adamw_multi_scaled, AdamStep, AdamTensor};
+use jet_kernels::cuda::tensor::{clip_scale, sum_squares_multi};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 
 use super::grads::GpuGrads;
@@ -80,12 +82,11 @@ impl GpuAdam {
         lr: f64,
         parts: Option<&mut PreparedParts>,
     ) -> Result<(f64, bool)> {
-        let norm = global_norm_gpu(gpu, g)?;
-        let scale = if cfg.grad_clip > 0.0 && norm > cfg.grad_clip {
-            cfg.grad_clip / norm
-        } else {
-            1.0
-        };
+        // The norm and the clip's scale stay on the device for AdamW to read; the
+        // norm comes down after the step is queued (no host round trip between).
+        let mut acc = gpu.zeros::<f64>(g.bufs.len())?;
+        sum_squares_multi(gpu, &g.srcs(), &mut acc)?;
+        let (norm, scale) = clip_scale(gpu, &acc, g.bufs.len(), cfg.grad_clip)?;
         self.t += 1;
         let base = AdamStep {
             lr,
@@ -96,7 +97,7 @@ impl GpuAdam {
             bc2: 1.0 - cfg.beta2.powi(self.t as i32),
             wd_factor: (1.0 - lr * cfg.weight_decay) as f32,
             decay: true,
-            grad_scale: scale as f32,
+            grad_scale: 1.0,
         };
         let mut copies: Vec<Option<&mut CudaSlice<u16>>> =
             (0..w.bufs.len()).map(|_| None).collect();
@@ -128,7 +129,8 @@ impl GpuAdam {
                 p_bf16,
             })
             .collect();
-        adamw_multi(gpu, &mut ts, &base)?;
+        adamw_multi_scaled(gpu, &mut ts, &base, Some(&scale))?;
+        let norm = gpu.download(&norm)?[0];
         Ok((norm, wrote))
     }
 }

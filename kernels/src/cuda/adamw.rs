@@ -144,6 +144,22 @@ pub struct AdamTensor<'a> {
 /// one launch per tensor (on the gradient's values), without a launch's host work
 /// per tensor (a 0.6B model has 310 tensors).
 pub fn adamw_multi(gpu: &Gpu, ts: &mut [AdamTensor], s: &AdamStep) -> Result<()> {
+    adamw_multi_scaled(gpu, ts, s, None)
+}
+
+/// [`adamw_multi`] with the gradient's scale read on the device from `scale[0]`
+/// (`tensor::clip_scale`'s) instead of `s.grad_scale`: the same operations, so
+/// the same bits as `adamw_multi` given that value, without the host waiting for
+/// the gradient norm before it launches the step.
+pub fn adamw_multi_scaled(
+    gpu: &Gpu,
+    ts: &mut [AdamTensor],
+    s: &AdamStep,
+    scale: Option<&CudaSlice<f32>>,
+) -> Result<()> {
+    if let Some(x) = scale {
+        check_len("adamw gradient scale", x, 1, "[1]")?;
+    }
     let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * 9);
     let mut first = 0usize;
     for t in ts.iter() {
@@ -187,6 +203,7 @@ pub fn adamw_multi(gpu: &Gpu, ts: &mut [AdamTensor], s: &AdamStep) -> Result<()>
         &[Arg::P(gpu.ptr(&tab)), Arg::I(ts.len() as i32)]
             .into_iter()
             .chain(scalars(s, false))
+            .chain([Arg::P(scale.map_or(0, |x| gpu.ptr(x)))])
             .collect::<Vec<_>>(),
     )
 }

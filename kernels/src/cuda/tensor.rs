@@ -212,6 +212,37 @@ pub fn sum_squares_multi(gpu: &Gpu, xs: &[GradSrc], acc: &mut CudaSlice<f64>) ->
     )
 }
 
+/// The global gradient norm and the clip's scale, on the device, from the
+/// per-tensor sums of squares `acc [n]` ([`sum_squares_multi`]'s): `norm [1]` =
+/// sqrt of their in-order sum, `scale [1]` = `clip / norm` when `clip > 0` and the
+/// norm exceeds it, else 1, as f32 (the host optimizer's operations, so its bits).
+/// AdamW reads the scale where it is (`adamw::adamw_multi_scaled`).
+pub fn clip_scale(
+    gpu: &Gpu,
+    acc: &CudaSlice<f64>,
+    n: usize,
+    clip: f64,
+) -> Result<(CudaSlice<f64>, CudaSlice<f32>)> {
+    check_len("clip_scale sums", acc, n, format!("[{n}]"))?;
+    ensure(n <= i32::MAX as usize, || format!("clip_scale: {n} sums"))?;
+    let (norm, scale) = (gpu.uninit::<f64>(1)?, gpu.uninit::<f32>(1)?);
+    gpu.launch(
+        &TENSOR,
+        "grad_clip_scale",
+        (1, 1, 1),
+        (32, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(acc)),
+            Arg::I(n as i32),
+            Arg::D(clip),
+            Arg::P(gpu.ptr(&norm)),
+            Arg::P(gpu.ptr(&scale)),
+        ],
+    )?;
+    Ok((norm, scale))
+}
+
 /// `acc[slot] += sum_i (x[i] as f64)^2` over `i < n`, in f64 and a fixed order (block
 /// partials into a scratch buffer, then one block sums them): bitwise the same on
 /// every run. For a global gradient norm, give every tensor the same `acc` and slot

@@ -51,11 +51,13 @@ extern "C" __global__ void adamw_step(float* p, const float* g, float* m, float*
 // step's pad_bf16_f32 of the weight: f32_to_bf16 of each value, the same bits); 256-thread
 // blocks of 1024 elements, thread j of tensor t's block b taking elements
 // 4j .. 4j+3 of the block (float4 loads and stores when the tensor's arrays are
-// 16-byte aligned, pend 8-byte: more bytes in flight a thread).
+// 16-byte aligned, pend 8-byte: more bytes in flight a thread). scale_p not null:
+// the gradient's scale is *scale_p (grad_clip_scale's, on the device), not grad_scale.
 extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, float b1, float b2, double eps,
                                        double bc1, double bc2, double r1, double r2, float wd_factor,
-                                       float grad_scale) {
+                                       float grad_scale, const float* scale_p) {
     pdl_entry();
+    if (scale_p) grad_scale = *scale_p;
     __shared__ int st;
     if (threadIdx.x == 0) st = tensor_of(tab, 9, 5, T, blockIdx.x);
     __syncthreads();

@@ -113,6 +113,22 @@ extern "C" __global__ void sumsq_final_multi(const long long* tab, const double*
     sumsq_fin(part + e[4], (int)e[3], sh, acc + blockIdx.x);
 }
 
+// The gradient clip, on the device (rl::optim::AdamW::step's host arithmetic, the
+// same f64 operations in the same order, so the same bits): the global norm
+// sqrt(acc[0] + acc[1] + ...) over the n per-tensor sums of squares, and the scale
+// AdamW multiplies the gradient by, clip / norm when clip > 0 and norm > clip, else
+// 1 (a NaN norm: 1, as on the host), rounded to f32. One thread; AdamW reads
+// *scale, so no host round trip sits between the norm and the step.
+extern "C" __global__ void grad_clip_scale(const double* acc, int n, double clip, double* norm, float* scale) {
+    pdl_entry();
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += acc[i];
+    const double r = sqrt(s);
+    *norm = r;
+    *scale = (float)(clip > 0.0 && r > clip ? clip / r : 1.0);
+}
+
 // y[i] = grad_val(acc, d, i) for i < n: a GradAcc's pending BF16 WGrad output added
 // into its f32 accumulator (acc null: written as +0 + dW), the values the WGrad
 // epilogue (linear_epilogue_bf16 into the zeroed or running accumulator) writes; y

@@ -117,7 +117,7 @@ pub fn run_pass_gpu(
         let dlogits = match &dz {
             ScoredDz::F32(x) => Dy::F32(x),
             ScoredDz::Bf16(x) => Dy::Bf16(x),
-            ScoredDz::Fp8(x) => Dy::Fp8(x),
+            ScoredDz::Fp8(x) => Dy::Fp8(x.as_ref()),
         };
         backward(model, acts, dlogits, grads)?;
     }

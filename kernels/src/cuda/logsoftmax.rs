@@ -284,7 +284,7 @@ pub enum ScoredOut {
     /// `[total][pad16(vocab)]` BF16 bits.
     Bf16(CudaSlice<u16>),
     /// The 1x128 and 128x1 operands.
-    Fp8(DualFp8),
+    Fp8(Box<DualFp8>),
 }
 
 impl ScoredOut {
@@ -307,7 +307,7 @@ impl ScoredOut {
                 ensure(total > 0, || {
                     "token log-prob backward (FP8) of 0 rows".into()
                 })?;
-                ScoredOut::Fp8(unwritten_dual(gpu, total, vocab)?)
+                ScoredOut::Fp8(Box::new(unwritten_dual(gpu, total, vocab)?))
             }
             _ => ScoredOut::InPlace,
         })
@@ -318,7 +318,7 @@ impl ScoredOut {
 pub enum ScoredDz {
     F32(CudaSlice<f32>),
     Bf16(CudaSlice<u16>),
-    Fp8(DualFp8),
+    Fp8(Box<DualFp8>),
 }
 
 /// The backward of [`token_logprobs_forward_at`]: `dlogits [total, vocab]`, row

@@ -1828,14 +1828,11 @@ fn adamw_is_bit_exact() {
     done();
 }
 
-/// The multi-tensor AdamW and sum of squares give each tensor the bits of its
-/// own launches (tensors of odd sizes, decay on every other one).
-#[test]
-fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
-    let Some(g) = gpu() else { return };
-    let sizes = [1_000_003usize, 5, 256, 257, 70_001];
+/// AdamW's third step (betas 0.9 / 0.95, lr 3e-4, weight decay 0.1) with the
+/// gradient scaled by `grad_scale`: the multi-tensor tests' scalars.
+fn third_step(grad_scale: f32) -> gadam::AdamStep {
     let (b1, b2) = (0.9f32, 0.95f32);
-    let s = gadam::AdamStep {
+    gadam::AdamStep {
         lr: 3e-4,
         beta1: b1,
         beta2: b2,
@@ -1844,8 +1841,17 @@ fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
         bc2: 1.0 - (b2 as f64).powi(3),
         wd_factor: 1.0 - 3e-4 * 0.1,
         decay: true,
-        grad_scale: 0.37,
-    };
+        grad_scale,
+    }
+}
+
+/// The multi-tensor AdamW and sum of squares give each tensor the bits of its
+/// own launches (tensors of odd sizes, decay on every other one).
+#[test]
+fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
+    let Some(g) = gpu() else { return };
+    let sizes = [1_000_003usize, 5, 256, 257, 70_001];
+    let s = third_step(0.37);
     let host: Vec<[Vec<f32>; 4]> = sizes
         .iter()
         .enumerate()
@@ -1981,19 +1987,8 @@ fn clip_scale_matches_the_host_optimizer() {
     report_exact("clip_scale norm and scale vs the host's", "5 cases", differ);
     // AdamW with the scale read on the device vs given as a number.
     let n = 70_001;
-    let (b1, b2) = (0.9f32, 0.95f32);
     let (_, hs) = host(&sums, 850.3);
-    let s = gadam::AdamStep {
-        lr: 3e-4,
-        beta1: b1,
-        beta2: b2,
-        eps: 1e-8,
-        bc1: 1.0 - (b1 as f64).powi(3),
-        bc2: 1.0 - (b2 as f64).powi(3),
-        wd_factor: 1.0 - 3e-4 * 0.1,
-        decay: true,
-        grad_scale: hs,
-    };
+    let s = third_step(hs);
     let v: Vec<f32> = rnd(n, 203, 1e-2).iter().map(|x| x * x).collect();
     let host_t = [nasty(1, n, 200), nasty(1, n, 201), rnd(n, 202, 1e-2), v];
     let dev = || -> [cudarc::driver::CudaSlice<f32>; 4] { host_t.clone().map(|x| up(&g, &x)) };

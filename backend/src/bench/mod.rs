@@ -402,20 +402,18 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             .map(|(c, t)| format!("{c} {:.1}", t * 1e3))
             .collect();
         let _ = writeln!(s, "  {:<16} ms: {}", x.flow, parts.join(", "));
-        let top: Vec<String> = x
-            .top_kernels
-            .iter()
-            .take(6)
-            .map(|(n, t, c)| format!("{n} {:.1} ({c})", t * 1e3))
-            .collect();
-        let _ = writeln!(s, "  {:<16} top: {}", "", top.join(", "));
-        let idle: Vec<String> = x
-            .idle_before
-            .iter()
-            .take(4)
-            .map(|(n, t, c)| format!("{n} {:.2} ({c})", t * 1e3))
-            .collect();
-        let _ = writeln!(s, "  {:<16} idle before: {}", "", idle.join(", "));
+        // (name, seconds, launches) lists: the busiest kernels, the idle before launches.
+        let list = |v: &[(String, f64, usize)], n: usize, digits: usize| -> String {
+            let items: Vec<String> = v
+                .iter()
+                .take(n)
+                .map(|(k, t, c)| format!("{k} {:.digits$} ({c})", t * 1e3))
+                .collect();
+            items.join(", ")
+        };
+        let _ = writeln!(s, "  {:<16} top: {}", "", list(&x.top_kernels, 6, 1));
+        let idle = list(&x.idle_before, 4, 2);
+        let _ = writeln!(s, "  {:<16} idle before: {idle}", "");
     }
     let _ = writeln!(
         s,

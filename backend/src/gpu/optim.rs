@@ -22,11 +22,20 @@ pub struct GpuAdam {
     pub t: u64,
 }
 
-/// Global L2 norm of `g` (f64 sums per tensor, added on the host in tensor order).
-pub fn global_norm_gpu(gpu: &Gpu, g: &GpuGrads) -> Result<f64> {
+/// Each tensor's f64 sum of squares of `g`, on the device, in tensor order.
+fn tensor_sums(gpu: &Gpu, g: &GpuGrads) -> Result<CudaSlice<f64>> {
     let mut acc = gpu.zeros::<f64>(g.bufs.len())?;
     sum_squares_multi(gpu, &g.srcs(), &mut acc)?;
-    Ok(gpu.download(&acc)?.iter().sum::<f64>().sqrt())
+    Ok(acc)
+}
+
+/// Global L2 norm of `g` (f64 sums per tensor, added on the host in tensor order).
+pub fn global_norm_gpu(gpu: &Gpu, g: &GpuGrads) -> Result<f64> {
+    Ok(gpu
+        .download(&tensor_sums(gpu, g)?)?
+        .iter()
+        .sum::<f64>()
+        .sqrt())
 }
 
 impl GpuAdam {
@@ -84,8 +93,7 @@ impl GpuAdam {
     ) -> Result<(f64, bool)> {
         // The norm and the clip's scale stay on the device for AdamW to read; the
         // norm comes down after the step is queued (no host round trip between).
-        let mut acc = gpu.zeros::<f64>(g.bufs.len())?;
-        sum_squares_multi(gpu, &g.srcs(), &mut acc)?;
+        let acc = tensor_sums(gpu, g)?;
         let (norm, scale) = clip_scale(gpu, &acc, g.bufs.len(), cfg.grad_clip)?;
         self.t += 1;
         let base = AdamStep {

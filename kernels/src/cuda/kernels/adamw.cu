@@ -80,15 +80,10 @@ extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, f
         return;
     }
     float4 pp = *reinterpret_cast<const float4*>(p + i0);
-    float4 gg = g ? *reinterpret_cast<const float4*>(g + i0) : make_float4(0, 0, 0, 0);
+    float G[4];
+    grad_val4(g, pend, i0, G);
     float4 mm = *reinterpret_cast<const float4*>(m + i0), vv = *reinterpret_cast<const float4*>(v + i0);
-    float* P = &pp.x; float* G = &gg.x; float* M = &mm.x; float* V = &vv.x;
-    if (pend) {
-        float d[4];
-        bf16x4_to_f32(*reinterpret_cast<const uint2*>(pend + i0), d);
-#pragma unroll
-        for (int u = 0; u < 4; u++) G[u] = __fadd_rn(G[u], d[u]);
-    }
+    float* P = &pp.x; float* M = &mm.x; float* V = &vv.x;
 #pragma unroll
     for (int u = 0; u < 4; u++)
         P[u] = adamw_one(P[u], G[u], &M[u], &V[u], lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay,

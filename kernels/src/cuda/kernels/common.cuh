@@ -42,6 +42,18 @@ __device__ __forceinline__ float grad_val(const float* acc, const bf16_t* pend, 
     const float a = acc ? acc[i] : 0.0f;
     return pend ? __fadd_rn(a, bf16_to_f32(pend[i])) : a;
 }
+// grad_val of values i0 .. i0 + 3 into v, in 16-byte (acc) and 8-byte (pend) loads:
+// both 4-aligned where not null (AdamW's and grad_settle's vector paths).
+__device__ __forceinline__ void grad_val4(const float* acc, const bf16_t* pend, long i0, float (&v)[4]) {
+    const float4 a = acc ? *reinterpret_cast<const float4*>(acc + i0) : make_float4(0, 0, 0, 0);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    if (pend) {
+        float d[4];
+        bf16x4_to_f32(*reinterpret_cast<const uint2*>(pend + i0), d);
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = __fadd_rn(v[u], d[u]);
+    }
+}
 // A value of an f32 or BF16 buffer as f32 (kernels templated on their input's type).
 __device__ __forceinline__ float to_f32(float f) { return f; }
 __device__ __forceinline__ float to_f32(bf16_t h) { return bf16_to_f32(h); }

@@ -143,8 +143,6 @@ extern "C" __global__ void grad_settle(const float* acc, const bf16_t* d, long n
         return;
     }
     float v[4];
-    bf16x4_to_f32(*reinterpret_cast<const uint2*>(d + i0), v);
-    const float4 a = acc ? *reinterpret_cast<const float4*>(acc + i0) : make_float4(0, 0, 0, 0);
-    *reinterpret_cast<float4*>(y + i0) =
-        make_float4(__fadd_rn(a.x, v[0]), __fadd_rn(a.y, v[1]), __fadd_rn(a.z, v[2]), __fadd_rn(a.w, v[3]));
+    grad_val4(acc, d, i0, v);
+    *reinterpret_cast<float4*>(y + i0) = make_float4(v[0], v[1], v[2], v[3]);
 }

@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "--collect" ]]; then
   mkdir -p .carry
   latest() { ls -t target/debug/deps/$1-* | grep -v '\.d$' | head -1; }
-  for t in cuda_flash cuda_invariant cuda_parity gpu_parity; do cp "$(latest $t)" .carry/$t; done
+  for t in cuda_act cuda_flash cuda_invariant cuda_parity gpu_parity; do cp "$(latest $t)" .carry/$t; done
   cp target/release/jetd .carry/jetd
   strip .carry/* 2>/dev/null
   ls -la .carry
@@ -37,12 +37,12 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     tests)
       shift
-      for t in cuda_flash cuda_invariant cuda_parity gpu_parity; do
+      for t in cuda_act cuda_flash cuda_invariant cuda_parity gpu_parity; do
         ./.carry/$t --test-threads=1 --nocapture >"$LOG/$t.log" 2>&1
         rc=$?
         SUMMARY+=("test $t: rc $rc, $(grep -E '^test result' "$LOG/$t.log" | tail -1)")
       done
-      grep -hE '^(PARITY|MISMATCH|INVARIANT)' "$LOG"/cuda_flash.log "$LOG"/cuda_invariant.log "$LOG"/gpu_parity.log | cut -c1-150
+      grep -hE '^(PARITY|MISMATCH|INVARIANT)' "$LOG"/cuda_act.log "$LOG"/cuda_flash.log "$LOG"/cuda_invariant.log "$LOG"/gpu_parity.log | cut -c1-150
       ;;
     bench)
       preset=$2; shift 2

@@ -371,6 +371,19 @@ fn fp8_rows_timing() {
             let w = rand_dev(&g, n * k, 2, 0.05);
             let qx = gq::quantize_row1x128(&g, &x, m, k).unwrap();
             let (qw, _) = gq::quantize_block128(&g, &w, n, k, false).unwrap();
+            // JET_TIMING_COLD=C: the outputs rotate over C buffers, so that (for C of
+            // a few) they leave L2 between calls as a training step's do.
+            let cold: usize = std::env::var("JET_TIMING_COLD")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1)
+                .max(1);
+            let ds: Vec<CudaSlice<f32>> = (0..cold)
+                .map(|_| {
+                    g.zeros::<f32>(qx.rows_pad * n.next_multiple_of(16))
+                        .unwrap()
+                })
+                .collect();
             let mut d = g
                 .zeros::<f32>(qx.rows_pad * n.next_multiple_of(16))
                 .unwrap();
@@ -378,8 +391,8 @@ fn fp8_rows_timing() {
             let lt = time_us(&g, pre, 10, |_| {
                 gemm::fp8_gemm_nt_into(&g, &qx, &qw, &mut d).unwrap()
             });
-            let r64 = time_us(&g, pre, 10, |_| {
-                gemv::gemm_fp8_rows(&g, &qx, &qw, &d, n).unwrap()
+            let r64 = time_us(&g, pre, 10, |i| {
+                gemv::gemm_fp8_rows(&g, &qx, &qw, &ds[i % cold], n).unwrap()
             });
             let sk = time_us(&g, pre, 10, |_| {
                 gemv::gemv_fp8_into(&g, &qx, &qw, &mut d, n).unwrap()
@@ -408,12 +421,22 @@ fn fp8_rows_timing() {
                 cols: k,
                 ld: kp,
             };
-            let dp = d.device_ptr(g.stream()).0;
-            let lt = time_us(&g, pre, 10, |_| {
-                gemm::dense_gemm(&g, dense(&xb, m), false, dense(&wb, n), true, dp, np).unwrap()
+            let dps: Vec<u64> = ds.iter().map(|d| d.device_ptr(g.stream()).0).collect();
+            let lt = time_us(&g, pre, 10, |i| {
+                gemm::dense_gemm(
+                    &g,
+                    dense(&xb, m),
+                    false,
+                    dense(&wb, n),
+                    true,
+                    dps[i % cold],
+                    np,
+                )
+                .unwrap()
             });
-            let r64 = time_us(&g, pre, 10, |_| {
-                gemv_bf16::gemm_bf16_rows(&g, rows(&xb, m, m), rows(&wb, n, np), &d, n).unwrap()
+            let r64 = time_us(&g, pre, 10, |i| {
+                gemv_bf16::gemm_bf16_rows(&g, rows(&xb, m, m), rows(&wb, n, np), &ds[i % cold], n)
+                    .unwrap()
             });
             let sk = time_us(&g, pre, 10, |_| {
                 gemv_bf16::gemv_bf16_into(&g, rows(&xb, m, m), rows(&wb, n, np), &mut d, n).unwrap()

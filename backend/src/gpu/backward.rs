@@ -221,17 +221,20 @@ pub fn backward(
         let (dgate, dup) = match (operand_dy(model), &dmm) {
             (Some(GemmPrecision::Bf16), GemmOut::Bf16(d, ld)) => {
                 let dh = SwigluDh::Bf16(d, *ld);
-                (gb, ub) = swiglu_backward_bf16(g, dh, &a.gate, &a.up, (m, inter))?;
+                (gb, ub) = swiglu_backward_bf16(g, dh, a.gate.view(), a.up.view(), (m, inter))?;
                 (Dy::Bf16(&gb), Dy::Bf16(&ub))
             }
             (Some(GemmPrecision::Fp8), GemmOut::Bf16(d, ld)) => {
                 let dh = SwigluDh::Bf16(d, *ld);
-                (gq, uq) = swiglu_backward_fp8(g, dh, &a.gate, &a.up, (m, inter))?;
+                (gq, uq) = swiglu_backward_fp8(g, dh, a.gate.view(), a.up.view(), (m, inter))?;
                 (Dy::Fp8(&gq), Dy::Fp8(&uq))
             }
             _ => {
                 dmf = dmm.finish(g, (m, inter), dgrad)?;
-                (gf, uf) = swiglu_backward(g, &dmf, &a.gate, &a.up, m * inter, round)?;
+                // The f32 op reads f32: BF16-kept gate and up widened (exact).
+                let (mut gw, mut uw) = (None, None);
+                let (gate, up) = (a.gate.as_f32(g, &mut gw)?, a.up.as_f32(g, &mut uw)?);
+                (gf, uf) = swiglu_backward(g, &dmf, gate, up, m * inter, round)?;
                 (Dy::F32(&gf), Dy::F32(&uf))
             }
         };

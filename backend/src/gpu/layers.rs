@@ -3,10 +3,12 @@
 //! any set of rows, with the attention itself left to a strategy.
 
 use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::flash::FlashSaved;
 use jet_kernels::cuda::linear::{
-    gate_up_swiglu, linear_forward, linear_forward_group, linear_forward_residual,
-    linear_residual_norm, qkv_norm_rope, rmsnorm_with_operand, swiglu_with_operand, XOperand,
+    gate_up_swiglu, linear_forward, linear_forward_group, linear_forward_group_act,
+    linear_forward_residual, linear_residual_norm, qkv_norm_rope, rmsnorm_with_operand,
+    swiglu_with_operand, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_forward_dev, qk_norm_rope, qk_norm_rope_fits, rmsnorm_forward, rope_forward_dev,
@@ -44,9 +46,10 @@ pub struct GpuLayerActs {
     pub h_mid: CudaSlice<f32>,
     pub b: CudaSlice<f32>,
     pub rstd2: CudaSlice<f32>,
-    /// MLP gate, up `[M, inter]` and the swiglu output.
-    pub gate: CudaSlice<f32>,
-    pub up: CudaSlice<f32>,
+    /// MLP gate, up `[M, inter]` (BF16 values where the rows GEMM kept them so)
+    /// and the swiglu output.
+    pub gate: Act,
+    pub up: Act,
     pub m: CudaSlice<f32>,
     /// The forward's BF16 copies of a, attn, b and m (the BF16 flows' WGrad
     /// operands; empty in the FP8 and f32 flows), [`XOperand::for_backward`].
@@ -181,12 +184,14 @@ pub fn run_layers(
         let (gate, up, mm, mut mo) = match swiglu {
             Some((mm, mo)) => (None, None, mm, mo),
             None => {
+                // Kept as their BF16 values where the rows GEMM makes them: half
+                // the bytes written, read by swiglu and kept for its backward.
                 let gu = [(gate_up.0, None), (gate_up.1, None)];
-                let [gate, up]: [_; 2] = linear_forward_group(g, &b, &mut bo, m, &gu, prec)?
+                let [gate, up]: [_; 2] = linear_forward_group_act(g, &b, &mut bo, m, &gu, prec)?
                     .try_into()
                     .map_err(|_| CudaError::Invalid("gate, up: two outputs expected".into()))?;
                 let inter = cfg.intermediate_size;
-                let (mm, mo) = swiglu_with_operand(g, &gate, &up, (m, inter), prec)?;
+                let (mm, mo) = swiglu_with_operand(g, gate.view(), up.view(), (m, inter), prec)?;
                 (Some(gate), Some(up), mm, mo)
             }
         };

@@ -31,6 +31,7 @@ pub const GEMV_MAX_TOKENS: usize = 64;
 /// ops: the total, then the bias, then the BF16 rounding when `round`, then the
 /// residual `res [m][ldy]` added when not 0): `y [m][ldy]` at device address `y`
 /// (0: no fused epilogue, write `d`). The split-K kernels leave it to `linear_epilogue`.
+/// `bf16` (rounded, no residual): y holds the rounded values' BF16 bits.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Epi {
     pub y: u64,
@@ -38,6 +39,7 @@ pub(crate) struct Epi {
     pub bias: u64,
     pub round: bool,
     pub res: u64,
+    pub bf16: bool,
 }
 
 impl Epi {
@@ -47,7 +49,18 @@ impl Epi {
         bias: 0,
         round: false,
         res: 0,
+        bf16: false,
     };
+
+    /// The kernels' `round` argument: 0, 1, or EPI_BF16 (2, `common.cuh`).
+    fn round_arg(&self) -> Arg {
+        Arg::I(
+            match (self.bf16 && self.round && self.res == 0, self.round) {
+                (true, _) => 2,
+                (false, r) => r as i32,
+            },
+        )
+    }
 }
 
 /// A kernel of `gemv_fp8.cu`: token tiles of 8, warps per block, m16 tiles per block.
@@ -311,7 +324,7 @@ impl SkOps {
             Arg::P(epi.y),
             Arg::L(epi.ldy as i64),
             Arg::P(epi.bias),
-            Arg::I(epi.round as i32),
+            epi.round_arg(),
             Arg::P(epi.res),
         ]);
         a
@@ -542,7 +555,9 @@ fn launch_rows_tma(
         name,
         (tiles.min(gpu.sm_count()) as u32, 1, 1),
         (384, 1, 1),
-        s * 256 * gb + 2 * s * 128 * 4 + 3 * s * 8 + 1024,
+        // WgTmaSmem::BYTES: the stages, scales and barriers, 8 epilogue tiles of
+        // EPI_STAGE (2 KiB), 1 KiB to align.
+        (s * 256 * gb + 2 * s * 128 * 4 + 3 * s * 8).next_multiple_of(16) + 8 * 2048 + 1024,
         &[
             Arg::T(tw),
             Arg::T(tx),
@@ -558,7 +573,7 @@ fn launch_rows_tma(
             Arg::P(epi.y),
             Arg::L(epi.ldy as i64),
             Arg::P(epi.bias),
-            Arg::I(epi.round as i32),
+            epi.round_arg(),
             Arg::P(epi.res),
         ],
     )

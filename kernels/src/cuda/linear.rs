@@ -22,8 +22,9 @@ use cudarc::driver::CudaSlice;
 mod fused;
 mod group;
 pub use fused::{gate_up_swiglu, linear_residual_norm, qkv_norm_rope, ResidualNorm};
-pub use group::linear_forward_group;
+pub use group::{linear_forward_group, linear_forward_group_act};
 
+use super::act::{Act, ActRef};
 use super::context::{Arg, OPS};
 use super::gemm::{dense_gemm, dense_gemm_to, fp8_gemm_nt, fp8_gemm_nt_bf16, Dense, LtType};
 use super::gemv::{
@@ -436,14 +437,22 @@ pub fn rmsnorm_with_operand(
 /// SwiGLU of `gate`, `up [m, k]` and, for GEMMs in `prec`, the operand of its
 /// output made by the same kernel (`quantize::swiglu_operand`; F32:
 /// `ops::swiglu_forward`, no operand yet): `(h [m, k], h's operand)`.
-pub fn swiglu_with_operand(
+/// gate and up may be the BF16 values of [`linear_forward_group_act`] (low
+/// precision only).
+pub fn swiglu_with_operand<'a>(
     gpu: &Gpu,
-    gate: &CudaSlice<f32>,
-    up: &CudaSlice<f32>,
+    gate: impl Into<ActRef<'a>>,
+    up: impl Into<ActRef<'a>>,
     (m, k): (usize, usize),
     prec: GemmPrecision,
 ) -> Result<(CudaSlice<f32>, XOperand)> {
+    let (gate, up) = (gate.into(), up.into());
     if prec == GemmPrecision::F32 {
+        let (ActRef::F32(gate), ActRef::F32(up)) = (gate, up) else {
+            return Err(super::CudaError::Invalid(
+                "swiglu in f32: gate and up must be f32".into(),
+            ));
+        };
         return Ok((swiglu_forward(gpu, gate, up, m * k)?, XOperand::default()));
     }
     let (h, op) = swiglu_operand(gpu, gate, up, (m, k), prec == GemmPrecision::Fp8)?;
@@ -466,6 +475,7 @@ fn fused_epi(
         bias: bias.map_or(0, |b| gpu.ptr(b)),
         round: prec != GemmPrecision::F32,
         res: res.map_or(0, |r| gpu.ptr(r)),
+        bf16: false,
     }
 }
 
@@ -509,6 +519,49 @@ pub fn linear_forward_shared(
     prec: GemmPrecision,
 ) -> Result<CudaSlice<f32>> {
     forward(gpu, x, xo, m, w, bias, prec, None)
+}
+
+/// [`forward`] without a residual, its output kept as BF16 values where the rows
+/// GEMM writes it (a low-precision batch-invariant weight, past the split-K sizes):
+/// the same numbers in half the bytes. Elsewhere f32.
+fn forward_act(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    w: &GpuWeight,
+    bias: Option<&CudaSlice<f32>>,
+    prec: GemmPrecision,
+) -> Result<Act> {
+    let rows =
+        prec != GemmPrecision::F32 && w.batch_invariant && m > 0 && !takes_split_k(gpu, m, w, prec);
+    if !rows {
+        return forward(gpu, x, xo, m, w, bias, prec, None).map(Act::F32);
+    }
+    let (n, k) = (w.n, w.k);
+    check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
+    let xo = xo.of(m, k)?;
+    if let Some(b) = bias {
+        check_len("linear bias", b, n, format!("[{n}]"))?;
+    }
+    let y = gpu.uninit::<u16>(m * n)?;
+    let epi = Epi {
+        y: gpu.ptr(&y),
+        ldy: n,
+        bias: bias.map_or(0, |b| gpu.ptr(b)),
+        round: true,
+        res: 0,
+        bf16: true,
+    };
+    if prec == GemmPrecision::Bf16 {
+        let wb = w.bf16.as_ref().ok_or_else(|| w.missing(prec))?;
+        let xb = xo.bf16(gpu, x, m, k)?;
+        gemm_bf16_rows_fused(gpu, x_rows(xb, m, k), w_rows(wb, n, k), epi)?;
+    } else {
+        let wq = w.fp8.as_ref().ok_or_else(|| w.missing(prec))?;
+        gemm_fp8_rows_fused(gpu, xo.fp8(gpu, x, m, k)?, wq, epi)?;
+    }
+    Ok(Act::Bf16(y))
 }
 
 /// Whether [`forward`] of `m > 0` rows through `w` takes the split-K path (a

@@ -23,6 +23,7 @@
 //! - [`sample`]: greedy and Gumbel-max token sampling, as [`sample::sample_reference`].
 //! - [`graph`]: CUDA graphs (the decode step captured once, replayed per token).
 
+pub mod act;
 pub mod adamw;
 pub mod attention;
 mod context;

@@ -5,6 +5,7 @@
 
 use cudarc::driver::CudaSlice;
 
+use super::act::ActRef;
 use super::context::{Arg, OPS};
 use super::{check_len, ensure, Gpu, Result};
 use crate::ops::rope::RopeTable;
@@ -925,18 +926,23 @@ impl SwigluDh<'_> {
 /// [`swiglu_backward`] (rounded) as the BF16 GEMM operands of the gate and up
 /// backward: `(dgate, dup)`, each `[rows][pad16(cols)]` BF16 with zero padding,
 /// the bits of `to_bf16_padded` of the rounded f32 results.
-pub fn swiglu_backward_bf16(
+/// gate and up: f32, or both the BF16 values a rows GEMM stored (the same bits).
+pub fn swiglu_backward_bf16<'a>(
     gpu: &Gpu,
     dh: SwigluDh,
-    gate: &CudaSlice<f32>,
-    up: &CudaSlice<f32>,
+    gate: impl Into<ActRef<'a>>,
+    up: impl Into<ActRef<'a>>,
     (rows, cols): (usize, usize),
 ) -> Result<(CudaSlice<u16>, CudaSlice<u16>)> {
-    let n = rows * cols;
-    for (what, b) in [("swiglu gate", gate), ("swiglu up", up)] {
-        check_len(what, b, n, format!("[{rows}, {cols}]"))?;
-    }
+    let (gate, up) = (gate.into(), up.into());
+    let gu16 = super::quantize::gu_form(gate, up)?;
+    let shape = format!("[{rows}, {cols}]");
+    let gate = gate.arg(gpu, "swiglu gate", rows * cols, &shape)?;
+    let up = up.arg(gpu, "swiglu up", rows * cols, &shape)?;
     let (head, dh16) = dh.args(gpu, rows, cols)?;
+    ensure(dh16 || !gu16, || {
+        "swiglu backward: BF16 gate and up need the BF16 dh".into()
+    })?;
     let ldb = super::pad16(cols);
     ensure(
         rows * ldb < i64::MAX as usize && cols < i32::MAX as usize,
@@ -951,10 +957,10 @@ pub fn swiglu_backward_bf16(
     }
     gpu.launch(
         &OPS,
-        if dh16 {
-            "swiglu_bwd_bf16_dh16"
-        } else {
-            "swiglu_bwd_bf16"
+        match (dh16, gu16) {
+            (true, true) => "swiglu_bwd_bf16_dh16_gu16",
+            (true, false) => "swiglu_bwd_bf16_dh16",
+            (false, _) => "swiglu_bwd_bf16",
         },
         grid1((rows * ldb).div_ceil(4)),
         (256, 1, 1),
@@ -962,8 +968,8 @@ pub fn swiglu_backward_bf16(
         &[
             &head[..],
             &[
-                Arg::P(gpu.ptr(gate)),
-                Arg::P(gpu.ptr(up)),
+                gate,
+                up,
                 Arg::I(rows as i32),
                 Arg::I(cols as i32),
                 Arg::I(ldb as i32),

@@ -18,6 +18,7 @@
 
 use cudarc::driver::CudaSlice;
 
+use super::act::ActRef;
 use super::context::{Arg, QUANTIZE};
 use super::ops::SwigluDh;
 use super::{check_len, ensure, pad16, Gpu, Result};
@@ -277,15 +278,24 @@ pub fn rmsnorm_operand(
 /// SwiGLU `h = g * sigmoid(g) * u` of `gate`, `up [rows, cols]` (as
 /// `ops::swiglu_forward`, bit for bit) fused with the operand of `h` that the
 /// down projection reads: `(h [rows, cols], operand)`.
-pub fn swiglu_operand(
+/// gate and up are f32 or both the BF16 values a rows GEMM stored
+/// ([`super::act::Act`]): the same numbers, so the same bits.
+pub fn swiglu_operand<'a>(
     gpu: &Gpu,
-    gate: &CudaSlice<f32>,
-    up: &CudaSlice<f32>,
+    gate: impl Into<ActRef<'a>>,
+    up: impl Into<ActRef<'a>>,
     (rows, cols): (usize, usize),
     fp8: bool,
 ) -> Result<(CudaSlice<f32>, FusedOperand)> {
-    check_shape("swiglu gate", gate, rows, cols)?;
-    check_shape("swiglu up", up, rows, cols)?;
+    let (gate, up) = (gate.into(), up.into());
+    let bf16 = gu_form(gate, up)?;
+    ensure(
+        rows < i32::MAX as usize / 2 && cols < i32::MAX as usize / 2,
+        || format!("swiglu: [{rows}, {cols}] is too large"),
+    )?;
+    let shape = format!("[{rows}, {cols}]");
+    let gate = gate.arg(gpu, "swiglu gate", rows * cols, &shape)?;
+    let up = up.arg(gpu, "swiglu up", rows * cols, &shape)?;
     let h = gpu.uninit::<f32>(rows * cols)?;
     let op = FusedOperand::alloc(gpu, rows, cols, fp8)?;
     // One warp per (row, group), 8 warps a block.
@@ -293,14 +303,17 @@ pub fn swiglu_operand(
     if warps > 0 {
         gpu.launch(
             &QUANTIZE,
-            "swiglu_operand",
+            match bf16 {
+                true => "swiglu_operand_gu16",
+                false => "swiglu_operand",
+            },
             (warps.div_ceil(8) as u32, 1, 1),
             (256, 1, 1),
             0,
             &[
                 &[
-                    Arg::P(gpu.ptr(gate)),
-                    Arg::P(gpu.ptr(up)),
+                    gate,
+                    up,
                     Arg::I(rows as i32),
                     Arg::I(cols as i32),
                     Arg::P(gpu.ptr(&h)),
@@ -311,6 +324,14 @@ pub fn swiglu_operand(
         )?;
     }
     Ok((h, op))
+}
+
+/// Whether gate and up are BF16; both must have the same form.
+pub(crate) fn gu_form(gate: ActRef, up: ActRef) -> Result<bool> {
+    ensure(gate.is_bf16() == up.is_bf16(), || {
+        "swiglu: gate and up must both be f32 or both BF16".into()
+    })?;
+    Ok(gate.is_bf16())
 }
 
 /// 128x1 groups along the rows (tokens), stored transposed: the WGrad operands
@@ -355,18 +376,22 @@ pub struct DualFp8 {
 /// [`quantize_dual`] of each output, in one pass (`swiglu_bwd_fp8`): the gate and
 /// up projections' dy operands `(dgate, dup)` for FP8 DGrad and WGrad, with the
 /// bits of quantizing the f32 gradients; no f32 gradient written.
-pub fn swiglu_backward_fp8(
+pub fn swiglu_backward_fp8<'a>(
     gpu: &Gpu,
     dh: SwigluDh,
-    gate: &CudaSlice<f32>,
-    up: &CudaSlice<f32>,
+    gate: impl Into<ActRef<'a>>,
+    up: impl Into<ActRef<'a>>,
     (rows, cols): (usize, usize),
 ) -> Result<(DualFp8, DualFp8)> {
-    let n = rows * cols;
-    for (what, b) in [("swiglu gate", gate), ("swiglu up", up)] {
-        check_len(what, b, n, format!("[{rows}, {cols}]"))?;
-    }
+    let (gate, up) = (gate.into(), up.into());
+    let gu16 = gu_form(gate, up)?;
+    let shape = format!("[{rows}, {cols}]");
+    let gate = gate.arg(gpu, "swiglu gate", rows * cols, &shape)?;
+    let up = up.arg(gpu, "swiglu up", rows * cols, &shape)?;
     let (head, dh16) = dh.args(gpu, rows, cols)?;
+    ensure(dh16 || !gu16, || {
+        "swiglu backward (FP8): BF16 gate and up need the BF16 dh".into()
+    })?;
     ensure(rows > 0 && cols > 0, || {
         format!("swiglu backward (FP8) of [{rows}, {cols}]: empty")
     })?;
@@ -389,10 +414,10 @@ pub fn swiglu_backward_fp8(
     };
     gpu.launch(
         &QUANTIZE,
-        if dh16 {
-            "swiglu_bwd_fp8_dh16"
-        } else {
-            "swiglu_bwd_fp8"
+        match (dh16, gu16) {
+            (true, true) => "swiglu_bwd_fp8_dh16_gu16",
+            (true, false) => "swiglu_bwd_fp8_dh16",
+            (false, _) => "swiglu_bwd_fp8",
         },
         (
             2 * cp.div_ceil(GROUP) as u32,
@@ -404,8 +429,8 @@ pub fn swiglu_backward_fp8(
         &[
             &head[..],
             &[
-                Arg::P(gpu.ptr(gate)),
-                Arg::P(gpu.ptr(up)),
+                gate,
+                up,
                 Arg::I(rows as i32),
                 Arg::I(cols as i32),
                 Arg::I(rp as i32),

@@ -59,6 +59,21 @@ pub fn round_bf16(gpu: &Gpu, x: &mut CudaSlice<f32>, n: usize) -> Result<()> {
     )
 }
 
+/// The BF16 values `x` widened to f32 (exact), a new buffer of `x.len()`.
+pub fn bf16_to_f32(gpu: &Gpu, x: &CudaSlice<u16>) -> Result<CudaSlice<f32>> {
+    let n = x.len();
+    let y = gpu.uninit::<f32>(n)?;
+    if n > 0 {
+        elementwise(
+            gpu,
+            "bf16_widen",
+            n,
+            &[Arg::P(gpu.ptr(x)), Arg::L(n as i64), Arg::P(gpu.ptr(&y))],
+        )?;
+    }
+    Ok(y)
+}
+
 /// `x[i] = v` for `i < n` (for zeros, [`Gpu::zeros`] allocates them directly).
 pub fn fill(gpu: &Gpu, x: &mut CudaSlice<f32>, n: usize, v: f32) -> Result<()> {
     check_len("fill x", x, n, format!("[{n}]"))?;

@@ -320,6 +320,9 @@ __device__ __forceinline__ void fold_slice(float* tot, float* acc, bool first) {
 // has_bias, the BF16 rounding when `round`, then r + v (the residual's value) when
 // has_res. One definition for linear_epilogue (ops.cu) and the GEMMs' fused
 // epilogues (rows_out; tile_out in gemm_wg.cu), so fused and unfused agree bit for bit.
+// `round` EPI_BF16: rounded as 1, and the GEMM stores the BF16 bits (half the bytes,
+// the same values; linear.rs `Act::Bf16`).
+#define EPI_BF16 2
 __device__ __forceinline__ float epi_value(float v, bool has_bias, float b, int round, bool has_res, float r) {
     if (has_bias) v += b;
     v = round ? round_bf16(v) : v;
@@ -394,11 +397,16 @@ __device__ __forceinline__ float sk_epi1(const SkIn& P, int r, int c, int cols) 
 // One total v of (row, tok): through the fused linear epilogue when y != null (fuses
 // linear_epilogue: epi_value with bias [N] and res [M][ldy] when not null) into
 // y [M][ldy], else as is into d [M][ldd].
+// round == EPI_BF16 (no res): y holds BF16 [M][ldy], the rounded values' bits.
 __device__ __forceinline__ void rows_out(float v, int row, int tok, float* d, long ldd, float* y, long ldy,
                                          const float* bias, int round, const float* res) {
     if (y) {
         const long i = (long)tok * ldy + row;
-        y[i] = epi_value(v, bias, bias ? bias[row] : 0.0f, round, res, res ? res[i] : 0.0f);
+        const float e = epi_value(v, bias, bias ? bias[row] : 0.0f, round, res, res ? res[i] : 0.0f);
+        if (round == EPI_BF16)
+            reinterpret_cast<bf16_t*>(y)[i] = f32_to_bf16(e);
+        else
+            y[i] = e;
     } else {
         d[(long)tok * ldd + row] = v;
     }

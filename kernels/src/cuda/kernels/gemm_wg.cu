@@ -260,14 +260,73 @@ __device__ __forceinline__ void tma_2d(u32 dst, const TMap* map, int c0, int c1,
         : "memory");
 }
 
-// A warpgroup's 64 x 128 totals out, the ops of rows_out per value (the same bits) with
-// the addresses and the tile's bounds worked out once: the thread's rows are rb and
-// rb + 8 (< N to be written), its tokens t = tb + 8 j + i (i < 2), written while
-// t - tb < mt (tokens left from tb). Register 4 j + 2 h + i holds (row rb + 8 h,
-// token tb + 8 j + i).
-__device__ __forceinline__ void tile_out(const float (&tot)[64], int rb, int tb, int mt, int N, float* d, long ldd,
-                                         float* y, long ldy, const float* bias, int round, const float* res) {
+// A warp's 16 rows x 128 BF16 outputs through its own EPI_STAGE bytes of shared
+// memory, CT tokens at a time: the accumulator layout (register 4 j + 2 h + i holds
+// row lane / 4 + 8 h, token 8 j + 2 (lane % 4) + i) goes to a [token][16 rows]
+// tile, then each token's 16 values (32 contiguous bytes of y) leave as 16-byte
+// stores. Stored from registers, each 2-byte store instruction wrote 16-byte pieces
+// of four rows: 1.9 ms slower a 0.6B step than the f32 stores (32-byte pieces),
+// which stay direct (staged, they ran 2-14% slower: H100, twentieth session).
+// out: the warp's (row 0, token 0) of y, row stride ld; rows_ok (1-16) rows and toks
+// tokens to write.
+#define EPI_STAGE 2048
+__device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* out, long ld, int rows_ok, int toks,
+                                                bf16_t* st, int lane) {
+    constexpr int CT = EPI_STAGE / 32;  // tokens a pass: 16 rows x 2 bytes each
+    const bool vec = rows_ok == 16 && (((u64)out | (u64)(ld * 2)) & 15) == 0;
+#pragma unroll
+    for (int c = 0; c < 128 / CT; c++) {
+        if (c * CT >= toks) break;  // warp-uniform
+#pragma unroll
+        for (int jj = 0; jj < CT / 8; jj++) {
+            const int j = c * CT / 8 + jj;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)  // v is a BF16 value (rounded): exact
+                    st[(jj * 8 + 2 * (lane & 3) + i) * 16 + (lane >> 2) + 8 * h] = f32_to_bf16(v[4 * j + 2 * h + i]);
+        }
+        __syncwarp();
+        const int left = toks - c * CT;
+        bf16_t* oc = out + (long)(c * CT) * ld;
+        if (vec) {
+#pragma unroll
+            for (int pp = 0; pp < CT * 2 / 32; pp++) {  // two 16-byte halves a token
+                const int p = pp * 32 + lane, tok = p >> 1, q = p & 1;
+                if (tok < left)
+                    *reinterpret_cast<uint4*>(oc + (long)tok * ld + q * 8) =
+                        *reinterpret_cast<const uint4*>(st + tok * 16 + q * 8);
+            }
+        } else {
+            for (int e = lane; e < CT * 16; e += 32) {
+                const int tok = e >> 4, r = e & 15;
+                if (tok < left && r < rows_ok) oc[(long)tok * ld + r] = st[e];
+            }
+        }
+        __syncwarp();
+    }
+}
+
+// A warpgroup's 64 x 128 totals out: rows_out's ops per value (the same bits), the
+// bias and residual read where the thread's rows are (rb and rb + 8, < N) and its
+// tokens t = tb + 8 j + i (i < 2) are below M. f32 straight from the registers;
+// BF16 (round == EPI_BF16, no residual) through warp_tile_store. rw: the warp's
+// first row; t0: the tile's first token; stage: the warp's EPI_STAGE bytes.
+__device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M, int N, float* d, long ldd, float* y,
+                                         long ldy, const float* bias, int round, const float* res, u8* stage,
+                                         int lane) {
+    const int rb = rw + (lane >> 2), tb = t0 + (lane & 3) * 2, mt = M - tb;
     const bool ok0 = rb < N, ok1 = rb + 8 < N;
+    if (y && round == EPI_BF16) {
+        const float b0 = (bias && ok0) ? bias[rb] : 0.0f, b1 = (bias && ok1) ? bias[rb + 8] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < 64; r++) tot[r] = epi_value(tot[r], bias, (r & 2) ? b1 : b0, round, false, 0.0f);
+        const int rows_ok = min(16, N - rw), toks = min(128, M - t0);
+        if (rows_ok > 0 && toks > 0)
+            warp_tile_store(tot, reinterpret_cast<bf16_t*>(y) + (long)t0 * ldy + rw, ldy, rows_ok, toks,
+                            reinterpret_cast<bf16_t*>(stage), lane);
+        return;
+    }
     const long ld = y ? ldy : ldd;
     float* out = (y ? y : d) + (long)tb * ld + rb;
     const float* rp = res ? res + (long)tb * ld + rb : nullptr;
@@ -291,11 +350,14 @@ __device__ __forceinline__ void tile_out(const float (&tot)[64], int rb, int tb,
 
 // Dynamic shared memory: stages (W tile then X tile, GB / 128 planes of 128 rows x
 // 128 bytes each), the token scales of each stage, their products with the weight
-// scale (FP8), then the full, empty and scaled barriers (gemv.rs repeats BYTES).
+// scale (FP8), the full, empty and scaled barriers, then the 8 consumer warps'
+// epilogue tiles (gemv.rs repeats BYTES).
 template <class E>
 struct WgTmaSmem {
     static constexpr int S = E::S_ROWS, WT = 128 * E::GB, STAGE = 2 * WT;
-    static constexpr int BYTES = S * STAGE + 2 * S * 128 * 4 + 3 * S * 8 + 1024;
+    // The consumer warps' epilogue tiles (EPI_STAGE bytes each) after the barriers.
+    static constexpr int EPI = (S * STAGE + 2 * S * 128 * 4 + 3 * S * 8 + 15) / 16 * 16;
+    static constexpr int BYTES = EPI + 8 * EPI_STAGE + 1024;
 };
 
 // tot += acc, then acc = 0: the end of a split slice when tot starts at -0.
@@ -407,9 +469,8 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                     fold_at += gps;
                 }
             }
-            const int tb = (lane & 3) * 2;
-            tile_out(tot, n0 + wg * 64 + warp * 16 + (lane >> 2), t0 + tb, M - t0 - tb, N, d, ldd, y, ldy, bias, round,
-                     res);
+            tile_out(tot, n0 + wg * 64 + warp * 16, t0, M, N, d, ldd, y, ldy, bias, round, res,
+                     smem + SM::EPI + (wg * 4 + warp) * EPI_STAGE, lane);
         }
     }
 }

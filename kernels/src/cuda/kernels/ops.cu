@@ -448,8 +448,8 @@ extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const 
 // whose f32 values are these: the same bits). Four outputs a thread (ldb is a multiple
 // of 16, so they share a row; 16-byte loads and 8-byte stores where aligned): grid
 // ceil(rows * ldb / 1024), 256 threads.
-template <typename DH>
-__device__ __forceinline__ void swiglu_bwd_bf16_at(const DH* dh, long ldh, const float* gate, const float* up,
+template <typename DH, typename G>
+__device__ __forceinline__ void swiglu_bwd_bf16_at(const DH* dh, long ldh, const G* gate, const G* up,
                                                    int rows, int cols, int ldb, bf16_t* dgate, bf16_t* dup) {
     const long o = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (o >= (long)rows * ldb) return;
@@ -483,6 +483,13 @@ extern "C" __global__ void swiglu_bwd_bf16(const float* dh, const float* gate, c
 }
 extern "C" __global__ void swiglu_bwd_bf16_dh16(const bf16_t* dh, long ldh, const float* gate, const float* up,
                                                 int rows, int cols, int ldb, bf16_t* dgate, bf16_t* dup) {
+    pdl_entry();
+    swiglu_bwd_bf16_at(dh, ldh, gate, up, rows, cols, ldb, dgate, dup);
+}
+// gate, up as the BF16 values the rows GEMM stored (the same numbers).
+extern "C" __global__ void swiglu_bwd_bf16_dh16_gu16(const bf16_t* dh, long ldh, const bf16_t* gate,
+                                                     const bf16_t* up, int rows, int cols, int ldb, bf16_t* dgate,
+                                                     bf16_t* dup) {
     pdl_entry();
     swiglu_bwd_bf16_at(dh, ldh, gate, up, rows, cols, ldb, dgate, dup);
 }

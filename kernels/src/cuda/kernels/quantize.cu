@@ -194,8 +194,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long
 // quant_dual_f32 (two blocks an SM, about 20 bytes of spills; the pair's second
 // reads of dh and gate come from L2). Both blocks holding both outputs took 128 registers,
 // one block an SM, and ran 1.4x slower than swiglu_bwd and two quant_dual_f32.
-template <typename DH>
-__device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const float* gate, const float* up,
+template <typename DH, typename G>
+__device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const G* gate, const G* up,
                                                   int rows, int cols, int rows_pad, int cols_pad, u8* gc, float* gs,
                                                   u8* gct, float* gst, u8* uc, float* us, u8* uct, float* ust) {
     __shared__ DualShared sh;
@@ -236,6 +236,14 @@ extern "C" __global__ void __launch_bounds__(512, 2)
     swiglu_bwd_fp8_dh16(const bf16_t* dh, long ldh, const float* gate, const float* up, int rows, int cols,
                         int rows_pad, int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us,
                         u8* uct, float* ust) {
+    pdl_entry();
+    swiglu_bwd_fp8_at(dh, ldh, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust);
+}
+// gate, up as the BF16 values the rows GEMM stored (the same numbers).
+extern "C" __global__ void __launch_bounds__(512, 2)
+    swiglu_bwd_fp8_dh16_gu16(const bf16_t* dh, long ldh, const bf16_t* gate, const bf16_t* up, int rows, int cols,
+                             int rows_pad, int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us,
+                             u8* uct, float* ust) {
     pdl_entry();
     swiglu_bwd_fp8_at(dh, ldh, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust);
 }
@@ -523,15 +531,27 @@ __device__ __forceinline__ void swiglu_operand_at(Load load, int rows, int cols,
     store_operand4(v, r, g, c, lane, rows_pad, cols_pad, codes, scales, yb);
 }
 
-extern "C" __global__ void swiglu_operand(const float* gate, const float* up, int rows, int cols, float* h,
-                                          int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
-    pdl_entry();
+// gate, up [rows, cols]: f32, or (_gu16) the BF16 values the rows GEMM stored (the
+// same numbers, half the bytes).
+template <typename G>
+__device__ __forceinline__ void swiglu_operand_of(const G* gate, const G* up, int rows, int cols, float* h,
+                                                  int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
     const bool vec = (cols & 3) == 0;
     auto load = [&](int r, int c, float gv[4], float uv[4]) {
         load4(gate + (long)r * cols, c, cols, vec, gv);
         load4(up + (long)r * cols, c, cols, vec, uv);
     };
     swiglu_operand_at(load, rows, cols, h, rows_pad, cols_pad, codes, scales, yb);
+}
+extern "C" __global__ void swiglu_operand(const float* gate, const float* up, int rows, int cols, float* h,
+                                          int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
+    pdl_entry();
+    swiglu_operand_of(gate, up, rows, cols, h, rows_pad, cols_pad, codes, scales, yb);
+}
+extern "C" __global__ void swiglu_operand_gu16(const bf16_t* gate, const bf16_t* up, int rows, int cols, float* h,
+                                               int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
+    pdl_entry();
+    swiglu_operand_of(gate, up, rows, cols, h, rows_pad, cols_pad, codes, scales, yb);
 }
 
 // swiglu_operand of two split-K GEMMs' outputs (fuses the gate and up projections'

@@ -19,6 +19,12 @@ extern "C" __global__ void round_bf16_inplace(float* x, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = round_bf16(x[i]);
 }
+// y = x's BF16 values in f32 (exact): act.rs `Act::to_f32`.
+extern "C" __global__ void bf16_widen(const bf16_t* x, long n, float* y) {
+    pdl_entry();
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = bf16_to_f32(x[i]);
+}
 extern "C" __global__ void fill_f32(float* x, long n, float v) {
     pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -6,10 +6,11 @@
 
 use cudarc::driver::CudaSlice;
 
+use super::super::act::Act;
 use super::super::context::OPS;
 use super::super::gemv::{gemv_fp8_partial_group, split_k_pays, CStruct, Partial, GEMV_MAX_TOKENS};
 use super::super::gemv_bf16::gemv_bf16_partial_group;
-use super::{forward, w_rows, x_rows, GpuWeight, XOperand};
+use super::{forward, forward_act, w_rows, x_rows, GpuWeight, XOperand};
 use crate::cuda::{check_len, ensure, Gpu, Result};
 use crate::GemmPrecision;
 
@@ -25,6 +26,44 @@ pub fn linear_forward_group(
     layers: &[(&GpuWeight, Option<&CudaSlice<f32>>)],
     prec: GemmPrecision,
 ) -> Result<Vec<CudaSlice<f32>>> {
+    match grouped(gpu, x, xo, m, layers, prec)? {
+        Some(ys) => Ok(ys),
+        None => layers
+            .iter()
+            .map(|&(w, b)| forward(gpu, x, xo, m, w, b, prec, None))
+            .collect(),
+    }
+}
+
+/// [`linear_forward_group`] with each output an [`Act`]: where a layer's rows
+/// GEMM writes it, the BF16 values themselves (half the bytes; gate and up of a
+/// training forward or a long prefill), else f32. The same numbers either way.
+pub fn linear_forward_group_act(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    layers: &[(&GpuWeight, Option<&CudaSlice<f32>>)],
+    prec: GemmPrecision,
+) -> Result<Vec<Act>> {
+    match grouped(gpu, x, xo, m, layers, prec)? {
+        Some(ys) => Ok(ys.into_iter().map(Act::F32).collect()),
+        None => layers
+            .iter()
+            .map(|&(w, b)| forward_act(gpu, x, xo, m, w, b, prec))
+            .collect(),
+    }
+}
+
+/// The grouped split-K launches of [`linear_forward_group`], where they apply.
+fn grouped(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    layers: &[(&GpuWeight, Option<&CudaSlice<f32>>)],
+    prec: GemmPrecision,
+) -> Result<Option<Vec<CudaSlice<f32>>>> {
     for &(w, b) in layers {
         if let Some(b) = b {
             check_len("linear bias", b, w.n, format!("[{}]", w.n))?;
@@ -34,12 +73,9 @@ pub fn linear_forward_group(
     match group_partials(gpu, x, xo, m, &ws, prec)? {
         Some(parts) => {
             let biases: Vec<_> = layers.iter().map(|&(_, b)| b).collect();
-            epilogue_group(gpu, &parts, &biases, m, prec)
+            epilogue_group(gpu, &parts, &biases, m, prec).map(Some)
         }
-        None => layers
-            .iter()
-            .map(|&(w, b)| forward(gpu, x, xo, m, w, b, prec, None))
-            .collect(),
+        None => Ok(None),
     }
 }
 

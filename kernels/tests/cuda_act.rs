@@ -1,0 +1,180 @@
+//! Activations kept as their BF16 values (`cuda::act`): the rows GEMMs' BF16 output
+//! holds the bits of their rounded f32 output, and the ops that read gate and up
+//! (SwiGLU forward and backward) give the same bits from either form. Without CUDA
+//! every test prints "skipping: no CUDA device: ..." and passes. Run on a GPU
+//! machine with `--test-threads=1 --nocapture`.
+
+use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::{self, act::Act, linear as glin, ops as gops, quantize as gq};
+use jet_kernels::{Flow, GemmPrecision};
+
+mod common;
+use common::*;
+
+/// An activation's values as f32 (BF16 widened exactly).
+fn values(g: &cuda::Gpu, x: &Act, n: usize) -> Vec<f32> {
+    match x {
+        Act::F32(v) => dl(g, v, n),
+        Act::Bf16(b) => {
+            let b = g.download_n(b, n).unwrap();
+            b.iter()
+                .map(|&h| f32::from_bits((h as u32) << 16))
+                .collect()
+        }
+    }
+}
+
+/// `n` random values rounded to BF16: (f32 on the device, BF16 bits on the device).
+fn bf16_valued(g: &cuda::Gpu, n: usize, seed: u64, amp: f32) -> (CudaSlice<f32>, CudaSlice<u16>) {
+    let v: Vec<f32> = rnd(n, seed, amp)
+        .iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect();
+    let bits: Vec<u16> = v.iter().map(|x| (x.to_bits() >> 16) as u16).collect();
+    (up(g, &v), g.upload(&bits).unwrap())
+}
+
+/// A fused operand's codes, scales and BF16 values, for comparing two of them.
+fn operand_bits(g: &cuda::Gpu, op: &gq::FusedOperand) -> (Vec<u8>, Vec<u32>, Vec<u16>) {
+    match op {
+        gq::FusedOperand::Fp8(q) => (
+            g.download(&q.codes).unwrap(),
+            g.download(&q.scales)
+                .unwrap()
+                .iter()
+                .map(|s: &f32| s.to_bits())
+                .collect(),
+            Vec::new(),
+        ),
+        gq::FusedOperand::Bf16(b) => (Vec::new(), Vec::new(), g.download(b).unwrap()),
+    }
+}
+
+/// FP8 dual operands' codes and scale bits.
+fn dual_bits(g: &cuda::Gpu, q: &gq::DualFp8) -> (Vec<u8>, Vec<u32>) {
+    let mut codes = g.download(&q.row.codes).unwrap();
+    codes.extend(g.download(&q.col.codes).unwrap());
+    let mut scales = g.download(&q.row.scales).unwrap();
+    scales.extend(g.download(&q.col.scales).unwrap());
+    (codes, scales.iter().map(|s| s.to_bits()).collect())
+}
+
+fn count_differ<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    assert_eq!(a.len(), b.len(), "lengths");
+    a.iter().zip(b).filter(|(x, y)| x != y).count()
+}
+
+/// The rows GEMM's BF16 output (bias or not, BF16 and FP8 weights) is the f32
+/// output's bits; the split-K sizes stay f32. 1024 x 1024 x 3072 is a 0.6B gate
+/// projection of 1,024 tokens (the rows kernel); 300 x 896 x 200 has partial tiles.
+#[test]
+fn rows_gemm_bf16_output_is_its_rounded_f32() {
+    let Some(g) = gpu() else { return };
+    let mut kept = 0;
+    for (m, k, n) in [(1024, 1024, 3072), (300, 896, 200), (5, 256, 136)] {
+        let shape = format!("{m}x{k}x{n}");
+        let (x, w, b) = (rnd(m * k, 51, 1.0), rnd(n * k, 52, 0.05), rnd(n, 53, 0.1));
+        let (dx, db) = (up(&g, &x), up(&g, &b));
+        for (flow, prec) in [
+            (Flow::Bf16, GemmPrecision::Bf16),
+            (Flow::Fp8, GemmPrecision::Fp8),
+        ] {
+            let gw = glin::GpuWeight::from_host(&g, &w, n, k, flow).unwrap();
+            for bias in [None, Some(&db)] {
+                let layer = [(&gw, bias)];
+                let xo = &mut glin::XOperand::default();
+                let want = glin::linear_forward_group(&g, &dx, xo, m, &layer, prec).unwrap();
+                let xo = &mut glin::XOperand::default();
+                let got = glin::linear_forward_group_act(&g, &dx, xo, m, &layer, prec).unwrap();
+                let form = match &got[0] {
+                    Act::Bf16(_) => "BF16",
+                    Act::F32(_) => "f32",
+                };
+                kept += usize::from(form == "BF16");
+                report_exact(
+                    &format!(
+                        "linear {flow} kept {form} (bias {}) == f32 output",
+                        bias.is_some()
+                    ),
+                    &shape,
+                    bits_differ(&values(&g, &got[0], m * n), &dl(&g, &want[0], m * n)),
+                );
+            }
+        }
+    }
+    done();
+    assert!(kept >= 4, "no rows GEMM output kept as BF16 ({kept} of 12)");
+}
+
+/// SwiGLU's forward (with either operand) and its backward (BF16 and FP8 operands,
+/// from the down projection's BF16 dh) give the same bits from BF16 gate and up as
+/// from their f32 values; gate and up of different forms are refused.
+#[test]
+fn swiglu_reads_bf16_gate_up_as_their_f32_values() {
+    let Some(g) = gpu() else { return };
+    for (rows, cols) in [(130, 896), (257, 200), (64, 3072)] {
+        let (n, shape) = (rows * cols, format!("[{rows}, {cols}]"));
+        let (gf, gb) = bf16_valued(&g, n, 61, 4.0);
+        let (uf, ub) = bf16_valued(&g, n, 62, 2.0);
+        for fp8 in [true, false] {
+            let (h1, o1) = gq::swiglu_operand(&g, &gf, &uf, (rows, cols), fp8).unwrap();
+            let (h2, o2) = gq::swiglu_operand(&g, &gb, &ub, (rows, cols), fp8).unwrap();
+            let (a, b) = (operand_bits(&g, &o1), operand_bits(&g, &o2));
+            report_exact(
+                &format!(
+                    "swiglu+{} from BF16 gate/up == from f32",
+                    if fp8 { "fp8" } else { "bf16" }
+                ),
+                &shape,
+                bits_differ(&dl(&g, &h1, n), &dl(&g, &h2, n))
+                    + count_differ(&a.0, &b.0)
+                    + count_differ(&a.1, &b.1)
+                    + count_differ(&a.2, &b.2),
+            );
+        }
+        // The f32 ops' view of BF16-kept values: widened exactly.
+        let kept = Act::Bf16(g.download(&gb).map(|b| g.upload(&b)).unwrap().unwrap());
+        let mut keep = None;
+        let wide = dl(&g, kept.as_f32(&g, &mut keep).unwrap(), n);
+        report_exact(
+            "BF16-kept gate widened == its f32 values",
+            &shape,
+            bits_differ(&wide, &dl(&g, &gf, n)),
+        );
+        let mixed = gq::swiglu_operand(&g, &gf, &ub, (rows, cols), false);
+        assert!(
+            matches!(&mixed, Err(e) if e.to_string().contains("both")),
+            "mixed gate/up forms accepted: {:?}",
+            mixed.err()
+        );
+        // dh as the down projection's DGrad output in BF16 (row stride past the
+        // columns).
+        let ld = cuda::pad16(cols) + 8;
+        let (dhf, _) = bf16_valued(&g, n, 63, 1.0);
+        let dh16 = gq::to_bf16_padded(&g, &dhf, rows, cols, rows, ld).unwrap();
+        let dh = gops::SwigluDh::Bf16(&dh16, ld);
+        let (p1, p2) = gops::swiglu_backward_bf16(&g, dh, &gf, &uf, (rows, cols)).unwrap();
+        let (q1, q2) = gops::swiglu_backward_bf16(&g, dh, &gb, &ub, (rows, cols)).unwrap();
+        let [p1, p2, q1, q2] = [p1, p2, q1, q2].map(|x| g.download(&x).unwrap());
+        report_exact(
+            "swiglu bwd BF16 operands from BF16 gate/up == from f32",
+            &shape,
+            count_differ(&p1, &q1) + count_differ(&p2, &q2),
+        );
+        let (f1, f2) = gq::swiglu_backward_fp8(&g, dh, &gf, &uf, (rows, cols)).unwrap();
+        let (b1, b2) = gq::swiglu_backward_fp8(&g, dh, &gb, &ub, (rows, cols)).unwrap();
+        let differ: usize = [(&f1, &b1), (&f2, &b2)]
+            .iter()
+            .map(|(x, y)| {
+                let (x, y) = (dual_bits(&g, x), dual_bits(&g, y));
+                count_differ(&x.0, &y.0) + count_differ(&x.1, &y.1)
+            })
+            .sum();
+        report_exact(
+            "swiglu bwd FP8 operands from BF16 gate/up == from f32",
+            &shape,
+            differ,
+        );
+    }
+    done();
+}

@@ -65,9 +65,19 @@ fn hf_fixtures_on_gpu() {
             let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
             let (mut num, mut den) = (0f64, 0f64);
             for (toks, hf) in expected(name) {
-                let out =
-                    gpu_forward(&model, &[toks.as_slice()], GemmRole::TrainForward, false).unwrap();
-                let ours = g.download_n(&out.logits, hf.len()).unwrap();
+                // The trainer's forward: logits kept as BF16 values where the LM
+                // head's rows GEMM writes them, read widened.
+                let out = gpu_forward(
+                    &model,
+                    &[toks.as_slice()],
+                    GemmRole::TrainForward,
+                    false,
+                    true,
+                )
+                .unwrap();
+                let mut keep = None;
+                let logits = out.logits.as_f32(&g, &mut keep).unwrap();
+                let ours = g.download_n(logits, hf.len()).unwrap();
                 for (a, b) in ours.iter().zip(&hf) {
                     num = num.max((a - b).abs() as f64);
                     den = den.max(b.abs() as f64);

@@ -66,12 +66,18 @@ fn count_differ<T: PartialEq>(a: &[T], b: &[T]) -> usize {
 
 /// The rows GEMM's BF16 output (bias or not, BF16 and FP8 weights) is the f32
 /// output's bits; the split-K sizes stay f32. 1024 x 1024 x 3072 is a 0.6B gate
-/// projection of 1,024 tokens (the rows kernel); 300 x 896 x 200 has partial tiles.
+/// projection of 1,024 tokens (the rows kernel); 300 x 896 x 200 has partial tiles,
+/// 1030 x 256 x 1003 rows of y not 16-byte aligned (the staged tile's scalar stores).
 #[test]
 fn rows_gemm_bf16_output_is_its_rounded_f32() {
     let Some(g) = gpu() else { return };
     let mut kept = 0;
-    for (m, k, n) in [(1024, 1024, 3072), (300, 896, 200), (5, 256, 136)] {
+    for (m, k, n) in [
+        (1024, 1024, 3072),
+        (300, 896, 200),
+        (1030, 256, 1003),
+        (5, 256, 136),
+    ] {
         let shape = format!("{m}x{k}x{n}");
         let (x, w, b) = (rnd(m * k, 51, 1.0), rnd(n * k, 52, 0.05), rnd(n, 53, 0.1));
         let (dx, db) = (up(&g, &x), up(&g, &b));
@@ -103,7 +109,7 @@ fn rows_gemm_bf16_output_is_its_rounded_f32() {
         }
     }
     done();
-    assert!(kept >= 4, "no rows GEMM output kept as BF16 ({kept} of 12)");
+    assert!(kept >= 4, "no rows GEMM output kept as BF16 ({kept} of 16)");
 }
 
 /// SwiGLU's forward (with either operand) and its backward (BF16 and FP8 operands,
@@ -174,6 +180,81 @@ fn swiglu_reads_bf16_gate_up_as_their_f32_values() {
             "swiglu bwd FP8 operands from BF16 gate/up == from f32",
             &shape,
             differ,
+        );
+    }
+    done();
+}
+
+/// The LM head's logits kept as BF16 values: the scored log-probs in place and
+/// their backward (as the BF16 and the FP8 operands) give the bits of the same
+/// values in f32, rows and vocabularies not aligned to 4 or 16 included; the
+/// in-place backward (f32 only) refuses them.
+#[test]
+fn token_logprobs_read_bf16_logits_as_their_f32_values() {
+    use jet_kernels::cuda::logsoftmax as glsm;
+    let Some(g) = gpu() else { return };
+    for (total, vocab, scale) in [(9, 1000, 1.0f32), (6, 151_936, 1.0), (7, 1003, 0.5)] {
+        let shape = format!("[{total}, {vocab}]");
+        let at = [4usize, 1, total - 1];
+        let r = at.len();
+        let tg: Vec<u32> = (0..r).map(|i| ((i * 7919 + 3) % vocab) as u32).collect();
+        let (dlp, dent) = (up(&g, &rnd(r, 71, 1.0)), up(&g, &rnd(r, 72, 1.0)));
+        let (zf, zb) = bf16_valued(&g, total * vocab, 73, 8.0);
+        let f = glsm::token_logprobs_forward_at(&g, &zf, total, vocab, &at, &tg).unwrap();
+        let b = glsm::token_logprobs_forward_at(&g, &zb, total, vocab, &at, &tg).unwrap();
+        let differ: usize = [
+            (&f.logp, &b.logp),
+            (&f.entropy, &b.entropy),
+            (&f.lse, &b.lse),
+        ]
+        .iter()
+        .map(|(x, y)| bits_differ(&dl(&g, x, r), &dl(&g, y, r)))
+        .sum();
+        report_exact(
+            "token logprobs fwd from BF16 logits == from f32",
+            &shape,
+            differ,
+        );
+        let d = glsm::ScoredGrad {
+            tgt: &tg,
+            fwd: &f,
+            dlogp: &dlp,
+            dentropy: Some(&dent),
+        };
+        let back = |z: Act, prec| {
+            let out = glsm::ScoredOut::alloc(&g, prec, total, vocab).unwrap();
+            glsm::token_logprobs_backward_at(&g, z, (total, vocab), &at, &d, scale, out)
+        };
+        let copy_f = || Act::F32(up(&g, &dl(&g, &zf, total * vocab)));
+        let copy_b = || Act::Bf16(g.upload(&g.download(&zb).unwrap()).unwrap());
+        let bf16 = Some(GemmPrecision::Bf16);
+        let (Ok(glsm::ScoredDz::Bf16(x)), Ok(glsm::ScoredDz::Bf16(y))) =
+            (back(copy_f(), bf16), back(copy_b(), bf16))
+        else {
+            panic!("BF16 operands asked for")
+        };
+        let (x, y) = (g.download(&x).unwrap(), g.download(&y).unwrap());
+        report_exact(
+            "token logprobs bwd BF16 operand from BF16 logits == from f32",
+            &shape,
+            count_differ(&x, &y),
+        );
+        let fp8 = Some(GemmPrecision::Fp8);
+        let (Ok(glsm::ScoredDz::Fp8(x)), Ok(glsm::ScoredDz::Fp8(y))) =
+            (back(copy_f(), fp8), back(copy_b(), fp8))
+        else {
+            panic!("FP8 operands asked for")
+        };
+        let (x, y) = (dual_bits(&g, &x), dual_bits(&g, &y));
+        report_exact(
+            "token logprobs bwd FP8 operands from BF16 logits == from f32",
+            &shape,
+            count_differ(&x.0, &y.0) + count_differ(&x.1, &y.1),
+        );
+        let in_place = back(copy_b(), None);
+        assert!(
+            matches!(&in_place, Err(e) if e.to_string().contains("in place")),
+            "BF16 logits taken for the in-place backward"
         );
     }
     done();

@@ -6,6 +6,7 @@
 //!
 //! Errors are norm-wise relative, ||gpu - cpu|| / ||cpu||, unless "bit-exact".
 
+use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::{
     self, adamw as gadam, attention as gatt, gemm, gemv, linear as glin, logsoftmax as glsm,
     ops as gops, quantize as gq, sample as gsam, tensor as gten,
@@ -1595,8 +1596,16 @@ fn token_logprobs_in_place_match_gathered() {
         let back = |prec| {
             let out = glsm::ScoredOut::alloc(&g, prec, total, vocab).unwrap();
             let logits = up(&g, &z);
-            glsm::token_logprobs_backward_at(&g, logits, (total, vocab), &at, &d, scale, out)
-                .unwrap()
+            glsm::token_logprobs_backward_at(
+                &g,
+                Act::F32(logits),
+                (total, vocab),
+                &at,
+                &d,
+                scale,
+                out,
+            )
+            .unwrap()
         };
         let glsm::ScoredDz::F32(got_dev) = back(None) else {
             panic!("in place: not f32")

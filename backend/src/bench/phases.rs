@@ -288,8 +288,13 @@ fn parts(
     let prepare = t.elapsed().as_secs_f64();
     let refs: Vec<&[u32]> = seqs.iter().map(|s| s.tokens.as_slice()).collect();
     let t = Instant::now();
-    let out =
-        crate::gpu::forward::forward(&model, &refs, jet_kernels::GemmRole::TrainForward, true)?;
+    let out = crate::gpu::forward::forward(
+        &model,
+        &refs,
+        jet_kernels::GemmRole::TrainForward,
+        true,
+        true,
+    )?;
     g.sync()?;
     let fwd = t.elapsed().as_secs_f64();
     drop(out);

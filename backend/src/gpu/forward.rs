@@ -1,6 +1,7 @@
 //! The full-sequence forward on the GPU (training, scoring, rollout prefill).
 
 use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::attention::attention_forward;
 use jet_kernels::cuda::flash::{flash_forward, flash_forward_operand, FlashPlan};
 use jet_kernels::cuda::linear::XOperand;
@@ -8,7 +9,7 @@ use jet_kernels::cuda::quantize::FusedOperand;
 use jet_kernels::cuda::Result;
 use jet_kernels::{GemmPrecision, GemmRole};
 
-use super::layers::{head, run_layers, AttnSaved, GpuAttention, GpuLayerActs, RowsIn};
+use super::layers::{head, head_act, run_layers, AttnSaved, GpuAttention, GpuLayerActs, RowsIn};
 use super::model::GpuModel;
 
 /// Everything the backward needs, sequences packed one after another.
@@ -27,8 +28,9 @@ pub struct GpuActivations {
 }
 
 pub struct GpuForwardOut {
-    /// `[M, vocab]`, sequence after sequence.
-    pub logits: CudaSlice<f32>,
+    /// `[M, vocab]`, sequence after sequence: f32, or their BF16 values when asked
+    /// for and the LM head's rows GEMM writes them.
+    pub logits: Act,
     pub acts: Option<GpuActivations>,
 }
 
@@ -142,12 +144,15 @@ pub(super) fn pack(seqs: &[&[u32]]) -> (Vec<u32>, Vec<usize>, Vec<usize>) {
     (tokens, lens, positions)
 }
 
-/// Run `seqs` through the model; `keep_acts` keeps what the backward needs.
+/// Run `seqs` through the model; `keep_acts` keeps what the backward needs;
+/// `bf16_logits` lets the logits stay BF16 values ([`head_act`]; the caller reads
+/// them only through the log-prob kernels, which take either form).
 pub fn forward(
     model: &GpuModel,
     seqs: &[&[u32]],
     role: GemmRole,
     keep_acts: bool,
+    bf16_logits: bool,
 ) -> Result<GpuForwardOut> {
     let (tokens, seq_lens, positions) = pack(seqs);
     let rows = RowsIn::upload(model, &tokens, &positions)?;
@@ -160,7 +165,13 @@ pub fn forward(
         &mut attn,
         keep_acts.then_some(&mut layers),
     )?;
-    let (normed, rstd_final, logits) = head(model, &h, tokens.len(), role)?;
+    let (normed, rstd_final, logits) = match bf16_logits {
+        true => head_act(model, &h, tokens.len(), role)?,
+        false => {
+            let (n, r, l) = head(model, &h, tokens.len(), role)?;
+            (n, r, Act::F32(l))
+        }
+    };
     let flash = attn.flash.take();
     let acts = keep_acts.then_some(GpuActivations {
         tokens,

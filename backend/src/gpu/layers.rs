@@ -6,9 +6,9 @@ use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::flash::FlashSaved;
 use jet_kernels::cuda::linear::{
-    gate_up_swiglu, linear_forward, linear_forward_group, linear_forward_group_act,
-    linear_forward_residual, linear_residual_norm, qkv_norm_rope, rmsnorm_with_operand,
-    swiglu_with_operand, XOperand,
+    gate_up_swiglu, linear_forward, linear_forward_act, linear_forward_group,
+    linear_forward_group_act, linear_forward_residual, linear_residual_norm, qkv_norm_rope,
+    rmsnorm_with_operand, swiglu_with_operand, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_forward_dev, qk_norm_rope, qk_norm_rope_fits, rmsnorm_forward, rope_forward_dev,
@@ -310,15 +310,39 @@ pub fn head(
     m: usize,
     role: GemmRole,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
-    let (g, cfg) = (&*model.gpu, model.cfg);
-    let (n, rstd) = rmsnorm_forward(
-        g,
-        h,
-        model.w.t(model.w.ix.norm),
+    let (n, rstd) = final_norm(model, h, m)?;
+    let logits = linear_forward(
+        &model.gpu,
+        &n,
         m,
-        cfg.hidden_size,
-        cfg.rms_norm_eps,
+        &model.lm_head,
+        None,
+        model.flow.precision(role),
     )?;
-    let logits = linear_forward(g, &n, m, &model.lm_head, None, model.flow.precision(role))?;
     Ok((n, rstd, logits))
+}
+
+/// [`head`] with the logits kept as their BF16 values where the LM head's rows GEMM
+/// writes them (the low-precision flows round them so): half of the largest
+/// tensor of a training step (`[M, vocab]`), read twice by the log-prob kernels.
+pub fn head_act(
+    model: &GpuModel,
+    h: &CudaSlice<f32>,
+    m: usize,
+    role: GemmRole,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, Act)> {
+    let (n, rstd) = final_norm(model, h, m)?;
+    let prec = model.flow.precision(role);
+    let logits = linear_forward_act(&model.gpu, &n, m, &model.lm_head, None, prec)?;
+    Ok((n, rstd, logits))
+}
+
+fn final_norm(
+    model: &GpuModel,
+    h: &CudaSlice<f32>,
+    m: usize,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+    let cfg = model.cfg;
+    let norm = model.w.t(model.w.ix.norm);
+    rmsnorm_forward(&model.gpu, h, norm, m, cfg.hidden_size, cfg.rms_norm_eps)
 }

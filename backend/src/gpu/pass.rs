@@ -7,12 +7,13 @@
 //! micro-batch the response tokens' logprobs and entropies come down (a few
 //! floats per token) and d loss / d logp, d entropy go back up.
 
+use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::linear::Dy;
 use jet_kernels::cuda::logsoftmax::{
     token_logprobs_backward_at, token_logprobs_forward_at, ScoredDz, ScoredGrad, ScoredOut,
 };
 use jet_kernels::cuda::tensor::div_scalar;
-use jet_kernels::cuda::Result;
+use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::GemmRole;
 
 use super::backward::{backward, operand_dy};
@@ -39,7 +40,15 @@ pub fn run_pass_gpu(
     let micro = micro.max(1);
     for (mb, chunk) in seqs.chunks(micro).enumerate() {
         let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
-        let mut fwd = forward(model, &refs, GemmRole::TrainForward, grad.is_some())?;
+        // The logits stay BF16 values (half the bytes of the step's largest tensor)
+        // unless a temperature divides them in place.
+        let mut fwd = forward(
+            model,
+            &refs,
+            GemmRole::TrainForward,
+            grad.is_some(),
+            !tempered,
+        )?;
         let m: usize = refs.iter().map(|s| s.len()).sum();
         // Row prompt_len-1+t predicts token prompt_len+t.
         let mut rows = Vec::new();
@@ -63,9 +72,14 @@ pub fn run_pass_gpu(
         // CPU divides the gathered rows (the same bits).
         let mut logits = fwd.logits;
         if tempered {
-            div_scalar(g, &mut logits, m * vocab, temperature as f32)?;
+            let Act::F32(l) = &mut logits else {
+                return Err(CudaError::Invalid(
+                    "tempered logits must be f32 (divided in place)".into(),
+                ));
+            };
+            div_scalar(g, l, m * vocab, temperature as f32)?;
         }
-        let tl = token_logprobs_forward_at(g, &logits, m, vocab, &rows, &targets)?;
+        let tl = token_logprobs_forward_at(g, logits.view(), m, vocab, &rows, &targets)?;
         // dlogits' buffers now, while the forward runs: the download below waits for
         // it anyway, and after it the stream would wait for the allocation.
         let out = match grad {

@@ -63,18 +63,30 @@ impl ActRef<'_> {
         matches!(self, ActRef::Bf16(_))
     }
 
-    /// Check that it holds `need` values (`what` and `shape` name it in the error)
-    /// and give its pointer as a kernel argument.
+    /// Check that it holds `need` values (`what` and `shape` name it in the error).
+    pub(crate) fn check(self, what: &str, need: usize, shape: &str) -> Result<()> {
+        match self {
+            ActRef::F32(x) => check_len(what, x, need, shape),
+            ActRef::Bf16(x) => check_len(&format!("{what} (BF16)"), x, need, shape),
+        }
+    }
+
+    /// Its device address.
+    pub(crate) fn ptr(self, gpu: &Gpu) -> u64 {
+        match self {
+            ActRef::F32(x) => gpu.ptr(x),
+            ActRef::Bf16(x) => gpu.ptr(x),
+        }
+    }
+
+    /// Its device address as a kernel argument.
+    pub(crate) fn ptr_arg(self, gpu: &Gpu) -> Arg {
+        Arg::P(self.ptr(gpu))
+    }
+
+    /// [`ActRef::check`], then [`ActRef::ptr_arg`].
     pub(crate) fn arg(self, gpu: &Gpu, what: &str, need: usize, shape: &str) -> Result<Arg> {
-        Ok(match self {
-            ActRef::F32(x) => {
-                check_len(what, x, need, shape)?;
-                Arg::P(gpu.ptr(x))
-            }
-            ActRef::Bf16(x) => {
-                check_len(&format!("{what} (BF16)"), x, need, shape)?;
-                Arg::P(gpu.ptr(x))
-            }
-        })
+        self.check(what, need, shape)?;
+        Ok(self.ptr_arg(gpu))
     }
 }

@@ -491,6 +491,19 @@ pub fn linear_forward(
     forward(gpu, x, &mut XOperand::default(), m, w, bias, prec, None)
 }
 
+/// [`linear_forward`] with the output kept as its BF16 values where the rows GEMM
+/// writes it ([`Act`]; the LM head's logits of a training forward), else f32.
+pub fn linear_forward_act(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    m: usize,
+    w: &GpuWeight,
+    bias: Option<&CudaSlice<f32>>,
+    prec: GemmPrecision,
+) -> Result<Act> {
+    forward_act(gpu, x, &mut XOperand::default(), m, w, bias, prec)
+}
+
 /// [`linear_forward`] plus the residual `res [m, n]`, added after the rounding (one
 /// f32 add a value, as `tensor::add_into`; fused into the GEMM's epilogue); x's
 /// low-precision copy taken from (or left in) `xo` as in [`linear_forward_shared`].

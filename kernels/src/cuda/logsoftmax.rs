@@ -3,6 +3,7 @@
 
 use cudarc::driver::CudaSlice;
 
+use super::act::{Act, ActRef};
 use super::context::{Arg, LOGSOFTMAX, QUANTIZE};
 use super::quantize::{unwritten_dual, DualFp8};
 use super::{check_len, ensure, pad16, Gpu, Result};
@@ -37,8 +38,18 @@ fn targets(gpu: &Gpu, t: &[u32], rows: usize, vocab: usize) -> Result<CudaSlice<
 }
 
 /// `logits` holds `[rows, vocab]`.
-fn check_logits(logits: &CudaSlice<f32>, rows: usize, vocab: usize) -> Result<()> {
-    check_len("logits", logits, rows * vocab, format!("[{rows}, {vocab}]"))
+fn check_logits<'a>(logits: impl Into<ActRef<'a>>, rows: usize, vocab: usize) -> Result<()> {
+    let shape = format!("[{rows}, {vocab}]");
+    logits.into().check("logits", rows * vocab, &shape)
+}
+
+/// A kernel of this module for logits in `z`'s form: `name`, or the `_z16` twin
+/// for the BF16 values the LM head's rows GEMM stored (`act.rs`).
+fn z_name(z: ActRef, f32_name: &'static str, z16_name: &'static str) -> &'static str {
+    match z.is_bf16() {
+        true => z16_name,
+        false => f32_name,
+    }
 }
 
 /// Forward: logp, entropy, lse of each row for its target token.
@@ -50,20 +61,21 @@ pub fn token_logprobs_forward(
     tgt: &[u32],
 ) -> Result<GpuTokenLogprobs> {
     check_logits(logits, rows, vocab)?;
-    scored_forward(gpu, logits, None, rows, vocab, tgt)
+    scored_forward(gpu, logits.into(), None, rows, vocab, tgt)
 }
 
 /// [`token_logprobs_forward`] of the rows `at` (distinct, each `< total`) of
 /// `logits [total, vocab]`, read in place: result `i` scores row `at[i]` for
 /// `tgt[i]`, the same bits as the forward over those rows gathered.
-pub fn token_logprobs_forward_at(
+pub fn token_logprobs_forward_at<'a>(
     gpu: &Gpu,
-    logits: &CudaSlice<f32>,
+    logits: impl Into<ActRef<'a>>,
     total: usize,
     vocab: usize,
     at: &[usize],
     tgt: &[u32],
 ) -> Result<GpuTokenLogprobs> {
+    let logits = logits.into();
     check_logits(logits, total, vocab)?;
     slots(at, total)?;
     let src = gpu.upload(&at.iter().map(|&r| r as i32).collect::<Vec<_>>())?;
@@ -90,7 +102,7 @@ fn slots(at: &[usize], total: usize) -> Result<Vec<i32>> {
 
 fn scored_forward(
     gpu: &Gpu,
-    logits: &CudaSlice<f32>,
+    logits: ActRef,
     src: Option<&CudaSlice<i32>>,
     rows: usize,
     vocab: usize,
@@ -159,7 +171,7 @@ pub(crate) fn row_stats(
     if rows == 0 {
         return Ok((m, lns));
     }
-    let st = chunk_stats(gpu, logits, None, rows, vocab)?;
+    let st = chunk_stats(gpu, logits.into(), None, rows, vocab)?;
     finish(gpu, (&st, rows, vocab), None, Some((&m, &lns)), None)?;
     Ok((m, lns))
 }
@@ -169,7 +181,7 @@ pub(crate) fn row_stats(
 /// (row `src[r]` of `logits`, or row `r`), as f32 quadruples.
 fn chunk_stats(
     gpu: &Gpu,
-    logits: &CudaSlice<f32>,
+    logits: ActRef,
     src: Option<&CudaSlice<i32>>,
     rows: usize,
     vocab: usize,
@@ -181,12 +193,12 @@ fn chunk_stats(
     let st = gpu.uninit::<f32>(rows * chunks * 4)?;
     gpu.launch(
         &LOGSOFTMAX,
-        "softmax_chunk_stats",
+        z_name(logits, "softmax_chunk_stats", "softmax_chunk_stats_z16"),
         (rows as u32, chunks as u32, 1),
         (LS_THREADS, 1, 1),
         0,
         &[
-            Arg::P(gpu.ptr(logits)),
+            logits.ptr_arg(gpu),
             Arg::I(vocab as i32),
             Arg::P(src.map_or(0, |s| gpu.ptr(s))),
             Arg::P(gpu.ptr(&st)),
@@ -196,11 +208,7 @@ fn chunk_stats(
 }
 
 /// The logits, their scored rows (`None`: every row) and the targets.
-type Scored<'a> = (
-    &'a CudaSlice<f32>,
-    Option<&'a CudaSlice<i32>>,
-    &'a CudaSlice<i32>,
-);
+type Scored<'a> = (ActRef<'a>, Option<&'a CudaSlice<i32>>, &'a CudaSlice<i32>);
 
 /// `softmax_row_finish`: a row's chunks merged in order into `m, lns` (`shift`)
 /// and/or the scored outputs of target `t[r]` in logits row `src[r]` (`scored`).
@@ -212,13 +220,18 @@ fn finish(
     out: Option<&GpuTokenLogprobs>,
 ) -> Result<()> {
     let p = |x: Option<&CudaSlice<f32>>| Arg::P(x.map_or(0, |x| gpu.ptr(x)));
-    let (z, src, tgt) = match scored {
-        Some((z, src, t)) => (gpu.ptr(z), src.map_or(0, |s| gpu.ptr(s)), gpu.ptr(t)),
-        None => (0, 0, 0),
+    let (z, src, tgt, name) = match scored {
+        Some((z, src, t)) => (
+            z.ptr(gpu),
+            src.map_or(0, |s| gpu.ptr(s)),
+            gpu.ptr(t),
+            z_name(z, "softmax_row_finish", "softmax_row_finish_z16"),
+        ),
+        None => (0, 0, 0, "softmax_row_finish"),
     };
     gpu.launch(
         &LOGSOFTMAX,
-        "softmax_row_finish",
+        name,
         (rows.div_ceil(128) as u32, 1, 1),
         (128, 1, 1),
         0,
@@ -260,8 +273,8 @@ pub fn token_logprobs_backward(
     };
     let t = scored_inputs(gpu, &d, vocab)?;
     let dz = gpu.uninit::<f32>(rows * vocab)?;
-    let args = scored_args(gpu, (logits, rows, vocab), 0, &t, &d, 1.0);
-    scored_backward(gpu, args, rows, (gpu.ptr(&dz), 0, vocab))?;
+    let args = scored_args(gpu, (logits.into(), rows, vocab), 0, &t, &d, 1.0);
+    scored_backward(gpu, args, rows, (gpu.ptr(&dz), 0, vocab), false)?;
     Ok(dz)
 }
 
@@ -327,30 +340,46 @@ pub enum ScoredDz {
 /// gathered backward scattered into zeros and scaled; as BF16 operands, the bits
 /// of `to_bf16_padded` of it (`token_logprobs_bwd` fuses the copy); as FP8
 /// operands, those of `quantize_dual` of it (`token_logprobs_bwd_fp8`, no f32
-/// written). `logits` is consumed: in place it becomes the result.
+/// written). `logits` is consumed: in place (f32 only) it becomes the result; the
+/// BF16 values of [`super::act::Act::Bf16`] give the same bits as their f32 form.
 pub fn token_logprobs_backward_at(
     gpu: &Gpu,
-    logits: CudaSlice<f32>,
+    logits: Act,
     (total, vocab): (usize, usize),
     at: &[usize],
     d: &ScoredGrad,
     scale: f32,
     out: ScoredOut,
 ) -> Result<ScoredDz> {
-    check_logits(&logits, total, vocab)?;
+    let z = logits.view();
+    check_logits(z, total, vocab)?;
+    let z16 = z.is_bf16();
     let slot = gpu.upload(&slots(at, total)?)?;
     let t = scored_inputs(gpu, d, vocab)?;
-    let args = |gpu: &Gpu| scored_args(gpu, (&logits, total, vocab), gpu.ptr(&slot), &t, d, scale);
+    let args = |gpu: &Gpu| scored_args(gpu, (z, total, vocab), gpu.ptr(&slot), &t, d, scale);
     match out {
         ScoredOut::InPlace => {
+            let Act::F32(logits) = logits else {
+                return Err(super::CudaError::Invalid(
+                    "token log-prob backward in place needs f32 logits, not BF16".into(),
+                ));
+            };
             let dz = (gpu.ptr(&logits), 0, vocab);
-            scored_backward(gpu, args(gpu), total, dz)?;
+            let args = scored_args(
+                gpu,
+                ((&logits).into(), total, vocab),
+                gpu.ptr(&slot),
+                &t,
+                d,
+                scale,
+            );
+            scored_backward(gpu, args, total, dz, false)?;
             Ok(ScoredDz::F32(logits))
         }
         ScoredOut::Bf16(b) => {
             let cp = pad16(vocab);
             check_len("BF16 dlogits", &b, total * cp, format!("[{total}][{cp}]"))?;
-            scored_backward(gpu, args(gpu), total, (0, gpu.ptr(&b), cp))?;
+            scored_backward(gpu, args(gpu), total, (0, gpu.ptr(&b), cp), z16)?;
             Ok(ScoredDz::Bf16(b))
         }
         ScoredOut::Fp8(q) => {
@@ -361,7 +390,10 @@ pub fn token_logprobs_backward_at(
             let (rp, cp) = (pad16(total), pad16(vocab));
             gpu.launch(
                 &QUANTIZE,
-                "token_logprobs_bwd_fp8",
+                match z16 {
+                    true => "token_logprobs_bwd_fp8_z16",
+                    false => "token_logprobs_bwd_fp8",
+                },
                 (cp.div_ceil(128) as u32, total.div_ceil(128) as u32, 1),
                 (512, 1, 1),
                 0,
@@ -388,14 +420,14 @@ pub fn token_logprobs_backward_at(
 /// per-scored-row inputs and the scale.
 fn scored_args(
     gpu: &Gpu,
-    (logits, rows, vocab): (&CudaSlice<f32>, usize, usize),
+    (logits, rows, vocab): (ActRef, usize, usize),
     slot: u64,
     t: &CudaSlice<i32>,
     d: &ScoredGrad,
     scale: f32,
 ) -> Vec<Arg> {
     vec![
-        Arg::P(gpu.ptr(logits)),
+        logits.ptr_arg(gpu),
         Arg::I(rows as i32),
         Arg::I(vocab as i32),
         Arg::P(slot),
@@ -433,13 +465,17 @@ fn scored_backward(
     args: Vec<Arg>,
     out_rows: usize,
     (dz, dzb, ld): (u64, u64, usize),
+    z16: bool,
 ) -> Result<()> {
     if out_rows == 0 {
         return Ok(());
     }
     gpu.launch(
         &LOGSOFTMAX,
-        "token_logprobs_bwd",
+        match z16 {
+            true => "token_logprobs_bwd_z16",
+            false => "token_logprobs_bwd",
+        },
         (out_rows as u32, ld.div_ceil(1024) as u32, 1),
         (256, 1, 1),
         0,

@@ -15,23 +15,36 @@
 #define LS_THREADS 256
 #define LS_PER (LS_CHUNK / LS_THREADS)  // entries a thread: j0 + t + u LS_THREADS
 
+// The logits z are f32, or (the _z16 kernels) the BF16 values the LM head's rows GEMM
+// stored (act.rs): read as f32, exactly, so every result's bits are the f32 form's.
+__device__ __forceinline__ float z_at(const float* z, long i) { return z[i]; }
+__device__ __forceinline__ float z_at(const bf16_t* z, long i) { return bf16_to_f32(z[i]); }
+// Four entries at a 4-entry-aligned i.
+__device__ __forceinline__ void z_at4(const float* z, long i, float v[4]) {
+    const float4 q = *reinterpret_cast<const float4*>(z + i);
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+__device__ __forceinline__ void z_at4(const bf16_t* z, long i, float v[4]) {
+    bf16x4_to_f32(*reinterpret_cast<const uint2*>(z + i), v);
+}
+
 // Grid (rows, ceil(vocab / LS_CHUNK)), block LS_THREADS. Row r of the stats reads
 // logits row src[r] (src null: row r), so scored rows are read in place from the
 // LM head's full output. st [rows][chunks] = (m_c, s_c, t_c, 0); a chunk with no
 // finite max (every entry -inf) has s_c = t_c = 0. Thread t adds its entries in u
 // order, then block_sum's fixed tree.
-extern "C" __global__ void softmax_chunk_stats(const float* z, int vocab, const int* src, float4* st) {
-    pdl_entry();
+template <typename Z>
+__device__ __forceinline__ void softmax_chunk_stats_at(const Z* z, int vocab, const int* src, float4* st) {
     __shared__ float sh[32];
     const int r = blockIdx.x, c = blockIdx.y;
-    const float* zr = z + (long)(src ? src[r] : r) * vocab;
+    const Z* zr = z + (long)(src ? src[r] : r) * vocab;
     const float ninf = -__uint_as_float(0x7f800000u);
     const int j0 = c * LS_CHUNK + threadIdx.x;
     float v[LS_PER];
 #pragma unroll
     for (int u = 0; u < LS_PER; u++) {
         const int j = j0 + u * LS_THREADS;
-        v[u] = j < vocab ? zr[j] : ninf;
+        v[u] = j < vocab ? z_at(zr, j) : ninf;
     }
     float m = ninf;
 #pragma unroll
@@ -52,6 +65,14 @@ extern "C" __global__ void softmax_chunk_stats(const float* z, int vocab, const 
     t = block_sum(t, sh);
     if (threadIdx.x == 0) st[(long)r * gridDim.y + c] = make_float4(m, s, t, 0.0f);
 }
+extern "C" __global__ void softmax_chunk_stats(const float* z, int vocab, const int* src, float4* st) {
+    pdl_entry();
+    softmax_chunk_stats_at(z, vocab, src, st);
+}
+extern "C" __global__ void softmax_chunk_stats_z16(const bf16_t* z, int vocab, const int* src, float4* st) {
+    pdl_entry();
+    softmax_chunk_stats_at(z, vocab, src, st);
+}
 
 // One thread a row r < rows: m = max m_c, S = sum_c s_c exp(m_c - m) and
 // T = sum_c exp(m_c - m) (t_c + (m_c - m) s_c) (= S sum_j p_j (z_j - m)) in chunk
@@ -59,10 +80,10 @@ extern "C" __global__ void softmax_chunk_stats(const float* z, int vocab, const 
 // tgt[r] of logits row src[r] (src null: r): logp = (z_t - m) - ln S, entropy =
 // ln S - T / S, lse = m + ln S. Products and sums rounded one by one (no fused
 // multiply-add): the merge's bits are written out here, not left to contraction.
-extern "C" __global__ void softmax_row_finish(const float4* st, int rows, int chunks, const float* z, int vocab,
-                                              const int* src, const int* tgt, float* m_out, float* lns_out,
-                                              float* logp, float* entropy, float* lse) {
-    pdl_entry();
+template <typename Z>
+__device__ __forceinline__ void softmax_row_finish_at(const float4* st, int rows, int chunks, const Z* z, int vocab,
+                                                      const int* src, const int* tgt, float* m_out, float* lns_out,
+                                                      float* logp, float* entropy, float* lse) {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
     const float4* sr = st + (long)r * chunks;
@@ -81,11 +102,23 @@ extern "C" __global__ void softmax_row_finish(const float4* st, int rows, int ch
     if (m_out) m_out[r] = m;
     if (lns_out) lns_out[r] = lns;
     if (logp) {
-        const float* zr = z + (long)(src ? src[r] : r) * vocab;
-        logp[r] = (zr[tgt[r]] - m) - lns;
+        const Z* zr = z + (long)(src ? src[r] : r) * vocab;
+        logp[r] = (z_at(zr, tgt[r]) - m) - lns;
         entropy[r] = lns - __fdiv_rn(T, S);
         lse[r] = m + lns;
     }
+}
+extern "C" __global__ void softmax_row_finish(const float4* st, int rows, int chunks, const float* z, int vocab,
+                                              const int* src, const int* tgt, float* m_out, float* lns_out,
+                                              float* logp, float* entropy, float* lse) {
+    pdl_entry();
+    softmax_row_finish_at(st, rows, chunks, z, vocab, src, tgt, m_out, lns_out, logp, entropy, lse);
+}
+extern "C" __global__ void softmax_row_finish_z16(const float4* st, int rows, int chunks, const bf16_t* z,
+                                                  int vocab, const int* src, const int* tgt, float* m_out,
+                                                  float* lns_out, float* logp, float* entropy, float* lse) {
+    pdl_entry();
+    softmax_row_finish_at(st, rows, chunks, z, vocab, src, tgt, m_out, lns_out, logp, entropy, lse);
 }
 
 // out [rows, vocab] = (z - m) - ln S (for sampling), m and ln S from softmax_row_finish;
@@ -110,11 +143,12 @@ extern "C" __global__ void log_softmax_rows(const float* z, int vocab, const flo
 // gradients, and touches no other. dzb not null: dz as the LM head's BF16 GEMM
 // operand instead, [out_rows][ld] with ld = vocab padded to 16 and zero padding
 // (fuses to_bf16_padded of dz: the same bits).
-extern "C" __global__ void token_logprobs_bwd(const float* z, int out_rows, int vocab, const int* slot,
-                                              const int* targets, const float* lse, const float* entropy,
-                                              const float* dlogp, const float* dentropy, float scale,
-                                              float* dz, bf16_t* dzb, int ld) {
-    pdl_entry();
+// _z16: z as the BF16 values the LM head stored (never in place).
+template <typename Z>
+__device__ __forceinline__ void token_logprobs_bwd_at(const Z* z, int out_rows, int vocab, const int* slot,
+                                                      const int* targets, const float* lse, const float* entropy,
+                                                      const float* dlogp, const float* dentropy, float scale,
+                                                      float* dz, bf16_t* dzb, int ld) {
     int o = blockIdx.x, j0 = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
     if (j0 >= ld) return;
     long base = (long)o * vocab;
@@ -132,12 +166,11 @@ extern "C" __global__ void token_logprobs_bwd(const float* z, int out_rows, int 
         float gl = dlogp[c], ge = dentropy ? dentropy[c] : 0.0f, l = lse[c], h = entropy[c];
         int t = targets[c];
         if (vec) {
-            float4 q = *reinterpret_cast<const float4*>(z + base + j0);
-            v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+            z_at4(z, base + j0, v);
         } else {
 #pragma unroll
             for (int u = 0; u < 4; u++)
-                if (j0 + u < vocab) v[u] = z[base + j0 + u];
+                if (j0 + u < vocab) v[u] = z_at(z, base + j0 + u);
         }
 #pragma unroll
         for (int u = 0; u < 4; u++)
@@ -154,4 +187,18 @@ extern "C" __global__ void token_logprobs_bwd(const float* z, int out_rows, int 
         for (int u = 0; u < 4; u++)
             if (j0 + u < vocab) dz[base + j0 + u] = v[u];
     }
+}
+extern "C" __global__ void token_logprobs_bwd(const float* z, int out_rows, int vocab, const int* slot,
+                                              const int* targets, const float* lse, const float* entropy,
+                                              const float* dlogp, const float* dentropy, float scale,
+                                              float* dz, bf16_t* dzb, int ld) {
+    pdl_entry();
+    token_logprobs_bwd_at(z, out_rows, vocab, slot, targets, lse, entropy, dlogp, dentropy, scale, dz, dzb, ld);
+}
+extern "C" __global__ void token_logprobs_bwd_z16(const bf16_t* z, int out_rows, int vocab, const int* slot,
+                                                  const int* targets, const float* lse, const float* entropy,
+                                                  const float* dlogp, const float* dentropy, float scale,
+                                                  float* dz, bf16_t* dzb, int ld) {
+    pdl_entry();
+    token_logprobs_bwd_at(z, out_rows, vocab, slot, targets, lse, entropy, dlogp, dentropy, scale, dz, dzb, ld);
 }

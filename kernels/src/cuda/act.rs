@@ -1,9 +1,10 @@
 //! A layer output whose values the low-precision flows round to BF16 (the GEMMs'
 //! "f32 accumulation, BF16 output"): kept as f32, or as those BF16 values, half
 //! the bytes and the same numbers. The batch-invariant rows GEMMs store the BF16
-//! form themselves (`linear::linear_forward_group_act`); the ops that read it
-//! (SwiGLU forward and backward) take either and widen BF16 exactly, so their
-//! bits do not depend on the form.
+//! form themselves (`linear::linear_forward_group_act`, `linear_forward_act`); the
+//! ops that read it (SwiGLU forward and backward for gate and up; the log-prob
+//! statistics and backward for the LM head's logits) take either and widen BF16
+//! exactly, so their bits do not depend on the form.
 
 use cudarc::driver::CudaSlice;
 

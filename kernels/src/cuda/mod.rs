@@ -16,6 +16,8 @@
 //! - [`gemm`]: cuBLASLt GEMMs (F32, BF16, FP8 VEC128 x BLK128x128).
 //! - [`gemv`]: the decode-sized FP8 GEMM that reads the weight bytes directly.
 //! - [`linear`]: the linear layer per [`crate::GemmPrecision`], forward and backward.
+//! - [`act`]: layer outputs kept as their BF16 values where the flow rounds them
+//!   so (gate, up, the logits of a training forward): half the bytes, same bits.
 //! - [`ops`], [`attention`], [`logsoftmax`]: the other ops, forward and backward.
 //! - [`tensor`]: element-wise glue, row gather/scatter, deterministic sum of squares.
 //! - [`adamw`]: the AdamW step, bit-exact with [`adamw::adamw_reference`].

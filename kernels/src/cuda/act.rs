@@ -64,6 +64,15 @@ impl ActRef<'_> {
         matches!(self, ActRef::Bf16(_))
     }
 
+    /// The kernel for this form: `f32_name`, or its twin `bf16_name` that reads the
+    /// BF16 values.
+    pub(crate) fn kernel(self, f32_name: &'static str, bf16_name: &'static str) -> &'static str {
+        match self.is_bf16() {
+            true => bf16_name,
+            false => f32_name,
+        }
+    }
+
     /// Check that it holds `need` values (`what` and `shape` name it in the error).
     pub(crate) fn check(self, what: &str, need: usize, shape: &str) -> Result<()> {
         match self {

@@ -54,12 +54,7 @@ impl Epi {
 
     /// The kernels' `round` argument: 0, 1, or EPI_BF16 (2, `common.cuh`).
     fn round_arg(&self) -> Arg {
-        Arg::I(
-            match (self.bf16 && self.round && self.res == 0, self.round) {
-                (true, _) => 2,
-                (false, r) => r as i32,
-            },
-        )
+        Arg::I(if self.bf16 { 2 } else { self.round as i32 })
     }
 }
 

@@ -459,23 +459,24 @@ pub fn swiglu_with_operand<'a>(
     Ok((h, XOperand::fused(m, k, op)))
 }
 
-/// The epilogue the FP8 / BF16 rows kernels fuse: `y [m][n]`, `bias`, rounding,
+/// The epilogue the FP8 / BF16 rows kernels fuse: `y [m][n]` at device address `y`
+/// (BF16 when `bf16`, which needs the rounding and no residual), `bias`, rounding,
 /// the residual.
 fn fused_epi(
     gpu: &Gpu,
-    y: &CudaSlice<f32>,
+    (y, bf16): (u64, bool),
     n: usize,
     bias: Option<&CudaSlice<f32>>,
     prec: GemmPrecision,
     res: Option<&CudaSlice<f32>>,
 ) -> Epi {
     Epi {
-        y: gpu.ptr(y),
+        y,
         ldy: n,
         bias: bias.map_or(0, |b| gpu.ptr(b)),
         round: prec != GemmPrecision::F32,
         res: res.map_or(0, |r| gpu.ptr(r)),
-        bf16: false,
+        bf16,
     }
 }
 
@@ -546,35 +547,7 @@ fn forward_act(
     bias: Option<&CudaSlice<f32>>,
     prec: GemmPrecision,
 ) -> Result<Act> {
-    let rows =
-        prec != GemmPrecision::F32 && w.batch_invariant && m > 0 && !takes_split_k(gpu, m, w, prec);
-    if !rows {
-        return forward(gpu, x, xo, m, w, bias, prec, None).map(Act::F32);
-    }
-    let (n, k) = (w.n, w.k);
-    check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
-    let xo = xo.of(m, k)?;
-    if let Some(b) = bias {
-        check_len("linear bias", b, n, format!("[{n}]"))?;
-    }
-    let y = gpu.uninit::<u16>(m * n)?;
-    let epi = Epi {
-        y: gpu.ptr(&y),
-        ldy: n,
-        bias: bias.map_or(0, |b| gpu.ptr(b)),
-        round: true,
-        res: 0,
-        bf16: true,
-    };
-    if prec == GemmPrecision::Bf16 {
-        let wb = w.bf16.as_ref().ok_or_else(|| w.missing(prec))?;
-        let xb = xo.bf16(gpu, x, m, k)?;
-        gemm_bf16_rows_fused(gpu, x_rows(xb, m, k), w_rows(wb, n, k), epi)?;
-    } else {
-        let wq = w.fp8.as_ref().ok_or_else(|| w.missing(prec))?;
-        gemm_fp8_rows_fused(gpu, xo.fp8(gpu, x, m, k)?, wq, epi)?;
-    }
-    Ok(Act::Bf16(y))
+    forward_to(gpu, x, xo, m, w, bias, prec, None, true)
 }
 
 /// Whether [`forward`] of `m > 0` rows through `w` takes the split-K path (a
@@ -650,6 +623,28 @@ fn forward(
     prec: GemmPrecision,
     res: Option<&CudaSlice<f32>>,
 ) -> Result<CudaSlice<f32>> {
+    match forward_to(gpu, x, xo, m, w, bias, prec, res, false)? {
+        Act::F32(y) => Ok(y),
+        Act::Bf16(_) => Err(super::CudaError::Invalid(
+            "linear forward: a BF16 output where f32 was asked for".into(),
+        )),
+    }
+}
+
+/// [`forward`], the output BF16 where `bf16_out` and the rows GEMM writes it
+/// without a residual ([`forward_act`]).
+#[allow(clippy::too_many_arguments)]
+fn forward_to(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    w: &GpuWeight,
+    bias: Option<&CudaSlice<f32>>,
+    prec: GemmPrecision,
+    res: Option<&CudaSlice<f32>>,
+    bf16_out: bool,
+) -> Result<Act> {
     let (n, k) = (w.n, w.k);
     check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
     let xo = xo.of(m, k)?;
@@ -657,12 +652,23 @@ fn forward(
         check_len("linear bias", b, n, format!("[{n}]"))?;
     }
     if m == 0 {
-        return gpu.uninit(0);
+        return gpu.uninit(0).map(Act::F32);
     }
     let add = res.map_or(Add::Nothing, Add::Res);
     if takes_split_k(gpu, m, w, prec) {
         let p = split_k_partial(gpu, x, xo, m, w, prec)?;
-        return from_partial(gpu, &p, bias, (m, n), prec, add);
+        return from_partial(gpu, &p, bias, (m, n), prec, add).map(Act::F32);
+    }
+    if prec != GemmPrecision::F32 && w.batch_invariant {
+        // The rows kernel writes y itself (linear_epilogue fused), as BF16 where asked.
+        let bf16 = bf16_out && res.is_none();
+        let y = match bf16 {
+            true => Act::Bf16(gpu.uninit::<u16>(m * n)?),
+            false => Act::F32(gpu.uninit::<f32>(m * n)?),
+        };
+        let epi = fused_epi(gpu, (y.view().ptr(gpu), bf16), n, bias, prec, res);
+        rows_fused(gpu, x, xo, m, w, prec, epi)?;
+        return Ok(y);
     }
     let (np, kp) = (pad16(n), pad16(k));
     let (d, ldd) = match prec {
@@ -679,36 +685,48 @@ fn forward(
         GemmPrecision::Bf16 => {
             let wb = w.bf16.as_ref().ok_or_else(|| w.missing(prec))?;
             let xb = xo.bf16(gpu, x, m, k)?;
-            if w.batch_invariant {
-                let (xr, wr) = (x_rows(xb, m, k), w_rows(wb, n, k));
-                // The rows kernel writes y itself (linear_epilogue fused).
-                let y = gpu.uninit::<f32>(m * n)?;
-                gemm_bf16_rows_fused(gpu, xr, wr, fused_epi(gpu, &y, n, bias, prec, res))?;
-                return Ok(y);
-            } else {
-                let d = gpu.uninit::<f32>(m * np)?;
-                let (a, b) = (
-                    dense(gpu, xb, LtType::Bf16, m, k, kp),
-                    dense(gpu, wb, LtType::Bf16, n, k, kp),
-                );
-                dense_gemm(gpu, a, false, b, true, gpu.ptr(&d), np)?;
-                (d, np)
-            }
+            let d = gpu.uninit::<f32>(m * np)?;
+            let (a, b) = (
+                dense(gpu, xb, LtType::Bf16, m, k, kp),
+                dense(gpu, wb, LtType::Bf16, n, k, kp),
+            );
+            dense_gemm(gpu, a, false, b, true, gpu.ptr(&d), np)?;
+            (d, np)
         }
         GemmPrecision::Fp8 => {
             let wq = w.fp8.as_ref().ok_or_else(|| w.missing(prec))?;
-            let qx = xo.fp8(gpu, x, m, k)?;
-            if w.batch_invariant {
-                // The rows kernel writes y itself (linear_epilogue fused).
-                let y = gpu.uninit::<f32>(m * n)?;
-                gemm_fp8_rows_fused(gpu, qx, wq, fused_epi(gpu, &y, n, bias, prec, res))?;
-                return Ok(y);
-            } else {
-                fp8_gemm_nt(gpu, qx, wq)?
-            }
+            fp8_gemm_nt(gpu, xo.fp8(gpu, x, m, k)?, wq)?
         }
     };
-    epilogue(gpu, &d, (ldd, 1, 0), bias, m, n, prec, add)
+    epilogue(gpu, &d, (ldd, 1, 0), bias, m, n, prec, add).map(Act::F32)
+}
+
+/// The batch-invariant rows GEMM of `x [m, k]` through `w` (BF16 or FP8) with the
+/// linear epilogue fused (`epi`).
+fn rows_fused(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    w: &GpuWeight,
+    prec: GemmPrecision,
+    epi: Epi,
+) -> Result<()> {
+    let (n, k) = (w.n, w.k);
+    match prec {
+        GemmPrecision::Bf16 => {
+            let wb = w.bf16.as_ref().ok_or_else(|| w.missing(prec))?;
+            let xb = xo.bf16(gpu, x, m, k)?;
+            gemm_bf16_rows_fused(gpu, x_rows(xb, m, k), w_rows(wb, n, k), epi)
+        }
+        GemmPrecision::Fp8 => {
+            let wq = w.fp8.as_ref().ok_or_else(|| w.missing(prec))?;
+            gemm_fp8_rows_fused(gpu, xo.fp8(gpu, x, m, k)?, wq, epi)
+        }
+        GemmPrecision::F32 => Err(super::CudaError::Invalid(
+            "an f32 linear layer has no rows GEMM".into(),
+        )),
+    }
 }
 
 /// A linear layer's upstream gradient dy `[m, n]`: f32, or already the operands

@@ -43,15 +43,6 @@ fn check_logits<'a>(logits: impl Into<ActRef<'a>>, rows: usize, vocab: usize) ->
     logits.into().check("logits", rows * vocab, &shape)
 }
 
-/// A kernel of this module for logits in `z`'s form: `name`, or the `_z16` twin
-/// for the BF16 values the LM head's rows GEMM stored (`act.rs`).
-fn z_name(z: ActRef, f32_name: &'static str, z16_name: &'static str) -> &'static str {
-    match z.is_bf16() {
-        true => z16_name,
-        false => f32_name,
-    }
-}
-
 /// Forward: logp, entropy, lse of each row for its target token.
 pub fn token_logprobs_forward(
     gpu: &Gpu,
@@ -193,7 +184,7 @@ fn chunk_stats(
     let st = gpu.uninit::<f32>(rows * chunks * 4)?;
     gpu.launch(
         &LOGSOFTMAX,
-        z_name(logits, "softmax_chunk_stats", "softmax_chunk_stats_z16"),
+        logits.kernel("softmax_chunk_stats", "softmax_chunk_stats_z16"),
         (rows as u32, chunks as u32, 1),
         (LS_THREADS, 1, 1),
         0,
@@ -225,7 +216,7 @@ fn finish(
             z.ptr(gpu),
             src.map_or(0, |s| gpu.ptr(s)),
             gpu.ptr(t),
-            z_name(z, "softmax_row_finish", "softmax_row_finish_z16"),
+            z.kernel("softmax_row_finish", "softmax_row_finish_z16"),
         ),
         None => (0, 0, 0, "softmax_row_finish"),
     };
@@ -354,9 +345,10 @@ pub fn token_logprobs_backward_at(
     let z = logits.view();
     check_logits(z, total, vocab)?;
     let z16 = z.is_bf16();
+    let fp8_kernel = z.kernel("token_logprobs_bwd_fp8", "token_logprobs_bwd_fp8_z16");
     let slot = gpu.upload(&slots(at, total)?)?;
     let t = scored_inputs(gpu, d, vocab)?;
-    let args = |gpu: &Gpu| scored_args(gpu, (z, total, vocab), gpu.ptr(&slot), &t, d, scale);
+    let args = scored_args(gpu, (z, total, vocab), gpu.ptr(&slot), &t, d, scale);
     match out {
         ScoredOut::InPlace => {
             let Act::F32(logits) = logits else {
@@ -364,22 +356,13 @@ pub fn token_logprobs_backward_at(
                     "token log-prob backward in place needs f32 logits, not BF16".into(),
                 ));
             };
-            let dz = (gpu.ptr(&logits), 0, vocab);
-            let args = scored_args(
-                gpu,
-                ((&logits).into(), total, vocab),
-                gpu.ptr(&slot),
-                &t,
-                d,
-                scale,
-            );
-            scored_backward(gpu, args, total, dz, false)?;
+            scored_backward(gpu, args, total, (gpu.ptr(&logits), 0, vocab), false)?;
             Ok(ScoredDz::F32(logits))
         }
         ScoredOut::Bf16(b) => {
             let cp = pad16(vocab);
             check_len("BF16 dlogits", &b, total * cp, format!("[{total}][{cp}]"))?;
-            scored_backward(gpu, args(gpu), total, (0, gpu.ptr(&b), cp), z16)?;
+            scored_backward(gpu, args, total, (0, gpu.ptr(&b), cp), z16)?;
             Ok(ScoredDz::Bf16(b))
         }
         ScoredOut::Fp8(q) => {
@@ -390,15 +373,12 @@ pub fn token_logprobs_backward_at(
             let (rp, cp) = (pad16(total), pad16(vocab));
             gpu.launch(
                 &QUANTIZE,
-                match z16 {
-                    true => "token_logprobs_bwd_fp8_z16",
-                    false => "token_logprobs_bwd_fp8",
-                },
+                fp8_kernel,
                 (cp.div_ceil(128) as u32, total.div_ceil(128) as u32, 1),
                 (512, 1, 1),
                 0,
                 &[
-                    &args(gpu)[..],
+                    &args[..],
                     &[
                         Arg::I(rp as i32),
                         Arg::I(cp as i32),

@@ -934,11 +934,7 @@ pub fn swiglu_backward_bf16<'a>(
     up: impl Into<ActRef<'a>>,
     (rows, cols): (usize, usize),
 ) -> Result<(CudaSlice<u16>, CudaSlice<u16>)> {
-    let (gate, up) = (gate.into(), up.into());
-    let gu16 = super::quantize::gu_form(gate, up)?;
-    let shape = format!("[{rows}, {cols}]");
-    let gate = gate.arg(gpu, "swiglu gate", rows * cols, &shape)?;
-    let up = up.arg(gpu, "swiglu up", rows * cols, &shape)?;
+    let (gate, up, gu16) = super::quantize::gu_args(gpu, gate.into(), up.into(), (rows, cols))?;
     let (head, dh16) = dh.args(gpu, rows, cols)?;
     ensure(dh16 || !gu16, || {
         "swiglu backward: BF16 gate and up need the BF16 dh".into()

@@ -287,15 +287,11 @@ pub fn swiglu_operand<'a>(
     (rows, cols): (usize, usize),
     fp8: bool,
 ) -> Result<(CudaSlice<f32>, FusedOperand)> {
-    let (gate, up) = (gate.into(), up.into());
-    let bf16 = gu_form(gate, up)?;
     ensure(
         rows < i32::MAX as usize / 2 && cols < i32::MAX as usize / 2,
         || format!("swiglu: [{rows}, {cols}] is too large"),
     )?;
-    let shape = format!("[{rows}, {cols}]");
-    let gate = gate.arg(gpu, "swiglu gate", rows * cols, &shape)?;
-    let up = up.arg(gpu, "swiglu up", rows * cols, &shape)?;
+    let (gate, up, bf16) = gu_args(gpu, gate.into(), up.into(), (rows, cols))?;
     let h = gpu.uninit::<f32>(rows * cols)?;
     let op = FusedOperand::alloc(gpu, rows, cols, fp8)?;
     // One warp per (row, group), 8 warps a block.
@@ -326,12 +322,23 @@ pub fn swiglu_operand<'a>(
     Ok((h, op))
 }
 
-/// Whether gate and up are BF16; both must have the same form.
-pub(crate) fn gu_form(gate: ActRef, up: ActRef) -> Result<bool> {
+/// SwiGLU's gate and up `[rows, cols]`, checked, as kernel arguments, and whether
+/// they are BF16 (both must have the same form).
+pub(crate) fn gu_args(
+    gpu: &Gpu,
+    gate: ActRef,
+    up: ActRef,
+    (rows, cols): (usize, usize),
+) -> Result<(Arg, Arg, bool)> {
     ensure(gate.is_bf16() == up.is_bf16(), || {
         "swiglu: gate and up must both be f32 or both BF16".into()
     })?;
-    Ok(gate.is_bf16())
+    let shape = format!("[{rows}, {cols}]");
+    Ok((
+        gate.arg(gpu, "swiglu gate", rows * cols, &shape)?,
+        up.arg(gpu, "swiglu up", rows * cols, &shape)?,
+        gate.is_bf16(),
+    ))
 }
 
 /// 128x1 groups along the rows (tokens), stored transposed: the WGrad operands
@@ -383,11 +390,7 @@ pub fn swiglu_backward_fp8<'a>(
     up: impl Into<ActRef<'a>>,
     (rows, cols): (usize, usize),
 ) -> Result<(DualFp8, DualFp8)> {
-    let (gate, up) = (gate.into(), up.into());
-    let gu16 = gu_form(gate, up)?;
-    let shape = format!("[{rows}, {cols}]");
-    let gate = gate.arg(gpu, "swiglu gate", rows * cols, &shape)?;
-    let up = up.arg(gpu, "swiglu up", rows * cols, &shape)?;
+    let (gate, up, gu16) = gu_args(gpu, gate.into(), up.into(), (rows, cols))?;
     let (head, dh16) = dh.args(gpu, rows, cols)?;
     ensure(dh16 || !gu16, || {
         "swiglu backward (FP8): BF16 gate and up need the BF16 dh".into()

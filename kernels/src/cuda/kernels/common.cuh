@@ -292,6 +292,10 @@ __device__ __forceinline__ void cp16(void* s, const void* g, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(s)), "l"(g),
                  "r"(valid ? 16 : 0));
 }
+// cp16 to a shared address already converted (smem_addr).
+__device__ __forceinline__ void cp16_at(u32 s, const void* g, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(g), "r"(valid ? 16 : 0));
+}
 // The same for one 4-byte word (through L1).
 __device__ __forceinline__ void cp4(void* s, const void* g, bool valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(s)), "l"(g),

@@ -51,13 +51,17 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const u32 (&a)[4], u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Stage rows [0, nrows) of a f32 matrix (row stride `ld` floats, D columns) as
-// BF16 in shared memory [nrows][D + 8]; rows >= nvalid are zero. All threads.
-template <int D>
-__device__ __forceinline__ void stage(bf16_t* s, const float* g, long ld, int nrows, int nvalid) {
-    const int V4 = D / 4;
-    for (int i = threadIdx.x; i < nrows * V4; i += blockDim.x) {
-        int r = i / V4, c = (i % V4) * 4;
+// Stage rows [0, NROWS) of a f32 matrix (row stride `ld` floats, D columns) as
+// BF16 in shared memory [NROWS][D + 8]; rows >= nvalid are zero. All NT threads
+// (the decode kernel's one warp): thread t takes float4 t % V4 of rows t / V4 +
+// i * (NT / V4).
+template <int D, int NROWS, int NT>
+__device__ __forceinline__ void stage(bf16_t* s, const float* g, long ld, int nvalid) {
+    constexpr int V4 = D / 4, RS = NT / V4;
+    static_assert(NT % V4 == 0 && NROWS % RS == 0, "stage: whole rows an iteration");
+    const int r0 = threadIdx.x / V4, c = (threadIdx.x % V4) * 4;
+#pragma unroll
+    for (int r = r0, i = 0; i < NROWS / RS; i++, r += RS) {
         float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
         if (r < nvalid) x = *(const float4*)(g + (long)r * ld + c);
         u32* d = (u32*)(s + r * (D + 8) + c);
@@ -70,14 +74,24 @@ __device__ __forceinline__ void stage(bf16_t* s, const float* g, long ld, int nr
 // columns) into shared memory [NROWS][D + 8]; rows >= nvalid become zero. The same
 // values stage() makes from the f32 originals. All NT threads of the block (128,
 // or the decode kernel's one warp); then cp_commit.
+// Thread t copies chunk t % C of rows t / C + it * (NT / C): its addresses are one
+// base each and constant strides (the index arithmetic per copy was most of the
+// one-warp decode kernel's instructions).
 template <int D, int NROWS, int NT = 128>
 __device__ __forceinline__ void stage16(bf16_t* s, const bf16_t* g, long ld, int nvalid) {
-    const int C = D / 8;  // 16-byte chunks per row
+    constexpr int C = D / 8, RS = NT / C;  // 16-byte chunks per row; rows an iteration
+    static_assert(NT % C == 0 && NROWS % RS == 0, "stage16: whole rows an iteration");
+    const int r0 = threadIdx.x / C, c = (threadIdx.x % C) * 8;
+    u32 sa = smem_addr(s + r0 * (D + 8) + c);
+    const bf16_t* ga = g + (long)r0 * ld + c;
+    const long gstep = (long)RS * ld;
+    int r = r0;
 #pragma unroll 8
-    for (int it = 0; it < NROWS * C / NT; it++) {
-        int i = threadIdx.x + it * NT, r = i / C, c = (i % C) * 8;
-        bool ok = r < nvalid;
-        cp16(s + r * (D + 8) + c, g + (ok ? (long)r * ld + c : 0), ok);
+    for (int it = 0; it < NROWS / RS; it++) {
+        cp16_at(sa, r < nvalid ? ga : g, r < nvalid);
+        sa += RS * (D + 8) * 2;
+        ga += gstep;
+        r += RS;
     }
 }
 
@@ -461,7 +475,7 @@ __device__ void fa_dec(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, c
     }
     const int last = (n - 1) % FA_BC;  // the new row's place in the last tile
     // Q (f32, rounded here as fa_to_bf16_x3 does) goes through V's buffer first.
-    stage<D>(sV, q + b * qw + (long)kvh * group * D, D, 16, group);
+    stage<D, 16, 32>(sV, q + b * qw + (long)kvh * group * D, D, group);
     __syncwarp();
     u32 qf[D / 16][4];
 #pragma unroll

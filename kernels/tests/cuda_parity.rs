@@ -2209,9 +2209,9 @@ fn sample_rows_skips_only_losers() {
         }
     }
     let got = gsam::sample_rows(&g, &up(&g, &lp), rows, vocab, false, &seeds).unwrap();
-    let toks = g.download(&got.tokens).unwrap();
+    let got = got.download(&g).unwrap();
     let want = gsam::sample_reference(&lp, vocab, false, &seeds);
-    let bad = (0..rows).filter(|&r| toks[r] as u32 != want[r].0).count();
+    let bad = (0..rows).filter(|&r| got[r].0 != want[r].0).count();
     report_exact(
         "sample_rows gumbel, packed competitors",
         &format!("[{rows}, {vocab}]"),
@@ -2233,11 +2233,10 @@ fn sample_rows_matches_reference() {
         let seeds: Vec<u64> = (0..rows as u64).map(|r| 0xdead_beef ^ (r << 20)).collect();
         for greedy in [true, false] {
             let got = gsam::sample_rows(&g, &dlp, rows, vocab, greedy, &seeds).unwrap();
-            let toks = g.download(&got.tokens).unwrap();
-            let glp = dl(&g, &got.logp, rows);
+            let got = got.download(&g).unwrap();
             let want = gsam::sample_reference(&lp, vocab, greedy, &seeds);
             let bad = (0..rows)
-                .filter(|&r| toks[r] as u32 != want[r].0 || glp[r].to_bits() != want[r].1.to_bits())
+                .filter(|&r| got[r].0 != want[r].0 || got[r].1.to_bits() != want[r].1.to_bits())
                 .count();
             let what = if greedy { "greedy" } else { "gumbel" };
             report_exact(
@@ -2247,12 +2246,9 @@ fn sample_rows_matches_reference() {
             );
             // From the logits, chunked over blocks: the same tokens and logp bits.
             let fused = gsam::sample_logits(&g, &dz, rows, vocab, greedy, &seeds).unwrap();
-            let (ftoks, flp) = (
-                g.download(&fused.tokens).unwrap(),
-                dl(&g, &fused.logp, rows),
-            );
+            let fused = fused.download(&g).unwrap();
             let bad = (0..rows)
-                .filter(|&r| ftoks[r] != toks[r] || flp[r].to_bits() != glp[r].to_bits())
+                .filter(|&r| fused[r].0 != got[r].0 || fused[r].1.to_bits() != got[r].1.to_bits())
                 .count();
             report_exact(
                 &format!("sample_logits {what} == sample_rows"),

@@ -25,7 +25,7 @@ use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
 
 use super::decode::{GpuKvCache, KvLayers};
-use super::layers::{head, run_layers, AttnSaved, GpuAttention, RowsIn};
+use super::layers::{head_into, run_layers, AttnSaved, GpuAttention, RowsIn};
 use super::model::GpuModel;
 
 /// The bucket a step of `b` rows runs in: 1, 2, 4, 8, then 12, 16, 24, 32, 48,
@@ -204,8 +204,7 @@ impl StepGraph {
                 &mut attn,
                 None,
             )?;
-            let out = head(model, &h, bucket, GemmRole::RolloutForward)?.2;
-            g.copy_into(&out, &mut logits, bucket * vocab)
+            head_into(model, &h, bucket, GemmRole::RolloutForward, &mut logits)
         })?;
         Ok(StepGraph {
             graph,

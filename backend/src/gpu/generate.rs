@@ -204,8 +204,5 @@ fn sample_block(
             .collect());
     }
     let seeds: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
-    let s = sample_logits(g, logits, rows, vocab, p.temperature <= 0.0, &seeds)?;
-    let toks = g.download_n(&s.tokens, rows)?;
-    let logp = g.download_n(&s.logp, rows)?;
-    Ok(toks.into_iter().map(|t| t as u32).zip(logp).collect())
+    sample_logits(g, logits, rows, vocab, p.temperature <= 0.0, &seeds)?.download(g)
 }

@@ -7,8 +7,8 @@ use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::flash::FlashSaved;
 use jet_kernels::cuda::linear::{
     gate_up_swiglu, linear_forward, linear_forward_act, linear_forward_group,
-    linear_forward_group_act, linear_forward_residual, linear_residual_norm, qkv_norm_rope,
-    rmsnorm_with_operand, swiglu_with_operand, XOperand,
+    linear_forward_group_act, linear_forward_into, linear_forward_residual, linear_residual_norm,
+    qkv_norm_rope, rmsnorm_with_operand, swiglu_with_operand, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_forward_dev, qk_norm_rope, qk_norm_rope_fits, rmsnorm_forward, rope_forward_dev,
@@ -320,6 +320,20 @@ pub fn head(
         model.flow.precision(role),
     )?;
     Ok((n, rstd, logits))
+}
+
+/// [`head`]'s logits written into `logits [m, vocab]` (a captured decode step's
+/// output buffer, so no copy of them is made).
+pub fn head_into(
+    model: &GpuModel,
+    h: &CudaSlice<f32>,
+    m: usize,
+    role: GemmRole,
+    logits: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (n, _) = final_norm(model, h, m)?;
+    let prec = model.flow.precision(role);
+    linear_forward_into(&model.gpu, &n, m, &model.lm_head, prec, logits)
 }
 
 /// [`head`] with the logits kept as their BF16 values where the LM head's rows GEMM

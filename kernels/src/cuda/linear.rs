@@ -492,6 +492,37 @@ pub fn linear_forward(
     forward(gpu, x, &mut XOperand::default(), m, w, bias, prec, None)
 }
 
+/// [`linear_forward`] into `y [m, n]` (a buffer that outlives a captured graph:
+/// the decode step's logits). The split-K epilogue and the rows GEMM write `y`
+/// themselves; cuBLASLt's and f32's outputs are copied into it.
+pub fn linear_forward_into(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    m: usize,
+    w: &GpuWeight,
+    prec: GemmPrecision,
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (n, k) = (w.n, w.k);
+    check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
+    check_len("linear output", y, m * n, format!("[{m}, {n}]"))?;
+    if m == 0 {
+        return Ok(());
+    }
+    let xo = &mut XOperand::default();
+    if takes_split_k(gpu, m, w, prec) {
+        let p = split_k_partial(gpu, x, xo, m, w, prec)?;
+        let parts = (p.ldp, p.splits, p.sstride);
+        return epilogue_to(gpu, &p.p, parts, None, (m, n), prec, (y, Add::Nothing));
+    }
+    if prec != GemmPrecision::F32 && w.batch_invariant {
+        let epi = fused_epi(gpu, (gpu.ptr(y), false), n, None, prec, None);
+        return rows_fused(gpu, x, xo, m, w, prec, epi);
+    }
+    let out = forward(gpu, x, xo, m, w, None, prec, None)?;
+    gpu.copy_into(&out, y, m * n)
+}
+
 /// [`linear_forward`] with the output kept as its BF16 values where the rows GEMM
 /// writes it ([`Act`]; the LM head's logits of a training forward), else f32.
 pub fn linear_forward_act(

@@ -17,10 +17,36 @@ use super::context::{Arg, SAMPLE};
 use super::logsoftmax::row_stats;
 use super::{check_len, ensure, Gpu, Result};
 
-/// Tokens and their logprobs, `[rows]` each, on the device.
+/// Tokens and their logprobs on the device, in one buffer `[2][rows]` (the tokens,
+/// then the logprobs' bits), so the rollout brings both back in one copy.
 pub struct GpuSampled {
-    pub tokens: CudaSlice<i32>,
-    pub logp: CudaSlice<f32>,
+    buf: CudaSlice<i32>,
+    rows: usize,
+}
+
+impl GpuSampled {
+    fn new(gpu: &Gpu, rows: usize) -> Result<GpuSampled> {
+        Ok(GpuSampled {
+            buf: gpu.uninit(2 * rows)?,
+            rows,
+        })
+    }
+
+    /// The kernels' `tokens` and `out_logp` arguments.
+    fn args(&self, gpu: &Gpu) -> [Arg; 2] {
+        let p = gpu.ptr(&self.buf);
+        [Arg::P(p), Arg::P(p + 4 * self.rows as u64)]
+    }
+
+    /// Each row's token and logprob (one copy, one wait for the stream).
+    pub fn download(&self, gpu: &Gpu) -> Result<Vec<(u32, f32)>> {
+        let v = gpu.download_n(&self.buf, 2 * self.rows)?;
+        let (t, lp) = v.split_at(self.rows);
+        Ok(t.iter()
+            .zip(lp)
+            .map(|(&t, &b)| (t as u32, f32::from_bits(b as u32)))
+            .collect())
+    }
 }
 
 /// The splitmix64 finalizer.
@@ -134,10 +160,7 @@ pub fn sample_rows(
     } else {
         Some(gpu.upload(seeds)?)
     };
-    let out = GpuSampled {
-        tokens: gpu.uninit(rows)?,
-        logp: gpu.uninit(rows)?,
-    };
+    let out = GpuSampled::new(gpu, rows)?;
     gpu.launch(
         &SAMPLE,
         "sample_rows",
@@ -150,8 +173,8 @@ pub fn sample_rows(
             Arg::I(vocab as i32),
             Arg::I(greedy as i32),
             Arg::P(dseeds.as_ref().map_or(0, |d| gpu.ptr(d))),
-            Arg::P(gpu.ptr(&out.tokens)),
-            Arg::P(gpu.ptr(&out.logp)),
+            out.args(gpu)[0],
+            out.args(gpu)[1],
         ],
     )?;
     Ok(out)
@@ -176,10 +199,7 @@ pub fn sample_logits(
 ) -> Result<GpuSampled> {
     check_draw("sample_logits", rows, vocab, greedy, seeds)?;
     let (m, lns) = row_stats(gpu, logits, rows, vocab)?;
-    let out = GpuSampled {
-        tokens: gpu.uninit(rows)?,
-        logp: gpu.uninit(rows)?,
-    };
+    let out = GpuSampled::new(gpu, rows)?;
     if rows == 0 {
         return Ok(out);
     }
@@ -235,8 +255,8 @@ pub fn sample_logits(
                 Arg::I(chunks as i32),
                 Arg::P(gpu.ptr(&cs)),
                 Arg::P(gpu.ptr(&ci)),
-                Arg::P(gpu.ptr(&out.tokens)),
-                Arg::P(gpu.ptr(&out.logp)),
+                out.args(gpu)[0],
+                out.args(gpu)[1],
             ],
         ]
         .concat(),

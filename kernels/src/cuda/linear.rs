@@ -214,53 +214,6 @@ impl Add<'_> {
 
 /// `y [rows, cols] = d (row stride ldd) + bias`, rounded to BF16 unless F32, plus
 /// `add`; `d` may hold `splits` slices `sstride` apart (split-K), added in order.
-#[allow(clippy::too_many_arguments)]
-fn epilogue(
-    gpu: &Gpu,
-    d: &CudaSlice<f32>,
-    (ldd, splits, sstride): (usize, usize, usize),
-    bias: Option<&CudaSlice<f32>>,
-    rows: usize,
-    cols: usize,
-    prec: GemmPrecision,
-    add: Add,
-) -> Result<CudaSlice<f32>> {
-    let mut y = gpu.uninit::<f32>(rows * cols)?;
-    epilogue_to(
-        gpu,
-        d,
-        (ldd, splits, sstride),
-        bias,
-        (rows, cols),
-        prec,
-        (&mut y, add),
-    )?;
-    Ok(y)
-}
-
-/// The `[m, n]` output of a split-K launch's partial sums (their slices added in
-/// order by the epilogue).
-fn from_partial(
-    gpu: &Gpu,
-    p: &Partial,
-    bias: Option<&CudaSlice<f32>>,
-    (m, n): (usize, usize),
-    prec: GemmPrecision,
-    add: Add,
-) -> Result<CudaSlice<f32>> {
-    epilogue(
-        gpu,
-        &p.p,
-        (p.ldp, p.splits, p.sstride),
-        bias,
-        m,
-        n,
-        prec,
-        add,
-    )
-}
-
-/// [`epilogue`] into `y`.
 fn epilogue_to(
     gpu: &Gpu,
     d: &CudaSlice<f32>,
@@ -493,8 +446,7 @@ pub fn linear_forward(
 }
 
 /// [`linear_forward`] into `y [m, n]` (a buffer that outlives a captured graph:
-/// the decode step's logits). The split-K epilogue and the rows GEMM write `y`
-/// themselves; cuBLASLt's and f32's outputs are copied into it.
+/// the decode step's logits): the GEMM's epilogue writes `y` itself.
 pub fn linear_forward_into(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
@@ -509,18 +461,16 @@ pub fn linear_forward_into(
     if m == 0 {
         return Ok(());
     }
-    let xo = &mut XOperand::default();
-    if takes_split_k(gpu, m, w, prec) {
-        let p = split_k_partial(gpu, x, xo, m, w, prec)?;
-        let parts = (p.ldp, p.splits, p.sstride);
-        return epilogue_to(gpu, &p.p, parts, None, (m, n), prec, (y, Add::Nothing));
-    }
-    if prec != GemmPrecision::F32 && w.batch_invariant {
-        let epi = fused_epi(gpu, (gpu.ptr(y), false), n, None, prec, None);
-        return rows_fused(gpu, x, xo, m, w, prec, epi);
-    }
-    let out = forward(gpu, x, xo, m, w, None, prec, None)?;
-    gpu.copy_into(&out, y, m * n)
+    forward_into(
+        gpu,
+        x,
+        &mut XOperand::default(),
+        m,
+        w,
+        (None, None),
+        prec,
+        y,
+    )
 }
 
 /// [`linear_forward`] with the output kept as its BF16 values where the rows GEMM
@@ -685,21 +635,44 @@ fn forward_to(
     if m == 0 {
         return gpu.uninit(0).map(Act::F32);
     }
+    let rows = !takes_split_k(gpu, m, w, prec) && prec != GemmPrecision::F32 && w.batch_invariant;
+    if rows && bf16_out && res.is_none() {
+        // The rows kernel writes y itself (linear_epilogue fused), as BF16.
+        let y = gpu.uninit::<u16>(m * n)?;
+        let epi = fused_epi(gpu, (gpu.ptr(&y), true), n, bias, prec, None);
+        rows_fused(gpu, x, xo, m, w, prec, epi)?;
+        return Ok(Act::Bf16(y));
+    }
+    let mut y = gpu.uninit::<f32>(m * n)?;
+    forward_into(gpu, x, xo, m, w, (bias, res), prec, &mut y)?;
+    Ok(Act::F32(y))
+}
+
+/// The GEMM of [`forward_to`] for `m > 0` tokens into the f32 `y [m, n]`, chosen by
+/// shape and weight: split-K (decode sizes), the batch-invariant rows kernel, or
+/// cuBLASLt; each adds the bias and `res` in its epilogue.
+#[allow(clippy::too_many_arguments)]
+fn forward_into(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    w: &GpuWeight,
+    (bias, res): (Option<&CudaSlice<f32>>, Option<&CudaSlice<f32>>),
+    prec: GemmPrecision,
+    y: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let (n, k) = (w.n, w.k);
     let add = res.map_or(Add::Nothing, Add::Res);
     if takes_split_k(gpu, m, w, prec) {
         let p = split_k_partial(gpu, x, xo, m, w, prec)?;
-        return from_partial(gpu, &p, bias, (m, n), prec, add).map(Act::F32);
+        let parts = (p.ldp, p.splits, p.sstride);
+        return epilogue_to(gpu, &p.p, parts, bias, (m, n), prec, (y, add));
     }
     if prec != GemmPrecision::F32 && w.batch_invariant {
-        // The rows kernel writes y itself (linear_epilogue fused), as BF16 where asked.
-        let bf16 = bf16_out && res.is_none();
-        let y = match bf16 {
-            true => Act::Bf16(gpu.uninit::<u16>(m * n)?),
-            false => Act::F32(gpu.uninit::<f32>(m * n)?),
-        };
-        let epi = fused_epi(gpu, (y.view().ptr(gpu), bf16), n, bias, prec, res);
-        rows_fused(gpu, x, xo, m, w, prec, epi)?;
-        return Ok(y);
+        // The rows kernel writes y itself (linear_epilogue fused).
+        let epi = fused_epi(gpu, (gpu.ptr(y), false), n, bias, prec, res);
+        return rows_fused(gpu, x, xo, m, w, prec, epi);
     }
     let (np, kp) = (pad16(n), pad16(k));
     let (d, ldd) = match prec {
@@ -729,7 +702,7 @@ fn forward_to(
             fp8_gemm_nt(gpu, xo.fp8(gpu, x, m, k)?, wq)?
         }
     };
-    epilogue(gpu, &d, (ldd, 1, 0), bias, m, n, prec, add).map(Act::F32)
+    epilogue_to(gpu, &d, (ldd, 1, 0), bias, (m, n), prec, (y, add))
 }
 
 /// The batch-invariant rows GEMM of `x [m, k]` through `w` (BF16 or FP8) with the

@@ -159,6 +159,27 @@ fn flash_matches_cpu_reference() {
             a.iter().zip(&b).filter(|(x, y)| x != y).count()
                 + bits_differ(&dl(&g, &fo, rows * qw), &dl(&g, &out, rows * qw)),
         );
+        // From BF16 copies made elsewhere (the training forward's q, k and v leave
+        // their producers so): the same output, log-sum-exp and operand.
+        let copies = [(&gq, qw), (&gk, kvw), (&gv, kvw)]
+            .map(|(x, w)| flash::attention_operand_bf16(&g, x, rows * w).unwrap());
+        let (bo, bsaved, b16) =
+            flash::flash_forward_operand_bf16(&g, &plan, copies, sh, true).unwrap();
+        let (_, fsaved, _) = flash::flash_forward_operand(&g, &plan, (&gq, &gk, &gv), sh).unwrap();
+        let (a, b) = (
+            g.download(&b16.unwrap()).unwrap(),
+            g.download(&f16).unwrap(),
+        );
+        report_exact(
+            "flash fwd from BF16 q, k, v == from f32",
+            &label(c),
+            a.iter().zip(&b).filter(|(x, y)| x != y).count()
+                + bits_differ(&dl(&g, &bo, rows * qw), &dl(&g, &fo, rows * qw))
+                + bits_differ(
+                    &dl(&g, &bsaved.lse, rows * sh.n_heads),
+                    &dl(&g, &fsaved.lse, rows * sh.n_heads),
+                ),
+        );
         // The capped-register build of the forward computes the same bits.
         let (out3, _) =
             flash::flash_forward_with(&g, &plan, &gq, &gk, &gv, sh, flash::FwdKernel::Occupancy3)

@@ -1134,6 +1134,35 @@ fn qk_norm_rope_matches_cpu() {
                 1e-5,
             );
         }
+        // The BF16-only form (the training forward's attention operands): the RNE
+        // copies of the f32 outputs, and the same rstd.
+        let (q16, k16, qr16, kr16) = gops::qk_norm_rope_bf16(
+            &g,
+            (&dq, &dk),
+            (&dqw, &dkw),
+            (rows, nh, nkv),
+            1e-6,
+            &dpos,
+            &gt,
+        )
+        .unwrap();
+        let mut differ = 0;
+        for (got16, f, heads) in [(&q16, &gq_, nh), (&k16, &gk, nkv)] {
+            let n = rows * heads * hd;
+            let want: Vec<u16> = dl(&g, f, n)
+                .iter()
+                .map(|&x| half::bf16::from_f32(x).to_bits())
+                .collect();
+            let got = g.download(got16).unwrap();
+            differ += got[..n].iter().zip(&want).filter(|(a, b)| a != b).count();
+        }
+        differ += bits_differ(&dl(&g, &qr16, rows * nh), &dl(&g, &gqr, rows * nh));
+        differ += bits_differ(&dl(&g, &kr16, rows * nkv), &dl(&g, &gkr, rows * nkv));
+        report_exact(
+            "qk_norm_rope BF16 outputs == copies of the f32",
+            &shape,
+            differ,
+        );
     }
     done();
 }

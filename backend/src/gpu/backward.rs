@@ -288,8 +288,12 @@ pub fn backward(
                         "attention backward: probabilities kept but dO not in f32".into(),
                     ));
                 };
-                let (dq, dk, dv) =
-                    attention_backward(g, dattn, &a.q, &a.k, &a.v, p, &acts.seq_lens, shape)?;
+                let Some([q, k, v]) = &a.qkv else {
+                    return Err(CudaError::Invalid(
+                        "attention backward: probabilities kept but not q, k, v".into(),
+                    ));
+                };
+                let (dq, dk, dv) = attention_backward(g, dattn, q, k, v, p, &acts.seq_lens, shape)?;
                 (dq, dk, cx.lp(dv)?)
             }
             (AttnSaved::Flash(_), None) => {

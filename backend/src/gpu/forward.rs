@@ -3,10 +3,12 @@
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::attention::attention_forward;
-use jet_kernels::cuda::flash::{flash_forward, flash_forward_operand, FlashPlan};
+use jet_kernels::cuda::flash::{
+    flash_forward, flash_forward_operand, flash_forward_operand_bf16, FlashPlan,
+};
 use jet_kernels::cuda::linear::XOperand;
 use jet_kernels::cuda::quantize::FusedOperand;
-use jet_kernels::cuda::Result;
+use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
 
 use super::layers::{head, head_act, run_layers, AttnSaved, GpuAttention, GpuLayerActs, RowsIn};
@@ -128,6 +130,35 @@ impl GpuAttention for PackedCausal<'_> {
         prec: GemmPrecision,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
         self.run(layer, qkv, prec == GemmPrecision::Bf16)
+    }
+
+    fn takes_bf16(&self) -> bool {
+        self.flash.is_some() && self.keep_kv.is_none()
+    }
+
+    /// The tensor-core forward from the BF16 copies (kept for the backward), and
+    /// the o projection's BF16 operand of its output where its GEMMs are BF16.
+    fn attend_bf16(
+        &mut self,
+        _layer: usize,
+        qkv16: [CudaSlice<u16>; 3],
+        prec: GemmPrecision,
+    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
+        let (Some(plan), None) = (&self.flash, &self.keep_kv) else {
+            return Err(CudaError::Invalid(
+                "BF16 q, k, v: the attention needs its tensor-core kernels and no K/V kept".into(),
+            ));
+        };
+        let o16 = prec == GemmPrecision::Bf16;
+        let (o, saved, b) = flash_forward_operand_bf16(self.gpu, plan, qkv16, self.shape, o16)?;
+        let op = match b {
+            Some(b) => {
+                let width = self.shape.n_heads * self.shape.head_dim;
+                XOperand::fused(plan.rows(), width, FusedOperand::Bf16(b))
+            }
+            None => XOperand::default(),
+        };
+        Ok((o, self.keep_probs.then_some(AttnSaved::Flash(saved)), op))
     }
 }
 

@@ -4,15 +4,15 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::act::Act;
-use jet_kernels::cuda::flash::FlashSaved;
+use jet_kernels::cuda::flash::{attention_operand_bf16, FlashSaved};
 use jet_kernels::cuda::linear::{
     gate_up_swiglu, linear_forward, linear_forward_act, linear_forward_group,
     linear_forward_group_act, linear_forward_into, linear_forward_residual, linear_residual_norm,
     qkv_norm_rope, rmsnorm_with_operand, swiglu_with_operand, XOperand,
 };
 use jet_kernels::cuda::ops::{
-    embedding_forward_dev, qk_norm_rope, qk_norm_rope_fits, rmsnorm_forward, rope_forward_dev,
-    upload_positions, upload_tokens,
+    embedding_forward_dev, qk_norm_rope, qk_norm_rope_bf16, qk_norm_rope_fits, rmsnorm_forward,
+    rope_forward_dev, upload_positions, upload_tokens,
 };
 use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
@@ -35,10 +35,10 @@ pub struct GpuLayerActs {
     pub rstd1: CudaSlice<f32>,
     /// q, k before the per-head norm and its rstd (Qwen3 only).
     pub qk_pre: Option<QkPre>,
-    /// Attention inputs after norm and RoPE: q `[M, nh*hd]`, k, v `[M, nkv*hd]`.
-    pub q: CudaSlice<f32>,
-    pub k: CudaSlice<f32>,
-    pub v: CudaSlice<f32>,
+    /// Attention inputs after norm and RoPE, q `[M, nh*hd]`, k, v `[M, nkv*hd]`:
+    /// kept where the attention's backward reads them in f32 (the per-row
+    /// kernels, [`AttnSaved::Probs`]); the tensor-core kernels keep BF16 copies.
+    pub qkv: Option<[CudaSlice<f32>; 3]>,
     /// What the attention backward needs beyond q, k, v and its output.
     pub saved: AttnSaved,
     /// Attention output `[M, nh*hd]`, residual after attention, its norm and rstd.
@@ -87,6 +87,26 @@ pub trait GpuAttention {
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
         let (o, saved) = self.attend(layer, q, k, v)?;
         Ok((o, saved, XOperand::default()))
+    }
+
+    /// Whether [`GpuAttention::attend_bf16`] takes q, k, v as BF16 copies made by
+    /// their producers (the tensor-core kernels, where no K/V is kept for a cache).
+    fn takes_bf16(&self) -> bool {
+        false
+    }
+
+    /// [`GpuAttention::attend_operand`] of `[q16, k16, v16]`, the BF16 copies of
+    /// q, k, v (the bits the f32 form's conversion would make), where
+    /// [`GpuAttention::takes_bf16`].
+    fn attend_bf16(
+        &mut self,
+        _layer: usize,
+        _qkv16: [CudaSlice<u16>; 3],
+        _prec: GemmPrecision,
+    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
+        Err(CudaError::Invalid(
+            "this attention takes q, k, v in f32 only".into(),
+        ))
     }
 }
 
@@ -156,11 +176,28 @@ pub fn run_layers(
             }
             _ => None,
         };
-        let (q, k, v, qk_pre) = match fused_qkv {
-            Some([q, k, v]) => (q, k, v, None),
-            None => qkv_unfused(model, li, rows, (&a, &mut ao), prec)?,
+        // A training forward (Qwen3, tensor-core attention): q and k leave their
+        // norms and v its GEMM as the attention's BF16 operands, with no f32 copy.
+        let qk_norms =
+            lx.q_norm.is_some() && lx.k_norm.is_some() && qk_norm_rope_fits(cfg.head_dim);
+        let bf16_attn = acts.is_some() && !biased && qk_norms && attn.takes_bf16();
+        let (qkv, qk_pre, (o, saved, mut oo)) = match fused_qkv {
+            Some([q, k, v]) => {
+                let out = attn.attend_operand(li, (&q, &k, &v), prec)?;
+                (Some([q, k, v]), None, out)
+            }
+            None if bf16_attn => {
+                let (qkv16, pre) = qkv_bf16(model, li, rows, (&a, &mut ao), prec)?;
+                (None, Some(pre), attn.attend_bf16(li, qkv16, prec)?)
+            }
+            None => {
+                let (q, k, v, pre) = qkv_unfused(model, li, rows, (&a, &mut ao), prec)?;
+                let out = attn.attend_operand(li, (&q, &k, &v), prec)?;
+                (Some([q, k, v]), pre, out)
+            }
         };
-        let (o, saved, mut oo) = attn.attend_operand(li, (&q, &k, &v), prec)?;
+        // f32 q, k, v only where the attention's backward reads them.
+        let qkv = qkv.filter(|_| matches!(saved, Some(AttnSaved::Probs(_))));
         // The residual adds ride in the o and down projections' epilogues.
         let post = (w.t(lx.post_attention_layernorm), eps);
         let o_norm = match fuse {
@@ -221,9 +258,7 @@ pub fn run_layers(
                 a,
                 rstd1,
                 qk_pre,
-                q,
-                k,
-                v,
+                qkv,
                 saved: saved.ok_or_else(|| {
                     CudaError::Invalid("the attention kept nothing for the backward".into())
                 })?,
@@ -296,6 +331,52 @@ fn qkv_unfused(
         }
     }
     Ok((q, k, v, qk_pre))
+}
+
+/// Layer `li`'s q, k and v as the tensor-core attention's BF16 operands (Qwen3's
+/// q/k norms, no biases): q and k from their GEMMs through `qk_norm_rope_bf16`,
+/// v as its rows GEMM's BF16 values (converted where the GEMM wrote f32). The
+/// same bits as [`qkv_unfused`] then the attention's f32 -> BF16 copies. Returns
+/// them with q and k before their norms and the norms' rstd.
+fn qkv_bf16(
+    model: &GpuModel,
+    li: usize,
+    rows: &RowsIn,
+    (a, ao): (&CudaSlice<f32>, &mut XOperand),
+    prec: GemmPrecision,
+) -> Result<([CudaSlice<u16>; 3], QkPre)> {
+    let (g, cfg, w) = (&*model.gpu, model.cfg, model.w);
+    let (lx, lp) = (&w.ix.layers[li], &model.layers[li]);
+    let (m, eps) = (rows.m, cfg.rms_norm_eps);
+    let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    let (Some(qn), Some(kn)) = (lx.q_norm, lx.k_norm) else {
+        return Err(CudaError::Invalid(
+            "q, k, v as BF16 operands: the q/k norms are missing".into(),
+        ));
+    };
+    let [q_pre, k_pre]: [_; 2] =
+        linear_forward_group(g, a, ao, m, &[(&lp.q, None), (&lp.k, None)], prec)?
+            .try_into()
+            .map_err(|_| CudaError::Invalid("q, k: two outputs expected".into()))?;
+    let [v]: [_; 1] = linear_forward_group_act(g, a, ao, m, &[(&lp.v, None)], prec)?
+        .try_into()
+        .map_err(|_| CudaError::Invalid("v: one output expected".into()))?;
+    let norms = (w.t(qn), w.t(kn));
+    let pre = (&q_pre, &k_pre);
+    let (q16, k16, qr, kr) = qk_norm_rope_bf16(
+        g,
+        pre,
+        norms,
+        (m, nh, nkv),
+        eps,
+        &rows.positions,
+        &model.rope,
+    )?;
+    let v16 = match v {
+        Act::Bf16(v16) => v16,
+        Act::F32(v) => attention_operand_bf16(g, &v, m * nkv * cfg.head_dim)?,
+    };
+    Ok(([q16, k16, v16], (q_pre, k_pre, qr, kr)))
 }
 
 /// A layer output that a pass keeping its activations always makes.

@@ -213,20 +213,31 @@ fn check_rows(what: &str, b: &CudaSlice<f32>, rows: usize, width: usize) -> Resu
 /// BF16 (RNE) copies of the first `n` values of each `x` (`n` multiples of 4): q,
 /// k and v in one launch (`fa_to_bf16_x3`).
 fn to_bf16_x3(gpu: &Gpu, xs: [(&CudaSlice<f32>, usize); 3]) -> Result<[CudaSlice<u16>; 3]> {
-    let ys = [
-        gpu.uninit::<u16>(xs[0].1)?,
-        gpu.uninit::<u16>(xs[1].1)?,
-        gpu.uninit::<u16>(xs[2].1)?,
-    ];
+    let [a, b, c]: [_; 3] = to_bf16_n(gpu, &xs)?
+        .try_into()
+        .map_err(|_| super::CudaError::Invalid("q, k, v: three copies expected".into()))?;
+    Ok([a, b, c])
+}
+
+/// `fa_to_bf16_x3` over one to three tensors (blockIdx.y picks one; the table's
+/// unused entries are never read).
+fn to_bf16_n(gpu: &Gpu, xs: &[(&CudaSlice<f32>, usize)]) -> Result<Vec<CudaSlice<u16>>> {
+    ensure((1..=3).contains(&xs.len()), || {
+        format!("{} tensors for one BF16 copy launch (1 to 3)", xs.len())
+    })?;
+    let ys = xs
+        .iter()
+        .map(|&(_, n)| gpu.uninit::<u16>(n))
+        .collect::<Result<Vec<_>>>()?;
     let mut t = CStruct::default();
-    for (x, _) in xs {
-        t.u64(gpu.ptr(x));
+    for i in 0..3 {
+        t.u64(xs.get(i).map_or(0, |(x, _)| gpu.ptr(*x)));
     }
-    for y in &ys {
-        t.u64(gpu.ptr(y));
+    for i in 0..3 {
+        t.u64(ys.get(i).map_or(0, |y| gpu.ptr(y)));
     }
-    for (_, n) in xs {
-        t.i64(n as i64);
+    for i in 0..3 {
+        t.i64(xs.get(i).map_or(0, |&(_, n)| n as i64));
     }
     // A thread converts 16 values an iteration (four float4 loads in flight).
     let most = xs.iter().map(|x| x.1).max().unwrap_or(0);
@@ -234,12 +245,23 @@ fn to_bf16_x3(gpu: &Gpu, xs: [(&CudaSlice<f32>, usize); 3]) -> Result<[CudaSlice
     gpu.launch(
         &FLASH,
         "fa_to_bf16_x3",
-        (blocks, 3, 1),
+        (blocks, xs.len() as u32, 1),
         (256, 1, 1),
         0,
         &[t.arg()?],
     )?;
     Ok(ys)
+}
+
+/// The BF16 (RNE) copy of the first `n` values of `x` (`n` a multiple of 4): the
+/// tensor-core attention's operand of an f32 q, k or v, the bits
+/// [`flash_forward`] makes.
+pub fn attention_operand_bf16(gpu: &Gpu, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<u16>> {
+    check_len("attention operand input", x, n, format!("[{n}]"))?;
+    ensure(n.is_multiple_of(4), || {
+        format!("attention operand of {n} values: not a multiple of 4")
+    })?;
+    Ok(to_bf16_n(gpu, &[(x, n)])?.remove(0))
 }
 
 /// Forward: `out [rows, nh*hd]` and what the backward needs.
@@ -297,10 +319,58 @@ fn flash_forward_opts(
     check_rows("q", q, n, nh * hd)?;
     check_rows("k", k, n, nkv * hd)?;
     check_rows("v", v, n, nkv * hd)?;
-    let [q16, k16, v16] = to_bf16_x3(
+    let qkv16 = to_bf16_x3(
         gpu,
         [(q, n * nh * hd), (k, n * nkv * hd), (v, n * nkv * hd)],
     )?;
+    flash_forward_from(gpu, plan, qkv16, shape, (which, o16))
+}
+
+/// [`flash_forward_operand`] from q, k and v already BF16 (`[rows][heads * hd]`,
+/// the bits `to_bf16_x3` would make of their f32 values: q and k from
+/// `ops::qk_norm_rope_bf16`, v from its projection's rows GEMM), which the
+/// backward keeps; the output's BF16 operand too when `o16`.
+pub fn flash_forward_operand_bf16(
+    gpu: &Gpu,
+    plan: &FlashPlan,
+    [q16, k16, v16]: [CudaSlice<u16>; 3],
+    shape: AttnShape,
+    o16: bool,
+) -> Result<(CudaSlice<f32>, FlashSaved, Option<CudaSlice<u16>>)> {
+    check(shape)?;
+    let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
+    for (what, b, w) in [("q", &q16, nh), ("k", &k16, nkv), ("v", &v16, nkv)] {
+        check_len(
+            &format!("attention {what} (BF16)"),
+            b,
+            n * w * hd,
+            format!("[{n}, {w} * {hd}]"),
+        )?;
+    }
+    let o16 = match o16 {
+        true => Some(gpu.uninit::<u16>(n * nh * hd)?),
+        false => None,
+    };
+    let (out, saved) = flash_forward_from(
+        gpu,
+        plan,
+        [q16, k16, v16],
+        shape,
+        (FwdKernel::Regs, o16.as_ref()),
+    )?;
+    Ok((out, saved, o16))
+}
+
+/// The forward kernel over BF16 q, k, v (checked by the callers), kept in the
+/// returned [`FlashSaved`].
+fn flash_forward_from(
+    gpu: &Gpu,
+    plan: &FlashPlan,
+    [q16, k16, v16]: [CudaSlice<u16>; 3],
+    shape: AttnShape,
+    (which, o16): (FwdKernel, Option<&CudaSlice<u16>>),
+) -> Result<(CudaSlice<f32>, FlashSaved)> {
+    let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
     let saved = FlashSaved {
         lse: gpu.uninit::<f32>(n * nh)?,
         q16,

@@ -721,8 +721,8 @@ pub fn qk_norm_rope_fits(head_dim: usize) -> bool {
 #[allow(clippy::too_many_arguments, clippy::type_complexity)]
 pub fn qk_norm_rope(
     gpu: &Gpu,
-    (q_pre, k_pre): (&CudaSlice<f32>, &CudaSlice<f32>),
-    (qw, kw): (&CudaSlice<f32>, &CudaSlice<f32>),
+    pre: (&CudaSlice<f32>, &CudaSlice<f32>),
+    norms: (&CudaSlice<f32>, &CudaSlice<f32>),
     (rows, nh, nkv): (usize, usize, usize),
     eps: f64,
     positions: &CudaSlice<i32>,
@@ -733,6 +733,57 @@ pub fn qk_norm_rope(
     CudaSlice<f32>,
     CudaSlice<f32>,
 )> {
+    let hd = t.head_dim;
+    let (q, k) = (
+        gpu.uninit::<f32>(rows * nh * hd)?,
+        gpu.uninit::<f32>(rows * nkv * hd)?,
+    );
+    let outs = [gpu.ptr(&q), gpu.ptr(&k), 0, 0];
+    let (qr, kr) =
+        qk_norm_rope_launch(gpu, pre, norms, (rows, nh, nkv), eps, (positions, t), outs)?;
+    Ok((q, k, qr, kr))
+}
+
+/// [`qk_norm_rope`] writing only the BF16 copies of q and k (RNE, the bits of the
+/// tensor-core attention's operand copies: `flash::flash_forward_operand_bf16`
+/// reads them): `(q16, k16, q rstd, k rstd)`.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn qk_norm_rope_bf16(
+    gpu: &Gpu,
+    pre: (&CudaSlice<f32>, &CudaSlice<f32>),
+    norms: (&CudaSlice<f32>, &CudaSlice<f32>),
+    (rows, nh, nkv): (usize, usize, usize),
+    eps: f64,
+    positions: &CudaSlice<i32>,
+    t: &GpuRope,
+) -> Result<(
+    CudaSlice<u16>,
+    CudaSlice<u16>,
+    CudaSlice<f32>,
+    CudaSlice<f32>,
+)> {
+    let hd = t.head_dim;
+    let (q16, k16) = (
+        gpu.uninit::<u16>(rows * nh * hd)?,
+        gpu.uninit::<u16>(rows * nkv * hd)?,
+    );
+    let outs = [0, 0, gpu.ptr(&q16), gpu.ptr(&k16)];
+    let (qr, kr) =
+        qk_norm_rope_launch(gpu, pre, norms, (rows, nh, nkv), eps, (positions, t), outs)?;
+    Ok((q16, k16, qr, kr))
+}
+
+/// `qk_norm_rope` into `[q, k, q16, k16]` (device addresses, 0: not written), after
+/// the shape checks; returns the norms' rstd.
+fn qk_norm_rope_launch(
+    gpu: &Gpu,
+    (q_pre, k_pre): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (qw, kw): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (rows, nh, nkv): (usize, usize, usize),
+    eps: f64,
+    (positions, t): (&CudaSlice<i32>, &GpuRope),
+    [q, k, q16, k16]: [u64; 4],
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
     let hd = t.head_dim;
     ensure(qk_norm_rope_fits(hd), || {
         format!("q/k norm with RoPE: head_dim {hd} (must be a multiple of 64, at most 256)")
@@ -747,10 +798,6 @@ pub fn qk_norm_rope(
     check_len("q_norm weight", qw, hd, format!("[{hd}]"))?;
     check_len("k_norm weight", kw, hd, format!("[{hd}]"))?;
     check_len("rope positions", positions, rows, format!("[{rows}]"))?;
-    let (q, k) = (
-        gpu.uninit::<f32>(rows * nh * hd)?,
-        gpu.uninit::<f32>(rows * nkv * hd)?,
-    );
     let (qr, kr) = (
         gpu.uninit::<f32>(rows * nh)?,
         gpu.uninit::<f32>(rows * nkv)?,
@@ -775,14 +822,16 @@ pub fn qk_norm_rope(
                 Arg::P(gpu.ptr(positions)),
                 Arg::P(gpu.ptr(&t.cos)),
                 Arg::P(gpu.ptr(&t.sin)),
-                Arg::P(gpu.ptr(&q)),
-                Arg::P(gpu.ptr(&k)),
+                Arg::P(q),
+                Arg::P(k),
                 Arg::P(gpu.ptr(&qr)),
                 Arg::P(gpu.ptr(&kr)),
+                Arg::P(q16),
+                Arg::P(k16),
             ],
         )?;
     }
-    Ok((q, k, qr, kr))
+    Ok((qr, kr))
 }
 
 /// [`rope_forward`] with the positions on the device ([`upload_positions`]):

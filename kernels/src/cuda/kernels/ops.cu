@@ -330,10 +330,12 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, co
 
 // ---- Qwen3's q/k norms with RoPE ----------------------------------------------------
 // One warp's head: v[i] (i < n = hd / 32) its values at columns lane + 32 i; writes
-// the normed, rotated head to dst and its rstd (lane 0) to *rs_out unless null.
+// the normed, rotated head to dst (f32) and/or dst16 (its BF16 copy, RNE by the
+// conversion fa_to_bf16_x3 uses: the tensor-core attention's operand), each unless
+// null, and its rstd (lane 0) to *rs_out unless null.
 __device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps, const float* w, long t0,
                                                   const float* cos_t, const float* sin_t, float* dst,
-                                                  float* rs_out) {
+                                                  bf16_t* dst16, float* rs_out) {
     const int lane = threadIdx.x & 31, n = hd / 32, half = hd / 2;
     float ss = 0.0f;
 #pragma unroll
@@ -350,8 +352,12 @@ __device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps,
             int j = lane + 32 * i;
             float c = cos_t[t0 + j], sn = 1.0f * sin_t[t0 + j];
             float u = v[i], x = v[i + n / 2];
-            dst[j] = u * c - x * sn;
-            dst[j + half] = x * c + u * sn;
+            const float a = u * c - x * sn, b = x * c + u * sn;
+            if (dst) dst[j] = a, dst[j + half] = b;
+            if (dst16) {
+                const u32 ab = pack_bf16x2(a, b);
+                dst16[j] = (bf16_t)(ab & 0xffffu), dst16[j + half] = (bf16_t)(ab >> 16);
+            }
         }
     if (lane == 0 && rs_out) *rs_out = rs;
 }
@@ -362,11 +368,12 @@ __device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps,
 // RoPE pair (j, j + hd/2) sits in one lane (hd a multiple of 64, at most 256). A
 // lane adds its squares in i order, then warp_sum: an order of its own (not
 // rmsnorm_fwd's), the same for every caller of the layer stack. q, k, qr, kr: the
-// outputs [rows, heads * hd] and the norms' rstd [rows * heads].
+// outputs [rows, heads * hd] and the norms' rstd [rows * heads]; q16, k16: the
+// outputs' BF16 copies (fuses fa_to_bf16_x3 of q and k). Either form may be null.
 extern "C" __global__ void qk_norm_rope(const float* q_pre, const float* k_pre, const float* qw, const float* kw,
                                         int rows, int nh, int nkv, int hd, float eps, const int* pos,
                                         const float* cos_t, const float* sin_t, float* q, float* k, float* qr,
-                                        float* kr) {
+                                        float* kr, bf16_t* q16, bf16_t* k16) {
     pdl_entry();
     const int r = blockIdx.x, head = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (head >= nh + nkv) return;
@@ -378,8 +385,10 @@ extern "C" __global__ void qk_norm_rope(const float* q_pre, const float* k_pre, 
 #pragma unroll
     for (int i = 0; i < 8; i++)
         if (i < n) v[i] = src[lane + 32 * i];
-    qk_norm_rope_warp(v, hd, eps, isq ? qw : kw, (long)pos[r] * (hd / 2), cos_t, sin_t, (isq ? q : k) + o,
-                      (isq ? qr : kr) + (long)r * heads + hh);
+    float* dst = isq ? q : k;
+    bf16_t* dst16 = isq ? q16 : k16;
+    qk_norm_rope_warp(v, hd, eps, isq ? qw : kw, (long)pos[r] * (hd / 2), cos_t, sin_t, dst ? dst + o : nullptr,
+                      dst16 ? dst16 + o : nullptr, (isq ? qr : kr) + (long)r * heads + hh);
 }
 
 // The q, k, v projections' epilogues (split-K partials, no bias) with qk_norm_rope
@@ -417,7 +426,7 @@ extern "C" __global__ void qkv_sk_norm_rope(SkIn qi, SkIn ki, SkIn vi, const flo
         return;
     }
     qk_norm_rope_warp(v, hd, eps, kind == 0 ? qw : kw, (long)pos[r] * (hd / 2), cos_t, sin_t,
-                      (kind == 0 ? q : k) + o, nullptr);
+                      (kind == 0 ? q : k) + o, nullptr, nullptr);
 }
 
 // ---- swiglu ----------------------------------------------------------------------

@@ -14,7 +14,7 @@ use jet_kernels::cuda::linear::{
 use jet_kernels::cuda::ops::{
     embedding_backward, qk_norm_rope_backward_acc_operand, rmsnorm_backward_acc,
     rmsnorm_backward_acc_operand, rmsnorm_backward_acc_operand_sum, rope_backward_dev,
-    swiglu_backward, swiglu_backward_bf16, SwigluDh,
+    swiglu_backward, swiglu_backward_bf16, QkNormGrad, SwigluDh,
 };
 use jet_kernels::cuda::quantize::{quantize_dual_multi, swiglu_backward_fp8, DualFp8};
 use jet_kernels::cuda::tensor::round_bf16;
@@ -311,14 +311,19 @@ pub fn backward(
                 // RoPE's and the norms' backward in one pass each (the same bits).
                 let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
                 let rope = (pos, &*model.rope);
+                // With BF16 operands only those are written (nothing reads the f32
+                // values): dq, dk then stay the attention's gradients, read no further.
                 let b16 = bf16_dy && no_bias;
                 let bq = grads.acc(g, qn)?;
-                let (dqp, q16) =
-                    qk_norm_rope_backward_acc_operand(g, qi, rope, (m, nh), round, bq, b16)?;
+                match qk_norm_rope_backward_acc_operand(g, qi, rope, (m, nh), round, bq, b16)? {
+                    QkNormGrad::F32(d) => dq = d,
+                    QkNormGrad::Bf16(d) => dq16 = Some(d),
+                }
                 let bk = grads.acc(g, kn)?;
-                let (dkp, k16) =
-                    qk_norm_rope_backward_acc_operand(g, ki, rope, (m, nkv), round, bk, b16)?;
-                (dq, dk, dq16, dk16) = (dqp, dkp, q16, k16);
+                match qk_norm_rope_backward_acc_operand(g, ki, rope, (m, nkv), round, bk, b16)? {
+                    QkNormGrad::F32(d) => dk = d,
+                    QkNormGrad::Bf16(d) => dk16 = Some(d),
+                }
             } else {
                 rope_backward_dev(g, &mut dq, pos, (m, nh), &model.rope, round)?;
                 rope_backward_dev(g, &mut dk, pos, (m, nkv), &model.rope, round)?;

@@ -7,7 +7,7 @@ use cudarc::driver::CudaSlice;
 
 use super::act::ActRef;
 use super::context::{Arg, OPS};
-use super::{check_len, ensure, Gpu, Result};
+use super::{check_len, ensure, CudaError, Gpu, Result};
 use crate::ops::rope::RopeTable;
 
 fn grid1(n: usize) -> (u32, u32, u32) {
@@ -367,11 +367,17 @@ pub fn qk_norm_rope_backward_acc(
     round: bool,
     dw_acc: &mut CudaSlice<f32>,
 ) -> Result<CudaSlice<f32>> {
-    Ok(qk_norm_rope_backward_acc_operand(gpu, input, rope, shape, round, dw_acc, false)?.0)
+    match qk_norm_rope_backward_acc_operand(gpu, input, rope, shape, round, dw_acc, false)? {
+        QkNormGrad::F32(dx) => Ok(dx),
+        QkNormGrad::Bf16(_) => Err(CudaError::Invalid(
+            "q/k norm backward: asked for f32, made BF16".into(),
+        )),
+    }
 }
 
-/// [`qk_norm_rope_backward_acc`] that also returns dx's BF16 GEMM operand
-/// `[tokens][n_heads * 128]` (the bits of `to_bf16_padded` of dx) when `bf16`.
+/// [`qk_norm_rope_backward_acc`], or when `bf16` only dx's BF16 GEMM operand
+/// `[tokens][n_heads * 128]` (the bits of `to_bf16_padded` of dx; the f32 values
+/// are not written).
 pub fn qk_norm_rope_backward_acc_operand(
     gpu: &Gpu,
     (dy, x, w, rstd): NormBwdIn,
@@ -380,7 +386,7 @@ pub fn qk_norm_rope_backward_acc_operand(
     round: bool,
     dw_acc: &mut CudaSlice<f32>,
     bf16: bool,
-) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+) -> Result<QkNormGrad> {
     const HD: usize = 128;
     ensure(table.head_dim == HD, || {
         format!(
@@ -404,8 +410,14 @@ pub fn qk_norm_rope_backward_acc_operand(
         )?;
     }
     check_len("rope positions", positions, tokens, format!("[{tokens}]"))?;
-    let dx = gpu.uninit::<f32>(rows * HD)?;
-    let dx16 = bf16.then(|| gpu.uninit::<u16>(rows * HD)).transpose()?;
+    let out = match bf16 {
+        true => QkNormGrad::Bf16(gpu.uninit::<u16>(rows * HD)?),
+        false => QkNormGrad::F32(gpu.uninit::<f32>(rows * HD)?),
+    };
+    let (dx, dx16) = match &out {
+        QkNormGrad::F32(d) => (gpu.ptr(d), 0),
+        QkNormGrad::Bf16(d) => (0, gpu.ptr(d)),
+    };
     let chunks = rows.div_ceil(256).max(1);
     let part = gpu.uninit::<f32>(chunks * HD)?;
     gpu.launch(
@@ -425,13 +437,21 @@ pub fn qk_norm_rope_backward_acc_operand(
             Arg::I(rows as i32),
             Arg::I(n_heads as i32),
             Arg::I(round as i32),
-            Arg::P(gpu.ptr(&dx)),
+            Arg::P(dx),
             Arg::P(gpu.ptr(&part)),
-            Arg::P(dx16.as_ref().map_or(0, |b| gpu.ptr(b))),
+            Arg::P(dx16),
         ],
     )?;
     colsum_final(gpu, &part, (chunks, HD), round, (dw_acc, true))?;
-    Ok((dx, dx16))
+    Ok(out)
+}
+
+/// The q (or k) norm's input gradient from [`qk_norm_rope_backward_acc_operand`]:
+/// f32, or only its BF16 GEMM operand `[tokens][n_heads * 128]` (the projection's
+/// dy, where nothing reads the f32 values).
+pub enum QkNormGrad {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<u16>),
 }
 
 /// rmsnorm backward's inputs: dy, the forward's x, the weight and rstd.

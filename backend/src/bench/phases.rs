@@ -61,7 +61,13 @@ pub struct RolloutRow {
 pub struct TrainRow {
     pub flow: String,
     pub tokens_per_s: f64,
+    /// The mean of the timed updates (`--train-steps`), which `tokens_per_s` is
+    /// made from.
     pub step_s: f64,
+    /// Each timed update's seconds, in order, and their median: one slow update
+    /// (a host hiccup) moves the mean, not the median.
+    pub steps_s: Vec<f64>,
+    pub step_median_s: f64,
     /// Parts of a step, each timed alone after a sync: weight preparation
     /// (BF16 copies / FP8 blocks), the forward with activations kept, AdamW.
     /// The rest of `step_s` is the loss and the backward.
@@ -433,11 +439,11 @@ pub fn run(
             anyhow::Ok(s)
         };
         let mut kept = None;
-        let mut total = 0.0;
+        let mut steps_s = Vec::with_capacity(a.train_steps);
         for i in 0..=a.train_steps {
             let s = update(&mut w, &mut grads, &mut adam, &mut kept)?;
             if i > 0 {
-                total += s;
+                steps_s.push(s);
             }
         }
         let used = mem_used_gib();
@@ -453,7 +459,8 @@ pub fn run(
         let wall = update(&mut w, &mut grads, &mut adam, &mut kept)?;
         let breakdown = with_other(g.profile_stop()?, wall);
         let (top_kernels, idle_before) = (top(g), idle(g));
-        let step_s = total / a.train_steps as f64;
+        let step_s = steps_s.iter().sum::<f64>() / a.train_steps as f64;
+        let step_median_s = median(&steps_s);
         let tps = (a.train_seqs * a.train_len) as f64 / step_s;
         if flow == Flow::Bf16 {
             base_train.insert(var.invariant, tps);
@@ -463,6 +470,8 @@ pub fn run(
             flow: var.name(),
             tokens_per_s: tps,
             step_s,
+            steps_s,
+            step_median_s,
             prepare_s,
             forward_s,
             optimizer_s,
@@ -519,4 +528,27 @@ pub fn run(
     }
     r.peak_mem_gib = peak;
     Ok(())
+}
+
+/// The median of `xs` (the mean of the middle two for an even count; NaN for none).
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_even_and_none() {
+        assert_eq!(median(&[0.059, 0.054, 0.054]), 0.054);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
 }

@@ -621,7 +621,7 @@ fn linear_layer_matches_cpu() {
             let (precs, xi) = ((prec, prec), &mut glin::XOperand::default());
             let dx_f = glin::linear_backward_into(
                 &g,
-                (glin::Dy::F32(&ddy), &dx, m),
+                (glin::Dy::F32(&ddy), (&dx).into(), m),
                 &gw,
                 precs,
                 &mut acc_f,
@@ -630,7 +630,7 @@ fn linear_layer_matches_cpu() {
             let xi = &mut glin::XOperand::default();
             let dx_b = glin::linear_backward_into(
                 &g,
-                (glin::Dy::Bf16(&dyb), &dx, m),
+                (glin::Dy::Bf16(&dyb), (&dx).into(), m),
                 &gw,
                 precs,
                 &mut acc_b,

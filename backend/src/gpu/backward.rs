@@ -8,7 +8,7 @@ use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::attention::attention_backward;
 use jet_kernels::cuda::flash::{flash_backward, flash_backward_operand, Dout};
 use jet_kernels::cuda::linear::{
-    linear_backward_into, linear_backward_raw, linear_bias_grad_acc, Dy, GemmOut, GpuWeight,
+    linear_backward_into, linear_backward_raw, linear_bias_grad_acc, Dy, GemmOut, GpuWeight, XIn,
     XOperand,
 };
 use jet_kernels::cuda::ops::{
@@ -69,7 +69,7 @@ impl Ctx<'_> {
     fn linear_raw(
         &self,
         dy: Dy,
-        (x, xin): (&CudaSlice<f32>, &mut XOperand),
+        (x, xin): (XIn, &mut XOperand),
         w: &GpuWeight,
         grads: &mut GpuGrads,
         (dw, db): (usize, Option<usize>),
@@ -124,7 +124,7 @@ impl Ctx<'_> {
     ) -> Result<CudaSlice<f32>> {
         let dx = linear_backward_into(
             self.g,
-            (dy, x, self.m),
+            (dy, x.into(), self.m),
             w,
             self.precs(),
             &mut grads.bufs[dw],
@@ -192,10 +192,10 @@ pub fn backward(
         if cx.precs().1 == GemmPrecision::Fp8 {
             // FP8 WGrad: the layer's four inputs' 128x1 groups in one launch.
             let xs = [
-                (&a.m, m, inter, false),
-                (&a.b, m, h, false),
+                (kept(&a.m, "m")?, m, inter, false),
+                (kept(&a.b, "b")?, m, h, false),
                 (&a.attn, m, qd, false),
-                (&a.a, m, h, false),
+                (kept(&a.a, "a")?, m, h, false),
             ];
             let qs = quantize_dual_multi(g, &xs)?;
             for ((_, q), (xo, k)) in qs.into_iter().zip([
@@ -213,7 +213,14 @@ pub fn backward(
         let dgrad = cx.precs().0;
         let dw_down = &mut grads.bufs[lx.down];
         let dy_down = dx16.as_ref().map_or(Dy::F32(&dx), Dy::Bf16);
-        let dmm = linear_backward_raw(g, (dy_down, &a.m, m), &lp.down, cx.precs(), dw_down, min)?;
+        let dmm = linear_backward_raw(
+            g,
+            (dy_down, a.m.as_ref().into(), m),
+            &lp.down,
+            cx.precs(),
+            dw_down,
+            min,
+        )?;
         // gate and up read one input b: its WGrad operand is made once. Their dy
         // leave swiglu's backward as the GEMMs' operands where DGrad and WGrad
         // share a low precision.
@@ -240,8 +247,20 @@ pub fn backward(
         };
         drop(dmm);
         // db = gate's dx + up's dx, summed where the norm's backward reads it.
-        let dbg = cx.linear_raw(dgate, (&a.b, bin), &lp.gate, grads, (lx.gate, None))?;
-        let dbu = cx.linear_raw(dup, (&a.b, bin), &lp.up, grads, (lx.up, None))?;
+        let dbg = cx.linear_raw(
+            dgate,
+            (a.b.as_ref().into(), bin),
+            &lp.gate,
+            grads,
+            (lx.gate, None),
+        )?;
+        let dbu = cx.linear_raw(
+            dup,
+            (a.b.as_ref().into(), bin),
+            &lp.up,
+            grads,
+            (lx.up, None),
+        )?;
         let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
         let dw2 = grads.acc(g, lx.post_attention_layernorm)?;
         let (dh_mid, dh16) = cx.norm_of_sum(&[&dbg, &dbu], post, (h, Some(&dx)), dw2, bf16_dy)?;
@@ -252,7 +271,7 @@ pub fn backward(
         // dO where it is BF16 without padding.
         let dattn_raw = cx.linear_raw(
             dh16.as_ref().map_or(Dy::F32(&dh_mid), Dy::Bf16),
-            (&a.attn, attn_in),
+            ((&a.attn).into(), attn_in),
             &lp.o,
             grads,
             (lx.o, None),
@@ -357,9 +376,27 @@ pub fn backward(
             (q, k, dv16.as_ref().map_or(Dy::F32(&dv), Dy::Bf16))
         };
         // da = q's dx + k's dx + v's dx, summed where the norm's backward reads it.
-        let daq = cx.linear_raw(dyq, (&a.a, ain), &lp.q, grads, (lx.q, lx.q_bias))?;
-        let dak = cx.linear_raw(dyk, (&a.a, ain), &lp.k, grads, (lx.k, lx.k_bias))?;
-        let dav = cx.linear_raw(dyv, (&a.a, ain), &lp.v, grads, (lx.v, lx.v_bias))?;
+        let daq = cx.linear_raw(
+            dyq,
+            (a.a.as_ref().into(), ain),
+            &lp.q,
+            grads,
+            (lx.q, lx.q_bias),
+        )?;
+        let dak = cx.linear_raw(
+            dyk,
+            (a.a.as_ref().into(), ain),
+            &lp.k,
+            grads,
+            (lx.k, lx.k_bias),
+        )?;
+        let dav = cx.linear_raw(
+            dyv,
+            (a.a.as_ref().into(), ain),
+            &lp.v,
+            grads,
+            (lx.v, lx.v_bias),
+        )?;
         let inorm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
         let dw1 = grads.acc(g, lx.input_layernorm)?;
         let outs = [&daq, &dak, &dav];
@@ -373,4 +410,10 @@ pub fn backward(
         &acts.tokens,
         &dx,
     )
+}
+
+/// An activation FP8's WGrad quantizes from its f32 values, which its forward keeps.
+fn kept<'a>(x: &'a Option<CudaSlice<f32>>, what: &str) -> Result<&'a CudaSlice<f32>> {
+    x.as_ref()
+        .ok_or_else(|| CudaError::Invalid(format!("FP8 WGrad: {what} was not kept in f32")))
 }

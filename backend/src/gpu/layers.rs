@@ -8,7 +8,8 @@ use jet_kernels::cuda::flash::{attention_operand_bf16, FlashSaved};
 use jet_kernels::cuda::linear::{
     gate_up_swiglu, linear_forward, linear_forward_act, linear_forward_group,
     linear_forward_group_act, linear_forward_into, linear_forward_residual, linear_residual_norm,
-    qkv_norm_rope, rmsnorm_with_operand, swiglu_with_operand, XOperand,
+    qkv_norm_rope, rmsnorm_with_operand, rmsnorm_with_operand_lean, swiglu_with_operand,
+    swiglu_with_operand_lean, XIn, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_forward_dev, qk_norm_rope, qk_norm_rope_bf16, qk_norm_rope_fits, rmsnorm_forward,
@@ -31,7 +32,9 @@ pub type QkPre = (
 pub struct GpuLayerActs {
     /// Residual entering the layer `[M, hidden]`, input norm output and rstd.
     pub x_in: CudaSlice<f32>,
-    pub a: CudaSlice<f32>,
+    /// f32 where a GEMM reads it so (FP8 WGrad, the f32 flow); None where the
+    /// BF16 operand in `ops` is all that is read.
+    pub a: Option<CudaSlice<f32>>,
     pub rstd1: CudaSlice<f32>,
     /// q, k before the per-head norm and its rstd (Qwen3 only).
     pub qk_pre: Option<QkPre>,
@@ -44,13 +47,13 @@ pub struct GpuLayerActs {
     /// Attention output `[M, nh*hd]`, residual after attention, its norm and rstd.
     pub attn: CudaSlice<f32>,
     pub h_mid: CudaSlice<f32>,
-    pub b: CudaSlice<f32>,
+    pub b: Option<CudaSlice<f32>>,
     pub rstd2: CudaSlice<f32>,
     /// MLP gate, up `[M, inter]` (BF16 values where the rows GEMM kept them so)
     /// and the swiglu output.
     pub gate: Act,
     pub up: Act,
-    pub m: CudaSlice<f32>,
+    pub m: Option<CudaSlice<f32>>,
     /// The forward's BF16 copies of a, attn, b and m (the BF16 flows' WGrad
     /// operands; empty in the FP8 and f32 flows), [`XOperand::for_backward`].
     pub ops: [XOperand; 4],
@@ -156,13 +159,24 @@ pub fn run_layers(
     // same bits, fewer launches. The next layer's input norm, when the down
     // projection made it so:
     let fuse = acts.is_none();
+    // A pass that keeps its activations (training) writes the norms' and SwiGLU's
+    // outputs only as the operands its GEMMs read, where those are BF16
+    // (`*_with_operand_lean`): their f32 values would be read by nothing.
+    let lean = !fuse;
     let mut next_in = None;
     for (li, (lx, lp)) in w.ix.layers.iter().zip(&model.layers).enumerate() {
         // q, k and v read one low-precision copy of a, made by the norm; gate and up
         // one of b.
         let (a, rstd1, mut ao) = match next_in.take() {
-            Some(made) => made,
-            None => rmsnorm_with_operand(g, &x, w.t(lx.input_layernorm), (m, h), eps, prec)?,
+            Some((a, rstd, ao)) => (Some(a), rstd, ao),
+            None if lean => {
+                rmsnorm_with_operand_lean(g, &x, w.t(lx.input_layernorm), (m, h), eps, prec)?
+            }
+            None => {
+                let (a, rstd, ao) =
+                    rmsnorm_with_operand(g, &x, w.t(lx.input_layernorm), (m, h), eps, prec)?;
+                (Some(a), rstd, ao)
+            }
         };
         // Qwen3 in a decode step: the three projections in one GEMM launch, their
         // epilogues with the q/k norms and RoPE in one more.
@@ -172,7 +186,7 @@ pub fn run_layers(
                 let ws = (&lp.q, &lp.k, &lp.v);
                 let norms = (w.t(qn), w.t(kn), eps);
                 let rope = (&rows.positions, &*model.rope);
-                qkv_norm_rope(g, &a, &mut ao, m, ws, norms, rope, prec)?
+                qkv_norm_rope(g, f32_of(&a, "a")?, &mut ao, m, ws, norms, rope, prec)?
             }
             _ => None,
         };
@@ -187,11 +201,12 @@ pub fn run_layers(
                 (Some([q, k, v]), None, out)
             }
             None if bf16_attn => {
-                let (qkv16, pre) = qkv_bf16(model, li, rows, (&a, &mut ao), prec)?;
+                let (qkv16, pre) = qkv_bf16(model, li, rows, (a.as_ref().into(), &mut ao), prec)?;
                 (None, Some(pre), attn.attend_bf16(li, qkv16, prec)?)
             }
             None => {
-                let (q, k, v, pre) = qkv_unfused(model, li, rows, (&a, &mut ao), prec)?;
+                let (q, k, v, pre) =
+                    qkv_unfused(model, li, rows, (a.as_ref().into(), &mut ao), prec)?;
                 let out = attn.attend_operand(li, (&q, &k, &v), prec)?;
                 (Some([q, k, v]), pre, out)
             }
@@ -205,30 +220,45 @@ pub fn run_layers(
             false => None,
         };
         let (h_mid, b, rstd2, mut bo) = match o_norm {
-            Some(made) => made,
+            Some((h_mid, b, rstd2, bo)) => (h_mid, Some(b), rstd2, bo),
             None => {
                 let h_mid = linear_forward_residual(g, &o, &mut oo, m, &lp.o, prec, &x)?;
-                let (b, rstd2, bo) = rmsnorm_with_operand(g, &h_mid, post.0, (m, h), eps, prec)?;
+                let (b, rstd2, bo) = match lean {
+                    true => rmsnorm_with_operand_lean(g, &h_mid, post.0, (m, h), eps, prec)?,
+                    false => {
+                        let (b, rstd2, bo) =
+                            rmsnorm_with_operand(g, &h_mid, post.0, (m, h), eps, prec)?;
+                        (Some(b), rstd2, bo)
+                    }
+                };
                 (h_mid, b, rstd2, bo)
             }
         };
         let gate_up = (&lp.gate, &lp.up);
         let swiglu = match fuse {
-            true => gate_up_swiglu(g, &b, &mut bo, m, gate_up, prec)?,
+            true => gate_up_swiglu(g, f32_of(&b, "b")?, &mut bo, m, gate_up, prec)?,
             false => None,
         };
         // gate and up themselves: only where a backward keeps them.
         let (gate, up, mm, mut mo) = match swiglu {
-            Some((mm, mo)) => (None, None, mm, mo),
+            Some((mm, mo)) => (None, None, Some(mm), mo),
             None => {
                 // Kept as their BF16 values where the rows GEMM makes them: half
                 // the bytes written, read by swiglu and kept for its backward.
                 let gu = [(gate_up.0, None), (gate_up.1, None)];
-                let [gate, up]: [_; 2] = linear_forward_group_act(g, &b, &mut bo, m, &gu, prec)?
-                    .try_into()
-                    .map_err(|_| CudaError::Invalid("gate, up: two outputs expected".into()))?;
+                let [gate, up]: [_; 2] =
+                    linear_forward_group_act(g, b.as_ref(), &mut bo, m, &gu, prec)?
+                        .try_into()
+                        .map_err(|_| CudaError::Invalid("gate, up: two outputs expected".into()))?;
                 let inter = cfg.intermediate_size;
-                let (mm, mo) = swiglu_with_operand(g, gate.view(), up.view(), (m, inter), prec)?;
+                let (mm, mo) = match lean {
+                    true => swiglu_with_operand_lean(g, gate.view(), up.view(), (m, inter), prec)?,
+                    false => {
+                        let (mm, mo) =
+                            swiglu_with_operand(g, gate.view(), up.view(), (m, inter), prec)?;
+                        (Some(mm), mo)
+                    }
+                };
                 (Some(gate), Some(up), mm, mo)
             }
         };
@@ -240,7 +270,7 @@ pub fn run_layers(
         .map(|nx| (w.t(nx.input_layernorm), eps));
         let down_norm = match (fuse, next_norm) {
             (true, Some(nn)) => {
-                linear_residual_norm(g, &mm, &mut mo, m, &lp.down, prec, &h_mid, nn)?
+                linear_residual_norm(g, f32_of(&mm, "m")?, &mut mo, m, &lp.down, prec, &h_mid, nn)?
             }
             _ => None,
         };
@@ -249,7 +279,7 @@ pub fn run_layers(
                 next_in = Some((a, rstd, ao));
                 out
             }
-            None => linear_forward_residual(g, &mm, &mut mo, m, &lp.down, prec, &h_mid)?,
+            None => linear_forward_residual(g, mm.as_ref(), &mut mo, m, &lp.down, prec, &h_mid)?,
         };
         let x_in = std::mem::replace(&mut x, out);
         if let Some(acts) = acts.as_deref_mut() {
@@ -293,7 +323,7 @@ fn qkv_unfused(
     model: &GpuModel,
     li: usize,
     rows: &RowsIn,
-    (a, ao): (&CudaSlice<f32>, &mut XOperand),
+    (a, ao): (XIn, &mut XOperand),
     prec: GemmPrecision,
 ) -> Result<Qkv> {
     let (g, cfg, w) = (&*model.gpu, model.cfg, model.w);
@@ -342,7 +372,7 @@ fn qkv_bf16(
     model: &GpuModel,
     li: usize,
     rows: &RowsIn,
-    (a, ao): (&CudaSlice<f32>, &mut XOperand),
+    (a, ao): (XIn, &mut XOperand),
     prec: GemmPrecision,
 ) -> Result<([CudaSlice<u16>; 3], QkPre)> {
     let (g, cfg, w) = (&*model.gpu, model.cfg, model.w);
@@ -377,6 +407,16 @@ fn qkv_bf16(
         Act::F32(v) => attention_operand_bf16(g, &v, m * nkv * cfg.head_dim)?,
     };
     Ok(([q16, k16, v16], (q_pre, k_pre, qr, kr)))
+}
+
+/// The f32 values of an activation a fused (rollout) path reads, which such a
+/// pass always writes.
+fn f32_of<'a>(x: &'a Option<CudaSlice<f32>>, what: &str) -> Result<&'a CudaSlice<f32>> {
+    x.as_ref().ok_or_else(|| {
+        CudaError::Invalid(format!(
+            "the fused layer path needs {what} in f32; it was not kept"
+        ))
+    })
 }
 
 /// A layer output that a pass keeping its activations always makes.

@@ -35,8 +35,8 @@ use super::grad::GradAcc;
 use super::ops::{rmsnorm_forward, swiglu_forward};
 use super::quantize::{
     quantize_block128, quantize_block128_multi, quantize_col128x1, quantize_dual,
-    quantize_row1x128, rmsnorm_operand, swiglu_operand, to_bf16_padded, DualFp8, Fp8Quantized,
-    FusedOperand, NORM_OPERAND_MAX_DIM,
+    quantize_row1x128, rmsnorm_operand, rmsnorm_operand_opt, swiglu_operand, swiglu_operand_opt,
+    to_bf16_padded, DualFp8, Fp8Quantized, FusedOperand, NORM_OPERAND_MAX_DIM,
 };
 use super::{check_len, ensure, pad16, Ctx, Gpu, Result};
 use crate::fp8::Grouping;
@@ -276,6 +276,43 @@ pub struct XOperand {
     fp8_t: Option<Fp8Quantized>,
 }
 
+/// A linear layer's input `x [m, k]` as the GEMMs may read it: its f32 values,
+/// or none where its operand in the [`XOperand`] is all they read (a BF16-trained
+/// forward writes the norms' and SwiGLU's outputs only as their BF16 operands).
+#[derive(Clone, Copy)]
+pub struct XIn<'a>(Option<&'a CudaSlice<f32>>);
+
+impl<'a> From<&'a CudaSlice<f32>> for XIn<'a> {
+    fn from(x: &'a CudaSlice<f32>) -> Self {
+        XIn(Some(x))
+    }
+}
+
+impl<'a> From<Option<&'a CudaSlice<f32>>> for XIn<'a> {
+    fn from(x: Option<&'a CudaSlice<f32>>) -> Self {
+        XIn(x)
+    }
+}
+
+impl<'a> XIn<'a> {
+    /// The f32 values, which `what` needs.
+    fn f32(self, what: &str) -> Result<&'a CudaSlice<f32>> {
+        self.0.ok_or_else(|| {
+            super::CudaError::Invalid(format!(
+                "linear input: {what} needs its f32 values, and only its operand was kept"
+            ))
+        })
+    }
+
+    /// Check the f32 values, where there are some, against `[m, k]`.
+    fn check(self, m: usize, k: usize) -> Result<()> {
+        match self.0 {
+            Some(x) => check_len("linear input", x, m * k, format!("[{m}, {k}]")),
+            None => Ok(()),
+        }
+    }
+}
+
 impl XOperand {
     /// Check that this operand belongs to an input of `[m, k]`.
     fn of(&mut self, m: usize, k: usize) -> Result<&mut Self> {
@@ -289,37 +326,34 @@ impl XOperand {
         Ok(self)
     }
 
-    fn bf16(
-        &mut self,
-        gpu: &Gpu,
-        x: &CudaSlice<f32>,
-        m: usize,
-        k: usize,
-    ) -> Result<&CudaSlice<u16>> {
+    fn bf16(&mut self, gpu: &Gpu, x: XIn, m: usize, k: usize) -> Result<&CudaSlice<u16>> {
         match self.bf16 {
             Some(ref b) => Ok(b),
-            None => Ok(self.bf16.insert(to_bf16_padded(gpu, x, m, k, m, pad16(k))?)),
+            None => {
+                let x = x.f32("its BF16 copy")?;
+                Ok(self.bf16.insert(to_bf16_padded(gpu, x, m, k, m, pad16(k))?))
+            }
         }
     }
 
-    fn fp8(&mut self, gpu: &Gpu, x: &CudaSlice<f32>, m: usize, k: usize) -> Result<&Fp8Quantized> {
+    fn fp8(&mut self, gpu: &Gpu, x: XIn, m: usize, k: usize) -> Result<&Fp8Quantized> {
         match self.fp8 {
             Some(ref q) => Ok(q),
-            None => Ok(self.fp8.insert(quantize_row1x128(gpu, x, m, k)?)),
+            None => Ok(self
+                .fp8
+                .insert(quantize_row1x128(gpu, x.f32("its 1x128 groups")?, m, k)?)),
         }
     }
 
     /// The 128x1 groups (tokens), the WGrad operand.
-    fn fp8_t(
-        &mut self,
-        gpu: &Gpu,
-        x: &CudaSlice<f32>,
-        m: usize,
-        k: usize,
-    ) -> Result<&Fp8Quantized> {
+    fn fp8_t(&mut self, gpu: &Gpu, x: XIn, m: usize, k: usize) -> Result<&Fp8Quantized> {
         match self.fp8_t {
             Some(ref q) => Ok(q),
-            None => Ok(self.fp8_t.insert(quantize_col128x1(gpu, x, m, k)?)),
+            None => {
+                Ok(self
+                    .fp8_t
+                    .insert(quantize_col128x1(gpu, x.f32("its 128x1 groups")?, m, k)?))
+            }
         }
     }
 }
@@ -387,6 +421,27 @@ pub fn rmsnorm_with_operand(
     Ok((y, rstd, XOperand::fused(m, k, op)))
 }
 
+/// [`rmsnorm_with_operand`] for a pass whose GEMMs read the output only through
+/// its operand: in BF16 the f32 output is not written (None; the BF16 copy is all
+/// the projections and their WGrad read), elsewhere as that function (FP8's WGrad
+/// quantizes the f32 values in 128x1 groups; the f32 flow reads them).
+#[allow(clippy::type_complexity)]
+pub fn rmsnorm_with_operand_lean(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    (m, k): (usize, usize),
+    eps: f64,
+    prec: GemmPrecision,
+) -> Result<(Option<CudaSlice<f32>>, CudaSlice<f32>, XOperand)> {
+    if prec != GemmPrecision::Bf16 || k > NORM_OPERAND_MAX_DIM {
+        let (y, rstd, op) = rmsnorm_with_operand(gpu, x, w, (m, k), eps, prec)?;
+        return Ok((Some(y), rstd, op));
+    }
+    let (y, rstd, op) = rmsnorm_operand_opt(gpu, x, w, (m, k), eps, false, false)?;
+    Ok((y, rstd, XOperand::fused(m, k, op)))
+}
+
 /// SwiGLU of `gate`, `up [m, k]` and, for GEMMs in `prec`, the operand of its
 /// output made by the same kernel (`quantize::swiglu_operand`; F32:
 /// `ops::swiglu_forward`, no operand yet): `(h [m, k], h's operand)`.
@@ -409,6 +464,24 @@ pub fn swiglu_with_operand<'a>(
         return Ok((swiglu_forward(gpu, gate, up, m * k)?, XOperand::default()));
     }
     let (h, op) = swiglu_operand(gpu, gate, up, (m, k), prec == GemmPrecision::Fp8)?;
+    Ok((h, XOperand::fused(m, k, op)))
+}
+
+/// [`swiglu_with_operand`] for a pass whose down projection reads `h` only
+/// through its operand: in BF16 `h` is not written (None), elsewhere as that
+/// function.
+pub fn swiglu_with_operand_lean<'a>(
+    gpu: &Gpu,
+    gate: impl Into<ActRef<'a>>,
+    up: impl Into<ActRef<'a>>,
+    (m, k): (usize, usize),
+    prec: GemmPrecision,
+) -> Result<(Option<CudaSlice<f32>>, XOperand)> {
+    if prec != GemmPrecision::Bf16 {
+        let (h, op) = swiglu_with_operand(gpu, gate, up, (m, k), prec)?;
+        return Ok((Some(h), op));
+    }
+    let (h, op) = swiglu_operand_opt(gpu, gate, up, (m, k), false, false)?;
     Ok((h, XOperand::fused(m, k, op)))
 }
 
@@ -442,7 +515,16 @@ pub fn linear_forward(
     bias: Option<&CudaSlice<f32>>,
     prec: GemmPrecision,
 ) -> Result<CudaSlice<f32>> {
-    forward(gpu, x, &mut XOperand::default(), m, w, bias, prec, None)
+    forward(
+        gpu,
+        x.into(),
+        &mut XOperand::default(),
+        m,
+        w,
+        bias,
+        prec,
+        None,
+    )
 }
 
 /// [`linear_forward`] into `y [m, n]` (a buffer that outlives a captured graph:
@@ -463,7 +545,7 @@ pub fn linear_forward_into(
     }
     forward_into(
         gpu,
-        x,
+        x.into(),
         &mut XOperand::default(),
         m,
         w,
@@ -483,15 +565,15 @@ pub fn linear_forward_act(
     bias: Option<&CudaSlice<f32>>,
     prec: GemmPrecision,
 ) -> Result<Act> {
-    forward_act(gpu, x, &mut XOperand::default(), m, w, bias, prec)
+    forward_act(gpu, x.into(), &mut XOperand::default(), m, w, bias, prec)
 }
 
 /// [`linear_forward`] plus the residual `res [m, n]`, added after the rounding (one
 /// f32 add a value, as `tensor::add_into`; fused into the GEMM's epilogue); x's
 /// low-precision copy taken from (or left in) `xo` as in [`linear_forward_shared`].
-pub fn linear_forward_residual(
+pub fn linear_forward_residual<'a>(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: impl Into<XIn<'a>>,
     xo: &mut XOperand,
     m: usize,
     w: &GpuWeight,
@@ -499,21 +581,21 @@ pub fn linear_forward_residual(
     res: &CudaSlice<f32>,
 ) -> Result<CudaSlice<f32>> {
     check_len("linear residual", res, m * w.n, format!("[{m}, {}]", w.n))?;
-    forward(gpu, x, xo, m, w, None, prec, Some(res))
+    forward(gpu, x.into(), xo, m, w, None, prec, Some(res))
 }
 
 /// [`linear_forward`] taking (or leaving) x's low-precision copy in `xo`, for
 /// the other layers that read the same `x`.
-pub fn linear_forward_shared(
+pub fn linear_forward_shared<'a>(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: impl Into<XIn<'a>>,
     xo: &mut XOperand,
     m: usize,
     w: &GpuWeight,
     bias: Option<&CudaSlice<f32>>,
     prec: GemmPrecision,
 ) -> Result<CudaSlice<f32>> {
-    forward(gpu, x, xo, m, w, bias, prec, None)
+    forward(gpu, x.into(), xo, m, w, bias, prec, None)
 }
 
 /// [`forward`] without a residual, its output kept as BF16 values where the rows
@@ -521,7 +603,7 @@ pub fn linear_forward_shared(
 /// the same numbers in half the bytes. Elsewhere f32.
 fn forward_act(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: XIn,
     xo: &mut XOperand,
     m: usize,
     w: &GpuWeight,
@@ -548,7 +630,7 @@ fn takes_split_k(gpu: &Gpu, m: usize, w: &GpuWeight, prec: GemmPrecision) -> boo
 /// x's operand taken from (or left in) `xo`.
 fn split_k_partial(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: XIn,
     xo: &mut XOperand,
     m: usize,
     w: &GpuWeight,
@@ -596,7 +678,7 @@ fn w_rows(v: &CudaSlice<u16>, n: usize, k: usize) -> Bf16Rows<'_> {
 #[allow(clippy::too_many_arguments)]
 fn forward(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: XIn,
     xo: &mut XOperand,
     m: usize,
     w: &GpuWeight,
@@ -617,7 +699,7 @@ fn forward(
 #[allow(clippy::too_many_arguments)]
 fn forward_to(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: XIn,
     xo: &mut XOperand,
     m: usize,
     w: &GpuWeight,
@@ -627,7 +709,7 @@ fn forward_to(
     bf16_out: bool,
 ) -> Result<Act> {
     let (n, k) = (w.n, w.k);
-    check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
+    x.check(m, k)?;
     let xo = xo.of(m, k)?;
     if let Some(b) = bias {
         check_len("linear bias", b, n, format!("[{n}]"))?;
@@ -654,7 +736,7 @@ fn forward_to(
 #[allow(clippy::too_many_arguments)]
 fn forward_into(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: XIn,
     xo: &mut XOperand,
     m: usize,
     w: &GpuWeight,
@@ -680,7 +762,7 @@ fn forward_into(
             let wf = w.f32.as_ref().ok_or_else(|| w.missing(prec))?;
             let d = gpu.uninit::<f32>(m * np)?;
             let (a, b) = (
-                dense(gpu, x, LtType::F32, m, k, k),
+                dense(gpu, x.f32("an f32 GEMM")?, LtType::F32, m, k, k),
                 dense(gpu, wf, LtType::F32, n, k, k),
             );
             dense_gemm(gpu, a, false, b, true, gpu.ptr(&d), np)?;
@@ -709,7 +791,7 @@ fn forward_into(
 /// linear epilogue fused (`epi`).
 fn rows_fused(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: XIn,
     xo: &mut XOperand,
     m: usize,
     w: &GpuWeight,
@@ -808,7 +890,7 @@ pub fn linear_backward(
     let xin = &mut XOperand::default();
     backward_to(
         gpu,
-        (Dy::F32(dy), x, m),
+        (Dy::F32(dy), x.into(), m),
         w,
         (dgrad, wgrad),
         DwTo::Write(&mut dw),
@@ -829,7 +911,7 @@ pub fn linear_backward(
 /// projections that share x (a fresh one for each x). Returns dx `[m, k]`.
 pub fn linear_backward_into(
     gpu: &Gpu,
-    (dy, x, m): (Dy, &CudaSlice<f32>, usize),
+    (dy, x, m): (Dy, XIn, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     dw_acc: &mut GradAcc,
@@ -853,7 +935,7 @@ pub fn linear_backward_into(
 /// backward reads the down projection's BF16 dx).
 pub fn linear_backward_raw(
     gpu: &Gpu,
-    (dy, x, m): (Dy, &CudaSlice<f32>, usize),
+    (dy, x, m): (Dy, XIn, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     dw_acc: &mut GradAcc,
@@ -897,7 +979,7 @@ enum DwTo<'a> {
 /// and WGrad (into `dw`).
 fn backward_to(
     gpu: &Gpu,
-    (dy, x, m): (Dy, &CudaSlice<f32>, usize),
+    (dy, x, m): (Dy, XIn, usize),
     w: &GpuWeight,
     (dgrad, wgrad): (GemmPrecision, GemmPrecision),
     dw: DwTo,
@@ -920,7 +1002,7 @@ fn backward_to(
             }
         }
     }
-    check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
+    x.check(m, k)?;
     ensure(m > 0, || "linear backward of 0 rows".into())?;
     // dy's BF16 copy (given, or made with DGrad's operand when WGrad reads it
     // too), or its 128x1 codes, made with DGrad's.
@@ -986,7 +1068,7 @@ fn backward_to(
             let d = gpu.uninit::<f32>(n * kp)?;
             let (a, b) = (
                 dense(gpu, dy, LtType::F32, m, n, n),
-                dense(gpu, x, LtType::F32, m, k, k),
+                dense(gpu, x.f32("an f32 WGrad")?, LtType::F32, m, k, k),
             );
             dense_gemm(gpu, a, true, b, false, gpu.ptr(&d), kp)?;
             GemmOut::F32(d, kp)

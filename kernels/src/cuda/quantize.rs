@@ -237,16 +237,36 @@ pub fn rmsnorm_operand(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
-    (rows, dim): (usize, usize),
+    shape: (usize, usize),
     eps: f64,
     fp8: bool,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, FusedOperand)> {
+    match rmsnorm_operand_opt(gpu, x, w, shape, eps, fp8, true)? {
+        (Some(y), rstd, op) => Ok((y, rstd, op)),
+        (None, ..) => Err(super::CudaError::Invalid(
+            "rmsnorm with operand: the output was asked for".into(),
+        )),
+    }
+}
+
+/// [`rmsnorm_operand`], the f32 output written only when `keep_y` (the operand
+/// and rstd always).
+#[allow(clippy::type_complexity)]
+pub fn rmsnorm_operand_opt(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    (rows, dim): (usize, usize),
+    eps: f64,
+    fp8: bool,
+    keep_y: bool,
+) -> Result<(Option<CudaSlice<f32>>, CudaSlice<f32>, FusedOperand)> {
     check_shape("rmsnorm x", x, rows, dim)?;
     check_len("rmsnorm w", w, dim, format!("[{dim}]"))?;
     ensure(dim > 0 && dim <= NORM_OPERAND_MAX_DIM, || {
         format!("rmsnorm with operand: dim {dim} (must be 1 ..= {NORM_OPERAND_MAX_DIM})")
     })?;
-    let y = gpu.uninit::<f32>(rows * dim)?;
+    let y = keep_y.then(|| gpu.uninit::<f32>(rows * dim)).transpose()?;
     let rstd = gpu.uninit::<f32>(rows)?;
     let op = FusedOperand::alloc(gpu, rows, dim, fp8)?;
     let rp = op.rows_pad(rows);
@@ -264,7 +284,7 @@ pub fn rmsnorm_operand(
                     Arg::I(rows as i32),
                     Arg::I(dim as i32),
                     Arg::F(eps as f32),
-                    Arg::P(gpu.ptr(&y)),
+                    Arg::P(y.as_ref().map_or(0, |y| gpu.ptr(y))),
                     Arg::P(gpu.ptr(&rstd)),
                 ][..],
                 &op.args(gpu, rows, dim),
@@ -284,15 +304,32 @@ pub fn swiglu_operand<'a>(
     gpu: &Gpu,
     gate: impl Into<ActRef<'a>>,
     up: impl Into<ActRef<'a>>,
-    (rows, cols): (usize, usize),
+    shape: (usize, usize),
     fp8: bool,
 ) -> Result<(CudaSlice<f32>, FusedOperand)> {
+    match swiglu_operand_opt(gpu, gate, up, shape, fp8, true)? {
+        (Some(h), op) => Ok((h, op)),
+        (None, _) => Err(super::CudaError::Invalid(
+            "swiglu with operand: the output was asked for".into(),
+        )),
+    }
+}
+
+/// [`swiglu_operand`], `h` written only when `keep_h` (the operand always).
+pub fn swiglu_operand_opt<'a>(
+    gpu: &Gpu,
+    gate: impl Into<ActRef<'a>>,
+    up: impl Into<ActRef<'a>>,
+    (rows, cols): (usize, usize),
+    fp8: bool,
+    keep_h: bool,
+) -> Result<(Option<CudaSlice<f32>>, FusedOperand)> {
     ensure(
         rows < i32::MAX as usize / 2 && cols < i32::MAX as usize / 2,
         || format!("swiglu: [{rows}, {cols}] is too large"),
     )?;
     let (gate, up, bf16) = gu_args(gpu, gate.into(), up.into(), (rows, cols))?;
-    let h = gpu.uninit::<f32>(rows * cols)?;
+    let h = keep_h.then(|| gpu.uninit::<f32>(rows * cols)).transpose()?;
     let op = FusedOperand::alloc(gpu, rows, cols, fp8)?;
     // One warp per (row, group), 8 warps a block.
     let warps = op.rows_pad(rows) * cols.div_ceil(GROUP);
@@ -312,7 +349,7 @@ pub fn swiglu_operand<'a>(
                     up,
                     Arg::I(rows as i32),
                     Arg::I(cols as i32),
-                    Arg::P(gpu.ptr(&h)),
+                    Arg::P(h.as_ref().map_or(0, |h| gpu.ptr(h))),
                 ][..],
                 &op.args(gpu, rows, cols),
             ]

@@ -499,7 +499,7 @@ __device__ __forceinline__ void rmsnorm_operand_at(Load load, const float* w, in
         float wv[4];
         load4(w, c, dim, vec, wv);
         for (int j = 0; j < 4; j++) v[i][j] = real && c + j < dim ? wv[j] * (v[i][j] * rs) : 0.0f;
-        if (real) store4(y + (long)r * dim, c, dim, vec, v[i]);
+        if (real && y) store4(y + (long)r * dim, c, dim, vec, v[i]);  // y null: the operand alone
         store_operand4(v[i], r, g, c, lane, rows_pad, cols_pad, codes, scales, yb);
     }
     if (threadIdx.x == 0 && real) rstd[r] = rs;

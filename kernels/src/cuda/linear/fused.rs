@@ -77,7 +77,7 @@ pub fn linear_residual_norm(
     check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
     check_len("linear residual", res, m * n, format!("[{m}, {n}]"))?;
     check_len("rmsnorm w", norm_w, n, format!("[{n}]"))?;
-    let p = split_k_partial(gpu, x, xo.of(m, k)?, m, w, prec)?;
+    let p = split_k_partial(gpu, x.into(), xo.of(m, k)?, m, w, prec)?;
     let y = gpu.uninit::<f32>(m * n)?;
     let normed = gpu.uninit::<f32>(m * n)?;
     let rstd = gpu.uninit::<f32>(m)?;
@@ -126,7 +126,7 @@ pub fn gate_up_swiglu(
             gate.n, gate.k, up.n, up.k
         )
     })?;
-    let Some(parts) = group_partials(gpu, x, xo, m, &[gate, up], prec)? else {
+    let Some(parts) = group_partials(gpu, x.into(), xo, m, &[gate, up], prec)? else {
         return Ok(None);
     };
     let cols = gate.n;
@@ -180,7 +180,7 @@ pub fn qkv_norm_rope(
     check_len("q_norm weight", qw, hd, format!("[{hd}]"))?;
     check_len("k_norm weight", kw, hd, format!("[{hd}]"))?;
     check_len("rope positions", positions, m, format!("[{m}]"))?;
-    let Some(parts) = group_partials(gpu, x, xo, m, &[wq, wk, wv], prec)? else {
+    let Some(parts) = group_partials(gpu, x.into(), xo, m, &[wq, wk, wv], prec)? else {
         return Ok(None);
     };
     let q = gpu.uninit::<f32>(m * wq.n)?;

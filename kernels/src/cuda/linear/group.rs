@@ -10,7 +10,7 @@ use super::super::act::Act;
 use super::super::context::OPS;
 use super::super::gemv::{gemv_fp8_partial_group, split_k_pays, CStruct, Partial, GEMV_MAX_TOKENS};
 use super::super::gemv_bf16::gemv_bf16_partial_group;
-use super::{forward, forward_act, w_rows, x_rows, GpuWeight, XOperand};
+use super::{forward, forward_act, w_rows, x_rows, GpuWeight, XIn, XOperand};
 use crate::cuda::{check_len, ensure, Gpu, Result};
 use crate::GemmPrecision;
 
@@ -18,14 +18,15 @@ use crate::GemmPrecision;
 /// reading `x [m, k]` and its low-precision copy in `xo`: grouped launches where
 /// every layer would take the split-K path, else one call each. Returns the
 /// outputs `[m, n_i]` in order.
-pub fn linear_forward_group(
+pub fn linear_forward_group<'a>(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: impl Into<XIn<'a>>,
     xo: &mut XOperand,
     m: usize,
     layers: &[(&GpuWeight, Option<&CudaSlice<f32>>)],
     prec: GemmPrecision,
 ) -> Result<Vec<CudaSlice<f32>>> {
+    let x = x.into();
     match grouped(gpu, x, xo, m, layers, prec)? {
         Some(ys) => Ok(ys),
         None => layers
@@ -38,14 +39,15 @@ pub fn linear_forward_group(
 /// [`linear_forward_group`] with each output an [`Act`]: where a layer's rows
 /// GEMM writes it, the BF16 values themselves (half the bytes; gate and up of a
 /// training forward or a long prefill), else f32. The same numbers either way.
-pub fn linear_forward_group_act(
+pub fn linear_forward_group_act<'a>(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: impl Into<XIn<'a>>,
     xo: &mut XOperand,
     m: usize,
     layers: &[(&GpuWeight, Option<&CudaSlice<f32>>)],
     prec: GemmPrecision,
 ) -> Result<Vec<Act>> {
+    let x = x.into();
     match grouped(gpu, x, xo, m, layers, prec)? {
         Some(ys) => Ok(ys.into_iter().map(Act::F32).collect()),
         None => layers
@@ -58,7 +60,7 @@ pub fn linear_forward_group_act(
 /// The grouped split-K launches of [`linear_forward_group`], where they apply.
 fn grouped(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: XIn,
     xo: &mut XOperand,
     m: usize,
     layers: &[(&GpuWeight, Option<&CudaSlice<f32>>)],
@@ -84,7 +86,7 @@ fn grouped(
 /// (the same blocks, so the same bits); `None` where not.
 pub(super) fn group_partials(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: XIn,
     xo: &mut XOperand,
     m: usize,
     ws: &[&GpuWeight],
@@ -107,7 +109,7 @@ pub(super) fn group_partials(
     if !grouped {
         return Ok(None);
     }
-    check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
+    x.check(m, k)?;
     let xo = xo.of(m, k)?;
     let parts = match prec {
         GemmPrecision::Bf16 => {

@@ -738,12 +738,12 @@ pub fn qk_norm_rope_fits(head_dim: usize) -> bool {
 /// norm's sum in an order of its own): from `q_pre [rows, nh * hd]`, `k_pre [rows,
 /// nkv * hd]` and the norms' weights `[hd]` -> `(q, k, q rstd [rows * nh], k rstd
 /// [rows * nkv])`. Heads of a multiple of 64 values, at most 256 ([`qk_norm_rope_fits`]).
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+#[allow(clippy::type_complexity)]
 pub fn qk_norm_rope(
     gpu: &Gpu,
     pre: (&CudaSlice<f32>, &CudaSlice<f32>),
     norms: (&CudaSlice<f32>, &CudaSlice<f32>),
-    (rows, nh, nkv): (usize, usize, usize),
+    shape: (usize, usize, usize),
     eps: f64,
     positions: &CudaSlice<i32>,
     t: &GpuRope,
@@ -753,26 +753,18 @@ pub fn qk_norm_rope(
     CudaSlice<f32>,
     CudaSlice<f32>,
 )> {
-    let hd = t.head_dim;
-    let (q, k) = (
-        gpu.uninit::<f32>(rows * nh * hd)?,
-        gpu.uninit::<f32>(rows * nkv * hd)?,
-    );
-    let outs = [gpu.ptr(&q), gpu.ptr(&k), 0, 0];
-    let (qr, kr) =
-        qk_norm_rope_launch(gpu, pre, norms, (rows, nh, nkv), eps, (positions, t), outs)?;
-    Ok((q, k, qr, kr))
+    qk_norm_rope_as(gpu, pre, norms, shape, eps, (positions, t))
 }
 
 /// [`qk_norm_rope`] writing only the BF16 copies of q and k (RNE, the bits of the
 /// tensor-core attention's operand copies: `flash::flash_forward_operand_bf16`
 /// reads them): `(q16, k16, q rstd, k rstd)`.
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+#[allow(clippy::type_complexity)]
 pub fn qk_norm_rope_bf16(
     gpu: &Gpu,
     pre: (&CudaSlice<f32>, &CudaSlice<f32>),
     norms: (&CudaSlice<f32>, &CudaSlice<f32>),
-    (rows, nh, nkv): (usize, usize, usize),
+    shape: (usize, usize, usize),
     eps: f64,
     positions: &CudaSlice<i32>,
     t: &GpuRope,
@@ -782,15 +774,42 @@ pub fn qk_norm_rope_bf16(
     CudaSlice<f32>,
     CudaSlice<f32>,
 )> {
-    let hd = t.head_dim;
-    let (q16, k16) = (
-        gpu.uninit::<u16>(rows * nh * hd)?,
-        gpu.uninit::<u16>(rows * nkv * hd)?,
+    qk_norm_rope_as(gpu, pre, norms, shape, eps, (positions, t))
+}
+
+/// The element `qk_norm_rope` writes q and k as: f32 values or their BF16 copies.
+trait QkOut: cudarc::driver::DeviceRepr {
+    const BF16: bool;
+}
+impl QkOut for f32 {
+    const BF16: bool = false;
+}
+impl QkOut for u16 {
+    const BF16: bool = true;
+}
+
+/// `qk_norm_rope` with q and k written as `T`.
+#[allow(clippy::type_complexity)]
+fn qk_norm_rope_as<T: QkOut>(
+    gpu: &Gpu,
+    pre: (&CudaSlice<f32>, &CudaSlice<f32>),
+    norms: (&CudaSlice<f32>, &CudaSlice<f32>),
+    (rows, nh, nkv): (usize, usize, usize),
+    eps: f64,
+    rope: (&CudaSlice<i32>, &GpuRope),
+) -> Result<(CudaSlice<T>, CudaSlice<T>, CudaSlice<f32>, CudaSlice<f32>)> {
+    let hd = rope.1.head_dim;
+    let (q, k) = (
+        gpu.uninit::<T>(rows * nh * hd)?,
+        gpu.uninit::<T>(rows * nkv * hd)?,
     );
-    let outs = [0, 0, gpu.ptr(&q16), gpu.ptr(&k16)];
-    let (qr, kr) =
-        qk_norm_rope_launch(gpu, pre, norms, (rows, nh, nkv), eps, (positions, t), outs)?;
-    Ok((q16, k16, qr, kr))
+    let (qp, kp) = (gpu.ptr(&q), gpu.ptr(&k));
+    let outs = match T::BF16 {
+        false => [qp, kp, 0, 0],
+        true => [0, 0, qp, kp],
+    };
+    let (qr, kr) = qk_norm_rope_launch(gpu, pre, norms, (rows, nh, nkv), eps, rope, outs)?;
+    Ok((q, k, qr, kr))
 }
 
 /// `qk_norm_rope` into `[q, k, q16, k16]` (device addresses, 0: not written), after

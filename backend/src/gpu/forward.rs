@@ -93,19 +93,30 @@ impl PackedCausal<'_> {
             let (o, p) = attention_forward(self.gpu, q, k, v, self.seq_lens, self.shape)?;
             return Ok((o, keep.then_some(AttnSaved::Probs(p)), XOperand::default()));
         };
-        let (o, saved, op) = if o16 {
+        let (o, saved, b) = if o16 {
             let (o, saved, b) = flash_forward_operand(self.gpu, plan, (q, k, v), self.shape)?;
-            let width = self.shape.n_heads * self.shape.head_dim;
-            (
-                o,
-                saved,
-                XOperand::fused(plan.rows(), width, FusedOperand::Bf16(b)),
-            )
+            (o, saved, Some(b))
         } else {
             let (o, saved) = flash_forward(self.gpu, plan, q, k, v, self.shape)?;
-            (o, saved, XOperand::default())
+            (o, saved, None)
         };
-        Ok((o, keep.then_some(AttnSaved::Flash(saved)), op))
+        Ok((
+            o,
+            keep.then_some(AttnSaved::Flash(saved)),
+            self.o_operand(plan, b),
+        ))
+    }
+
+    /// The o projection's operand of the tensor-core attention's output: its BF16
+    /// copy where the kernel wrote one, else empty (made by the projection).
+    fn o_operand(&self, plan: &FlashPlan, o16: Option<CudaSlice<u16>>) -> XOperand {
+        match o16 {
+            Some(b) => {
+                let width = self.shape.n_heads * self.shape.head_dim;
+                XOperand::fused(plan.rows(), width, FusedOperand::Bf16(b))
+            }
+            None => XOperand::default(),
+        }
     }
 }
 
@@ -151,13 +162,7 @@ impl GpuAttention for PackedCausal<'_> {
         };
         let o16 = prec == GemmPrecision::Bf16;
         let (o, saved, b) = flash_forward_operand_bf16(self.gpu, plan, qkv16, self.shape, o16)?;
-        let op = match b {
-            Some(b) => {
-                let width = self.shape.n_heads * self.shape.head_dim;
-                XOperand::fused(plan.rows(), width, FusedOperand::Bf16(b))
-            }
-            None => XOperand::default(),
-        };
+        let op = self.o_operand(plan, b);
         Ok((o, self.keep_probs.then_some(AttnSaved::Flash(saved)), op))
     }
 }

@@ -8,8 +8,7 @@ use jet_kernels::cuda::flash::{attention_operand_bf16, FlashSaved};
 use jet_kernels::cuda::linear::{
     gate_up_swiglu, linear_forward, linear_forward_act, linear_forward_group,
     linear_forward_group_act, linear_forward_into, linear_forward_residual, linear_residual_norm,
-    qkv_norm_rope, rmsnorm_with_operand, rmsnorm_with_operand_lean, swiglu_with_operand,
-    swiglu_with_operand_lean, XIn, XOperand,
+    qkv_norm_rope, rmsnorm_with_operand_opt, swiglu_with_operand_opt, XIn, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_forward_dev, qk_norm_rope, qk_norm_rope_bf16, qk_norm_rope_fits, rmsnorm_forward,
@@ -161,21 +160,18 @@ pub fn run_layers(
     let fuse = acts.is_none();
     // A pass that keeps its activations (training) writes the norms' and SwiGLU's
     // outputs only as the operands its GEMMs read, where those are BF16
-    // (`*_with_operand_lean`): their f32 values would be read by nothing.
-    let lean = !fuse;
+    // (`*_with_operand_opt`): their f32 values would be read by nothing. The fused
+    // paths of a pass that keeps nothing read them.
+    let keep_f32 = fuse;
     let mut next_in = None;
     for (li, (lx, lp)) in w.ix.layers.iter().zip(&model.layers).enumerate() {
         // q, k and v read one low-precision copy of a, made by the norm; gate and up
         // one of b.
         let (a, rstd1, mut ao) = match next_in.take() {
             Some((a, rstd, ao)) => (Some(a), rstd, ao),
-            None if lean => {
-                rmsnorm_with_operand_lean(g, &x, w.t(lx.input_layernorm), (m, h), eps, prec)?
-            }
             None => {
-                let (a, rstd, ao) =
-                    rmsnorm_with_operand(g, &x, w.t(lx.input_layernorm), (m, h), eps, prec)?;
-                (Some(a), rstd, ao)
+                let iw = w.t(lx.input_layernorm);
+                rmsnorm_with_operand_opt(g, &x, iw, (m, h), eps, prec, keep_f32)?
             }
         };
         // Qwen3 in a decode step: the three projections in one GEMM launch, their
@@ -223,14 +219,8 @@ pub fn run_layers(
             Some((h_mid, b, rstd2, bo)) => (h_mid, Some(b), rstd2, bo),
             None => {
                 let h_mid = linear_forward_residual(g, &o, &mut oo, m, &lp.o, prec, &x)?;
-                let (b, rstd2, bo) = match lean {
-                    true => rmsnorm_with_operand_lean(g, &h_mid, post.0, (m, h), eps, prec)?,
-                    false => {
-                        let (b, rstd2, bo) =
-                            rmsnorm_with_operand(g, &h_mid, post.0, (m, h), eps, prec)?;
-                        (Some(b), rstd2, bo)
-                    }
-                };
+                let (b, rstd2, bo) =
+                    rmsnorm_with_operand_opt(g, &h_mid, post.0, (m, h), eps, prec, keep_f32)?;
                 (h_mid, b, rstd2, bo)
             }
         };
@@ -251,14 +241,8 @@ pub fn run_layers(
                         .try_into()
                         .map_err(|_| CudaError::Invalid("gate, up: two outputs expected".into()))?;
                 let inter = cfg.intermediate_size;
-                let (mm, mo) = match lean {
-                    true => swiglu_with_operand_lean(g, gate.view(), up.view(), (m, inter), prec)?,
-                    false => {
-                        let (mm, mo) =
-                            swiglu_with_operand(g, gate.view(), up.view(), (m, inter), prec)?;
-                        (Some(mm), mo)
-                    }
-                };
+                let (gv, uv) = (gate.view(), up.view());
+                let (mm, mo) = swiglu_with_operand_opt(g, gv, uv, (m, inter), prec, keep_f32)?;
                 (Some(gate), Some(up), mm, mo)
             }
         };

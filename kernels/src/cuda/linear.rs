@@ -421,20 +421,21 @@ pub fn rmsnorm_with_operand(
     Ok((y, rstd, XOperand::fused(m, k, op)))
 }
 
-/// [`rmsnorm_with_operand`] for a pass whose GEMMs read the output only through
-/// its operand: in BF16 the f32 output is not written (None; the BF16 copy is all
-/// the projections and their WGrad read), elsewhere as that function (FP8's WGrad
-/// quantizes the f32 values in 128x1 groups; the f32 flow reads them).
+/// [`rmsnorm_with_operand`] with the f32 output written only where `keep_f32` or
+/// the GEMMs' operand is not BF16: a pass that reads the output only through its
+/// BF16 operand (the projections and their WGrad) gets None. FP8's WGrad
+/// quantizes the f32 values in 128x1 groups, and the f32 flow reads them.
 #[allow(clippy::type_complexity)]
-pub fn rmsnorm_with_operand_lean(
+pub fn rmsnorm_with_operand_opt(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
     (m, k): (usize, usize),
     eps: f64,
     prec: GemmPrecision,
+    keep_f32: bool,
 ) -> Result<(Option<CudaSlice<f32>>, CudaSlice<f32>, XOperand)> {
-    if prec != GemmPrecision::Bf16 || k > NORM_OPERAND_MAX_DIM {
+    if keep_f32 || prec != GemmPrecision::Bf16 || k > NORM_OPERAND_MAX_DIM {
         let (y, rstd, op) = rmsnorm_with_operand(gpu, x, w, (m, k), eps, prec)?;
         return Ok((Some(y), rstd, op));
     }
@@ -467,17 +468,17 @@ pub fn swiglu_with_operand<'a>(
     Ok((h, XOperand::fused(m, k, op)))
 }
 
-/// [`swiglu_with_operand`] for a pass whose down projection reads `h` only
-/// through its operand: in BF16 `h` is not written (None), elsewhere as that
-/// function.
-pub fn swiglu_with_operand_lean<'a>(
+/// [`swiglu_with_operand`] with `h` written only where `keep_f32` or the down
+/// projection's operand is not BF16 (else None), as [`rmsnorm_with_operand_opt`].
+pub fn swiglu_with_operand_opt<'a>(
     gpu: &Gpu,
     gate: impl Into<ActRef<'a>>,
     up: impl Into<ActRef<'a>>,
     (m, k): (usize, usize),
     prec: GemmPrecision,
+    keep_f32: bool,
 ) -> Result<(Option<CudaSlice<f32>>, XOperand)> {
-    if prec != GemmPrecision::Bf16 {
+    if keep_f32 || prec != GemmPrecision::Bf16 {
         let (h, op) = swiglu_with_operand(gpu, gate, up, (m, k), prec)?;
         return Ok((Some(h), op));
     }

@@ -276,15 +276,16 @@ fn whole_step_matches_cpu() {
     }
 }
 
-/// The optimizer step that rewrites the prepared BF16 weight copies from the new
-/// values (`GpuAdam::step_prepared`) leaves them equal, bit for bit, to copies
-/// made afresh from the updated weights, so the next update's forward reads the
-/// same operands; the flows with FP8 copies are left as they were (not rewritten).
+/// The optimizer step that rewrites the prepared weight copies (BF16 copies, FP8
+/// 128x128 blocks and their transposes) from the new values
+/// (`GpuAdam::step_prepared`) leaves them equal, bit for bit, to copies made
+/// afresh from the updated weights, so the next update's forward (and the next
+/// rollout) reads the same operands, in every flow.
 /// The step reads the backward's gradients with their last WGrad outputs held in
 /// BF16 (two micro-batches, tied and untied LM heads): its norm, weights and
 /// moments equal those of the same step on the gradients settled into f32.
 #[test]
-fn optimizer_step_keeps_the_bf16_copies_prepared() {
+fn optimizer_step_keeps_the_weight_copies_prepared() {
     let Some(g) = gpu() else { return };
     let seqs = seqs();
     let adv = [1.0f64, -0.5, 0.25];
@@ -337,19 +338,26 @@ fn optimizer_step_keeps_the_bf16_copies_prepared() {
                 flow.name()
             );
             assert_eq!(held_vs_f32, 0);
-            assert_eq!(
-                rewrote,
-                flow == Flow::Bf16,
-                "{name} {}: rewritten",
-                flow.name()
-            );
-            if !rewrote {
-                continue;
-            }
+            assert!(rewrote, "{name} {}: rewritten", flow.name());
             let fresh = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
             let kept = GpuModel::reuse(&g, &cfg, &dw, parts);
-            let bits =
-                |w: &jet_kernels::cuda::linear::GpuWeight| g.download(w.bf16().unwrap()).unwrap();
+            // Every prepared copy's bits: the BF16 values, then the FP8 codes and
+            // scales of W and W^T (whichever the flow has).
+            let bits = |w: &jet_kernels::cuda::linear::GpuWeight| -> Vec<u32> {
+                let mut out: Vec<u32> = w
+                    .bf16()
+                    .map(|b| g.download(b).unwrap())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(u32::from)
+                    .collect();
+                for q in [w.fp8(), w.fp8_t()].into_iter().flatten() {
+                    out.extend(g.download(&q.codes).unwrap().into_iter().map(u32::from));
+                    out.extend(g.download(&q.scales).unwrap().iter().map(|x| x.to_bits()));
+                }
+                assert!(!out.is_empty(), "a weight with no prepared copy");
+                out
+            };
             let mut differ = 0;
             let mut total = 0;
             for (a, b) in fresh.layers.iter().zip(&kept.layers) {
@@ -371,7 +379,7 @@ fn optimizer_step_keeps_the_bf16_copies_prepared() {
             total += x.len();
             differ += x.iter().zip(&y).filter(|(p, q)| p != q).count();
             println!(
-                "PARITY | {name} {}: BF16 weight copies rewritten by AdamW vs made afresh | {differ} differing of {total}",
+                "PARITY | {name} {}: weight copies (BF16, FP8 blocks) rewritten by AdamW vs made afresh | {differ} differing of {total}",
                 flow.name()
             );
             assert_eq!(differ, 0);

@@ -1932,6 +1932,7 @@ fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
             v,
             decay: i % 2 == 0,
             p_bf16: pb.as_mut(),
+            blocks: None,
         })
         .collect();
     gadam::adamw_multi(&g, &mut ts, &s).unwrap();
@@ -1984,6 +1985,163 @@ fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
         "sum of squares multi-tensor vs per tensor",
         "5 tensors",
         sdiff,
+    );
+    done();
+}
+
+/// AdamW with the FP8 weight blocks rewritten in the same launch
+/// (`adamw_block128_multi`) gives the bits of `adamw_multi` then
+/// `quantize_block128` of the new values: p, m, v, the codes and scales (their
+/// padding included) of W and W^T, and the BF16 copy; over partial blocks, rows of
+/// an odd width (the scalar path), a held BF16 gradient addend and the clip's scale
+/// read on the device.
+#[test]
+fn adamw_with_fp8_blocks_matches_adamw_then_quantize() {
+    let Some(g) = gpu() else { return };
+    // (rows, cols, transposed, BF16 copy, held addend)
+    let shapes = [
+        (200, 144, true, true, false),
+        (130, 257, false, false, true),
+        (256, 128, true, false, true),
+        (1, 64, false, true, false),
+        (300, 1000, true, false, false),
+    ];
+    let s = third_step(1.0);
+    let acc = g.upload(&[4.0e5f64, 1.0]).unwrap();
+    let (_, scale) = gten::clip_scale(&g, &acc, 2, 300.0).unwrap();
+    let host: Vec<[Vec<f32>; 4]> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(r, c, ..))| {
+            let (n, k) = (r * c, 700 + 5 * i as u64);
+            let v: Vec<f32> = rnd(n, k + 3, 1e-2).iter().map(|x| x * x).collect();
+            [nasty(r, c, k), nasty(r, c, k + 1), rnd(n, k + 2, 1e-2), v]
+        })
+        .collect();
+    let held: Vec<Option<Vec<u16>>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(r, c, _, _, h))| {
+            h.then(|| {
+                rnd(r * c, 800 + i as u64, 1e-1)
+                    .iter()
+                    .map(|&x| half::bf16::from_f32(x).to_bits())
+                    .collect()
+            })
+        })
+        .collect();
+    let dev = || -> Vec<[cudarc::driver::CudaSlice<f32>; 4]> {
+        host.iter().map(|t| t.clone().map(|x| up(&g, &x))).collect()
+    };
+    let (mut plain, mut fused) = (dev(), dev());
+    let pends: Vec<Option<cudarc::driver::CudaSlice<u16>>> = held
+        .iter()
+        .map(|h| h.as_ref().map(|b| g.upload(b).unwrap()))
+        .collect();
+    fn src<'a>(
+        gr: &'a cudarc::driver::CudaSlice<f32>,
+        pend: Option<&'a cudarc::driver::CudaSlice<u16>>,
+    ) -> cuda::grad::GradSrc<'a> {
+        cuda::grad::GradSrc {
+            acc: Some(gr),
+            pend,
+            len: gr.len(),
+        }
+    }
+    // adamw_multi, then each new weight quantized (and copied to BF16) alone.
+    let mut ts: Vec<gadam::AdamTensor> = plain
+        .iter_mut()
+        .enumerate()
+        .map(|(i, [p, gr, m, v])| gadam::AdamTensor {
+            p,
+            g: src(gr, pends[i].as_ref()),
+            m,
+            v,
+            decay: i % 2 == 0,
+            p_bf16: None,
+            blocks: None,
+        })
+        .collect();
+    gadam::adamw_multi_scaled(&g, &mut ts, &s, Some(&scale)).unwrap();
+    drop(ts);
+    let want: Vec<_> = plain
+        .iter()
+        .zip(&shapes)
+        .map(|(t, &(r, c, tr, ..))| gq::quantize_block128(&g, &t[0], r, c, tr).unwrap())
+        .collect();
+    // The fused step rewrites blocks made from the old weights (and a stale BF16 copy).
+    let mut old: Vec<_> = fused
+        .iter()
+        .zip(&shapes)
+        .map(|(t, &(r, c, tr, ..))| gq::quantize_block128(&g, &t[0], r, c, tr).unwrap())
+        .collect();
+    let mut copies: Vec<Option<cudarc::driver::CudaSlice<u16>>> = shapes
+        .iter()
+        .map(|&(r, c, _, b, _)| b.then(|| g.zeros::<u16>(r * c).unwrap()))
+        .collect();
+    let mut ts: Vec<gadam::AdamTensor> = fused
+        .iter_mut()
+        .zip(old.iter_mut().zip(copies.iter_mut()))
+        .enumerate()
+        .map(|(i, ([p, gr, m, v], ((w, wt), pb)))| gadam::AdamTensor {
+            p,
+            g: src(gr, pends[i].as_ref()),
+            m,
+            v,
+            decay: i % 2 == 0,
+            p_bf16: pb.as_mut(),
+            blocks: Some(gadam::BlockTargets { w, t: wt.as_mut() }),
+        })
+        .collect();
+    gadam::adamw_multi_scaled(&g, &mut ts, &s, Some(&scale)).unwrap();
+    drop(ts);
+    let mut state = 0;
+    for (i, (a, b)) in plain.iter().zip(&fused).enumerate() {
+        let n = shapes[i].0 * shapes[i].1;
+        for j in [0, 2, 3] {
+            state += bits_differ(&dl(&g, &a[j], n), &dl(&g, &b[j], n));
+        }
+    }
+    report_exact(
+        "adamw with FP8 blocks vs adamw_multi (p, m, v)",
+        "5 weights",
+        state,
+    );
+    let mut blocks = 0;
+    for ((w, wt), (o, ot)) in want.iter().zip(&old) {
+        let mut pairs = vec![(w, o)];
+        if let (Some(a), Some(b)) = (wt, ot) {
+            pairs.push((a, b));
+        }
+        for (a, b) in pairs {
+            let (ac, bc) = (g.download(&a.codes).unwrap(), g.download(&b.codes).unwrap());
+            blocks += ac.iter().zip(&bc).filter(|(x, y)| x != y).count();
+            let n = a.scales.len();
+            blocks += bits_differ(&dl(&g, &a.scales, n), &dl(&g, &b.scales, n));
+        }
+    }
+    report_exact(
+        "adamw with FP8 blocks vs quantize_block128 of the new values (W, W^T)",
+        "5 weights",
+        blocks,
+    );
+    let mut cdiff = 0;
+    for (i, c) in copies.iter().enumerate() {
+        let Some(c) = c else { continue };
+        let (r, k) = (shapes[i].0, shapes[i].1);
+        let want = g
+            .download(&gq::to_bf16_padded(&g, &plain[i][0], r, k, r, k).unwrap())
+            .unwrap();
+        cdiff += want
+            .iter()
+            .zip(&g.download(c).unwrap())
+            .filter(|(x, y)| x != y)
+            .count();
+    }
+    report_exact(
+        "adamw with FP8 blocks: BF16 copies vs to_bf16_padded of the new values",
+        "2 weights",
+        cdiff,
     );
     done();
 }
@@ -2043,6 +2201,7 @@ fn clip_scale_matches_the_host_optimizer() {
             v,
             decay: true,
             p_bf16: None,
+            blocks: None,
         }];
         let st = gadam::AdamStep {
             grad_scale: if dev_scale.is_some() { 1.0 } else { hs },
@@ -2168,6 +2327,7 @@ fn held_bf16_gradients_read_as_the_epilogue_wrote_them() {
                     v,
                     decay: true,
                     p_bf16: None,
+                    blocks: None,
                 })
                 .collect();
             gadam::adamw_multi(&g, &mut ts, &s).unwrap();

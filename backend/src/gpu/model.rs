@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::adamw::BlockTargets;
 use jet_kernels::cuda::flash::flash_supported;
 use jet_kernels::cuda::linear::GpuWeight;
 use jet_kernels::cuda::ops::GpuRope;
@@ -41,6 +42,22 @@ pub struct GpuModel<'w> {
     pub rope: Arc<GpuRope>,
 }
 
+/// One prepared weight's copies an optimizer step rewrites (`GpuAdam::step_prepared`):
+/// the weight's length `n k`, its BF16 copy and its FP8 blocks, each if it has it.
+pub struct Rewrite<'a> {
+    pub len: usize,
+    pub bf16: Option<&'a mut CudaSlice<u16>>,
+    pub blocks: Option<BlockTargets<'a>>,
+}
+
+impl<'a> Rewrite<'a> {
+    fn of(w: &'a mut GpuWeight) -> Option<Rewrite<'a>> {
+        let len = w.n * w.k;
+        let (bf16, blocks) = w.rewritable_mut()?;
+        Some(Rewrite { len, bf16, blocks })
+    }
+}
+
 /// The parts of a [`GpuModel`] computed from the weights' values (what
 /// "preparing" costs): kept between passes while the weights do not change.
 pub struct PreparedParts {
@@ -56,17 +73,17 @@ impl PreparedParts {
     }
 
     /// Whether an optimizer step can rewrite these parts for the new weights
-    /// ([`PreparedParts::bf16_targets`]).
+    /// ([`PreparedParts::targets`]).
     pub fn rewritable(&mut self, ix: &Index) -> bool {
-        self.bf16_targets(ix).is_some()
+        self.targets(ix).is_some()
     }
 
-    /// Every prepared weight's BF16 copy with the index of the tensor it copies
-    /// (the LM head's: the embedding's when tied) and that tensor's length (n k),
-    /// when each is one an optimizer step can rewrite
-    /// ([`GpuWeight::bf16_only_mut`]: the bf16 flow, rows without padding); None
-    /// otherwise.
-    pub fn bf16_targets(&mut self, ix: &Index) -> Option<Vec<(usize, usize, &mut CudaSlice<u16>)>> {
+    /// Every prepared weight's copies with the index of the tensor they copy (the
+    /// LM head's: the embedding's when tied), when each weight's are ones an
+    /// optimizer step can rewrite from the new values
+    /// ([`GpuWeight::rewritable_mut`]: BF16 copies whose rows have no padding,
+    /// 128x128 FP8 blocks); None otherwise.
+    pub fn targets(&mut self, ix: &Index) -> Option<Vec<(usize, Rewrite<'_>)>> {
         if self.layers.len() != ix.layers.len() {
             return None;
         }
@@ -81,13 +98,11 @@ impl PreparedParts {
                 (&mut l.up, x.up),
                 (&mut l.down, x.down),
             ] {
-                let len = w.n * w.k;
-                out.push((i, len, w.bf16_only_mut()?));
+                out.push((i, Rewrite::of(w)?));
             }
         }
         let head = ix.lm_head.unwrap_or(ix.embed);
-        let len = self.lm_head.n * self.lm_head.k;
-        out.push((head, len, self.lm_head.bf16_only_mut()?));
+        out.push((head, Rewrite::of(&mut self.lm_head)?));
         Some(out)
     }
     pub fn rope(&self) -> &Arc<GpuRope> {

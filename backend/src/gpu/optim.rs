@@ -11,7 +11,7 @@ use jet_kernels::cuda::tensor::{clip_scale, sum_squares_multi};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 
 use super::grads::GpuGrads;
-use super::model::PreparedParts;
+use super::model::{PreparedParts, Rewrite};
 use super::weights::GpuWeights;
 use crate::rl::optim::{AdamW, OptimConfig};
 
@@ -77,10 +77,10 @@ impl GpuAdam {
         Ok(self.step_prepared(gpu, w, g, cfg, lr, None)?.0)
     }
 
-    /// [`GpuAdam::step`], also rewriting `parts`' BF16 weight copies from the new
-    /// values where all of them can be (`PreparedParts::bf16_targets`: the bf16
-    /// flow), so they serve the next version of the weights without preparing
-    /// them again. Returns the norm and whether `parts` were rewritten (if not,
+    /// [`GpuAdam::step`], also rewriting `parts`' weight copies (BF16 copies, FP8
+    /// blocks) from the new values where all of them can be
+    /// (`PreparedParts::targets`), so they serve the next version of the weights
+    /// without preparing them again. Returns the norm and whether `parts` were rewritten (if not,
     /// they still hold the old weights' copies).
     pub fn step_prepared(
         &mut self,
@@ -107,20 +107,20 @@ impl GpuAdam {
             decay: true,
             grad_scale: 1.0,
         };
-        let mut copies: Vec<Option<&mut CudaSlice<u16>>> =
-            (0..w.bufs.len()).map(|_| None).collect();
-        let targets = parts.and_then(|p| p.bf16_targets(&w.ix));
+        let mut copies: Vec<Option<Rewrite>> = (0..w.bufs.len()).map(|_| None).collect();
+        let targets = parts.and_then(|p| p.targets(&w.ix));
         let wrote = targets.is_some();
-        for (i, len, b) in targets.into_iter().flatten() {
-            // One copy a tensor, of that tensor's shape: a copy the step skipped
-            // would be kept as if it were current.
+        for (i, r) in targets.into_iter().flatten() {
+            // One set of copies a tensor, of that tensor's shape: a copy the step
+            // skipped would be kept as if it were current.
             let (name, have) = (&w.names[i], w.bufs[i].len());
-            if copies[i].is_some() || have != len {
+            if copies[i].is_some() || have != r.len {
                 return Err(CudaError::Invalid(format!(
-                    "prepared copy of {name}: {len} values for a tensor of {have}, or a second copy"
+                    "prepared copy of {name}: {} values for a tensor of {have}, or a second copy",
+                    r.len
                 )));
             }
-            copies[i] = Some(b);
+            copies[i] = Some(r);
         }
         let mut ts: Vec<AdamTensor> = w
             .bufs
@@ -128,13 +128,17 @@ impl GpuAdam {
             .zip(g.srcs())
             .zip(self.m.bufs.iter_mut().zip(self.v.bufs.iter_mut()))
             .zip(w.names.iter().zip(copies))
-            .map(|(((p, g), (m, v)), (name, p_bf16))| AdamTensor {
-                p,
-                g,
-                m,
-                v,
-                decay: !(name.contains("norm") || name.ends_with(".bias")),
-                p_bf16,
+            .map(|(((p, g), (m, v)), (name, r))| {
+                let (p_bf16, blocks) = r.map_or((None, None), |r| (r.bf16, r.blocks));
+                AdamTensor {
+                    p,
+                    g,
+                    m,
+                    v,
+                    decay: !(name.contains("norm") || name.ends_with(".bias")),
+                    p_bf16,
+                    blocks,
+                }
             })
             .collect();
         adamw_multi_scaled(gpu, &mut ts, &base, Some(&scale))?;

@@ -144,7 +144,7 @@ impl Trainer {
                     jet_kernels::cuda::tensor::fill(&d.gpu, acc, len, f32::NAN)?;
                 }
                 // The policy's prepared copies of these weights, when the optimizer
-                // can rewrite them from the new values (the bf16 flow); they then
+                // can rewrite them from the new values (BF16 copies, FP8 blocks); they then
                 // serve the next version without being made again.
                 let (mut current, other) = match take_parts(&d.prepared, Slot::Policy) {
                     Some((v, p)) if v == d.version && p.flow() == self.flow => (Some(p), None),

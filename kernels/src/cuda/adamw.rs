@@ -7,7 +7,9 @@ use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, ADAMW};
 use super::grad::GradSrc;
+use super::quantize::Fp8Quantized;
 use super::{check_len, Gpu, Result};
+use crate::fp8::{Grouping, GROUP};
 
 /// The scalars of one AdamW step for one tensor.
 #[derive(Clone, Copy, Debug)]
@@ -129,7 +131,10 @@ fn recip(b: f64) -> f64 {
 /// all of `p`'s length; weight decay when `decay`. `p_bf16`: the parameter's BF16
 /// copy (a GEMM operand whose rows have no padding columns: its first n values are
 /// the weight's, row by row), rewritten from the new values with
-/// `to_bf16_padded`'s rounding, so it need not be made again.
+/// `to_bf16_padded`'s rounding, so it need not be made again. `blocks`: the
+/// parameter's 128x128 FP8 blocks (a weight `[rows, cols]` of `p`'s length),
+/// rewritten from the new values with `quantize_block128`'s bits (the step and the
+/// quantizer in one launch, `adamw_block128_multi`).
 pub struct AdamTensor<'a> {
     pub p: &'a mut CudaSlice<f32>,
     pub g: GradSrc<'a>,
@@ -137,6 +142,15 @@ pub struct AdamTensor<'a> {
     pub v: &'a mut CudaSlice<f32>,
     pub decay: bool,
     pub p_bf16: Option<&'a mut CudaSlice<u16>>,
+    pub blocks: Option<BlockTargets<'a>>,
+}
+
+/// A weight's FP8 GEMM operands that an optimizer step rewrites: its 128x128
+/// blocks `w` (Block128 of `[rows, cols]`) and, when the flow's DGrad is FP8, those
+/// of its transpose `t` (`[cols, rows]`).
+pub struct BlockTargets<'a> {
+    pub w: &'a mut Fp8Quantized,
+    pub t: Option<&'a mut Fp8Quantized>,
 }
 
 /// [`adamw_step`] on every tensor of `ts` in one launch (`s.decay` is replaced
@@ -160,20 +174,16 @@ pub fn adamw_multi_scaled(
     if let Some(x) = scale {
         check_len("adamw gradient scale", x, 1, "[1]")?;
     }
-    let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * 9);
+    // Tensors with FP8 blocks to rewrite take the fused launch, the others
+    // adamw_multi's (disjoint tensors: the order of the two does not matter).
+    let (fused, plain): (Vec<&mut AdamTensor>, Vec<&mut AdamTensor>) =
+        ts.iter_mut().partition(|t| t.blocks.is_some());
+    launch_blocks(gpu, fused, s, scale)?;
+    let mut tab: Vec<i64> = Vec::with_capacity(plain.len() * 9);
     let mut first = 0usize;
-    for t in ts.iter() {
+    for t in plain.iter() {
         let n = t.p.len();
-        super::ensure(t.g.len == n, || {
-            format!("adamw g: {} values for a tensor of {n}", t.g.len)
-        })?;
-        let (g, pend) = t.g.ptrs(gpu, "adamw g")?;
-        for (what, b) in [("adamw m", &*t.m), ("adamw v", &*t.v)] {
-            check_len(what, b, n, format!("[{n}]"))?;
-        }
-        if let Some(b) = t.p_bf16.as_deref() {
-            check_len("adamw BF16 copy", b, n, format!("[{n}]"))?;
-        }
+        let (g, pend) = check_tensor(gpu, t)?;
         tab.extend([
             gpu.ptr(&*t.p) as i64,
             g as i64,
@@ -200,7 +210,107 @@ pub fn adamw_multi_scaled(
         (first as u32, 1, 1),
         (256, 1, 1),
         0,
-        &[Arg::P(gpu.ptr(&tab)), Arg::I(ts.len() as i32)]
+        &[Arg::P(gpu.ptr(&tab)), Arg::I(plain.len() as i32)]
+            .into_iter()
+            .chain(scalars(s, false))
+            .chain([Arg::P(scale.map_or(0, |x| gpu.ptr(x)))])
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// The gradient's pointers (accumulator, held BF16 addend) of `t`, after checking
+/// that its gradient, moments and BF16 copy hold the parameter's length.
+fn check_tensor(gpu: &Gpu, t: &AdamTensor) -> Result<(u64, u64)> {
+    let n = t.p.len();
+    super::ensure(t.g.len == n, || {
+        format!("adamw g: {} values for a tensor of {n}", t.g.len)
+    })?;
+    let ptrs = t.g.ptrs(gpu, "adamw g")?;
+    for (what, b) in [("adamw m", &*t.m), ("adamw v", &*t.v)] {
+        check_len(what, b, n, format!("[{n}]"))?;
+    }
+    if let Some(b) = t.p_bf16.as_deref() {
+        check_len("adamw BF16 copy", b, n, format!("[{n}]"))?;
+    }
+    Ok(ptrs)
+}
+
+/// `adamw_block128_multi` over the tensors whose FP8 blocks the step rewrites: a
+/// block of 512 threads a 128x128 block of each weight.
+fn launch_blocks(
+    gpu: &Gpu,
+    ts: Vec<&mut AdamTensor>,
+    s: &AdamStep,
+    scale: Option<&CudaSlice<f32>>,
+) -> Result<()> {
+    let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * 18);
+    let mut first = 0usize;
+    for t in ts.iter() {
+        let Some(b) = t.blocks.as_ref() else {
+            continue;
+        };
+        let (g, pend) = check_tensor(gpu, t)?;
+        let (rows, cols) = (b.w.rows, b.w.cols);
+        super::ensure(
+            b.w.grouping == Grouping::Block128 && rows * cols == t.p.len(),
+            || {
+                format!(
+                    "adamw FP8 blocks: {:?} of [{rows}, {cols}] for a tensor of {}",
+                    b.w.grouping,
+                    t.p.len()
+                )
+            },
+        )?;
+        if let Some(bt) = b.t.as_deref() {
+            super::ensure(
+                bt.grouping == Grouping::Block128 && (bt.rows, bt.cols) == (cols, rows),
+                || {
+                    format!(
+                        "adamw FP8 blocks of W^T: {:?} of [{}, {}] for a weight [{rows}, {cols}]",
+                        bt.grouping, bt.rows, bt.cols
+                    )
+                },
+            )?;
+        }
+        let bt = b.t.as_deref();
+        tab.extend([
+            gpu.ptr(&*t.p) as i64,
+            g as i64,
+            gpu.ptr(&*t.m) as i64,
+            gpu.ptr(&*t.v) as i64,
+            pend as i64,
+            t.p_bf16.as_deref().map_or(0, |x| gpu.ptr(x)) as i64,
+            rows as i64,
+            cols as i64,
+            b.w.rows_pad as i64,
+            b.w.cols_pad as i64,
+            gpu.ptr(&b.w.codes) as i64,
+            gpu.ptr(&b.w.scales) as i64,
+            b.w.lds as i64,
+            bt.map_or(0, |x| gpu.ptr(&x.codes) as i64),
+            bt.map_or(0, |x| gpu.ptr(&x.scales) as i64),
+            bt.map_or(0, |x| x.lds as i64),
+            t.decay as i64,
+            first as i64,
+        ]);
+        first += rows.div_ceil(GROUP) * cols.div_ceil(GROUP);
+    }
+    super::ensure(first <= i32::MAX as usize, || {
+        format!("adamw_block128_multi: {first} blocks is more than one launch takes")
+    })?;
+    if first == 0 {
+        return Ok(());
+    }
+    let count = tab.len() / 18;
+    let tab = gpu.upload(&tab)?;
+    gpu.launch(
+        &ADAMW,
+        "adamw_block128_multi",
+        (first as u32, 1, 1),
+        (512, 1, 1),
+        // Each thread's eight new quads, parked while the step runs.
+        (8 * 512 * 16) as u32,
+        &[Arg::P(gpu.ptr(&tab)), Arg::I(count as i32)]
             .into_iter()
             .chain(scalars(s, false))
             .chain([Arg::P(scale.map_or(0, |x| gpu.ptr(x)))])

@@ -27,7 +27,10 @@ pub(crate) struct Source {
 const COMMON: &str = include_str!("kernels/common.cuh");
 pub(crate) const QUANTIZE: Source = Source {
     name: "quantize",
-    code: include_str!("kernels/quantize.cu"),
+    code: concat!(
+        include_str!("kernels/block128.cuh"),
+        include_str!("kernels/quantize.cu")
+    ),
 };
 pub(crate) const GEMV: Source = Source {
     name: "gemv_fp8",
@@ -64,7 +67,10 @@ pub(crate) const TENSOR: Source = Source {
 };
 pub(crate) const ADAMW: Source = Source {
     name: "adamw",
-    code: include_str!("kernels/adamw.cu"),
+    code: concat!(
+        include_str!("kernels/block128.cuh"),
+        include_str!("kernels/adamw.cu")
+    ),
 };
 pub(crate) const SAMPLE: Source = Source {
     name: "sample",

@@ -25,6 +25,7 @@ pub use fused::{gate_up_swiglu, linear_residual_norm, qkv_norm_rope, ResidualNor
 pub use group::{linear_forward_group, linear_forward_group_act};
 
 use super::act::{Act, ActRef};
+use super::adamw::BlockTargets;
 use super::context::{Arg, OPS};
 use super::gemm::{dense_gemm, dense_gemm_to, fp8_gemm_nt, fp8_gemm_nt_bf16, Dense, LtType};
 use super::gemv::{
@@ -150,15 +151,33 @@ impl GpuWeight {
         self.fp8.as_ref()
     }
 
-    /// The BF16 copy, when it is the weight's only prepared copy and its rows have
-    /// no padding (k a multiple of 16: its first n k values are the weight's, row
-    /// by row; the padding rows after them stay zero): an optimizer step that
-    /// rewrites those from the new master values (`adamw::AdamTensor::p_bf16`)
-    /// keeps the weight prepared.
-    pub fn bf16_only_mut(&mut self) -> Option<&mut CudaSlice<u16>> {
+    /// The 128x128 blocks of `W^T`, when the flow's DGrad is FP8.
+    pub fn fp8_t(&self) -> Option<&Fp8Quantized> {
+        self.fp8_t.as_ref()
+    }
+
+    /// The prepared copies an optimizer step can rewrite from the new master
+    /// values, when they are all the weight has (no f32 copy): the BF16 copy if its
+    /// rows have no padding (k a multiple of 16: its first n k values are the
+    /// weight's, row by row; the padding rows after them stay zero;
+    /// `adamw::AdamTensor::p_bf16`), and the 128x128 FP8 blocks with their
+    /// transposes (`adamw::AdamTensor::blocks`). None when some copy cannot be
+    /// rewritten; the weight then has to be prepared again after a step.
+    pub fn rewritable_mut(
+        &mut self,
+    ) -> Option<(Option<&mut CudaSlice<u16>>, Option<BlockTargets<'_>>)> {
         let rows_whole = self.k.is_multiple_of(16);
-        let only = self.f32.is_none() && self.fp8.is_none() && self.fp8_t.is_none();
-        self.bf16.as_mut().filter(|_| rows_whole && only)
+        if self.f32.is_some() || (self.bf16.is_some() && !rows_whole) {
+            return None;
+        }
+        if self.bf16.is_none() && self.fp8.is_none() {
+            return None;
+        }
+        let blocks = self.fp8.as_mut().map(|w| BlockTargets {
+            w,
+            t: self.fp8_t.as_mut(),
+        });
+        Some((self.bf16.as_mut(), blocks))
     }
 
     /// The BF16 copy `[pad16(n)][pad16(k)]`, when the flow has one.

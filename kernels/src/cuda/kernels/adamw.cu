@@ -93,3 +93,80 @@ extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, f
     *reinterpret_cast<float4*>(v + i0) = vv;
     if (pb) *reinterpret_cast<uint2*>(pb + i0) = make_uint2(pack2_bf16(P[0], P[1]), pack2_bf16(P[2], P[3]));
 }
+
+// adamw_multi on weights whose prepared GEMM operands are 128x128 FP8 blocks, each
+// block's new values quantized in the same launch (fuses adamw_multi of these tensors
+// and quant_block128_multi of their new values: the same per-element operations and
+// the same blocks, so the same bits, without reading the new weights back).
+// tab[t] = {p, g, m, v, pend, pb, rows, cols, rows_pad, cols_pad, codes, scales, lds,
+// codes_t, scales_t, lds_t, decay, first block} as 18 int64 (p, g, m, v, pend, pb
+// [rows, cols] row-contiguous as in adamw_multi; codes .. lds_t as in
+// quant_block128_multi). Block b of tensor t is its 128x128 block (b % cb, b / cb),
+// 512 threads in block128_encode's layout. The step runs a quad at a time (as
+// adamw_multi: its f64 update's registers), each new quad parked in the thread's own
+// slots of 64 KiB of dynamic shared memory, then read back for the encoding: two
+// blocks an SM, adamw_multi's 32 warps. (The new values held in registers through
+// the step, one block an SM: 2.2x slower than the two kernels it fuses; two quads'
+// loads in flight, `#pragma unroll 2`: no faster, 8 bytes of spills.)
+extern "C" __global__ void __launch_bounds__(512, 2)
+    adamw_block128_multi(const long long* tab, int T, double lr, float b1, float b2, double eps, double bc1,
+                         double bc2, double r1, double r2, float wd_factor, float grad_scale, const float* scale_p) {
+    pdl_entry();
+    extern __shared__ float4 parked[];  // [8][512]: slot i * 512 + t is thread t's row i
+    if (scale_p) grad_scale = *scale_p;
+    __shared__ int st;
+    if (threadIdx.x == 0) st = tensor_of(tab, 18, 17, T, blockIdx.x);
+    __syncthreads();
+    const long long* e = tab + (long)st * 18;
+    float* __restrict__ p = (float*)e[0];
+    float* __restrict__ m = (float*)e[2];
+    float* __restrict__ v = (float*)e[3];
+    const float* __restrict__ g = (const float*)e[1];
+    const bf16_t* __restrict__ pend = (const bf16_t*)e[4];
+    bf16_t* __restrict__ pb = (bf16_t*)e[5];
+    const int rows = (int)e[6], cols = (int)e[7], cb = (cols + 127) / 128, decay = (int)e[16];
+    const long b = (long)blockIdx.x - e[17];
+    const int kb = (int)(b % cb), nb = (int)(b / cb);
+    const int t = threadIdx.x, c = kb * 128 + (t & 31) * 4;
+    const bool vec = (cols & 3) == 0 && (((u64)p | (u64)g | (u64)m | (u64)v) & 15) == 0 &&
+                     (((u64)pend | (u64)pb) & 7) == 0;
+    for (int i = 0; i < 8; i++) {
+        const int r = nb * 128 + (t >> 5) + 16 * i;
+        float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (r < rows) {
+            const long i0 = (long)r * cols + c;
+            if (vec && c + 3 < cols) {
+                float4 pp = *reinterpret_cast<const float4*>(p + i0);
+                float G[4];
+                grad_val4(g, pend, i0, G);
+                float4 mm = *reinterpret_cast<const float4*>(m + i0), vv = *reinterpret_cast<const float4*>(v + i0);
+                float* Q = &pp.x; float* M = &mm.x; float* V = &vv.x;
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    P[u] = adamw_one(Q[u], G[u], &M[u], &V[u], lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay,
+                                     grad_scale);
+                *reinterpret_cast<float4*>(p + i0) = make_float4(P[0], P[1], P[2], P[3]);
+                *reinterpret_cast<float4*>(m + i0) = mm;
+                *reinterpret_cast<float4*>(v + i0) = vv;
+                if (pb)
+                    *reinterpret_cast<uint2*>(pb + i0) = make_uint2(pack2_bf16(P[0], P[1]), pack2_bf16(P[2], P[3]));
+            } else {
+                for (int u = 0; u < 4 && c + u < cols; u++) {
+                    adamw_elem(p, grad_val(g, pend, i0 + u), m, v, i0 + u, lr, b1, b2, eps, bc1, bc2, r1, r2,
+                               wd_factor, decay, grad_scale);
+                    P[u] = p[i0 + u];
+                    if (pb) pb[i0 + u] = f32_to_bf16(P[u]);
+                }
+            }
+        }
+        parked[i * 512 + t] = make_float4(P[0], P[1], P[2], P[3]);
+    }
+    float w[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const float4 q = parked[i * 512 + t];
+        w[i][0] = q.x, w[i][1] = q.y, w[i][2] = q.z, w[i][3] = q.w;
+    }
+    block128_encode(w, rows, cols, (int)e[8], (int)e[9], (u8*)e[10], (float*)e[11], (int)e[12], (u8*)e[13],
+                    (float*)e[14], (int)e[15], kb, nb);
+}

@@ -10,18 +10,6 @@
 // layout pads the K stride to 4). Padding holds code 0; a padding-only group has scale 1.
 // Inputs are f32 or bf16 (`_bf16` kernels), with a row stride ldx.
 
-// The four codes of v (scale d), by the hardware conversion of the quotients, or
-// (SW, kept as the check of both) by e4m3_encode of the division itself.
-template <bool SW = false>
-__device__ __forceinline__ u32 encode4(const float v[4], Quot d) {
-    if (SW)
-        return e4m3_encode(v[0] / d.s) | (e4m3_encode(v[1] / d.s) << 8) | (e4m3_encode(v[2] / d.s) << 16) |
-               (e4m3_encode(v[3] / d.s) << 24);
-    if (d.fast)
-        return cvt_e4m3x2(qdiv(v[0], d), qdiv(v[1], d)) | (cvt_e4m3x2(qdiv(v[2], d), qdiv(v[3], d)) << 16);
-    return e4m3x2(v[0] / d.s, v[1] / d.s) | (e4m3x2(v[2] / d.s, v[3] / d.s) << 16);
-}
-
 // Each warp quantizes GPW consecutive (row, group) pairs, all loads first (more bytes
 // in flight); for each, lane l holds columns g*128 + 4l .. 4l+3.
 #define GPW 4
@@ -309,65 +297,23 @@ extern "C" __global__ void __launch_bounds__(512, 2)
                               cols_pad, codes, scales, codes_t, scales_t);
 }
 
-// One block of 512 threads per 128x128 block (kb, nb) (column and row block).
-// Thread t holds columns 4*(t%32) .. +3 of rows t/32 + 16i, i < 8, in registers
-// (one pass: the block's largest magnitude, then the codes; two blocks an SM, so one
-// block's loads overlap the other's encoding). The last column block of a row block
-// writes the zeros of its scale row's stride padding (lds), the last row block those
-// of scales_t's, so the scales need no memset.
+// quant_block128's tile: block128_encode of the weight's values at block (kb, nb),
+// loaded in its layout (one pass: two blocks an SM, so one block's loads overlap the
+// other's encoding).
 __device__ __forceinline__ void block128_tile(const float* w, long ldw, int rows, int cols, int rows_pad,
                                               int cols_pad, u8* codes, float* scales, int lds, u8* codes_t,
                                               float* scales_t, int lds_t, int kb, int nb) {
-    __shared__ u32 red[16];
-    __shared__ u32 tile[128][33];  // codes of the block, 4 per word, for the transposed copy
     const int t = threadIdx.x;
     const int cq = t & 31, c = kb * 128 + cq * 4;
     const bool vec = (ldw & 3) == 0 && ((u64)w & 15) == 0;
     float v[8][4];
-    u32 m = 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         const int r = nb * 128 + (t >> 5) + 16 * i;
         for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
         if (r < rows) load4(w + (long)r * ldw, c, cols, vec, v[i]);
     }
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
-    m = __reduce_max_sync(0xffffffffu, m);
-    if (cq == 0) red[t >> 5] = m;
-    __syncthreads();
-    m = __reduce_max_sync(0xffffffffu, cq < 16 ? red[cq] : 0u);
-    const float s = e4m3_scale(m);
-    const Quot d = quot(s);
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int rl = (t >> 5) + 16 * i, r = nb * 128 + rl;
-        const u32 q = encode4(v[i], d);
-        tile[rl][cq] = q;
-        if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
-    }
-    const int cb = (cols + 127) / 128, rb = (rows + 127) / 128;
-    if (t == 0) {
-        scales[(long)nb * lds + kb] = s;
-        if (scales_t) scales_t[(long)kb * lds_t + nb] = s;
-    }
-    if (kb == cb - 1 && t > 0 && cb + t - 1 < lds) scales[(long)nb * lds + cb + t - 1] = 0.0f;
-    if (scales_t && nb == rb - 1 && t > 0 && rb + t - 1 < lds_t) scales_t[(long)kb * lds_t + rb + t - 1] = 0.0f;
-    if (!codes_t) return;
-    __syncthreads();
-    // codes^T row (column cl of the block): 128 bytes, 16 from each of 8 threads.
-    for (int k8 = t; k8 < 128 * 8; k8 += 512) {
-        const int cl = k8 >> 3, part = k8 & 7, ct = kb * 128 + cl, rl = part * 16, r = nb * 128 + rl;
-        if (ct >= cols_pad || r >= rows_pad) continue;  // rows_pad % 16 == 0: whole runs
-        u32 o[4];
-        for (int k = 0; k < 4; k++) {
-            o[k] = 0;
-            for (int j = 0; j < 4; j++)
-                o[k] |= ((tile[rl + 4 * k + j][cl >> 2] >> (8 * (cl & 3))) & 0xffu) << (8 * j);
-        }
-        *reinterpret_cast<uint4*>(codes_t + (long)ct * rows_pad + r) = make_uint4(o[0], o[1], o[2], o[3]);
-    }
+    block128_encode(v, rows, cols, rows_pad, cols_pad, codes, scales, lds, codes_t, scales_t, lds_t, kb, nb);
 }
 
 // Grid (ceil(cols/128), ceil(rows/128)).

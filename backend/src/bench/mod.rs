@@ -55,6 +55,12 @@ pub struct BenchArgs {
     /// Sequences per training micro-batch.
     #[arg(long, default_value_t = 8)]
     pub train_seqs: usize,
+    /// Micro-batches of --train-seqs sequences per training update: their
+    /// gradients accumulated, then one AdamW step, as an RL update over a step's
+    /// samples (one: AdamW's and the weights' per-update costs on every
+    /// micro-batch).
+    #[arg(long = "train-micro-batches", default_value_t = 1)]
+    pub train_micro: usize,
     /// Tokens per training sequence.
     #[arg(long, default_value_t = 512)]
     pub train_len: usize,
@@ -159,8 +165,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if a.batch.is_empty() || a.batch.contains(&0) || a.gen_len == 0 || a.prompt_len == 0 {
         bail!("--batch, --prompt-len and --gen-len must be positive");
     }
-    if a.train_seqs == 0 || a.train_len < 2 {
-        bail!("--train-seqs must be positive and --train-len at least 2");
+    if a.train_seqs == 0 || a.train_len < 2 || a.train_micro == 0 {
+        bail!("--train-seqs and --train-micro-batches must be positive and --train-len at least 2");
     }
     let flows = flows(&a.flow)?;
     let gpu: Arc<Gpu> = crate::gpu::open_gpu().context("jetd bench --device cuda")?;
@@ -200,7 +206,7 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let mut variants = phases::Variant::of(&flows);
     variants.retain(|v| v.invariant || !a.no_cublaslt);
     phases::run(&gpu, &cfg, &a, &variants, &mut r, &say)?;
-    set_floors(&mut r, (a.train_seqs * a.train_len) as f64);
+    set_floors(&mut r, (a.train_seqs * a.train_len * a.train_micro) as f64);
     set_decode_floors(&mut r, &cfg);
     if a.json {
         println!("{}", serde_json::to_string(&r)?);
@@ -279,8 +285,8 @@ fn render(r: &Report, a: &BenchArgs) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "jetd bench: {} on {}, {} layers, {:.2}B params; prompt {} + gen {} tokens; train {}x{} tokens",
-        r.preset, r.device, r.layers, r.params as f64 / 1e9, a.prompt_len, a.gen_len, a.train_seqs, a.train_len
+        "jetd bench: {} on {}, {} layers, {:.2}B params; prompt {} + gen {} tokens; train {}x{} tokens, {} micro-batch(es) an update",
+        r.preset, r.device, r.layers, r.params as f64 / 1e9, a.prompt_len, a.gen_len, a.train_seqs, a.train_len, a.train_micro
     );
     if a.eos_random || a.max_batch > 0 {
         let _ = writeln!(
@@ -387,7 +393,10 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             x.step_median_s,
             x.prepare_s,
             x.forward_s,
-            x.step_s - x.prepare_s - x.forward_s - x.optimizer_s,
+            x.step_s
+                - if x.prepares { x.prepare_s } else { 0.0 }
+                - x.forward_s * x.micro_batches as f64
+                - x.optimizer_s,
             x.optimizer_s,
             x.peak_gib,
             x.floor_s.map(|f| format!("{f:.3}")).unwrap_or_default(),

@@ -68,9 +68,15 @@ pub struct TrainRow {
     /// (a host hiccup) moves the mean, not the median.
     pub steps_s: Vec<f64>,
     pub step_median_s: f64,
+    /// Micro-batches (of `--train-seqs` sequences) an update: each timed update
+    /// runs them all, then one AdamW step; `tokens_per_s` counts all their tokens.
+    pub micro_batches: usize,
+    /// Whether each update prepares the weights (BF16 copies / FP8 blocks)
+    /// afresh: false where AdamW rewrites the prepared copies from the new values.
+    pub prepares: bool,
     /// Parts of a step, each timed alone after a sync: weight preparation
-    /// (BF16 copies / FP8 blocks), the forward with activations kept, AdamW.
-    /// The rest of `step_s` is the loss and the backward.
+    /// (BF16 copies / FP8 blocks), one micro-batch's forward with activations
+    /// kept, AdamW. The rest of `step_s` is the loss and the backward.
     pub prepare_s: f64,
     pub forward_s: f64,
     pub optimizer_s: f64,
@@ -275,7 +281,8 @@ fn train(
     Ok((t.elapsed().as_secs_f64(), parts.filter(|_| rewrote)))
 }
 
-/// Seconds of the weight preparation, the training forward and one AdamW step, each alone.
+/// Seconds of the weight preparation, the training forward of `seqs` (one
+/// micro-batch) and one AdamW step, each alone.
 #[allow(clippy::too_many_arguments)]
 fn parts(
     g: &std::sync::Arc<Gpu>,
@@ -373,7 +380,7 @@ pub fn run(
             if flow == Flow::Bf16 {
                 base_roll.insert((var.invariant, b), tps);
             }
-            g.profile_start();
+            g.profile_start()?;
             let (_, wall, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
             let breakdown = with_other(g.profile_stop()?, wall);
             let (top_kernels, idle_before) = (top(g), idle(g));
@@ -406,7 +413,7 @@ pub fn run(
     }
 
     // Training throughput.
-    let seqs: Vec<TrainSeq> = prompts(cfg, a.train_seqs, a.train_len, 99)
+    let seqs: Vec<TrainSeq> = prompts(cfg, a.train_seqs * a.train_micro, a.train_len, 99)
         .into_iter()
         .map(|tokens| TrainSeq {
             tokens,
@@ -448,20 +455,29 @@ pub fn run(
         }
         let used = mem_used_gib();
         peak = peak.max(used);
-        let (prepare_s, forward_s, optimizer_s) =
-            parts(g, cfg, &mut w, &grads, &mut adam, var, &seqs, &rope)?;
+        let prepares = kept.is_none();
+        let (prepare_s, forward_s, optimizer_s) = parts(
+            g,
+            cfg,
+            &mut w,
+            &grads,
+            &mut adam,
+            var,
+            &seqs[..a.train_seqs],
+            &rope,
+        )?;
         // parts() changed the weights: the profiled update prepares afresh unless
         // its parts are made first, as the timed ones had them.
         kept = kept
             .map(|_| var.model(g, cfg, &w, &rope).map(|m| m.into_parts()))
             .transpose()?;
-        g.profile_start();
+        g.profile_start()?;
         let wall = update(&mut w, &mut grads, &mut adam, &mut kept)?;
         let breakdown = with_other(g.profile_stop()?, wall);
         let (top_kernels, idle_before) = (top(g), idle(g));
         let step_s = steps_s.iter().sum::<f64>() / a.train_steps as f64;
         let step_median_s = median(&steps_s);
-        let tps = (a.train_seqs * a.train_len) as f64 / step_s;
+        let tps = (seqs.len() * a.train_len) as f64 / step_s;
         if flow == Flow::Bf16 {
             base_train.insert(var.invariant, tps);
         }
@@ -472,6 +488,8 @@ pub fn run(
             step_s,
             steps_s,
             step_median_s,
+            micro_batches: a.train_micro,
+            prepares,
             prepare_s,
             forward_s,
             optimizer_s,

@@ -8,7 +8,8 @@
 //! That uncovered time is also attributed: the gap between one span's end event
 //! and the next one's start is time the stream had nothing queued (the host was
 //! late: syncs, host work, launch cost), summed per the kernel that came after it
-//! ([`Gpu::profile_idle`]).
+//! ([`Gpu::profile_idle`]), and the gap between the profile's start and its first
+//! span under [`BEFORE_FIRST`].
 
 use std::sync::Mutex;
 
@@ -23,6 +24,9 @@ pub(crate) struct ProfState {
     pool: Vec<CudaEvent>,
     /// (category, kernel, index of the start event; the end event follows it).
     spans: Vec<(&'static str, &'static str, usize)>,
+    /// Recorded when the profile starts: the stream's idle time before the first
+    /// span (the host's work before its first launch) is measured from it.
+    start: Option<CudaEvent>,
     on: bool,
     /// Per-kernel sums of the last profile.
     kernels: Vec<(String, f64, usize)>,
@@ -37,6 +41,10 @@ pub(crate) struct ProfState {
 /// Gaps between spans shorter than this are the events' own resolution (about half
 /// a microsecond) and back-to-back launches, not a stream waiting for the host.
 const IDLE_MIN_MS: f64 = 0.002;
+
+/// The name [`Gpu::profile_idle`] gives the stream's idle time between the start
+/// of the profile and its first launch.
+pub const BEFORE_FIRST: &str = "(before the first launch)";
 
 /// Add `ms` to `name`'s (sum, count) in `v`.
 fn add_to(v: &mut Vec<(String, f64, usize)>, name: &str, ms: f64) {
@@ -71,10 +79,21 @@ impl Gpu {
     }
 
     /// Start recording spans (drops those of an unfinished profile).
-    pub fn profile_start(&self) {
+    pub fn profile_start(&self) -> Result<()> {
         let mut p = self.prof().lock().unwrap();
         p.spans.clear();
+        if p.start.is_none() {
+            p.start = Some(
+                self.context()
+                    .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                    .ctx("creating a profile event")?,
+            );
+        }
+        if let Some(e) = &p.start {
+            e.record(&self.stream).ctx("recording a profile event")?;
+        }
         p.on = true;
+        Ok(())
     }
 
     /// Stop, wait for the stream, and sum the spans per category.
@@ -87,6 +106,13 @@ impl Gpu {
         let mut sums: Vec<(String, f64)> = Vec::new();
         let mut kernels: Vec<(String, f64, usize)> = Vec::new();
         let mut idle: Vec<(String, f64, usize)> = Vec::new();
+        // The idle time before the first launch, under the name BEFORE_FIRST.
+        if let (Some(s), Some(&(_, _, i))) = (&p.start, p.spans.first()) {
+            let gap = s.elapsed_ms(&p.pool[i]).ctx("reading profile events")? as f64;
+            if gap > IDLE_MIN_MS {
+                add_to(&mut idle, BEFORE_FIRST, gap);
+            }
+        }
         let mut prev_end: Option<usize> = None;
         for &(cat, name, i) in &p.spans {
             let ms = p.pool[i]

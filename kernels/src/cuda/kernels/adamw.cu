@@ -34,6 +34,44 @@ __device__ __forceinline__ void adamw_elem(float* p, float g, float* m, float* v
     m[i] = mi;
     v[i] = vi;
 }
+// The step on elements i0 .. i0+3 of a tensor (p, g, m, v 16-byte aligned there,
+// pend and pb 8-byte): four loads, four adamw_one, the stores (pb: the new values'
+// BF16 copy, pack2_bf16's rounding); the new values in P. adamw_multi's vector path
+// and adamw_block128_multi share it.
+__device__ __forceinline__ void adamw_quad(float* p, const float* g, float* m, float* v, const bf16_t* pend,
+                                           bf16_t* pb, long i0, double lr, float b1, float b2, double eps,
+                                           double bc1, double bc2, double r1, double r2, float wd_factor, int decay,
+                                           float grad_scale, float (&P)[4]) {
+    const float4 pp = *reinterpret_cast<const float4*>(p + i0);
+    float G[4];
+    grad_val4(g, pend, i0, G);
+    float4 mm = *reinterpret_cast<const float4*>(m + i0), vv = *reinterpret_cast<const float4*>(v + i0);
+    const float* Q = &pp.x;
+    float* M = &mm.x;
+    float* V = &vv.x;
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        P[u] = adamw_one(Q[u], G[u], &M[u], &V[u], lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale);
+    *reinterpret_cast<float4*>(p + i0) = make_float4(P[0], P[1], P[2], P[3]);
+    *reinterpret_cast<float4*>(m + i0) = mm;
+    *reinterpret_cast<float4*>(v + i0) = vv;
+    if (pb) *reinterpret_cast<uint2*>(pb + i0) = make_uint2(pack2_bf16(P[0], P[1]), pack2_bf16(P[2], P[3]));
+}
+// The same on the cnt (at most 4) elements from i0, one at a time (no alignment
+// needed): the tails and unaligned tensors.
+__device__ __forceinline__ void adamw_few(float* p, const float* g, float* m, float* v, const bf16_t* pend,
+                                          bf16_t* pb, long i0, int cnt, double lr, float b1, float b2, double eps,
+                                          double bc1, double bc2, double r1, double r2, float wd_factor, int decay,
+                                          float grad_scale, float (&P)[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        if (u >= cnt) break;
+        adamw_elem(p, grad_val(g, pend, i0 + u), m, v, i0 + u, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay,
+                   grad_scale);
+        P[u] = p[i0 + u];
+        if (pb) pb[i0 + u] = f32_to_bf16(P[u]);
+    }
+}
 extern "C" __global__ void adamw_step(float* p, const float* g, float* m, float* v, long n, double lr,
                                       float b1, float b2, double eps, double bc1, double bc2, double r1,
                                       double r2, float wd_factor, int decay, float grad_scale) {
@@ -71,27 +109,13 @@ extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, f
     if (i0 >= n) return;
     const bool vec =
         i0 + 3 < n && (((u64)p | (u64)g | (u64)m | (u64)v) & 15) == 0 && (((u64)pend | (u64)pb) & 7) == 0;
+    float P[4];
     if (!vec) {
-        for (long i = i0; i < min(i0 + 4, n); i++) {
-            adamw_elem(p, grad_val(g, pend, i), m, v, i, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay,
-                       grad_scale);
-            if (pb) pb[i] = f32_to_bf16(p[i]);
-        }
+        adamw_few(p, g, m, v, pend, pb, i0, (int)min(4L, n - i0), lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor,
+                  decay, grad_scale, P);
         return;
     }
-    float4 pp = *reinterpret_cast<const float4*>(p + i0);
-    float G[4];
-    grad_val4(g, pend, i0, G);
-    float4 mm = *reinterpret_cast<const float4*>(m + i0), vv = *reinterpret_cast<const float4*>(v + i0);
-    float* P = &pp.x; float* M = &mm.x; float* V = &vv.x;
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-        P[u] = adamw_one(P[u], G[u], &M[u], &V[u], lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay,
-                         grad_scale);
-    *reinterpret_cast<float4*>(p + i0) = pp;
-    *reinterpret_cast<float4*>(m + i0) = mm;
-    *reinterpret_cast<float4*>(v + i0) = vv;
-    if (pb) *reinterpret_cast<uint2*>(pb + i0) = make_uint2(pack2_bf16(P[0], P[1]), pack2_bf16(P[2], P[3]));
+    adamw_quad(p, g, m, v, pend, pb, i0, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale, P);
 }
 
 // adamw_multi on weights whose prepared GEMM operands are 128x128 FP8 blocks, each
@@ -135,29 +159,12 @@ extern "C" __global__ void __launch_bounds__(512, 2)
         float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (r < rows) {
             const long i0 = (long)r * cols + c;
-            if (vec && c + 3 < cols) {
-                float4 pp = *reinterpret_cast<const float4*>(p + i0);
-                float G[4];
-                grad_val4(g, pend, i0, G);
-                float4 mm = *reinterpret_cast<const float4*>(m + i0), vv = *reinterpret_cast<const float4*>(v + i0);
-                float* Q = &pp.x; float* M = &mm.x; float* V = &vv.x;
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    P[u] = adamw_one(Q[u], G[u], &M[u], &V[u], lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay,
-                                     grad_scale);
-                *reinterpret_cast<float4*>(p + i0) = make_float4(P[0], P[1], P[2], P[3]);
-                *reinterpret_cast<float4*>(m + i0) = mm;
-                *reinterpret_cast<float4*>(v + i0) = vv;
-                if (pb)
-                    *reinterpret_cast<uint2*>(pb + i0) = make_uint2(pack2_bf16(P[0], P[1]), pack2_bf16(P[2], P[3]));
-            } else {
-                for (int u = 0; u < 4 && c + u < cols; u++) {
-                    adamw_elem(p, grad_val(g, pend, i0 + u), m, v, i0 + u, lr, b1, b2, eps, bc1, bc2, r1, r2,
-                               wd_factor, decay, grad_scale);
-                    P[u] = p[i0 + u];
-                    if (pb) pb[i0 + u] = f32_to_bf16(P[u]);
-                }
-            }
+            if (vec && c + 3 < cols)
+                adamw_quad(p, g, m, v, pend, pb, i0, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale,
+                           P);
+            else
+                adamw_few(p, g, m, v, pend, pb, i0, min(4, cols - c), lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor,
+                          decay, grad_scale, P);
         }
         parked[i * 512 + t] = make_float4(P[0], P[1], P[2], P[3]);
     }

@@ -183,34 +183,45 @@ pub fn adamw_multi_scaled(
     let mut first = 0usize;
     for t in plain.iter() {
         let n = t.p.len();
-        let (g, pend) = check_tensor(gpu, t)?;
+        let (state, pend) = check_tensor(gpu, t)?;
+        tab.extend(state);
         tab.extend([
-            gpu.ptr(&*t.p) as i64,
-            g as i64,
-            gpu.ptr(&*t.m) as i64,
-            gpu.ptr(&*t.v) as i64,
             n as i64,
             first as i64,
             t.decay as i64,
-            pend as i64,
+            pend,
             t.p_bf16.as_deref().map_or(0, |b| gpu.ptr(b)) as i64,
         ]);
         first += n.div_ceil(1024);
     }
-    super::ensure(first <= i32::MAX as usize, || {
-        format!("adamw_multi: {first} blocks is more than one launch takes")
+    let count = plain.len();
+    launch_table(gpu, ("adamw_multi", 256, 0), (&tab, count, first), s, scale)
+}
+
+/// A multi-tensor step kernel `name` (threads a block, dynamic shared bytes) over
+/// `blocks` blocks, its table of `count` tensors uploaded, then freed in stream
+/// order after the launch.
+fn launch_table(
+    gpu: &Gpu,
+    (name, threads, smem): (&'static str, u32, u32),
+    (tab, count, blocks): (&[i64], usize, usize),
+    s: &AdamStep,
+    scale: Option<&CudaSlice<f32>>,
+) -> Result<()> {
+    super::ensure(blocks <= i32::MAX as usize, || {
+        format!("{name}: {blocks} blocks is more than one launch takes")
     })?;
-    if first == 0 {
+    if blocks == 0 {
         return Ok(());
     }
-    let tab = gpu.upload(&tab)?;
+    let tab = gpu.upload(tab)?;
     gpu.launch(
         &ADAMW,
-        "adamw_multi",
-        (first as u32, 1, 1),
-        (256, 1, 1),
-        0,
-        &[Arg::P(gpu.ptr(&tab)), Arg::I(plain.len() as i32)]
+        name,
+        (blocks as u32, 1, 1),
+        (threads, 1, 1),
+        smem,
+        &[Arg::P(gpu.ptr(&tab)), Arg::I(count as i32)]
             .into_iter()
             .chain(scalars(s, false))
             .chain([Arg::P(scale.map_or(0, |x| gpu.ptr(x)))])
@@ -218,21 +229,23 @@ pub fn adamw_multi_scaled(
     )
 }
 
-/// The gradient's pointers (accumulator, held BF16 addend) of `t`, after checking
-/// that its gradient, moments and BF16 copy hold the parameter's length.
-fn check_tensor(gpu: &Gpu, t: &AdamTensor) -> Result<(u64, u64)> {
+/// `t`'s pointers as the kernels' tables hold them, after checking that its
+/// gradient, moments and BF16 copy hold the parameter's length: p, the gradient's
+/// accumulator, m, v, then the gradient's held BF16 addend (0: none).
+fn check_tensor(gpu: &Gpu, t: &AdamTensor) -> Result<([i64; 4], i64)> {
     let n = t.p.len();
     super::ensure(t.g.len == n, || {
         format!("adamw g: {} values for a tensor of {n}", t.g.len)
     })?;
-    let ptrs = t.g.ptrs(gpu, "adamw g")?;
+    let (g, pend) = t.g.ptrs(gpu, "adamw g")?;
     for (what, b) in [("adamw m", &*t.m), ("adamw v", &*t.v)] {
         check_len(what, b, n, format!("[{n}]"))?;
     }
     if let Some(b) = t.p_bf16.as_deref() {
         check_len("adamw BF16 copy", b, n, format!("[{n}]"))?;
     }
-    Ok(ptrs)
+    let ptr = |x: &CudaSlice<f32>| gpu.ptr(x) as i64;
+    Ok(([ptr(&*t.p), g as i64, ptr(&*t.m), ptr(&*t.v)], pend as i64))
 }
 
 /// `adamw_block128_multi` over the tensors whose FP8 blocks the step rewrites: a
@@ -249,7 +262,7 @@ fn launch_blocks(
         let Some(b) = t.blocks.as_ref() else {
             continue;
         };
-        let (g, pend) = check_tensor(gpu, t)?;
+        let (state, pend) = check_tensor(gpu, t)?;
         let (rows, cols) = (b.w.rows, b.w.cols);
         super::ensure(
             b.w.grouping == Grouping::Block128 && rows * cols == t.p.len(),
@@ -273,12 +286,9 @@ fn launch_blocks(
             )?;
         }
         let bt = b.t.as_deref();
+        tab.extend(state);
         tab.extend([
-            gpu.ptr(&*t.p) as i64,
-            g as i64,
-            gpu.ptr(&*t.m) as i64,
-            gpu.ptr(&*t.v) as i64,
-            pend as i64,
+            pend,
             t.p_bf16.as_deref().map_or(0, |x| gpu.ptr(x)) as i64,
             rows as i64,
             cols as i64,
@@ -295,25 +305,13 @@ fn launch_blocks(
         ]);
         first += rows.div_ceil(GROUP) * cols.div_ceil(GROUP);
     }
-    super::ensure(first <= i32::MAX as usize, || {
-        format!("adamw_block128_multi: {first} blocks is more than one launch takes")
-    })?;
-    if first == 0 {
-        return Ok(());
-    }
+    // Each thread's eight new quads are parked while the step runs.
     let count = tab.len() / 18;
-    let tab = gpu.upload(&tab)?;
-    gpu.launch(
-        &ADAMW,
-        "adamw_block128_multi",
-        (first as u32, 1, 1),
-        (512, 1, 1),
-        // Each thread's eight new quads, parked while the step runs.
-        (8 * 512 * 16) as u32,
-        &[Arg::P(gpu.ptr(&tab)), Arg::I(count as i32)]
-            .into_iter()
-            .chain(scalars(s, false))
-            .chain([Arg::P(scale.map_or(0, |x| gpu.ptr(x)))])
-            .collect::<Vec<_>>(),
+    launch_table(
+        gpu,
+        ("adamw_block128_multi", 512, 8 * 512 * 16),
+        (&tab, count, first),
+        s,
+        scale,
     )
 }

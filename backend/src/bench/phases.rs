@@ -98,7 +98,8 @@ pub struct TrainRow {
     pub top_kernels: Vec<(String, f64, usize)>,
     /// Where that update's stream sat idle, waiting for the host: the gaps between
     /// one launch's end and the next one's start, per the kernel launched after
-    /// them (name, s, gaps), largest first.
+    /// them (name, s, gaps), largest first; "(before the first launch)": the gap
+    /// between the update's start and its first launch.
     pub idle_before: Vec<(String, f64, usize)>,
 }
 
@@ -243,8 +244,8 @@ fn rollout(
 }
 
 /// One update over `seqs` (forward, a loss of -mean logp, backward, AdamW), timed;
-/// returns the prepared parts when AdamW rewrote them for the new weights (the
-/// bf16 flow), for the next update to reuse as the trainer does.
+/// returns the prepared parts when AdamW rewrote them for the new weights (BF16
+/// copies, FP8 blocks: every flow), for the next update to reuse as the trainer does.
 #[allow(clippy::too_many_arguments)]
 fn train(
     g: &std::sync::Arc<Gpu>,

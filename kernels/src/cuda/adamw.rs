@@ -153,7 +153,7 @@ pub struct BlockTargets<'a> {
     pub t: Option<&'a mut Fp8Quantized>,
 }
 
-/// [`adamw_step`] on every tensor of `ts` in one launch (`s.decay` is replaced
+/// [`adamw_step`] on every tensor of `ts` in one launch (two with FP8 blocks to rewrite) (`s.decay` is replaced
 /// by each tensor's own): the same operations per element, so the same bits as
 /// one launch per tensor (on the gradient's values), without a launch's host work
 /// per tensor (a 0.6B model has 310 tensors).
@@ -176,9 +176,11 @@ pub fn adamw_multi_scaled(
     }
     // Tensors with FP8 blocks to rewrite take the fused launch, the others
     // adamw_multi's (disjoint tensors: the order of the two does not matter).
+    // Both tables are built, every tensor checked, before either kernel runs: an
+    // error leaves every tensor as it was.
     let (fused, plain): (Vec<&mut AdamTensor>, Vec<&mut AdamTensor>) =
         ts.iter_mut().partition(|t| t.blocks.is_some());
-    launch_blocks(gpu, fused, s, scale)?;
+    let (btab, bcount, bfirst) = blocks_table(gpu, fused)?;
     let mut tab: Vec<i64> = Vec::with_capacity(plain.len() * 9);
     let mut first = 0usize;
     for t in plain.iter() {
@@ -195,6 +197,18 @@ pub fn adamw_multi_scaled(
         first += n.div_ceil(1024);
     }
     let count = plain.len();
+    super::ensure(
+        first <= i32::MAX as usize && bfirst <= i32::MAX as usize,
+        || format!("adamw: {first} + {bfirst} blocks is more than a launch takes"),
+    )?;
+    // Each thread of the fused kernel parks its eight new quads while the step runs.
+    launch_table(
+        gpu,
+        ("adamw_block128_multi", 512, 8 * 512 * 16),
+        (&btab, bcount, bfirst),
+        s,
+        scale,
+    )?;
     launch_table(gpu, ("adamw_multi", 256, 0), (&tab, count, first), s, scale)
 }
 
@@ -208,9 +222,6 @@ fn launch_table(
     s: &AdamStep,
     scale: Option<&CudaSlice<f32>>,
 ) -> Result<()> {
-    super::ensure(blocks <= i32::MAX as usize, || {
-        format!("{name}: {blocks} blocks is more than one launch takes")
-    })?;
     if blocks == 0 {
         return Ok(());
     }
@@ -248,14 +259,10 @@ fn check_tensor(gpu: &Gpu, t: &AdamTensor) -> Result<([i64; 4], i64)> {
     Ok(([ptr(&*t.p), g as i64, ptr(&*t.m), ptr(&*t.v)], pend as i64))
 }
 
-/// `adamw_block128_multi` over the tensors whose FP8 blocks the step rewrites: a
-/// block of 512 threads a 128x128 block of each weight.
-fn launch_blocks(
-    gpu: &Gpu,
-    ts: Vec<&mut AdamTensor>,
-    s: &AdamStep,
-    scale: Option<&CudaSlice<f32>>,
-) -> Result<()> {
+/// `adamw_block128_multi`'s table over the tensors whose FP8 blocks the step
+/// rewrites (a block of 512 threads a 128x128 block of each weight), checked:
+/// (table, tensors, blocks).
+fn blocks_table(gpu: &Gpu, ts: Vec<&mut AdamTensor>) -> Result<(Vec<i64>, usize, usize)> {
     let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * 18);
     let mut first = 0usize;
     for t in ts.iter() {
@@ -274,9 +281,25 @@ fn launch_blocks(
                 )
             },
         )?;
+        let (rb, cb) = (rows.div_ceil(GROUP), cols.div_ceil(GROUP));
+        super::ensure(
+            b.w.rows_pad >= rows
+                && b.w.cols_pad >= cols
+                && b.w.lds >= cb
+                && b.w.codes.len() >= b.w.rows_pad * b.w.cols_pad
+                && b.w.scales.len() >= rb * b.w.lds,
+            || {
+                format!("adamw FP8 blocks of [{rows}, {cols}]: codes or scales too small for their padding")
+            },
+        )?;
         if let Some(bt) = b.t.as_deref() {
             super::ensure(
-                bt.grouping == Grouping::Block128 && (bt.rows, bt.cols) == (cols, rows),
+                bt.grouping == Grouping::Block128
+                    && (bt.rows, bt.cols) == (cols, rows)
+                    && (bt.rows_pad, bt.cols_pad) == (b.w.cols_pad, b.w.rows_pad)
+                    && bt.lds >= rb
+                    && bt.codes.len() >= bt.rows_pad * bt.cols_pad
+                    && bt.scales.len() >= cb * bt.lds,
                 || {
                     format!(
                         "adamw FP8 blocks of W^T: {:?} of [{}, {}] for a weight [{rows}, {cols}]",
@@ -305,13 +328,6 @@ fn launch_blocks(
         ]);
         first += rows.div_ceil(GROUP) * cols.div_ceil(GROUP);
     }
-    // Each thread's eight new quads are parked while the step runs.
     let count = tab.len() / 18;
-    launch_table(
-        gpu,
-        ("adamw_block128_multi", 512, 8 * 512 * 16),
-        (&tab, count, first),
-        s,
-        scale,
-    )
+    Ok((tab, count, first))
 }

@@ -1884,6 +1884,86 @@ fn third_step(grad_scale: f32) -> gadam::AdamStep {
     }
 }
 
+/// A gradient with a chunk mask (the untied embedding's) gives the bits of a plain
+/// one over steps whose scatters touch different rows (each clear zeroes only what
+/// the last step marked), through a dense writer in between (which marks every
+/// chunk), and in what the gradient norm and AdamW read. The table's rows (96
+/// values) straddle the 1024-value chunks; its length is not a multiple of one.
+#[test]
+fn masked_gradient_matches_a_plain_one() {
+    use cuda::grad::GradAcc;
+    let Some(g) = gpu() else { return };
+    let (vocab, dim) = (1013, 96);
+    let n = vocab * dim;
+    let (mut plain, mut masked) = (
+        GradAcc::new(&g, n).unwrap(),
+        GradAcc::new_masked(&g, n).unwrap(),
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+    let mut differ = 0;
+    for step in 0..4 {
+        plain.clear();
+        masked.clear();
+        if step == 2 {
+            // A dense writer (as the tied LM head's gradient would be).
+            let x = up(&g, &rnd(n, 300, 1.0));
+            gten::add_into(&g, plain.f32_mut(&g).unwrap(), &x, n).unwrap();
+            gten::add_into(&g, masked.f32_mut(&g).unwrap(), &x, n).unwrap();
+        }
+        // Rows from a narrow band that moves each step, some repeated.
+        let tokens: Vec<u32> = (0..200)
+            .map(|_| (step as u32 * 250 + rng.random_range(0..300u32)) % vocab as u32)
+            .collect();
+        let dy = up(&g, &rnd(tokens.len() * dim, 400 + step as u64, 1.0));
+        gops::embedding_backward(&g, plain.f32_mut(&g).unwrap(), vocab, dim, &tokens, &dy).unwrap();
+        gops::embedding_backward_marked(
+            &g,
+            masked.f32_marked_mut(&g).unwrap(),
+            vocab,
+            dim,
+            &tokens,
+            &dy,
+        )
+        .unwrap();
+        // The norm's sums of squares and an AdamW step from the same state.
+        let mut sums = g.zeros::<f64>(2).unwrap();
+        gten::sum_squares_multi(&g, &[plain.src(), masked.src()], &mut sums).unwrap();
+        let s2 = g.download(&sums).unwrap();
+        differ += usize::from(s2[0].to_bits() != s2[1].to_bits());
+        let (p0, m0, v0) = (rnd(n, 500, 1.0), rnd(n, 501, 0.1), rnd(n, 502, 0.01));
+        let v0: Vec<f32> = v0.iter().map(|x| x.abs()).collect();
+        let mut out = Vec::new();
+        for src in [plain.src(), masked.src()] {
+            let (mut p, mut m, mut v) = (up(&g, &p0), up(&g, &m0), up(&g, &v0));
+            let mut ts = [gadam::AdamTensor {
+                p: &mut p,
+                g: src,
+                m: &mut m,
+                v: &mut v,
+                decay: true,
+                p_bf16: None,
+                blocks: None,
+            }];
+            gadam::adamw_multi(&g, &mut ts, &third_step(0.5)).unwrap();
+            out.push([dl(&g, &p, n), dl(&g, &m, n), dl(&g, &v, n)]);
+        }
+        for (a, b) in out[0].iter().zip(&out[1]) {
+            differ += bits_differ(a, b);
+        }
+    }
+    let (a, b) = (
+        dl(&g, plain.f32_mut(&g).unwrap(), n),
+        dl(&g, masked.f32_mut(&g).unwrap(), n),
+    );
+    differ += bits_differ(&a, &b);
+    report_exact(
+        "masked gradient == plain (4 steps: norm, AdamW, values)",
+        &format!("[{vocab}, {dim}]"),
+        differ,
+    );
+    done();
+}
+
 /// The multi-tensor AdamW and sum of squares give each tensor the bits of its
 /// own launches (tensors of odd sizes, decay on every other one).
 #[test]
@@ -2046,6 +2126,7 @@ fn adamw_with_fp8_blocks_matches_adamw_then_quantize() {
             acc: Some(gr),
             pend,
             len: gr.len(),
+            mask: None,
         }
     }
     // adamw_multi, then each new weight quantized (and copied to BF16) alone.

@@ -12,7 +12,7 @@ use jet_kernels::cuda::linear::{
     XOperand,
 };
 use jet_kernels::cuda::ops::{
-    embedding_backward, qk_norm_rope_backward_acc_operand, rmsnorm_backward_acc,
+    embedding_backward_marked, qk_norm_rope_backward_acc_operand, rmsnorm_backward_acc,
     rmsnorm_backward_acc_operand, rmsnorm_backward_acc_operand_sum, rope_backward_dev,
     swiglu_backward, swiglu_backward_bf16, QkNormGrad, SwigluDh,
 };
@@ -402,9 +402,9 @@ pub fn backward(
         let outs = [&daq, &dak, &dav];
         (dx, dx16) = cx.norm_of_sum(&outs, inorm, (h, Some(&dh_mid)), dw1, bf16_dy)?;
     }
-    embedding_backward(
+    embedding_backward_marked(
         g,
-        grads.acc(g, w.ix.embed)?,
+        grads.acc_marked(g, w.ix.embed)?,
         cfg.vocab_size,
         h,
         &acts.tokens,

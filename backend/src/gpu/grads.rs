@@ -17,12 +17,19 @@ pub struct GpuGrads {
 }
 
 impl GpuGrads {
-    /// Zero gradients for `like`'s tensors.
+    /// Zero gradients for `like`'s tensors. An untied embedding's, which only its
+    /// scatter writes (a few thousand rows of the vocabulary a step), carries a
+    /// chunk mask: cleared and read where the scatter wrote (`GradAcc::new_masked`).
     pub fn zeros_like(gpu: &Gpu, like: &GpuWeights) -> Result<GpuGrads> {
+        let scattered = like.ix.lm_head.is_some().then_some(like.ix.embed);
         let bufs = like
             .bufs
             .iter()
-            .map(|b| GradAcc::new(gpu, b.len()))
+            .enumerate()
+            .map(|(i, b)| match Some(i) == scattered {
+                true => GradAcc::new_masked(gpu, b.len()),
+                false => GradAcc::new(gpu, b.len()),
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(GpuGrads {
             names: like.names.clone(),
@@ -41,6 +48,16 @@ impl GpuGrads {
     /// that adds into it.
     pub fn acc(&mut self, gpu: &Gpu, i: usize) -> Result<&mut CudaSlice<f32>> {
         self.bufs[i].f32_mut(gpu)
+    }
+
+    /// Tensor `i`'s accumulator and chunk mask for a scatter that marks what it
+    /// writes ([`GradAcc::f32_marked_mut`]).
+    pub fn acc_marked(
+        &mut self,
+        gpu: &Gpu,
+        i: usize,
+    ) -> Result<(&mut CudaSlice<f32>, Option<&mut CudaSlice<u8>>)> {
+        self.bufs[i].f32_marked_mut(gpu)
     }
 
     /// How the gradient norm and AdamW read each tensor, in order.

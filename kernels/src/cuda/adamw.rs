@@ -181,7 +181,7 @@ pub fn adamw_multi_scaled(
     let (fused, plain): (Vec<&mut AdamTensor>, Vec<&mut AdamTensor>) =
         ts.iter_mut().partition(|t| t.blocks.is_some());
     let (btab, bcount, bfirst) = blocks_table(gpu, fused)?;
-    let mut tab: Vec<i64> = Vec::with_capacity(plain.len() * 9);
+    let mut tab: Vec<i64> = Vec::with_capacity(plain.len() * 10);
     let mut first = 0usize;
     for t in plain.iter() {
         let n = t.p.len();
@@ -193,6 +193,7 @@ pub fn adamw_multi_scaled(
             t.decay as i64,
             pend,
             t.p_bf16.as_deref().map_or(0, |b| gpu.ptr(b)) as i64,
+            t.g.mask_ptr(gpu, "adamw g")? as i64,
         ]);
         first += n.div_ceil(1024);
     }

@@ -98,12 +98,36 @@ pub fn embedding_backward(
     tokens: &[u32],
     dy: &CudaSlice<f32>,
 ) -> Result<()> {
+    embedding_backward_marked(gpu, (dtable, None), vocab, dim, tokens, dy)
+}
+
+/// [`embedding_backward`] into a gradient with a chunk mask
+/// (`grad::GradAcc::f32_marked_mut`): the 1024-value chunks it writes are
+/// marked in `mask [ceil(vocab * dim / 1024)]`.
+pub fn embedding_backward_marked(
+    gpu: &Gpu,
+    (dtable, mask): (&mut CudaSlice<f32>, Option<&mut CudaSlice<u8>>),
+    vocab: usize,
+    dim: usize,
+    tokens: &[u32],
+    dy: &CudaSlice<f32>,
+) -> Result<()> {
     check_len(
         "embedding dtable",
         dtable,
         vocab * dim,
         format!("[{vocab}, {dim}]"),
     )?;
+    let chunks = (vocab * dim).div_ceil(super::grad::MASK_CHUNK);
+    if let Some(m) = mask.as_deref() {
+        check_len(
+            "embedding dtable's chunk mask",
+            m,
+            chunks,
+            format!("[{chunks}]"),
+        )?;
+    }
+    let mask = mask.map_or(0, |m| gpu.ptr(m));
     check_len(
         "embedding dy",
         dy,
@@ -143,6 +167,7 @@ pub fn embedding_backward(
             Arg::P(gpu.ptr(dy)),
             Arg::I(dim as i32),
             Arg::P(gpu.ptr(dtable)),
+            Arg::P(mask),
         ],
     )
 }

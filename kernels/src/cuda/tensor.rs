@@ -187,13 +187,22 @@ pub fn sum_squares_multi(gpu: &Gpu, xs: &[GradSrc], acc: &mut CudaSlice<f64>) ->
             acc.len()
         )
     })?;
-    let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 5);
+    let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 6);
     let mut first = 0usize;
     for (t, x) in xs.iter().enumerate() {
         let n = x.len;
-        let (a, p) = x.ptrs(gpu, &format!("sum_squares_multi tensor {t}"))?;
+        let what = format!("sum_squares_multi tensor {t}");
+        let (a, p) = x.ptrs(gpu, &what)?;
+        let mask = x.mask_ptr(gpu, &what)?;
         let blocks = if n == 0 { 0 } else { sumsq_blocks(n) };
-        tab.extend([a as i64, p as i64, n as i64, blocks as i64, first as i64]);
+        tab.extend([
+            a as i64,
+            p as i64,
+            n as i64,
+            blocks as i64,
+            first as i64,
+            mask as i64,
+        ]);
         first += blocks;
     }
     if first == 0 {

@@ -82,7 +82,9 @@ extern "C" __global__ void adamw_step(float* p, const float* g, float* m, float*
 }
 
 // adamw_step over T tensors in one launch (the same per-element operations, so the
-// same bits): tab[t] = {p, g, m, v, n, first block, decay, pend, pb} as 9 int64, the
+// same bits): tab[t] = {p, g, m, v, n, first block, decay, pend, pb, mask} as 10
+// int64 (mask not null: g's 1024-value chunks that may hold nonzeros; a block's
+// chunk marked 0 holds +0, which it takes without reading g), the
 // gradient being grad_val(g, pend, i) (g null: not written yet; pend not null: the
 // last WGrad output still in BF16, added here as its epilogue would have); pb not
 // null: the parameter's BF16 copy [n], written from the new values (fuses the next
@@ -97,16 +99,18 @@ extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, f
     pdl_entry();
     if (scale_p) grad_scale = *scale_p;
     __shared__ int st;
-    if (threadIdx.x == 0) st = tensor_of(tab, 9, 5, T, blockIdx.x);
+    if (threadIdx.x == 0) st = tensor_of(tab, 10, 5, T, blockIdx.x);
     __syncthreads();
-    const long long* e = tab + (long)st * 9;
+    const long long* e = tab + (long)st * 10;
     float *p = (float*)e[0], *m = (float*)e[2], *v = (float*)e[3];
     const float* g = (const float*)e[1];
     const bf16_t* pend = (const bf16_t*)e[7];
     bf16_t* pb = (bf16_t*)e[8];
-    const long n = e[4], i0 = (((long)blockIdx.x - e[5]) * blockDim.x + threadIdx.x) * 4;
+    const u8* mask = (const u8*)e[9];
+    const long b = (long)blockIdx.x - e[5], n = e[4], i0 = (b * blockDim.x + threadIdx.x) * 4;
     const int decay = (int)e[6];
     if (i0 >= n) return;
+    if (mask && !mask[b]) g = nullptr;  // block b is chunk b (1024 values)
     const bool vec =
         i0 + 3 < n && (((u64)p | (u64)g | (u64)m | (u64)v) & 15) == 0 && (((u64)pend | (u64)pb) & 7) == 0;
     float P[4];

@@ -15,16 +15,19 @@ extern "C" __global__ void embedding_fwd(const float* table, const int* tokens, 
 // dtable [vocab, dim] += dy rows, grouped by token: block u adds, in token order, the
 // rows pos[off[u] .. off[u+1]) of dy into row tok[u] (the CPU's order, so bit-exact).
 // Grid (n_uniq, ceil(dim / blockDim)).
+// mask (when not null): the table's 1024-value chunks that may hold nonzeros
+// (grad.rs GradAcc); each value written marks its chunk.
 extern "C" __global__ void embedding_bwd(const int* tok, const int* off, const int* pos, int n_uniq,
-                                         const float* dy, int dim, float* dtable) {
+                                         const float* dy, int dim, float* dtable, u8* mask) {
     pdl_entry();
     int u = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (u >= n_uniq || c >= dim) return;
-    float* row = dtable + (long)tok[u] * dim;
-    float acc = row[c];
+    const long at = (long)tok[u] * dim + c;
+    float acc = dtable[at];
     for (int p = off[u]; p < off[u + 1]; p++) acc += dy[(long)pos[p] * dim + c];
-    row[c] = acc;
+    dtable[at] = acc;
+    if (mask) mask[at >> 10] = 1;
 }
 
 // ---- rmsnorm ---------------------------------------------------------------------

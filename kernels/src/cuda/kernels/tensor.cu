@@ -68,13 +68,14 @@ __device__ double block_sum_d(double v, double* sh) {
     v = lane < nw ? sh[lane] : 0.0;
     return warp_sum_d(v);
 }
-// x: the f32 values, or with pend a gradient's (grad_val: x null reads as +0).
+// x: the f32 values, or with pend a gradient's (grad_val: x null reads as +0);
+// mask (not null): x's 1024-value chunks marked 0 hold +0 and are not read.
 __device__ __forceinline__ void sumsq_part(const float* x, const bf16_t* pend, long n, long nblocks, long b,
-                                           double* sh, double* out) {
+                                           double* sh, double* out, const u8* mask = nullptr) {
     long stride = nblocks * blockDim.x;
     double s = 0.0;
     for (long i = b * blockDim.x + threadIdx.x; i < n; i += stride) {
-        double d = (double)grad_val(x, pend, i);
+        double d = (double)grad_val(mask && !mask[i >> 10] ? nullptr : x, pend, i);
         s = __dadd_rn(s, __dmul_rn(d, d));
     }
     s = block_sum_d(s, sh);
@@ -98,24 +99,25 @@ extern "C" __global__ void sumsq_final(const double* part, int blocks, double* a
 }
 // sumsq_partial / sumsq_final over T tensors in two launches, each tensor's blocks
 // and sums exactly as its own launches would do: tab[t] = {x, pend, n, blocks, first
-// block} as 5 int64 (first ascending; x null and pend: a gradient not yet written,
-// pend not null: its BF16 WGrad output still to add, grad_val); part has one double
-// per block in all.
+// block, mask} as 6 int64 (first ascending; x null and pend: a gradient not yet
+// written, pend not null: its BF16 WGrad output still to add, grad_val; mask not
+// null: x's chunks that may hold nonzeros, the others read as the +0 they hold);
+// part has one double per block in all.
 extern "C" __global__ void sumsq_partial_multi(const long long* tab, int T, double* part) {
     pdl_entry();
     __shared__ double sh[32];
     __shared__ int st;
-    if (threadIdx.x == 0) st = tensor_of(tab, 5, 4, T, blockIdx.x);
+    if (threadIdx.x == 0) st = tensor_of(tab, 6, 4, T, blockIdx.x);
     __syncthreads();
-    const long long* e = tab + (long)st * 5;
+    const long long* e = tab + (long)st * 6;
     sumsq_part((const float*)e[0], (const bf16_t*)e[1], e[2], e[3], (long)blockIdx.x - e[4], sh,
-               part + blockIdx.x);
+               part + blockIdx.x, (const u8*)e[5]);
 }
 // Block t: acc[t] += the sum of tensor t's partials.
 extern "C" __global__ void sumsq_final_multi(const long long* tab, const double* part, double* acc) {
     pdl_entry();
     __shared__ double sh[32];
-    const long long* e = tab + (long)blockIdx.x * 5;
+    const long long* e = tab + (long)blockIdx.x * 6;
     sumsq_fin(part + e[4], (int)e[3], sh, acc + blockIdx.x);
 }
 
@@ -133,6 +135,32 @@ extern "C" __global__ void grad_clip_scale(const double* acc, int n, double clip
     const double r = sqrt(s);
     *norm = r;
     *scale = (float)(clip > 0.0 && r > clip ? clip / r : 1.0);
+}
+
+// A masked gradient back to zero (grad.rs GradAcc::f32_mut in place of a memset):
+// every 1024-value chunk of acc [n] marked in mask [ceil(n / 1024)] zeroed and
+// unmarked. Grid ceil(chunks / 256), block 256: lane l of warp w checks chunk
+// 32 (8 block + w) + l, then the warp zeroes each marked chunk of its 32 together.
+extern "C" __global__ void grad_mask_clear(float* acc, u8* mask, long n) {
+    pdl_entry();
+    const long chunks = (n + 1023) >> 10;
+    const int lane = threadIdx.x & 31;
+    const long c0 = ((long)blockIdx.x * 8 + (threadIdx.x >> 5)) * 32;
+    const long c = c0 + lane;
+    const bool marked = c < chunks && mask[c];
+    unsigned todo = __ballot_sync(0xffffffffu, marked);
+    if (marked) mask[c] = 0;
+    while (todo) {
+        const int k = __ffs(todo) - 1;
+        todo &= todo - 1;
+        const long i0 = (c0 + k) << 10, i1 = min(i0 + 1024, n);
+        if (i1 - i0 == 1024 && ((u64)acc & 15) == 0) {
+            for (long i = i0 + 4 * lane; i < i1; i += 128)
+                *reinterpret_cast<float4*>(acc + i) = make_float4(0.f, 0.f, 0.f, 0.f);
+        } else {
+            for (long i = i0 + lane; i < i1; i += 32) acc[i] = 0.0f;
+        }
+    }
 }
 
 // y[i] = grad_val(acc, d, i) for i < n: a GradAcc's pending BF16 WGrad output added

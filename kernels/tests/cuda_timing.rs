@@ -491,3 +491,43 @@ fn quant_timing() {
         );
     }
 }
+
+/// The decode attention's cache layout, measured without changing it: the same
+/// 512 chains (row, KV head) of 2 query heads each over the same bytes, once as
+/// Qwen3-0.6B lays them out (64 rows x 8 KV heads: a chain reads 256-byte pieces
+/// 2 KiB apart) and once as 512 rows of 1 KV head (a chain's rows contiguous, as a
+/// head-major cache would hold them). Also batch 256 against 2,048 rows.
+#[test]
+#[ignore]
+fn decode_layout_timing() {
+    use jet_kernels::cuda::flash;
+    use jet_kernels::ops::attention::AttnShape;
+    let Some(g) = gpu() else { return };
+    let mut pre = g.zeros::<u8>(8 << 30).unwrap();
+    for (b0, ctx) in [(64usize, 256usize), (64, 192), (256, 192)] {
+        for (nh, nkv, b) in [(16usize, 8usize, b0), (2, 1, b0 * 8)] {
+            let shape = AttnShape {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: 128,
+            };
+            let kvw = nkv * 128;
+            let q = rand_dev(&g, b * nh * 128, 3, 1.0);
+            let (kc, vc) = (
+                g.zeros::<u16>(b * ctx * kvw).unwrap(),
+                g.zeros::<u16>(b * ctx * kvw).unwrap(),
+            );
+            let kv0: Vec<i32> = (0..b).map(|s| (s * ctx) as i32).collect();
+            let len = vec![ctx as i32; b];
+            let (kv0, len) = (g.upload(&kv0).unwrap(), g.upload(&len).unwrap());
+            let us = time_us(&g, &mut pre, 50, |_| {
+                flash::flash_decode_dev(&g, &q, (&kc, &vc), (&kv0, &len), b, shape).unwrap();
+            });
+            let bytes = (2 * b * ctx * kvw * 2) as f64;
+            println!(
+                "TIMING decode layout | {nh}q/{nkv}kv x {b} rows, {ctx} cached | {us:8.1} us | {:6.0} GB/s",
+                bytes / us / 1e3
+            );
+        }
+    }
+}

@@ -174,8 +174,10 @@ impl GradAcc {
     }
 
     /// [`GradAcc::f32_mut`] for a writer that marks, in the mask (when there is
-    /// one), every 1024-value chunk it writes (`embedding_backward`): a cleared
-    /// masked gradient zeroes only the chunks marked before.
+    /// one), every 1024-value chunk it writes (`embedding_backward_marked`): a
+    /// cleared masked gradient zeroes only the chunks marked before. A writer that
+    /// leaves a chunk it wrote unmarked breaks the mask's promise (readers would
+    /// take that chunk as +0): one that does not mark takes `f32_mut`.
     pub fn f32_marked_mut(
         &mut self,
         gpu: &Gpu,

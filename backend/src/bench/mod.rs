@@ -381,14 +381,15 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             parts.join(", ")
         );
     }
-    let _ = writeln!(s, "\ntrain              tokens/s   vs bf16   step s  median s  prepare  forward  loss+bwd  AdamW   peak GiB  floor s  of floor");
+    let _ = writeln!(s, "\ntrain              tokens/s   vs bf16  (median)   step s  median s  prepare  forward  loss+bwd  AdamW   peak GiB  floor s  of floor");
     for x in &r.train {
         let _ = writeln!(
             s,
-            "{:<18} {:>8.0} {:>8.2}x {:>8.3} {:>9.3} {:>8.3} {:>8.3} {:>9.3} {:>6.3} {:>10.1} {:>8} {:>8}",
+            "{:<18} {:>8.0} {:>8.2}x {:>8.2}x {:>8.3} {:>9.3} {:>8.3} {:>8.3} {:>9.3} {:>6.3} {:>10.1} {:>8} {:>8}",
             x.flow,
             x.tokens_per_s,
             x.vs_bf16,
+            x.vs_bf16_median,
             x.step_s,
             x.step_median_s,
             x.prepare_s,

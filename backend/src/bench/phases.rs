@@ -81,6 +81,9 @@ pub struct TrainRow {
     pub forward_s: f64,
     pub optimizer_s: f64,
     pub vs_bf16: f64,
+    /// The same ratio from the median updates (bf16's median step over this
+    /// flow's): one slow update in either flow moves `vs_bf16`, not this.
+    pub vs_bf16_median: f64,
     pub peak_gib: f64,
     /// The step's floor: 6 x params x tokens FLOPs at the best GEMM rate
     /// measured for the flow's training precision, plus AdamW's bytes (28 per
@@ -480,9 +483,12 @@ pub fn run(
         let step_median_s = median(&steps_s);
         let tps = (seqs.len() * a.train_len) as f64 / step_s;
         if flow == Flow::Bf16 {
-            base_train.insert(var.invariant, tps);
+            base_train.insert(var.invariant, (tps, step_median_s));
         }
-        let base = base_train.get(&var.invariant).copied().unwrap_or(f64::NAN);
+        let (base, base_median) = base_train
+            .get(&var.invariant)
+            .copied()
+            .unwrap_or((f64::NAN, f64::NAN));
         r.train.push(TrainRow {
             flow: var.name(),
             tokens_per_s: tps,
@@ -495,6 +501,7 @@ pub fn run(
             forward_s,
             optimizer_s,
             vs_bf16: tps / base,
+            vs_bf16_median: base_median / step_median_s,
             peak_gib: used,
             floor_s: None,
             of_floor: None,

@@ -169,7 +169,7 @@ impl GradAcc {
     pub fn f32_mut(&mut self, gpu: &Gpu) -> Result<&mut CudaSlice<f32>> {
         self.f32_marked_mut(gpu)?;
         // After the clear, which unmarks what it zeroes.
-        self.mark_all(gpu)?;
+        mark_all(gpu, self.mask.as_mut())?;
         Ok(&mut self.acc)
     }
 
@@ -211,25 +211,13 @@ impl GradAcc {
         Ok((&mut self.acc, self.mask.as_mut()))
     }
 
-    /// Every chunk marked (a writer that does not mark its own is coming).
-    fn mark_all(&mut self, gpu: &Gpu) -> Result<()> {
-        if let Some(m) = self.mask.as_mut() {
-            let n = m.len();
-            gpu.write(m, &vec![1u8; n])?;
-        }
-        Ok(())
-    }
-
     /// Add the held BF16 addend into the f32 accumulator (`grad_settle`: the WGrad
     /// epilogue's values).
     fn settle(&mut self, gpu: &Gpu) -> Result<()> {
-        if self.pending.is_none() {
-            return Ok(());
-        }
-        self.mark_all(gpu)?;
         let Some(d) = self.pending.as_ref() else {
             return Ok(());
         };
+        mark_all(gpu, self.mask.as_mut())?;
         let n = self.acc.len();
         if n == 0 {
             self.pending = None;
@@ -254,4 +242,14 @@ impl GradAcc {
         self.zero = false;
         Ok(())
     }
+}
+
+/// Every chunk of a gradient's mask (if it has one) marked: a writer that does not
+/// mark its own chunks is coming.
+fn mark_all(gpu: &Gpu, mask: Option<&mut CudaSlice<u8>>) -> Result<()> {
+    if let Some(m) = mask {
+        let n = m.len();
+        gpu.write(m, &vec![1u8; n])?;
+    }
+    Ok(())
 }

@@ -20,10 +20,18 @@ Peers (--peer): `eager` is the above; `sdpa` uses PyTorch's scaled_dot_product_a
 step's model under torch.compile (rollout stays uncompiled). `--attn-bench` times
 causal SDPA alone (FlashAttention-2 and cuDNN backends) at B x 16 x L, d 128.
 
+`--master f32` keeps the parameters and AdamW's state in f32 and runs the
+forward and backward under BF16 autocast (GEMMs in BF16, norms and the loss in
+f32): the numerics Jet's `bf16` flow keeps (f32 master weights and optimizer
+state), where the default `bf16` master reads and writes half the optimizer
+bytes. `--profile` runs one more training step under torch.profiler and reports
+its GPU kernel time by class (gemm, attention, optimizer, loss, elementwise) and
+its top kernels, the classes `jetd bench` reports for Jet's step.
+
 Peak CUDA memory is reported per phase. Models are built from configs with
 random weights: nothing is downloaded (throughput does not depend on weights).
 """
-import argparse, gc, json, platform, sys, time
+import argparse, contextlib, gc, json, platform, sys, time
 
 import torch
 import transformers
@@ -49,11 +57,12 @@ def build_model(args):
     cfg = transformers.Qwen3Config(**kw)  # rope_theta -> rope_parameters in transformers 5
     auto = transformers.AutoModelForCausalLM
     attn = "eager" if args.peer == "eager" else "sdpa"
+    dtype = torch.float32 if args.master == "f32" else torch.bfloat16
     try:  # transformers >= 4.56 / 5.x spell it dtype=
-        model = auto.from_config(cfg, attn_implementation=attn, dtype=torch.bfloat16)
+        model = auto.from_config(cfg, attn_implementation=attn, dtype=dtype)
     except TypeError:
-        model = auto.from_config(cfg, attn_implementation=attn, torch_dtype=torch.bfloat16)
-    model = model.to(device=args.device, dtype=torch.bfloat16)
+        model = auto.from_config(cfg, attn_implementation=attn, torch_dtype=dtype)
+    model = model.to(device=args.device, dtype=dtype)
     gc_ = model.generation_config  # never stop early, never pad
     gc_.eos_token_id, gc_.bos_token_id, gc_.pad_token_id = None, None, 0
     return model, cfg
@@ -82,6 +91,58 @@ def generate(model, ids, new_tokens):
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
         min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
         use_cache=True, eos_token_id=None, pad_token_id=0)
+
+
+def autocast(args, dev):
+    """BF16 autocast over f32 master weights (`--master f32`), else nothing."""
+    if args.master == "f32":
+        return torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# Kernel classes of a profiled step, first match wins (attention before gemm:
+# CUTLASS's FMHA kernels name cutlass too).
+KERNEL_CLASSES = [
+    ("attention", ("flash", "fmha", "attention", "sdpa", "_attn")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitkreduce", "sm90_", "sm80_")),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("loss", ("cross_entropy", "nll_loss", "log_softmax", "softmax")),
+]
+
+
+def kernel_class(name):
+    low = name.lower()
+    for cls, keys in KERNEL_CLASSES:
+        if any(k in low for k in keys):
+            return cls
+    return "elementwise"
+
+
+def profile_step(dev, step):
+    """One step under torch.profiler: GPU kernel seconds by class, the top
+    kernels, and the span from the first kernel's start to the last's end."""
+    from torch.profiler import ProfilerActivity, profile
+    sync(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        sync(dev)
+    classes, kernels, t0, t1 = {}, {}, None, None
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = e.time_range.elapsed_us()
+        t0 = e.time_range.start if t0 is None else min(t0, e.time_range.start)
+        t1 = e.time_range.end if t1 is None else max(t1, e.time_range.end)
+        cls = kernel_class(e.name)
+        classes[cls] = classes.get(cls, 0.0) + us / 1e6
+        n, k = kernels.get(e.name, (0, 0.0))
+        kernels[e.name] = (n + 1, k + us / 1e6)
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:15]
+    return dict(kernel_s=round(sum(classes.values()), 6),
+                span_s=round(((t1 or 0) - (t0 or 0)) / 1e6, 6),
+                classes={c: round(v, 6) for c, v in sorted(classes.items(), key=lambda kv: -kv[1])},
+                top=[dict(name=n[:100], launches=c, s=round(t, 6), cls=kernel_class(n))
+                     for n, (c, t) in top])
 
 
 def timed(dev, fn):
@@ -128,7 +189,8 @@ def bench_train(model, cfg, args, dev):
         fwd = torch.compile(model) if args.peer == "compile" else model
 
         def step():
-            loss = fwd(input_ids=ids, labels=ids).loss
+            with autocast(args, dev):
+                loss = fwd(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -140,6 +202,8 @@ def bench_train(model, cfg, args, dev):
         toks = args.train_seqs * args.train_len * args.train_steps
         res.update(tokens_per_s=round(toks / secs, 2), step_s=round(secs / args.train_steps, 4),
                    loss=round(float(loss), 4), peak_gib=peak_gib(dev))
+        if args.profile and dev.type == "cuda":
+            res["profile"] = profile_step(dev, step)
     except OOM:
         res["error"] = "out of memory"
     finally:
@@ -208,6 +272,10 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peer", choices=["eager", "sdpa", "compile"], default="eager")
     p.add_argument("--no-rollout", action="store_true", help="time training only")
+    p.add_argument("--master", choices=["bf16", "f32"], default="bf16",
+                   help="parameters and AdamW state in BF16 (default) or f32 under BF16 autocast")
+    p.add_argument("--profile", action="store_true",
+                   help="profile one more training step: GPU kernel time by class")
     p.add_argument("--attn-bench", action="store_true",
                    help="time causal SDPA alone (FA2 and cuDNN backends) and exit")
     args = p.parse_args()
@@ -221,16 +289,18 @@ def main():
     torch.manual_seed(args.seed)
 
     model, cfg = build_model(args)
-    rollout = [] if args.no_rollout else [bench_rollout(model, cfg, args, dev, b) for b in batches]
+    with autocast(args, dev):
+        rollout = [] if args.no_rollout else [bench_rollout(model, cfg, args, dev, b) for b in batches]
     train = bench_train(model, cfg, args, dev)
 
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or "cpu")
-    result = {"peer": f"pytorch-{args.peer}-bf16", "torch": torch.__version__,
+    master = "bf16" if args.master == "bf16" else "amp-f32master"
+    result = {"peer": f"pytorch-{args.peer}-{master}", "master": args.master, "torch": torch.__version__,
               "transformers": transformers.__version__, "device": name, "preset": args.preset,
               "layers": cfg.num_hidden_layers, "rollout": rollout, "train": train}
 
     f = lambda v: "-" if v is None else (f"{v:,.1f}" if isinstance(v, float) else str(v))
-    print(f"# PyTorch peer: {args.preset} ({cfg.num_hidden_layers} layers), {args.peer} BF16, "
+    print(f"# PyTorch peer: {args.preset} ({cfg.num_hidden_layers} layers), {args.peer} {master}, "
           f"torch {torch.__version__}, transformers {transformers.__version__}, {name}")
     print(f"{'phase':<8} {'batch':>6} {'shape':>10} {'tok/s':>12} {'decode tok/s':>13} "
           f"{'seconds':>9} {'peak GiB':>9}")
@@ -247,6 +317,14 @@ def main():
     else:
         print(f"{'train':<8} {train['seqs']:>6} {shape:>10} {f(train['tokens_per_s']):>12} "
               f"{'-':>13} {train['step_s']:>9.3f} {f(train['peak_gib']):>9}  (s/step)")
+        prof = train.get("profile")
+        if prof:
+            print(f"# profiled step: kernels {prof['kernel_s'] * 1e3:.2f} ms in a "
+                  f"{prof['span_s'] * 1e3:.2f} ms span")
+            for c, v in prof["classes"].items():
+                print(f"class    {c:<12} {v * 1e3:>9.3f} ms")
+            for k in prof["top"]:
+                print(f"kernel   {k['s'] * 1e3:>9.3f} ms {k['launches']:>5}x {k['cls']:<11} {k['name'][:70]}")
     if args.json:
         print(json.dumps(result))
     sys.stdout.flush()

@@ -9,6 +9,9 @@
 #   bash bench/gpu_check.sh [tests] [bench PRESET [LAYERS]] [peer PRESET [LAYERS]] [attnpeer]
 #                           [sft CONFIG] [onpolicy CONFIG STEPS FLOW...]
 #                           [compare PRESET[:LAYERS],... REPS BUILD,...]
+#                           [ncustep FLOW PRESET [LAYERS]]
+# ncustep: one training step's kernels timed alone by Nsight Compute (device time
+# without the bench's event brackets), summed per kernel by bench/ncu_step.py.
 # compare: each build (a binary in .carry: jetd, jetd-prev, ...) benched REPS times,
 # the builds interleaved, on each shape, with JET_BENCH_ARGS (e.g. "--train-steps 0
 # --batch 64,256"); reports in $OUT/cmp, then bench/compare_builds.py's table.
@@ -101,6 +104,21 @@ zero = sum(1 for k, d in zip(kl, dmax) if k == 0 and d == 0)
 print(f"ONPOLICY | {sys.argv[2]:<16} | RL steps {len(rl)} | mismatch exactly 0 at {zero} | max mismatch_kl {max(kl or [0]):.3e} | heldout {[r.get('heldout_accuracy') for r in rl if r.get('heldout_accuracy') is not None]}")
 PY
       done
+      ;;
+    ncustep)
+      flow=$2; preset=$3; shift 3
+      layers=()
+      if [[ "${1:-}" =~ ^[0-9]+$ ]]; then layers=(--layers "$1"); shift; fi
+      name="ncu-step-$flow-$preset${layers[1]:+-${layers[1]}l}"
+      # Warm the kernel cache outside ncu, then trace through the first update.
+      ./.carry/jetd bench --device cuda --json --no-kernels --no-cublaslt --flow "$flow" --preset "$preset" \
+        "${layers[@]}" --batch 1 --gen-len 2 --prompt-len 16 --train-steps 1 >/dev/null 2>&1
+      ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
+        --launch-count 6000 --log-file "$LOG/$name.csv" \
+        ./.carry/jetd bench --device cuda --json --no-kernels --no-cublaslt --flow "$flow" --preset "$preset" \
+        "${layers[@]}" --batch 1 --gen-len 2 --prompt-len 16 --train-steps 1 >/dev/null 2>"$LOG/$name.err"
+      SUMMARY+=("$name: rc $?")
+      python3 bench/ncu_step.py "$LOG/$name.csv" | tee "$LOG/$name.txt"
       ;;
     compare)
       IFS=, read -ra shapes <<<"$2"; reps=$3; IFS=, read -ra builds <<<"$4"; shift 4

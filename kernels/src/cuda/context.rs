@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys, Ptx};
 use sha2::{Digest, Sha256};
@@ -725,6 +725,19 @@ impl Gpu {
             return self.uninit(1);
         }
         self.stream.clone_htod(x).ctx("copying to the device")
+    }
+
+    /// Set every byte of `dst` to `v` (stream-ordered, from no host buffer).
+    pub(crate) fn fill_bytes(&self, dst: &mut CudaSlice<u8>, v: u8) -> Result<()> {
+        let n = dst.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let (p, _sync) = dst.device_ptr_mut(&self.stream);
+        // SAFETY: `p` addresses the `n` bytes of a live allocation used on this
+        // stream, and any byte is a valid `u8`.
+        unsafe { cudarc::driver::result::memset_d8_async(p, v, n, self.stream.cu_stream()) }
+            .ctx("setting device memory")
     }
 
     /// Overwrite the first `src.len()` values of the device buffer `dst` with

@@ -42,7 +42,7 @@ pub struct GradAcc {
     mask: Option<CudaSlice<u8>>,
 }
 
-/// Values a mask byte covers.
+/// Values a mask byte covers (`GRAD_MASK_SHIFT` in common.cuh, held to it by a test).
 pub const MASK_CHUNK: usize = 1024;
 
 /// How a kernel reads one gradient of `len` values: `acc` (None: +0) plus, when
@@ -248,8 +248,25 @@ impl GradAcc {
 /// mark its own chunks is coming.
 fn mark_all(gpu: &Gpu, mask: Option<&mut CudaSlice<u8>>) -> Result<()> {
     if let Some(m) = mask {
-        let n = m.len();
-        gpu.write(m, &vec![1u8; n])?;
+        gpu.fill_bytes(m, 1)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MASK_CHUNK;
+
+    /// The kernels index the mask by `value >> GRAD_MASK_SHIFT` (common.cuh); the
+    /// host sizes it and launches over it by MASK_CHUNK. They must agree.
+    #[test]
+    fn kernels_use_the_hosts_mask_chunk() {
+        let src = include_str!("kernels/common.cuh");
+        let shift: u32 = src
+            .lines()
+            .find_map(|l| l.strip_prefix("#define GRAD_MASK_SHIFT "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("common.cuh defines GRAD_MASK_SHIFT");
+        assert_eq!(1usize << shift, MASK_CHUNK);
+    }
 }

@@ -83,8 +83,8 @@ extern "C" __global__ void adamw_step(float* p, const float* g, float* m, float*
 
 // adamw_step over T tensors in one launch (the same per-element operations, so the
 // same bits): tab[t] = {p, g, m, v, n, first block, decay, pend, pb, mask} as 10
-// int64 (mask not null: g's 1024-value chunks that may hold nonzeros; a block's
-// chunk marked 0 holds +0, which it takes without reading g), the
+// int64 (mask not null: g's chunks of 2^GRAD_MASK_SHIFT values that may hold
+// nonzeros; a chunk marked 0 holds +0, which a thread takes without reading g), the
 // gradient being grad_val(g, pend, i) (g null: not written yet; pend not null: the
 // last WGrad output still in BF16, added here as its epilogue would have); pb not
 // null: the parameter's BF16 copy [n], written from the new values (fuses the next
@@ -110,7 +110,7 @@ extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, f
     const long b = (long)blockIdx.x - e[5], n = e[4], i0 = (b * blockDim.x + threadIdx.x) * 4;
     const int decay = (int)e[6];
     if (i0 >= n) return;
-    if (mask && !mask[b]) g = nullptr;  // block b is chunk b (1024 values)
+    if (mask && !mask[i0 >> GRAD_MASK_SHIFT]) g = nullptr;  // a thread's 4 values lie in one chunk
     const bool vec =
         i0 + 3 < n && (((u64)p | (u64)g | (u64)m | (u64)v) & 15) == 0 && (((u64)pend | (u64)pb) & 7) == 0;
     float P[4];

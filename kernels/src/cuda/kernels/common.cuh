@@ -10,6 +10,9 @@ typedef unsigned long long u64;
 #define E4M3_MAX 448.0f
 // fp8::encode(NaN): F8E4M3::from_f32(NaN), the positive NaN code.
 #define E4M3_NAN 0x7fu
+// A masked gradient (grad.rs GradAcc) keeps a byte for each 2^GRAD_MASK_SHIFT values
+// (grad.rs MASK_CHUNK, which a test holds to this).
+#define GRAD_MASK_SHIFT 10
 
 __device__ __forceinline__ float bf16_to_f32(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
 

@@ -15,7 +15,7 @@ extern "C" __global__ void embedding_fwd(const float* table, const int* tokens, 
 // dtable [vocab, dim] += dy rows, grouped by token: block u adds, in token order, the
 // rows pos[off[u] .. off[u+1]) of dy into row tok[u] (the CPU's order, so bit-exact).
 // Grid (n_uniq, ceil(dim / blockDim)).
-// mask (when not null): the table's 1024-value chunks that may hold nonzeros
+// mask (when not null): the table's chunks (GRAD_MASK_SHIFT) that may hold nonzeros
 // (grad.rs GradAcc); each value written marks its chunk.
 extern "C" __global__ void embedding_bwd(const int* tok, const int* off, const int* pos, int n_uniq,
                                          const float* dy, int dim, float* dtable, u8* mask) {
@@ -27,7 +27,10 @@ extern "C" __global__ void embedding_bwd(const int* tok, const int* off, const i
     float acc = dtable[at];
     for (int p = off[u]; p < off[u + 1]; p++) acc += dy[(long)pos[p] * dim + c];
     dtable[at] = acc;
-    if (mask) mask[at >> 10] = 1;
+    // One store a chunk a warp: lane 0, and a lane whose value starts a new chunk
+    // (a warp's lanes hold consecutive columns of one row).
+    if (mask && ((threadIdx.x & 31) == 0 || (at >> GRAD_MASK_SHIFT) != ((at - 1) >> GRAD_MASK_SHIFT)))
+        mask[at >> GRAD_MASK_SHIFT] = 1;
 }
 
 // ---- rmsnorm ---------------------------------------------------------------------

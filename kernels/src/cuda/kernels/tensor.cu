@@ -69,13 +69,13 @@ __device__ double block_sum_d(double v, double* sh) {
     return warp_sum_d(v);
 }
 // x: the f32 values, or with pend a gradient's (grad_val: x null reads as +0);
-// mask (not null): x's 1024-value chunks marked 0 hold +0 and are not read.
+// mask (not null): x's chunks (GRAD_MASK_SHIFT) marked 0 hold +0 and are not read.
 __device__ __forceinline__ void sumsq_part(const float* x, const bf16_t* pend, long n, long nblocks, long b,
                                            double* sh, double* out, const u8* mask = nullptr) {
     long stride = nblocks * blockDim.x;
     double s = 0.0;
     for (long i = b * blockDim.x + threadIdx.x; i < n; i += stride) {
-        double d = (double)grad_val(mask && !mask[i >> 10] ? nullptr : x, pend, i);
+        double d = (double)grad_val(mask && !mask[i >> GRAD_MASK_SHIFT] ? nullptr : x, pend, i);
         s = __dadd_rn(s, __dmul_rn(d, d));
     }
     s = block_sum_d(s, sh);
@@ -138,12 +138,13 @@ extern "C" __global__ void grad_clip_scale(const double* acc, int n, double clip
 }
 
 // A masked gradient back to zero (grad.rs GradAcc::f32_mut in place of a memset):
-// every 1024-value chunk of acc [n] marked in mask [ceil(n / 1024)] zeroed and
+// every chunk (2^GRAD_MASK_SHIFT values) of acc [n] marked in mask [ceil(n / chunk)] zeroed and
 // unmarked. Grid ceil(chunks / 256), block 256: lane l of warp w checks chunk
 // 32 (8 block + w) + l, then the warp zeroes each marked chunk of its 32 together.
 extern "C" __global__ void grad_mask_clear(float* acc, u8* mask, long n) {
     pdl_entry();
-    const long chunks = (n + 1023) >> 10;
+    constexpr long CHUNK = 1L << GRAD_MASK_SHIFT;
+    const long chunks = (n + CHUNK - 1) >> GRAD_MASK_SHIFT;
     const int lane = threadIdx.x & 31;
     const long c0 = ((long)blockIdx.x * 8 + (threadIdx.x >> 5)) * 32;
     const long c = c0 + lane;
@@ -153,8 +154,8 @@ extern "C" __global__ void grad_mask_clear(float* acc, u8* mask, long n) {
     while (todo) {
         const int k = __ffs(todo) - 1;
         todo &= todo - 1;
-        const long i0 = (c0 + k) << 10, i1 = min(i0 + 1024, n);
-        if (i1 - i0 == 1024 && ((u64)acc & 15) == 0) {
+        const long i0 = (c0 + k) << GRAD_MASK_SHIFT, i1 = min(i0 + CHUNK, n);
+        if (i1 - i0 == CHUNK && ((u64)acc & 15) == 0) {
             for (long i = i0 + 4 * lane; i < i1; i += 128)
                 *reinterpret_cast<float4*>(acc + i) = make_float4(0.f, 0.f, 0.f, 0.f);
         } else {

@@ -14,10 +14,12 @@ sum over a step is the step's device time, comparable with a torch.profiler
         --batch 1 --gen-len 2 --prompt-len 16 --train-steps 1
     python3 bench/ncu_step.py step.csv [--json]
 
-The step is the first training update in the trace: from the last `embedding_fwd`
-before the first AdamW launch through that launch. The rows kernels (the
-batch-invariant forward GEMMs) are also listed by their place in a layer (q, k, v,
-o, gate, up, down) and the LM head.
+The step is the trace's Nth training update (`--update`, default 2: the bench's
+first timed update, after its warm-up): from the last `embedding_fwd` before the
+Nth run of AdamW launches through that run (`adamw_block128_multi` then
+`adamw_multi` in the FP8-weight flows). The rows kernels (the batch-invariant
+forward GEMMs) are also listed by their place in a layer (q, k, v, o, gate, up,
+down) and the LM head.
 """
 import argparse
 import collections
@@ -48,31 +50,49 @@ def launches(path):
     return out
 
 
-def step_of(ks, path):
-    adam = next((i for i, k in enumerate(ks) if k[0].startswith("adamw")), None)
-    if adam is None:
-        sys.exit(f"{path}: no AdamW launch in the trace (raise --launch-count)")
-    emb = [i for i in range(adam) if ks[i][0] == "embedding_fwd"]
+def is_rows(name):
+    """The batch-invariant forward GEMM (wgmma + TMA, or the mma.sync family)."""
+    return name.endswith("_rows_tma") or (name.startswith("gemm_") and name.endswith("_rows"))
+
+
+def step_of(ks, path, update):
+    """The launches of the update-th training update (1-based)."""
+    runs = []  # [first, last] index of each run of consecutive AdamW launches
+    for i, k in enumerate(ks):
+        if k[0].startswith("adamw"):
+            if runs and runs[-1][1] == i - 1:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+    if len(runs) < update:
+        sys.exit(f"{path}: {len(runs)} AdamW updates in the trace, asked for update {update} "
+                 "(raise ncu's --launch-count)")
+    first, last = runs[update - 1]
+    emb = [i for i in range(first) if ks[i][0] == "embedding_fwd"]
     if not emb:
-        sys.exit(f"{path}: no embedding_fwd before the first AdamW launch")
-    return ks[emb[-1]:adam + 1]
+        sys.exit(f"{path}: no embedding_fwd before AdamW update {update}")
+    return ks[emb[-1]:last + 1]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("csv")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--update", type=int, default=2,
+                   help="which training update of the trace (1: the bench's warm-up)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     a = p.parse_args()
-    step = step_of(launches(a.csv), a.csv)
+    if a.update < 1:
+        sys.exit("--update counts from 1")
+    step = step_of(launches(a.csv), a.csv, a.update)
     per = collections.defaultdict(lambda: [0.0, 0])
     for n, us, _ in step:
         per[n][0] += us
         per[n][1] += 1
     kernels = sorted(per.items(), key=lambda kv: -kv[1][0])
-    rows = [us for n, us, g in step if "rows" in n]
+    rows = [us for n, us, g in step if is_rows(n)]
     by_place = {}
-    if len(rows) % 7 == 1:  # 7 a layer, then the LM head
+    if len(rows) > 1 and len(rows) % 7 == 1:  # 7 a layer, then the LM head
         layers = len(rows) // 7
         by_place = {g: sum(rows[j::7][:layers]) / layers for j, g in enumerate(LAYER_GEMMS)}
         by_place["lm_head"] = rows[-1]
@@ -82,7 +102,7 @@ def main():
     if a.json:
         print(json.dumps(res))
         return
-    print(f"training step: {res['launches']} launches, {res['kernel_ms']:.2f} ms of kernels")
+    print(f"training update {a.update}: {res['launches']} launches, {res['kernel_ms']:.2f} ms of kernels")
     for k in res["kernels"][:a.top]:
         print(f"{k['ms']:9.3f} ms {k['launches']:5d}x  {k['name'][:90]}")
     if by_place:

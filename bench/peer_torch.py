@@ -24,7 +24,8 @@ causal SDPA alone (FlashAttention-2 and cuDNN backends) at B x 16 x L, d 128.
 forward and backward under BF16 autocast (GEMMs in BF16, norms and the loss in
 f32): the numerics Jet's `bf16` flow keeps (f32 master weights and optimizer
 state), where the default `bf16` master reads and writes half the optimizer
-bytes. `--profile` runs one more training step under torch.profiler and reports
+bytes (it is meant for training: with rollout, generation also runs on the f32
+weights under autocast). `--profile` runs one more training step under torch.profiler and reports
 its GPU kernel time by class (gemm, attention, optimizer, loss, elementwise) and
 its top kernels, the classes `jetd bench` reports for Jet's step.
 
@@ -101,8 +102,10 @@ def autocast(args, dev):
 
 
 # Kernel classes of a profiled step, first match wins (attention before gemm:
-# CUTLASS's FMHA kernels name cutlass too).
+# CUTLASS's FMHA kernels name cutlass too). Meant for the sdpa and compile peers: in
+# the eager peer attention's own softmax lands in "loss".
 KERNEL_CLASSES = [
+    ("copy", ("memset", "memcpy")),
     ("attention", ("flash", "fmha", "attention", "sdpa", "_attn")),
     ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitkreduce", "sm90_", "sm80_")),
     ("optimizer", ("adam", "multi_tensor")),

@@ -733,6 +733,9 @@ impl Gpu {
         if n == 0 {
             return Ok(());
         }
+        // A raw driver call: the context must be this thread's, as cudarc's own
+        // calls make it.
+        self.ctx.bind_to_thread().ctx("binding the device")?;
         let (p, _sync) = dst.device_ptr_mut(&self.stream);
         // SAFETY: `p` addresses the `n` bytes of a live allocation used on this
         // stream, and any byte is a valid `u8`.

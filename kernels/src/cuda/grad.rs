@@ -14,7 +14,7 @@
 //! when the next one arrives.
 //!
 //! A gradient written by a scatter (the untied embedding's, a few thousand rows of
-//! 150k) can carry a mask: a byte a 1024-value chunk, 0 where the chunk holds +0.
+//! 150k) can carry a mask: a byte a [`MASK_CHUNK`]-value chunk, 0 where the chunk holds +0.
 //! The scatter marks the chunks it writes; clearing zeroes the marked chunks alone
 //! (`grad_mask_clear`, in place of a memset of the whole table: 2.5 GB at Qwen3-8B),
 //! and the gradient norm and AdamW take the unmarked chunks as the +0 they hold

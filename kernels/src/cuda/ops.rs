@@ -102,8 +102,8 @@ pub fn embedding_backward(
 }
 
 /// [`embedding_backward`] into a gradient with a chunk mask
-/// (`grad::GradAcc::f32_marked_mut`): the 1024-value chunks it writes are
-/// marked in `mask [ceil(vocab * dim / 1024)]`.
+/// (`grad::GradAcc::f32_marked_mut`): the chunks it writes (`grad::MASK_CHUNK`
+/// values each) are marked in `mask [ceil(vocab * dim / MASK_CHUNK)]`.
 pub fn embedding_backward_marked(
     gpu: &Gpu,
     (dtable, mask): (&mut CudaSlice<f32>, Option<&mut CudaSlice<u8>>),

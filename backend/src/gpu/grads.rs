@@ -26,9 +26,12 @@ impl GpuGrads {
             .bufs
             .iter()
             .enumerate()
-            .map(|(i, b)| match Some(i) == scattered {
-                true => GradAcc::new_masked(gpu, b.len()),
-                false => GradAcc::new(gpu, b.len()),
+            .map(|(i, b)| {
+                if Some(i) == scattered {
+                    GradAcc::new_masked(gpu, b.len())
+                } else {
+                    GradAcc::new(gpu, b.len())
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(GpuGrads {

@@ -38,7 +38,7 @@ pub struct GradAcc {
     zero: bool,
     /// The last WGrad output, still in BF16 (added after `acc`).
     pending: Option<CudaSlice<u16>>,
-    /// `[ceil(len / 1024)]`: 0 where `acc`'s chunk holds +0 (see the module).
+    /// `[ceil(len / MASK_CHUNK)]`: 0 where `acc`'s chunk holds +0 (see the module).
     mask: Option<CudaSlice<u8>>,
 }
 
@@ -53,7 +53,7 @@ pub struct GradSrc<'a> {
     pub acc: Option<&'a CudaSlice<f32>>,
     pub pend: Option<&'a CudaSlice<u16>>,
     pub len: usize,
-    /// `acc`'s 1024-value chunks that may hold nonzeros (None: all of them).
+    /// `acc`'s [`MASK_CHUNK`]-value chunks that may hold nonzeros (None: all of them).
     pub mask: Option<&'a CudaSlice<u8>>,
 }
 
@@ -73,8 +73,7 @@ impl<'a> GradSrc<'a> {
         let Some(m) = self.mask.filter(|_| self.acc.is_some()) else {
             return Ok(0);
         };
-        let c = self.len.div_ceil(MASK_CHUNK);
-        check_len(&format!("{what} (chunk mask)"), m, c, format!("[{c}]"))?;
+        check_mask(&format!("{what} (chunk mask)"), m, self.len)?;
         Ok(gpu.ptr(m))
     }
 
@@ -108,12 +107,9 @@ impl GradAcc {
     /// A zero gradient of `len` values with a chunk mask, for one that a scatter
     /// writes ([`GradAcc::f32_marked_mut`]): cleared and read chunk by chunk.
     pub fn new_masked(gpu: &Gpu, len: usize) -> Result<GradAcc> {
-        Ok(GradAcc {
-            acc: gpu.zeros(len)?,
-            zero: true,
-            pending: None,
-            mask: Some(gpu.zeros(len.div_ceil(MASK_CHUNK))?),
-        })
+        let mut g = GradAcc::new(gpu, len)?;
+        g.mask = Some(gpu.zeros(len.div_ceil(MASK_CHUNK))?);
+        Ok(g)
     }
 
     /// A gradient whose accumulator already holds `acc`'s values.
@@ -174,7 +170,7 @@ impl GradAcc {
     }
 
     /// [`GradAcc::f32_mut`] for a writer that marks, in the mask (when there is
-    /// one), every 1024-value chunk it writes (`embedding_backward_marked`): a
+    /// one), every chunk it writes (`embedding_backward_marked`): a
     /// cleared masked gradient zeroes only the chunks marked before. A writer that
     /// leaves a chunk it wrote unmarked breaks the mask's promise (readers would
     /// take that chunk as +0): one that does not mark takes `f32_mut`.
@@ -242,6 +238,13 @@ impl GradAcc {
         self.zero = false;
         Ok(())
     }
+}
+
+/// Check that `mask` has a byte for each [`MASK_CHUNK`] of a gradient's `len`
+/// values (`what` names it in the error).
+pub(crate) fn check_mask(what: &str, mask: &CudaSlice<u8>, len: usize) -> Result<()> {
+    let c = len.div_ceil(MASK_CHUNK);
+    check_len(what, mask, c, format!("[{c}]"))
 }
 
 /// Every chunk of a gradient's mask (if it has one) marked: a writer that does not

@@ -118,14 +118,8 @@ pub fn embedding_backward_marked(
         vocab * dim,
         format!("[{vocab}, {dim}]"),
     )?;
-    let chunks = (vocab * dim).div_ceil(super::grad::MASK_CHUNK);
     if let Some(m) = mask.as_deref() {
-        check_len(
-            "embedding dtable's chunk mask",
-            m,
-            chunks,
-            format!("[{chunks}]"),
-        )?;
+        super::grad::check_mask("embedding dtable's chunk mask", m, vocab * dim)?;
     }
     let mask = mask.map_or(0, |m| gpu.ptr(m));
     check_len(

@@ -189,6 +189,49 @@ fn swiglu_reads_bf16_gate_up_as_their_f32_values() {
 /// their backward (as the BF16 and the FP8 operands) give the bits of the same
 /// values in f32, rows and vocabularies not aligned to 4 or 16 included; the
 /// in-place backward (f32 only) refuses them.
+/// SwiGLU with both FP8 groupings of h in one pass (the training forward's, FP8
+/// WGrad) gives swiglu_operand's 1x128 operand and quantize_col128x1 of its h, bit
+/// for bit, from f32 and from BF16 gate and up. Shapes: partial tiles in both
+/// directions, columns not a multiple of 4 (scalar loads), several row tiles.
+#[test]
+fn swiglu_dual_is_the_operand_and_the_128x1_groups_of_h() {
+    let Some(g) = gpu() else { return };
+    for (rows, cols) in [(130, 896), (257, 203), (300, 3072)] {
+        let (n, shape) = (rows * cols, format!("[{rows}, {cols}]"));
+        let (gf, gb) = bf16_valued(&g, n, 71, 4.0);
+        let (uf, ub) = bf16_valued(&g, n, 72, 2.0);
+        let (h, op) = gq::swiglu_operand(&g, &gf, &uf, (rows, cols), true).unwrap();
+        let gq::FusedOperand::Fp8(row) = op else {
+            panic!("swiglu_operand: FP8 asked, another operand given")
+        };
+        let want = gq::DualFp8 {
+            row,
+            col: gq::quantize_col128x1(&g, &h, rows, cols).unwrap(),
+        };
+        let want = dual_bits(&g, &want);
+        for (form, q) in [
+            ("f32", gq::swiglu_dual(&g, &gf, &uf, (rows, cols)).unwrap()),
+            ("BF16", gq::swiglu_dual(&g, &gb, &ub, (rows, cols)).unwrap()),
+        ] {
+            let got = dual_bits(&g, &q);
+            report_exact(
+                &format!("swiglu 1x128 + 128x1 from {form} gate/up == operand, 128x1 of h"),
+                &shape,
+                count_differ(&got.0, &want.0) + count_differ(&got.1, &want.1),
+            );
+        }
+    }
+    let (gf, _) = bf16_valued(&g, 64, 73, 1.0);
+    let (_, ub) = bf16_valued(&g, 64, 74, 1.0);
+    let mixed = gq::swiglu_dual(&g, &gf, &ub, (8, 8));
+    assert!(
+        matches!(&mixed, Err(e) if e.to_string().contains("both")),
+        "mixed gate/up forms accepted: {:?}",
+        mixed.err()
+    );
+    done();
+}
+
 #[test]
 fn token_logprobs_read_bf16_logits_as_their_f32_values() {
     use jet_kernels::cuda::logsoftmax as glsm;

@@ -134,7 +134,11 @@ fn dual_multi_is_each(g: &cuda::Gpu) {
         .zip(&shapes)
         .map(|(x, &(r, c, d))| (x, r, c, d))
         .collect();
-    let many = gq::quantize_dual_multi(g, &args).unwrap();
+    let refs: Vec<_> = args
+        .iter()
+        .map(|&(x, r, c, d)| (x.into(), r, c, d))
+        .collect();
+    let many = gq::quantize_dual_multi(g, &refs).unwrap();
     let same = |a: &gq::Fp8Quantized, b: &gq::Fp8Quantized| {
         let (ac, bc) = (g.download(&a.codes).unwrap(), g.download(&b.codes).unwrap());
         let n = b.scales.len();
@@ -156,6 +160,33 @@ fn dual_multi_is_each(g: &cuda::Gpu) {
     report_exact(
         "quantize 1x128 + 128x1 of 4 matrices in one launch == each alone",
         "2 dual, 2 128x1 only",
+        differ,
+    );
+    // BF16 inputs (a gradient stored as its rounded values) quantize as their f32
+    // widening, beside f32 ones in one launch; 259 x 203 takes the scalar loads.
+    let mut differ = 0;
+    for &(r, c) in &[(130, 896), (259, 203)] {
+        let v: Vec<f32> = nasty(r, c, (r + c) as u64)
+            .iter()
+            .map(|&x| bf16::round(x))
+            .collect();
+        let bits: Vec<u16> = v
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        let (xf, xb) = (up(g, &v), g.upload(&bits).unwrap());
+        let both = gq::quantize_dual_multi(
+            g,
+            &[((&xb).into(), r, c, true), ((&xf).into(), r, c, false)],
+        )
+        .unwrap();
+        let (wr, wc) = gq::quantize_dual(g, &xf, r, c).unwrap();
+        differ +=
+            same(both[0].0.as_ref().unwrap(), &wr) + same(&both[0].1, &wc) + same(&both[1].1, &wc);
+    }
+    report_exact(
+        "quantize 1x128 + 128x1 of BF16 values in one launch == of their f32",
+        "[130, 896], [259, 203]",
         differ,
     );
 }
@@ -990,6 +1021,24 @@ fn rmsnorm_with_operand_matches_cpu_and_the_unfused_operand() {
                 &shape,
                 differ,
             );
+            if fp8 {
+                // FP8 WGrad's 128x1 groups of y made again from x, w and rstd (a
+                // training forward keeps no f32 y): y's codes, bit for bit.
+                let norm = gq::DualIn::Norm {
+                    x: &dx,
+                    w: &dw,
+                    rstd: &rs,
+                };
+                let both = gq::quantize_dual_multi(&g, &[(norm, rows, dim, true)]).unwrap();
+                let (wr, wc) = gq::quantize_dual(&g, &y, rows, dim).unwrap();
+                let (row, col) = (both[0].0.as_ref().unwrap(), &both[0].1);
+                report_exact(
+                    "rmsnorm y's 1x128 + 128x1 from x, w, rstd == of y",
+                    &shape,
+                    diff_q(&row.to_host(&g).unwrap(), &wr.to_host(&g).unwrap())
+                        + diff_q(&col.to_host(&g).unwrap(), &wc.to_host(&g).unwrap()),
+                );
+            }
         }
     }
     done();
@@ -1021,6 +1070,20 @@ fn operand_differs(
             a.iter().zip(&b).filter(|(x, y)| x != y).count()
         }
     }
+}
+
+/// The kernels' sigmoid (its division without the IEEE range check, so that a
+/// tile's values run interleaved) has the IEEE division's bits at every f32 input.
+#[test]
+fn sigmoid_has_the_ieee_divisions_bits_everywhere() {
+    let Some(g) = gpu() else { return };
+    let bad = gops::sigmoid_mismatches(&g).unwrap();
+    report_exact(
+        "sigmoid (div_unit) == sigmoid (IEEE division)",
+        "all 2^32 f32",
+        bad as usize,
+    );
+    done();
 }
 
 /// SwiGLU fused with its GEMM operand: the output bit for bit `swiglu_forward`'s,

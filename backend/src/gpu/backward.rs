@@ -5,6 +5,7 @@
 //! low-precision flows every gradient passed between ops is rounded to BF16.
 
 use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::act::ActRef;
 use jet_kernels::cuda::attention::attention_backward;
 use jet_kernels::cuda::flash::{flash_backward, flash_backward_operand, Dout};
 use jet_kernels::cuda::linear::{
@@ -16,7 +17,7 @@ use jet_kernels::cuda::ops::{
     rmsnorm_backward_acc_operand, rmsnorm_backward_acc_operand_sum, rope_backward_dev,
     swiglu_backward, swiglu_backward_bf16, QkNormGrad, SwigluDh,
 };
-use jet_kernels::cuda::quantize::{quantize_dual_multi, swiglu_backward_fp8, DualFp8};
+use jet_kernels::cuda::quantize::{quantize_dual_multi, swiglu_backward_fp8, DualFp8, DualIn};
 use jet_kernels::cuda::tensor::round_bf16;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
@@ -174,6 +175,10 @@ pub fn backward(
     // RoPE's) also write the next projections' dy as their BF16 GEMM operands, so no
     // copy of the f32 gradient is made (None: the linear layer copies it).
     let bf16_dy = operand_dy(model) == Some(GemmPrecision::Bf16);
+    // Where DGrad and WGrad share a low precision, the attention's backward and the
+    // q/k norms' write q's, k's and v's dy as BF16 only: the BF16 flows' operands,
+    // or (FP8) what the quantizer reads, the same values in half the bytes.
+    let dy16 = operand_dy(model).is_some();
     let dwn = grads.acc(g, w.ix.norm)?;
     let (mut dx, mut dx16) = rmsnorm_backward_acc_operand(g, fin, (m, h), rs, dwn, bf16_dy)?;
 
@@ -190,20 +195,24 @@ pub fn backward(
         let inter = cfg.intermediate_size;
         let (qd, kvd) = (nh * hd, nkv * hd);
         if cx.precs().1 == GemmPrecision::Fp8 {
-            // FP8 WGrad: the layer's four inputs' 128x1 groups in one launch.
-            let xs = [
-                (kept(&a.m, "m")?, m, inter, false),
-                (kept(&a.b, "b")?, m, h, false),
-                (&a.attn, m, qd, false),
-                (kept(&a.a, "a")?, m, h, false),
-            ];
+            // FP8 WGrad: the 128x1 groups of the layer's inputs that the forward did
+            // not make (m's come from SwiGLU's kernel) in one launch.
+            let mut xs = Vec::with_capacity(4);
+            let mut ops = Vec::with_capacity(4);
+            if !min.has_fp8_t() {
+                xs.push((kept(&a.m, "m")?.into(), m, inter, false));
+                ops.push((&mut *min, inter));
+            }
+            let post_norm = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
+            xs.push((norm_out(&a.b, post_norm), m, h, false));
+            ops.push((&mut *bin, h));
+            xs.push(((&a.attn).into(), m, qd, false));
+            ops.push((&mut *attn_in, qd));
+            let in_norm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
+            xs.push((norm_out(&a.a, in_norm), m, h, false));
+            ops.push((&mut *ain, h));
             let qs = quantize_dual_multi(g, &xs)?;
-            for ((_, q), (xo, k)) in qs.into_iter().zip([
-                (&mut *min, inter),
-                (&mut *bin, h),
-                (&mut *attn_in, qd),
-                (&mut *ain, h),
-            ]) {
+            for ((_, q), (xo, k)) in qs.into_iter().zip(ops) {
                 xo.set_fp8_t(m, k, q)?;
             }
         }
@@ -289,7 +298,7 @@ pub fn backward(
         let no_bias = biases.iter().all(Option::is_none);
         let mut dv16 = None;
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
-            (AttnSaved::Flash(saved), Some(plan)) if bf16_dy && no_bias => {
+            (AttnSaved::Flash(saved), Some(plan)) if dy16 && no_bias => {
                 // dv leaves the kernel rounded, and as the v projection's BF16 dy.
                 let outs = (dout, &a.attn);
                 let (dq, dk, dv, v16) =
@@ -332,7 +341,7 @@ pub fn backward(
                 let rope = (pos, &*model.rope);
                 // With BF16 operands only those are written (nothing reads the f32
                 // values): dq, dk then stay the attention's gradients, read no further.
-                let b16 = bf16_dy && no_bias;
+                let b16 = dy16 && no_bias;
                 let bq = grads.acc(g, qn)?;
                 match qk_norm_rope_backward_acc_operand(g, qi, rope, (m, nh), round, bq, b16)? {
                     QkNormGrad::F32(d) => dq = d,
@@ -357,10 +366,15 @@ pub fn backward(
             rope_backward_dev(g, &mut dk, pos, (m, nkv), &model.rope, round)?;
         }
         // q, k and v read one input a. Their dy's FP8 operands (FP8 DGrad and
-        // WGrad, no biases: those read dy in f32) in one launch.
+        // WGrad, no biases: those read dy in f32) in one launch, from the BF16
+        // values where their producers stored them so.
         let (qq, kq, vq);
         let (dyq, dyk, dyv) = if operand_dy(model) == Some(GemmPrecision::Fp8) && no_bias {
-            let xs = [(&dq, m, qd, true), (&dk, m, kvd, true), (&dv, m, kvd, true)];
+            let xs = [
+                (values(&dq16, &dq).into(), m, qd, true),
+                (values(&dk16, &dk).into(), m, kvd, true),
+                (values(&dv16, &dv).into(), m, kvd, true),
+            ];
             let mut qs = quantize_dual_multi(g, &xs)?.into_iter();
             let mut next = || match qs.next() {
                 Some((Some(row), col)) => Ok(DualFp8 { row, col }),
@@ -410,6 +424,21 @@ pub fn backward(
         &acts.tokens,
         &dx,
     )
+}
+
+/// A norm's output as FP8's WGrad quantizes it: its f32 values where the forward
+/// kept them, else made again from the norm's `(x, w, rstd)` (the forward's
+/// `rmsnorm_operand`, which kept no f32 output: the same bits).
+fn norm_out<'a>(
+    y: &'a Option<CudaSlice<f32>>,
+    (x, w, rstd): (&'a CudaSlice<f32>, &'a CudaSlice<f32>, &'a CudaSlice<f32>),
+) -> DualIn<'a> {
+    y.as_ref().map_or(DualIn::Norm { x, w, rstd }, DualIn::from)
+}
+
+/// A gradient's values: its BF16 copy where its producer wrote one, else its f32.
+fn values<'a>(b16: &'a Option<CudaSlice<u16>>, f: &'a CudaSlice<f32>) -> ActRef<'a> {
+    b16.as_ref().map_or(ActRef::F32(f), ActRef::Bf16)
 }
 
 /// An activation FP8's WGrad quantizes from its f32 values, which its forward keeps.

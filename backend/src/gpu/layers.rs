@@ -8,7 +8,8 @@ use jet_kernels::cuda::flash::{attention_operand_bf16, FlashSaved};
 use jet_kernels::cuda::linear::{
     gate_up_swiglu, linear_forward, linear_forward_act, linear_forward_group,
     linear_forward_group_act, linear_forward_into, linear_forward_residual, linear_residual_norm,
-    qkv_norm_rope, rmsnorm_with_operand_opt, swiglu_with_operand_opt, XIn, XOperand,
+    qkv_norm_rope, rmsnorm_with_operand_opt, swiglu_with_dual, swiglu_with_operand_opt, XIn,
+    XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_forward_dev, qk_norm_rope, qk_norm_rope_bf16, qk_norm_rope_fits, rmsnorm_forward,
@@ -163,6 +164,14 @@ pub fn run_layers(
     // (`*_with_operand_opt`): their f32 values would be read by nothing. The fused
     // paths of a pass that keeps nothing read them.
     let keep_f32 = fuse;
+    // A training pass whose forward and WGrad GEMMs are FP8 keeps no f32 norm or
+    // SwiGLU outputs either: SwiGLU's kernel makes both FP8 operands of its output
+    // (`swiglu_with_dual`), and the backward quantizes the norms' outputs made
+    // again from x, w and rstd (`DualIn::Norm`). FP8 forward GEMMs with another
+    // WGrad keep the norms' f32 outputs for it.
+    let wgrad_fp8 = model.flow.precision(GemmRole::WGrad) == GemmPrecision::Fp8;
+    let dual_m = acts.is_some() && prec == GemmPrecision::Fp8 && wgrad_fp8;
+    let keep_norm = keep_f32 || (prec == GemmPrecision::Fp8 && !wgrad_fp8);
     let mut next_in = None;
     for (li, (lx, lp)) in w.ix.layers.iter().zip(&model.layers).enumerate() {
         // q, k and v read one low-precision copy of a, made by the norm; gate and up
@@ -171,7 +180,7 @@ pub fn run_layers(
             Some((a, rstd, ao)) => (Some(a), rstd, ao),
             None => {
                 let iw = w.t(lx.input_layernorm);
-                rmsnorm_with_operand_opt(g, &x, iw, (m, h), eps, prec, keep_f32)?
+                rmsnorm_with_operand_opt(g, &x, iw, (m, h), eps, prec, keep_norm)?
             }
         };
         // Qwen3 in a decode step: the three projections in one GEMM launch, their
@@ -220,7 +229,7 @@ pub fn run_layers(
             None => {
                 let h_mid = linear_forward_residual(g, &o, &mut oo, m, &lp.o, prec, &x)?;
                 let (b, rstd2, bo) =
-                    rmsnorm_with_operand_opt(g, &h_mid, post.0, (m, h), eps, prec, keep_f32)?;
+                    rmsnorm_with_operand_opt(g, &h_mid, post.0, (m, h), eps, prec, keep_norm)?;
                 (h_mid, b, rstd2, bo)
             }
         };
@@ -242,7 +251,10 @@ pub fn run_layers(
                         .map_err(|_| CudaError::Invalid("gate, up: two outputs expected".into()))?;
                 let inter = cfg.intermediate_size;
                 let (gv, uv) = (gate.view(), up.view());
-                let (mm, mo) = swiglu_with_operand_opt(g, gv, uv, (m, inter), prec, keep_f32)?;
+                let (mm, mo) = match dual_m {
+                    true => (None, swiglu_with_dual(g, gv, uv, (m, inter))?),
+                    false => swiglu_with_operand_opt(g, gv, uv, (m, inter), prec, keep_f32)?,
+                };
                 (Some(gate), Some(up), mm, mo)
             }
         };

@@ -36,8 +36,8 @@ use super::grad::GradAcc;
 use super::ops::{rmsnorm_forward, swiglu_forward};
 use super::quantize::{
     quantize_block128, quantize_block128_multi, quantize_col128x1, quantize_dual,
-    quantize_row1x128, rmsnorm_operand, rmsnorm_operand_opt, swiglu_operand, swiglu_operand_opt,
-    to_bf16_padded, DualFp8, Fp8Quantized, FusedOperand, NORM_OPERAND_MAX_DIM,
+    quantize_row1x128, rmsnorm_operand, rmsnorm_operand_opt, swiglu_dual, swiglu_operand,
+    swiglu_operand_opt, to_bf16_padded, DualFp8, Fp8Quantized, FusedOperand, NORM_OPERAND_MAX_DIM,
 };
 use super::{check_len, ensure, pad16, Ctx, Gpu, Result};
 use crate::fp8::Grouping;
@@ -396,13 +396,20 @@ impl XOperand {
 
     /// What the backward can reuse of a forward operand: the BF16 copy (WGrad's
     /// operand in the BF16 flows, the same bits as making it again from the
-    /// BF16-valued input). The 1x128 codes go: WGrad reads 128x1 groups.
+    /// BF16-valued input) and the 128x1 groups where the producer made them
+    /// ([`swiglu_with_dual`]). The 1x128 codes go: WGrad reads 128x1 groups.
     pub fn for_backward(self) -> XOperand {
         XOperand {
             shape: self.shape,
             bf16: self.bf16,
+            fp8_t: self.fp8_t,
             ..XOperand::default()
         }
+    }
+
+    /// Whether the 128x1 groups (FP8 WGrad's operand) are made already.
+    pub fn has_fp8_t(&self) -> bool {
+        self.fp8_t.is_some()
     }
 
     /// The operand of an input `[m, k]` that its producer made (`rmsnorm_operand`,
@@ -441,9 +448,10 @@ pub fn rmsnorm_with_operand(
 }
 
 /// [`rmsnorm_with_operand`] with the f32 output written only where `keep_f32` or
-/// the GEMMs' operand is not BF16: a pass that reads the output only through its
-/// BF16 operand (the projections and their WGrad) gets None. FP8's WGrad
-/// quantizes the f32 values in 128x1 groups, and the f32 flow reads them.
+/// the GEMMs' operand is f32: a pass that reads the output only through its BF16
+/// or FP8 operand gets None. BF16's WGrad reads the BF16 copy; FP8's quantizes
+/// the output in 128x1 groups, made again from x, w and rstd (`DualIn::Norm`,
+/// the same bits), so a caller whose FP8 WGrad cannot do that keeps f32.
 #[allow(clippy::type_complexity)]
 pub fn rmsnorm_with_operand_opt(
     gpu: &Gpu,
@@ -454,11 +462,12 @@ pub fn rmsnorm_with_operand_opt(
     prec: GemmPrecision,
     keep_f32: bool,
 ) -> Result<(Option<CudaSlice<f32>>, CudaSlice<f32>, XOperand)> {
-    if keep_f32 || prec != GemmPrecision::Bf16 || k > NORM_OPERAND_MAX_DIM {
+    if keep_f32 || prec == GemmPrecision::F32 || k > NORM_OPERAND_MAX_DIM {
         let (y, rstd, op) = rmsnorm_with_operand(gpu, x, w, (m, k), eps, prec)?;
         return Ok((Some(y), rstd, op));
     }
-    let (y, rstd, op) = rmsnorm_operand_opt(gpu, x, w, (m, k), eps, false, false)?;
+    let fp8 = prec == GemmPrecision::Fp8;
+    let (y, rstd, op) = rmsnorm_operand_opt(gpu, x, w, (m, k), eps, fp8, false)?;
     Ok((y, rstd, XOperand::fused(m, k, op)))
 }
 
@@ -503,6 +512,25 @@ pub fn swiglu_with_operand_opt<'a>(
     }
     let (h, op) = swiglu_operand_opt(gpu, gate, up, (m, k), false, false)?;
     Ok((h, XOperand::fused(m, k, op)))
+}
+
+/// SwiGLU of `gate`, `up [m, k]` for a training forward whose GEMMs, forward and
+/// WGrad, are FP8: both groupings of `h` from one pass (`quantize::swiglu_dual`),
+/// the 1x128 operand for the down projection and the 128x1 one for its WGrad (the
+/// bits of quantizing [`swiglu_with_operand`]'s `h`), and no f32 `h`.
+pub fn swiglu_with_dual<'a>(
+    gpu: &Gpu,
+    gate: impl Into<ActRef<'a>>,
+    up: impl Into<ActRef<'a>>,
+    (m, k): (usize, usize),
+) -> Result<XOperand> {
+    let q = swiglu_dual(gpu, gate, up, (m, k))?;
+    Ok(XOperand {
+        shape: Some((m, k)),
+        fp8: Some(q.row),
+        fp8_t: Some(q.col),
+        ..XOperand::default()
+    })
 }
 
 /// The epilogue the FP8 / BF16 rows kernels fuse: `y [m][n]` at device address `y`

@@ -940,6 +940,23 @@ pub fn rope_backward(
     rotate(gpu, dx, positions, n_heads, table, -1.0)
 }
 
+/// The f32 inputs (of all 2^32 bit patterns) at which the kernels' sigmoid, whose
+/// division skips the IEEE division's range check (`div_unit` in common.cuh),
+/// differs in its bits from the one with the IEEE division; NaNs count as equal.
+/// Zero on a device where that fast path is the division.
+pub fn sigmoid_mismatches(gpu: &Gpu) -> Result<u64> {
+    let bad = gpu.zeros::<u64>(1)?;
+    gpu.launch(
+        &OPS,
+        "sigmoid_div_is_ieee",
+        (4 * 132 * 8, 1, 1),
+        (256, 1, 1),
+        0,
+        &[Arg::L(0), Arg::L(1 << 32), Arg::P(gpu.ptr(&bad))],
+    )?;
+    Ok(gpu.download(&bad)?[0])
+}
+
 /// Forward: `h [n] = silu(gate) * up`.
 pub fn swiglu_forward(
     gpu: &Gpu,

@@ -359,6 +359,50 @@ pub fn swiglu_operand_opt<'a>(
     Ok((h, op))
 }
 
+/// SwiGLU of `gate`, `up [rows, cols]` with both FP8 groupings of `h` in one pass
+/// (`swiglu_dual`): the 1x128 operand (the down projection's forward, the bits of
+/// [`swiglu_operand`]'s) and the 128x1 one (its FP8 WGrad, the bits of
+/// [`quantize_col128x1`] of that `h`); `h` itself is not written.
+pub fn swiglu_dual<'a>(
+    gpu: &Gpu,
+    gate: impl Into<ActRef<'a>>,
+    up: impl Into<ActRef<'a>>,
+    (rows, cols): (usize, usize),
+) -> Result<DualFp8> {
+    let (gate, up, bf16) = gu_args(gpu, gate.into(), up.into(), (rows, cols))?;
+    let (rp, cp) = (pad16(rows), pad16(cols));
+    ensure(
+        rp.checked_mul(cp).is_some_and(|e| e < i64::MAX as usize) && cp < i32::MAX as usize / 2,
+        || format!("swiglu (FP8, both groupings) of [{rows}, {cols}]: too large"),
+    )?;
+    let q = unwritten_dual(gpu, rows, cols)?;
+    if rows > 0 && cols > 0 {
+        gpu.launch(
+            &QUANTIZE,
+            match bf16 {
+                true => "swiglu_dual_gu16",
+                false => "swiglu_dual",
+            },
+            (cp.div_ceil(GROUP) as u32, rows.div_ceil(GROUP) as u32, 1),
+            (512, 1, 1),
+            0,
+            &[
+                gate,
+                up,
+                Arg::I(rows as i32),
+                Arg::I(cols as i32),
+                Arg::I(rp as i32),
+                Arg::I(cp as i32),
+                Arg::P(gpu.ptr(&q.row.codes)),
+                Arg::P(gpu.ptr(&q.row.scales)),
+                Arg::P(gpu.ptr(&q.col.codes)),
+                Arg::P(gpu.ptr(&q.col.scales)),
+            ],
+        )?;
+    }
+    Ok(q)
+}
+
 /// SwiGLU's gate and up `[rows, cols]`, checked, as kernel arguments, and whether
 /// they are BF16 (both must have the same form).
 pub(crate) fn gu_args(
@@ -484,18 +528,93 @@ pub fn swiglu_backward_fp8<'a>(
     Ok((g, u))
 }
 
-/// [`quantize_dual`] (`dual`) or [`quantize_col128x1`] (not) of several f32
-/// matrices `(x, rows, cols, dual)` in one launch (`quant_dual_multi`: the same
-/// tiles, so the same bits): `(1x128 operand when dual, 128x1 operand)` each.
+/// The values [`quantize_dual_multi`] quantizes, `[rows, cols]`.
+#[derive(Clone, Copy)]
+pub enum DualIn<'a> {
+    /// Stored as f32 or as BF16 values (a gradient its producer rounded to BF16 and
+    /// stored so: the codes of its f32 copy, from half the bytes).
+    Values(ActRef<'a>),
+    /// [`rmsnorm_operand`]'s output `y = w * (x * rstd)` of `x [rows, cols]`, its
+    /// weight `w [cols]` and the `rstd [rows]` it returned: y's bits, made again
+    /// from what a backward keeps anyway, so the forward need not write y.
+    Norm {
+        x: &'a CudaSlice<f32>,
+        w: &'a CudaSlice<f32>,
+        rstd: &'a CudaSlice<f32>,
+    },
+}
+
+impl<'a> From<&'a CudaSlice<f32>> for DualIn<'a> {
+    fn from(x: &'a CudaSlice<f32>) -> Self {
+        DualIn::Values(ActRef::F32(x))
+    }
+}
+
+impl<'a> From<&'a CudaSlice<u16>> for DualIn<'a> {
+    fn from(x: &'a CudaSlice<u16>) -> Self {
+        DualIn::Values(ActRef::Bf16(x))
+    }
+}
+
+impl<'a> From<ActRef<'a>> for DualIn<'a> {
+    fn from(x: ActRef<'a>) -> Self {
+        DualIn::Values(x)
+    }
+}
+
+impl DualIn<'_> {
+    /// Check it against `[rows, cols]`; the table's x, form (quantize.cu's DUAL_F32
+    /// 0, DUAL_BF16 1, DUAL_NORM 2), w and rstd.
+    fn entries(self, gpu: &Gpu, rows: usize, cols: usize) -> Result<[i64; 4]> {
+        let (what, shape) = ("quantize 1x128 + 128x1 input", format!("[{rows}, {cols}]"));
+        Ok(match self {
+            DualIn::Values(x) => {
+                x.check(what, rows * cols, &shape)?;
+                [x.ptr(gpu) as i64, x.is_bf16() as i64, 0, 0]
+            }
+            DualIn::Norm { x, w, rstd } => {
+                check_len(&format!("{what} (the norm's x)"), x, rows * cols, &shape)?;
+                check_len(
+                    &format!("{what} (the norm's w)"),
+                    w,
+                    cols,
+                    format!("[{cols}]"),
+                )?;
+                check_len(
+                    &format!("{what} (the norm's rstd)"),
+                    rstd,
+                    rows,
+                    format!("[{rows}]"),
+                )?;
+                [
+                    gpu.ptr(x) as i64,
+                    2,
+                    gpu.ptr(w) as i64,
+                    gpu.ptr(rstd) as i64,
+                ]
+            }
+        })
+    }
+}
+
+/// [`quantize_dual`] (`dual`) or [`quantize_col128x1`] (not) of several matrices
+/// `(x, rows, cols, dual)` in one launch (`quant_dual_multi`: the same tiles, so the
+/// same bits): `(1x128 operand when dual, 128x1 operand)` each, of the values
+/// [`DualIn`] names.
 pub fn quantize_dual_multi(
     gpu: &Gpu,
-    xs: &[(&CudaSlice<f32>, usize, usize, bool)],
+    xs: &[(DualIn, usize, usize, bool)],
 ) -> Result<Vec<(Option<Fp8Quantized>, Fp8Quantized)>> {
     let mut outs = Vec::with_capacity(xs.len());
-    let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 10);
+    let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 13);
     let mut first = 0usize;
     for &(x, rows, cols, dual) in xs {
-        check_shape("quantize 1x128 + 128x1 input", x, rows, cols)?;
+        let what = "quantize 1x128 + 128x1 input";
+        let [xp, form, wp, rstdp] = x.entries(gpu, rows, cols)?;
+        ensure(
+            rows < i32::MAX as usize / 2 && cols < i32::MAX as usize / 2,
+            || format!("{what}: [{rows}, {cols}] is too large"),
+        )?;
         let (rp, cp) = (pad16(rows), pad16(cols));
         let row = match dual {
             true => Some(unwritten_row1x128(gpu, rows, cols)?),
@@ -503,7 +622,7 @@ pub fn quantize_dual_multi(
         };
         let col = unwritten_col128x1(gpu, rows, cols)?;
         tab.extend([
-            gpu.ptr(x) as i64,
+            xp,
             rows as i64,
             cols as i64,
             rp as i64,
@@ -513,6 +632,9 @@ pub fn quantize_dual_multi(
             gpu.ptr(&col.codes) as i64,
             gpu.ptr(&col.scales) as i64,
             first as i64,
+            form,
+            wp,
+            rstdp,
         ]);
         first += cp.div_ceil(GROUP) * rows.div_ceil(GROUP);
         outs.push((row, col));

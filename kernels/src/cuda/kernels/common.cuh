@@ -171,6 +171,28 @@ __device__ __forceinline__ float qdiv(float x, Quot d) {
     return copysignf(fmaf(fmaf(-q, d.s, x), d.r, q), x);
 }
 
+// e4m3_scale and quot of a group whose largest |x| (bits a) is 0 or in [2^-79, inf),
+// the usual range (`usual_amax`), without branches: scale 1 for an all-zero group,
+// else e4m3_scale's Markstein quotient; the reciprocal as __frcp_rn's fast path
+// computes it (MUFU.RCP, one Newton step: the same instructions), which covers
+// every such scale (>= 2^-87.8), so the quotients are quot's fast ones. A warp
+// quantizing groups one after another through e4m3_scale and quot ran each group
+// in its own branch regions (their range checks, __frcp_rn's slow-path call), one
+// dependent chain at a time; with these a thread's groups interleave.
+__device__ __forceinline__ bool usual_amax(u32 a) { return a == 0u || (a >= 0x18000000u && a < 0x7f800000u); }
+__device__ __forceinline__ Quot quot_usual(u32 a) {
+    const float y = __uint_as_float(a) * 0.015625f, r7 = __uint_as_float(0x3e124925u);
+    const float q = __fmul_rn(y, r7);
+    const float s = a == 0u ? 1.0f : fmaf(fmaf(-q, 7.0f, y), r7, q);
+    float r0;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(s));
+    return {s, fmaf(fmaf(-s, r0, 1.0f), r0, r0), true};
+}
+// encode4's codes of four values at a fast Quot (quot_usual's).
+__device__ __forceinline__ u32 encode4_fast(const float v[4], Quot d) {
+    return cvt_e4m3x2(qdiv(v[0], d), qdiv(v[1], d)) | (cvt_e4m3x2(qdiv(v[2], d), qdiv(v[3], d)) << 16);
+}
+
 // The two codes of lo, hi (lo in the low byte) at scale d: half of quantize.cu's
 // encode4 (the hardware conversion of the quotients, or of the divisions
 // themselves outside the fast range), for the decode attention's operand.
@@ -212,22 +234,38 @@ __device__ float block_max(float v, float* sh) {
     return warp_max(v);
 }
 
-// The logistic function as ops/swiglu.rs computes it (swiglu in ops.cu and quantize.cu).
+// RN(n / d) for d in [1, 2] and n in [0, 2]: the fast path of the compiler's IEEE
+// division (MUFU.RCP, one Newton step, the quotient corrected by its residual; the
+// same instructions), without its range check (FCHK) and the slow path's call,
+// which such operands never take. Straight-line, so the compiler interleaves
+// many of them: the per-element check and call made each sigmoid its own branch
+// region, and a tile's 32 values a thread ran one after another (swiglu_dual at
+// 77 instructions a value and 62% issue; ncu, H100, twenty-sixth session).
+// n below 2^-100 only comes with d = 1 (sigmoid: 1 + e rounds to 1 for e < 2^-24),
+// where every step is exact: n itself, subnormals and zeros included.
+// `sigmoid_div_is_ieee` (ops.cu) checks every f32 sigmoid against the division.
+__device__ __forceinline__ float div_unit(float n, float d) {
+    float r0;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(d));
+    const float r = fmaf(r0, fmaf(-d, r0, 1.0f), r0);
+    const float q = fmaf(n, r, 0.0f);
+    return fmaf(r, fmaf(-d, q, n), q);
+}
+
+// The logistic function as ops/swiglu.rs computes it: 1 / (1 + exp(-x)) for x >= 0,
+// e / (1 + e) with e = exp(x) below (swiglu in ops.cu and quantize.cu), as one
+// path of the same operations (the exponent's argument and the numerator selected):
+// no divergence where a warp's lanes straddle 0.
 __device__ __forceinline__ float sigmoid(float x) {
+    const bool pos = x >= 0.0f;
+    const float e = expf(pos ? -x : x);
+    return div_unit(pos ? 1.0f : e, 1.0f + e);
+}
+// The same with the IEEE division (the definition sigmoid keeps the bits of).
+__device__ __forceinline__ float sigmoid_ieee(float x) {
     if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
     float e = expf(x);
     return e / (1.0f + e);
-}
-// sigmoid's two branches as one path of the same operations (the exponent's argument
-// and the numerator selected): the same bits, no divergence where a warp's lanes
-// straddle 0. For compute-bound kernels (swiglu_bwd_fp8 had 25 of 32 lanes active with
-// sigmoid; with this and one gradient a block, 3.71 -> 3.00 ms a 0.6B step); the
-// memory-bound swiglu_bwd_bf16 ran 12% slower with it (a division where x >= 0 took
-// a reciprocal), so it keeps sigmoid.
-__device__ __forceinline__ float sigmoid_uniform(float x) {
-    const bool pos = x >= 0.0f;
-    const float e = expf(pos ? -x : x);
-    return (pos ? 1.0f : e) / (1.0f + e);
 }
 
 // The entry of a multi-tensor launch's table that block `block` belongs to: the last

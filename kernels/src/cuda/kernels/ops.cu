@@ -436,6 +436,20 @@ extern "C" __global__ void qkv_sk_norm_rope(SkIn qi, SkIn ki, SkIn vi, const flo
 }
 
 // ---- swiglu ----------------------------------------------------------------------
+// The f32 bit patterns in [start, start + count) where sigmoid (div_unit, common.cuh)
+// and sigmoid_ieee differ (NaNs count as equal), added into bad[0]: the proof behind
+// div_unit, run over all 2^32 inputs by ops.rs `sigmoid_mismatches`.
+extern "C" __global__ void sigmoid_div_is_ieee(long long start, long long count, unsigned long long* bad) {
+    pdl_entry();
+    unsigned long long n = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x) {
+        const float x = __uint_as_float((u32)(start + i));
+        const float a = sigmoid(x), b = sigmoid_ieee(x);
+        n += (__float_as_uint(a) != __float_as_uint(b)) && !(isnan(a) && isnan(b));
+    }
+    n = __reduce_add_sync(0xffffffffu, (u32)n);
+    if ((threadIdx.x & 31) == 0 && n) atomicAdd(bad, n);
+}
 extern "C" __global__ void swiglu_fwd(const float* gate, const float* up, long n, float* h) {
     pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -86,33 +86,51 @@ __device__ __forceinline__ void dual_tile(const float (&v)[8][4], int g, int ty,
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const int c = g * 128 + lane * 4, r0 = ty * 128 + w * 8;
     u32 cm[4] = {0u, 0u, 0u, 0u};
+    if (codes) {  // row1x128
+        // The eight rows' maxima, then (all usual: warp-uniform) their codes without
+        // branches, else each row through e4m3_scale and quot (NaN, inf, tiny).
+        u32 rm[8];
+        bool usual = true;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int r = r0 + i;
-        for (int j = 0; j < 4; j++) cm[j] = max_abs_bits(cm[j], v[i][j]);
-        if (codes && r < rows_pad) {  // row1x128, warp-uniform
+        for (int i = 0; i < 8; i++) {
             u32 m = 0;
             for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
-            m = __reduce_max_sync(0xffffffffu, m);
-            const float s = e4m3_scale(m);
-            if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v[i], quot(s));
-            if (lane == 0) scales[(long)g * rows_pad + r] = s;
+            rm[i] = __reduce_max_sync(0xffffffffu, m);
+            usual = usual && usual_amax(rm[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int r = r0 + i;
+            Quot d;
+            u32 q;
+            if (usual) {
+                d = quot_usual(rm[i]);
+                q = encode4_fast(v[i], d);
+            } else {
+                d = quot(e4m3_scale(rm[i]));
+                q = encode4(v[i], d);
+            }
+            if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
+            if (r < rows_pad && lane == 0) scales[(long)g * rows_pad + r] = d.s;
         }
     }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 4; j++) cm[j] = max_abs_bits(cm[j], v[i][j]);
     sh.colmax[w][lane] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
     __syncthreads();
     for (int k = 0; k < 16; k++) {
         const uint4 o = sh.colmax[k][lane];
         cm[0] = max(cm[0], o.x), cm[1] = max(cm[1], o.y), cm[2] = max(cm[2], o.z), cm[3] = max(cm[3], o.w);
     }
+    const bool usual = usual_amax(cm[0]) && usual_amax(cm[1]) && usual_amax(cm[2]) && usual_amax(cm[3]);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const float s = e4m3_scale(cm[j]);
-        if (w == 0 && c + j < cols_pad) scales_t[(long)ty * cols_pad + c + j] = s;
-        const Quot d = quot(s);
+        const Quot d = usual ? quot_usual(cm[j]) : quot(e4m3_scale(cm[j]));
+        if (w == 0 && c + j < cols_pad) scales_t[(long)ty * cols_pad + c + j] = d.s;
         const float f0[4] = {v[0][j], v[1][j], v[2][j], v[3][j]}, f1[4] = {v[4][j], v[5][j], v[6][j], v[7][j]};
-        sh.tcodes[lane * 4 + j][2 * w] = encode4(f0, d);
-        sh.tcodes[lane * 4 + j][2 * w + 1] = encode4(f1, d);
+        sh.tcodes[lane * 4 + j][2 * w] = usual ? encode4_fast(f0, d) : encode4(f0, d);
+        sh.tcodes[lane * 4 + j][2 * w + 1] = usual ? encode4_fast(f1, d) : encode4(f1, d);
     }
     __syncthreads();
     // codes^T out: a column's 128 bytes from 8 threads, 16 each (8-byte stores from
@@ -127,13 +145,15 @@ __device__ __forceinline__ void dual_tile(const float (&v)[8][4], int g, int ty,
     }
 }
 
-// Tile (g, ty) of x [rows, cols] (row stride ldx) in dual_tile's register layout,
-// zero outside: all eight 16-byte loads a thread in flight.
-__device__ __forceinline__ void dual_load(const float* x, long ldx, int rows, int cols, int g, int ty,
+// Tile (g, ty) of x [rows, cols] (row stride ldx; f32, or BF16 values widened
+// exactly) in dual_tile's register layout, zero outside: all eight loads a thread
+// (16 bytes each, 8 for BF16) in flight.
+template <typename T>
+__device__ __forceinline__ void dual_load(const T* x, long ldx, int rows, int cols, int g, int ty,
                                           float (&v)[8][4]) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int c = g * 128 + lane * 4, r0 = ty * 128 + w * 8;
-    const bool vec = (ldx & 3) == 0 && ((u64)x & 15) == 0;
+    const bool vec = (ldx & 3) == 0 && ((u64)x & (4 * sizeof(T) - 1)) == 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
@@ -155,20 +175,48 @@ extern "C" __global__ void __launch_bounds__(512, 2)
 // quantizes together, e.g. a layer's four WGrad inputs: one launch of several waves
 // in place of small launches of about one; the same tiles, so the same bits): tab[t]
 // = {x, rows, cols, rows_pad, cols_pad, codes, scales, codes_t, scales_t, first
-// block} as 10 int64 (x row-contiguous; codes 0: the 128x1 groups alone); block b
-// of matrix t is its tile (b % ceil(cols_pad / 128), b / ceil(cols_pad / 128)).
+// block, form, w, rstd} as 13 int64, x row-contiguous; codes 0: the 128x1 groups
+// alone. Block b of matrix t is its tile (b % ceil(cols_pad / 128), b /
+// ceil(cols_pad / 128)). The form of the values:
+//   DUAL_F32  x f32;
+//   DUAL_BF16 x BF16 (a gradient its producer rounded and stored as BF16: the same
+//             values as its f32 copy, so the same codes);
+//   DUAL_NORM rmsnorm_operand's y = w[c] * (x[r][c] * rstd[r]) of the f32 x it
+//             normed, w and its rstd (the same operations on the same values: y's
+//             bits, which the forward then need not write).
+#define DUAL_TAB 13
+#define DUAL_F32 0
+#define DUAL_BF16 1
+#define DUAL_NORM 2
 extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long long* tab, int T) {
     pdl_entry();
     __shared__ DualShared sh;
     __shared__ int st;
-    if (threadIdx.x == 0) st = tensor_of(tab, 10, 9, T, blockIdx.x);
+    if (threadIdx.x == 0) st = tensor_of(tab, DUAL_TAB, 9, T, blockIdx.x);
     __syncthreads();
-    const long long* e = tab + (long)st * 10;
+    const long long* e = tab + (long)st * DUAL_TAB;
     const int rows = (int)e[1], cols = (int)e[2], cols_pad = (int)e[4], nx = (cols_pad + 127) / 128;
     const long b = (long)blockIdx.x - e[9];
     const int g = (int)(b % nx), ty = (int)(b / nx);
     float v[8][4];
-    dual_load((const float*)e[0], cols, rows, cols, g, ty, v);
+    if (e[10] == DUAL_BF16) {
+        dual_load((const bf16_t*)e[0], cols, rows, cols, g, ty, v);
+    } else {
+        dual_load((const float*)e[0], cols, rows, cols, g, ty, v);
+        if (e[10] == DUAL_NORM) {
+            // rmsnorm_operand_at's y of the loaded x (zero outside stays zero).
+            const float* w = (const float*)e[11];
+            const float* rstd = (const float*)e[12];
+            const int c = g * 128 + (threadIdx.x & 31) * 4, r0 = ty * 128 + (threadIdx.x >> 5) * 8;
+            float wv[4];
+            load4(w, c, cols, (cols & 3) == 0 && ((u64)w & 15) == 0, wv);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float rs = r0 + i < rows ? rstd[r0 + i] : 0.0f;
+                for (int j = 0; j < 4; j++) v[i][j] = r0 + i < rows && c + j < cols ? wv[j] * (v[i][j] * rs) : 0.0f;
+            }
+        }
+    }
     dual_tile(v, g, ty, (int)e[3], cols_pad, (u8*)e[5], (float*)e[6], (u8*)e[7], (float*)e[8], sh);
 }
 
@@ -205,7 +253,7 @@ __device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const 
         // quantizes as quant_dual_f32's zero loads.
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const float s = sigmoid_uniform(gv[j]);  // swiglu_grads' two gradients, the one this block makes
+            const float s = sigmoid(gv[j]);  // swiglu_grads' two gradients, the one this block makes
             v[i][j] = round_bf16(o == 0 ? swiglu_dgate(d[j], gv[j], uv[j], s) : swiglu_dup(d[j], gv[j], s));
         }
     }
@@ -520,6 +568,49 @@ extern "C" __global__ void swiglu_operand_gu16(const bf16_t* gate, const bf16_t*
                                                int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
     pdl_entry();
     swiglu_operand_of(gate, up, rows, cols, h, rows_pad, cols_pad, codes, scales, yb);
+}
+
+// SwiGLU with both FP8 groupings of h, for a training forward whose WGrad is FP8
+// (fuses swiglu_operand and quant_dual_f32 of its h: the same values, so its 1x128
+// codes are swiglu_operand's and its 128x1 codes quantize_col128x1's of that h; no
+// f32 h is written, and the backward quantizes nothing of it). gate, up [rows, cols]
+// f32 or (_gu16) the rows GEMM's BF16 values; quant_dual_f32's grid, block and
+// outputs; values past rows or cols are 0, as swiglu_operand's padding.
+template <typename G>
+__device__ __forceinline__ void swiglu_dual_at(const G* gate, const G* up, int rows, int cols, int rows_pad,
+                                               int cols_pad, u8* codes, float* scales, u8* codes_t,
+                                               float* scales_t) {
+    __shared__ DualShared sh;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int c = blockIdx.x * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
+    const bool vec = (cols & 3) == 0;
+    // A row's values as its loads land (all sixteen loads first spilled at 64
+    // registers); swiglu_operand_at's h.
+    float v[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float gv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, uv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (r0 + i < rows) {
+            load4(gate + (long)(r0 + i) * cols, c, cols, vec, gv);
+            load4(up + (long)(r0 + i) * cols, c, cols, vec, uv);
+        }
+        // Outside the matrix gate and up load as 0, so h is +0 there, as
+        // swiglu_operand_at's padding, with no per-value branch.
+        for (int j = 0; j < 4; j++) v[i][j] = gv[j] * sigmoid(gv[j]) * uv[j];
+    }
+    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, sh);
+}
+extern "C" __global__ void __launch_bounds__(512, 2)
+    swiglu_dual(const float* gate, const float* up, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
+                float* scales, u8* codes_t, float* scales_t) {
+    pdl_entry();
+    swiglu_dual_at(gate, up, rows, cols, rows_pad, cols_pad, codes, scales, codes_t, scales_t);
+}
+extern "C" __global__ void __launch_bounds__(512, 2)
+    swiglu_dual_gu16(const bf16_t* gate, const bf16_t* up, int rows, int cols, int rows_pad, int cols_pad,
+                     u8* codes, float* scales, u8* codes_t, float* scales_t) {
+    pdl_entry();
+    swiglu_dual_at(gate, up, rows, cols, rows_pad, cols_pad, codes, scales, codes_t, scales_t);
 }
 
 // swiglu_operand of two split-K GEMMs' outputs (fuses the gate and up projections'

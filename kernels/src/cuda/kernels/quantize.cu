@@ -30,17 +30,26 @@ __device__ void row1x128(const T* x, long ldx, int rows, int cols, int rows_pad,
         for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
         if (idx < total && r < rows) load4(x + (long)r * ldx, c, cols, vec, v[i]);
     }
+    // The groups' maxima, then (all usual, warp-uniform; not the SW check) their
+    // codes without branches (dual_tile's quot_usual), else through e4m3_scale and quot.
+    u32 gm[GPW];
+    bool usual = !SW;
+#pragma unroll
+    for (int i = 0; i < GPW; i++) {
+        u32 m = 0;
+        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
+        gm[i] = __reduce_max_sync(0xffffffffu, m);
+        usual = usual && usual_amax(gm[i]);
+    }
 #pragma unroll
     for (int i = 0; i < GPW; i++) {
         long idx = w0 + i;
         if (idx >= total) break;  // warp-uniform
         int r = (int)(idx / L), g = (int)(idx % L), c = g * 128 + lane * 4;
-        u32 m = 0;
-        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
-        m = __reduce_max_sync(0xffffffffu, m);
-        float s = e4m3_scale(m);
-        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4<SW>(v[i], quot(s));
-        if (lane == 0) scales[(long)g * rows_pad + r] = s;
+        const Quot d = usual ? quot_usual(gm[i]) : quot(e4m3_scale(gm[i]));
+        const u32 q = usual ? encode4_fast(v[i], d) : encode4<SW>(v[i], d);
+        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
+        if (lane == 0) scales[(long)g * rows_pad + r] = d.s;
     }
 }
 
@@ -315,14 +324,20 @@ __device__ __forceinline__ void token_logprobs_bwd_fp8_at(const Z* z, int out_ro
         for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
         if (cs[i] >= 0) load4(z + (long)(r0 + i) * vocab, c, vocab, vec, v[i]);
     }
+    // Every value through logprob_grad, then 0 selected where the row is not scored
+    // or the column is past the vocabulary: no branch a value or a row, so a
+    // thread's 32 exponentials interleave (as dual_tile's quot_usual).
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        if (cs[i] < 0) continue;
-        const int k = cs[i];
-        const float gl = dlogp[k], ge = dentropy ? dentropy[k] : 0.0f, l = lse[k], h = entropy[k];
-        const int t = targets[k];
-        for (int j = 0; j < 4; j++)
-            if (c + j < vocab) v[i][j] = logprob_grad(v[i][j], l, h, gl, ge, c + j == t, scale);
+        const bool on = cs[i] >= 0;  // an unscored row reads nothing (predicated loads)
+        const int k = on ? cs[i] : 0;
+        const float gl = on ? dlogp[k] : 0.0f, ge = on && dentropy ? dentropy[k] : 0.0f;
+        const float l = on ? lse[k] : 0.0f, h = on ? entropy[k] : 0.0f;
+        const int t = on ? targets[k] : -1;
+        for (int j = 0; j < 4; j++) {
+            const float g = logprob_grad(v[i][j], l, h, gl, ge, c + j == t, scale);
+            v[i][j] = on && c + j < vocab ? g : 0.0f;
+        }
     }
     dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, sh);
 }
@@ -442,9 +457,12 @@ __device__ __forceinline__ void store_operand4(const float v[4], int r, int g, i
         u32 m = 0;
         for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[j]);
         m = __reduce_max_sync(0xffffffffu, m);
-        float s = e4m3_scale(m);
-        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = encode4(v, quot(s));
-        if (lane == 0) scales[(long)g * rows_pad + r] = s;
+        // quot_usual where it applies (the same values, no range-check branches).
+        const bool usual = usual_amax(m);
+        const Quot d = usual ? quot_usual(m) : quot(e4m3_scale(m));
+        const u32 q = usual ? encode4_fast(v, d) : encode4(v, d);
+        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
+        if (lane == 0) scales[(long)g * rows_pad + r] = d.s;
     }
     if (yb && c < cols_pad) {
         *(uint2*)(yb + (long)r * cols_pad + c) = make_uint2(pack2_bf16(v[0], v[1]), pack2_bf16(v[2], v[3]));

@@ -119,14 +119,15 @@ fn fp8_forward_rows_do_not_depend_on_the_batch() {
 }
 
 /// Wide N (an LM head's): on 132 SMs one K split of all 7 or 8 groups, and 133
-/// weight tiles, so the persistent rows kernel's blocks take several tiles each.
+/// weight tiles, so the persistent rows kernel's blocks take several tiles each;
+/// 4096 x 4096 (an 8B projection's): 32 groups in slices of 7, the last of 4.
 /// Rows kernel = split-K kernel bit for bit, and a row's bits do not depend on its
 /// batch.
 #[test]
 fn fp8_wide_rows_match_split_k() {
     let Some(g) = gpu() else { return };
-    let (m, n) = (200, 17_000);
-    for k in [896, 1024] {
+    let m = 200;
+    for (k, n) in [(896, 17_000), (1024, 17_000), (4096, 4096)] {
         let shape = format!("{m}x{k}x{n}");
         let (x, w) = (rnd(m * k, 21, 2.0), rnd(n * k, 22, 0.05));
         let (qw, _) = gq::quantize_block128(&g, &up(&g, &w), n, k, false).unwrap();

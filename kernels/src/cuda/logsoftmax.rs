@@ -379,14 +379,8 @@ pub fn token_logprobs_backward_at(
                 0,
                 &[
                     &args[..],
-                    &[
-                        Arg::I(rp as i32),
-                        Arg::I(cp as i32),
-                        Arg::P(gpu.ptr(&q.row.codes)),
-                        Arg::P(gpu.ptr(&q.row.scales)),
-                        Arg::P(gpu.ptr(&q.col.codes)),
-                        Arg::P(gpu.ptr(&q.col.scales)),
-                    ],
+                    &[Arg::I(rp as i32), Arg::I(cp as i32)],
+                    &q.args(gpu),
                 ]
                 .concat(),
             )?;

@@ -386,21 +386,23 @@ pub fn swiglu_dual<'a>(
             (cp.div_ceil(GROUP) as u32, rows.div_ceil(GROUP) as u32, 1),
             (512, 1, 1),
             0,
-            &[
-                gate,
-                up,
-                Arg::I(rows as i32),
-                Arg::I(cols as i32),
-                Arg::I(rp as i32),
-                Arg::I(cp as i32),
-                Arg::P(gpu.ptr(&q.row.codes)),
-                Arg::P(gpu.ptr(&q.row.scales)),
-                Arg::P(gpu.ptr(&q.col.codes)),
-                Arg::P(gpu.ptr(&q.col.scales)),
-            ],
+            &[&gu_dims((gate, up), (rows, cols))[..], &q.args(gpu)].concat(),
         )?;
     }
     Ok(q)
+}
+
+/// The arguments the SwiGLU kernels with FP8 outputs share: gate, up, rows, cols,
+/// rows_pad, cols_pad.
+fn gu_dims((gate, up): (Arg, Arg), (rows, cols): (usize, usize)) -> [Arg; 6] {
+    [
+        gate,
+        up,
+        Arg::I(rows as i32),
+        Arg::I(cols as i32),
+        Arg::I(pad16(rows) as i32),
+        Arg::I(pad16(cols) as i32),
+    ]
 }
 
 /// SwiGLU's gate and up `[rows, cols]`, checked, as kernel arguments, and whether
@@ -460,6 +462,19 @@ pub struct DualFp8 {
     pub col: Fp8Quantized,
 }
 
+impl DualFp8 {
+    /// The kernel arguments of its buffers, as `quant_dual_f32` takes them: codes,
+    /// scales (1x128), codes^T, scales^T (128x1).
+    pub(crate) fn args(&self, gpu: &Gpu) -> [Arg; 4] {
+        [
+            Arg::P(gpu.ptr(&self.row.codes)),
+            Arg::P(gpu.ptr(&self.row.scales)),
+            Arg::P(gpu.ptr(&self.col.codes)),
+            Arg::P(gpu.ptr(&self.col.scales)),
+        ]
+    }
+}
+
 /// SwiGLU's backward (`ops::swiglu_backward`, rounded to BF16 values) with
 /// [`quantize_dual`] of each output, in one pass (`swiglu_bwd_fp8`): the gate and
 /// up projections' dy operands `(dgate, dup)` for FP8 DGrad and WGrad, with the
@@ -488,14 +503,6 @@ pub fn swiglu_backward_fp8<'a>(
         unwritten_dual(gpu, rows, cols)?,
         unwritten_dual(gpu, rows, cols)?,
     );
-    let ptrs = |q: &DualFp8| {
-        [
-            Arg::P(gpu.ptr(&q.row.codes)),
-            Arg::P(gpu.ptr(&q.row.scales)),
-            Arg::P(gpu.ptr(&q.col.codes)),
-            Arg::P(gpu.ptr(&q.col.scales)),
-        ]
-    };
     gpu.launch(
         &QUANTIZE,
         match (dh16, gu16) {
@@ -512,16 +519,9 @@ pub fn swiglu_backward_fp8<'a>(
         0,
         &[
             &head[..],
-            &[
-                gate,
-                up,
-                Arg::I(rows as i32),
-                Arg::I(cols as i32),
-                Arg::I(rp as i32),
-                Arg::I(cp as i32),
-            ][..],
-            &ptrs(&g),
-            &ptrs(&u),
+            &gu_dims((gate, up), (rows, cols)),
+            &g.args(gpu),
+            &u.args(gpu),
         ]
         .concat(),
     )?;

@@ -185,10 +185,6 @@ fn swiglu_reads_bf16_gate_up_as_their_f32_values() {
     done();
 }
 
-/// The LM head's logits kept as BF16 values: the scored log-probs in place and
-/// their backward (as the BF16 and the FP8 operands) give the bits of the same
-/// values in f32, rows and vocabularies not aligned to 4 or 16 included; the
-/// in-place backward (f32 only) refuses them.
 /// SwiGLU with both FP8 groupings of h in one pass (the training forward's, FP8
 /// WGrad) gives swiglu_operand's 1x128 operand and quantize_col128x1 of its h, bit
 /// for bit, from f32 and from BF16 gate and up. Shapes: partial tiles in both
@@ -232,6 +228,10 @@ fn swiglu_dual_is_the_operand_and_the_128x1_groups_of_h() {
     done();
 }
 
+/// The LM head's logits kept as BF16 values: the scored log-probs in place and
+/// their backward (as the BF16 and the FP8 operands) give the bits of the same
+/// values in f32, rows and vocabularies not aligned to 4 or 16 included; the
+/// in-place backward (f32 only) refuses them.
 #[test]
 fn token_logprobs_read_bf16_logits_as_their_f32_values() {
     use jet_kernels::cuda::logsoftmax as glsm;

@@ -1086,6 +1086,20 @@ fn sigmoid_has_the_ieee_divisions_bits_everywhere() {
     done();
 }
 
+/// The quantizers' branch-free group scale and reciprocal (`quot_usual`) have the
+/// bits of the checked ones (`quot(e4m3_scale(a))`) at every amax they are used for.
+#[test]
+fn quot_usual_has_the_checked_scales_bits_everywhere() {
+    let Some(g) = gpu() else { return };
+    let bad = gops::quot_usual_mismatches(&g).unwrap();
+    report_exact(
+        "quot_usual == quot(e4m3_scale) (scale, reciprocal, fast)",
+        "amax 0 and [2^-79, inf)",
+        bad as usize,
+    );
+    done();
+}
+
 /// SwiGLU fused with its GEMM operand: the output bit for bit `swiglu_forward`'s,
 /// the operand the quantizer's or the BF16 copy's of it.
 #[test]

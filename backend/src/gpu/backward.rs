@@ -188,8 +188,8 @@ pub fn backward(
     let round = cx.round();
     for li in (0..w.ix.layers.len()).rev() {
         let (lx, lp) = (&w.ix.layers[li], &model.layers[li]);
-        // The forward's BF16 copies of a, attn, b, m (WGrad's operands), freed
-        // with this layer's backward.
+        // The forward's operands of a, attn, b, m that WGrad reuses (BF16 copies;
+        // FP8: m's 128x1 groups), freed with this layer's backward.
         let [ain, attn_in, bin, min] = &mut std::mem::take(&mut acts.layers[li].ops);
         let a = &acts.layers[li];
         let inter = cfg.intermediate_size;
@@ -441,7 +441,8 @@ fn values<'a>(b16: &'a Option<CudaSlice<u16>>, f: &'a CudaSlice<f32>) -> ActRef<
     b16.as_ref().map_or(ActRef::F32(f), ActRef::Bf16)
 }
 
-/// An activation FP8's WGrad quantizes from its f32 values, which its forward keeps.
+/// An activation FP8's WGrad quantizes from its f32 values, which its forward kept
+/// (SwiGLU's output where its kernel did not make the 128x1 groups itself).
 fn kept<'a>(x: &'a Option<CudaSlice<f32>>, what: &str) -> Result<&'a CudaSlice<f32>> {
     x.as_ref()
         .ok_or_else(|| CudaError::Invalid(format!("FP8 WGrad: {what} was not kept in f32")))

@@ -32,8 +32,10 @@ pub type QkPre = (
 pub struct GpuLayerActs {
     /// Residual entering the layer `[M, hidden]`, input norm output and rstd.
     pub x_in: CudaSlice<f32>,
-    /// f32 where a GEMM reads it so (FP8 WGrad, the f32 flow); None where the
-    /// BF16 operand in `ops` is all that is read.
+    /// f32 where a GEMM reads it so (the f32 flow; FP8 forward GEMMs with another
+    /// WGrad); None where its operands are all that is read (the BF16 copy in
+    /// `ops`; FP8 WGrad remakes its 128x1 groups from x_in, the weight and rstd1,
+    /// `DualIn::Norm`). So b.
     pub a: Option<CudaSlice<f32>>,
     pub rstd1: CudaSlice<f32>,
     /// q, k before the per-head norm and its rstd (Qwen3 only).
@@ -50,12 +52,14 @@ pub struct GpuLayerActs {
     pub b: Option<CudaSlice<f32>>,
     pub rstd2: CudaSlice<f32>,
     /// MLP gate, up `[M, inter]` (BF16 values where the rows GEMM kept them so)
-    /// and the swiglu output.
+    /// and the swiglu output (None where only its operands are read: the BF16
+    /// flows, and FP8 training, whose SwiGLU makes m's 128x1 groups itself).
     pub gate: Act,
     pub up: Act,
     pub m: Option<CudaSlice<f32>>,
-    /// The forward's BF16 copies of a, attn, b and m (the BF16 flows' WGrad
-    /// operands; empty in the FP8 and f32 flows), [`XOperand::for_backward`].
+    /// What the backward reuses of the forward's operands of a, attn, b and m:
+    /// the BF16 copies (the BF16 flows' WGrad operands) and, in FP8 training, m's
+    /// 128x1 groups (`swiglu_with_dual`), [`XOperand::for_backward`].
     pub ops: [XOperand; 4],
 }
 

@@ -957,6 +957,23 @@ pub fn sigmoid_mismatches(gpu: &Gpu) -> Result<u64> {
     Ok(gpu.download(&bad)?[0])
 }
 
+/// The largest-|x| bit patterns of a quantized group, of all where the quantizers
+/// take their branch-free scale (`quot_usual`: 0 and [2^-79, inf)), at which its
+/// scale, reciprocal or fast flag differ in bits from `quot(e4m3_scale(a))`'s.
+pub fn quot_usual_mismatches(gpu: &Gpu) -> Result<u64> {
+    let bad = gpu.zeros::<u64>(1)?;
+    let (lo, hi) = (0x1800_0000i64, 0x7f80_0000i64);
+    gpu.launch(
+        &OPS,
+        "quot_usual_is_quot",
+        (4 * 132 * 8, 1, 1),
+        (256, 1, 1),
+        0,
+        &[Arg::L(lo), Arg::L(hi - lo), Arg::P(gpu.ptr(&bad))],
+    )?;
+    Ok(gpu.download(&bad)?[0])
+}
+
 /// Forward: `h [n] = silu(gate) * up`.
 pub fn swiglu_forward(
     gpu: &Gpu,

@@ -532,7 +532,8 @@ pub fn swiglu_backward_fp8<'a>(
 #[derive(Clone, Copy)]
 pub enum DualIn<'a> {
     /// Stored as f32 or as BF16 values (a gradient its producer rounded to BF16 and
-    /// stored so: the codes of its f32 copy, from half the bytes).
+    /// stored so: the codes of its f32 copy, from half the bytes), rows `cols`
+    /// values apart (not a padded `[rows][pad16(cols)]` operand).
     Values(ActRef<'a>),
     /// [`rmsnorm_operand`]'s output `y = w * (x * rstd)` of `x [rows, cols]`, its
     /// weight `w [cols]` and the `rstd [rows]` it returned: y's bits, made again

@@ -188,6 +188,7 @@ __device__ __forceinline__ Quot quot_usual(u32 a) {
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(s));
     return {s, fmaf(fmaf(-s, r0, 1.0f), r0, r0), true};
 }
+// `quot_usual_is_quot` (ops.cu) compares it with quot(e4m3_scale(a)) at every usual a.
 // encode4's codes of four values at a fast Quot (quot_usual's).
 __device__ __forceinline__ u32 encode4_fast(const float v[4], Quot d) {
     return cvt_e4m3x2(qdiv(v[0], d), qdiv(v[1], d)) | (cvt_e4m3x2(qdiv(v[2], d), qdiv(v[3], d)) << 16);
@@ -234,10 +235,11 @@ __device__ float block_max(float v, float* sh) {
     return warp_max(v);
 }
 
-// RN(n / d) for d in [1, 2] and n in [0, 2]: the fast path of the compiler's IEEE
-// division (MUFU.RCP, one Newton step, the quotient corrected by its residual; the
-// same instructions), without its range check (FCHK) and the slow path's call,
-// which such operands never take. Straight-line, so the compiler interleaves
+// RN(n / d) for sigmoid's operands (d = 1 + e in [1, 2], n = 1 or e): the fast
+// path of the compiler's IEEE division (MUFU.RCP, one Newton step, the quotient
+// corrected by its residual; the same instructions), without its range check
+// (FCHK) and the slow path's call, which these operands never take (not a general
+// division: a tiny n with d > 1 is outside what was checked). Straight-line, so the compiler interleaves
 // many of them: the per-element check and call made each sigmoid its own branch
 // region, and a tile's 32 values a thread ran one after another (swiglu_dual at
 // 77 instructions a value and 62% issue; ncu, H100, twenty-sixth session).

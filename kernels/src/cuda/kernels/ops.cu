@@ -435,6 +435,23 @@ extern "C" __global__ void qkv_sk_norm_rope(SkIn qi, SkIn ki, SkIn vi, const flo
                       (kind == 0 ? q : k) + o, nullptr, nullptr);
 }
 
+// The amax bit patterns a in {0} and [start, start + count) (those >= 0x18000000
+// and < 0x7f800000 are quot_usual's domain) where quot_usual(a)'s scale, reciprocal
+// or fast flag differ from quot(e4m3_scale(a))'s, added into bad[0]: the proof
+// behind the quantizers' branch-free scales (ops.rs `quot_usual_mismatches`).
+extern "C" __global__ void quot_usual_is_quot(long long start, long long count, unsigned long long* bad) {
+    pdl_entry();
+    unsigned long long n = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i <= count; i += (long long)gridDim.x * blockDim.x) {
+        const u32 a = i == count ? 0u : (u32)(start + i);  // the last index checks a = 0
+        const Quot u = quot_usual(a), q = quot(e4m3_scale(a));
+        n += __float_as_uint(u.s) != __float_as_uint(q.s) || __float_as_uint(u.r) != __float_as_uint(q.r) ||
+             u.fast != q.fast;
+    }
+    n = __reduce_add_sync(0xffffffffu, (u32)n);
+    if ((threadIdx.x & 31) == 0 && n) atomicAdd(bad, n);
+}
+
 // ---- swiglu ----------------------------------------------------------------------
 // The f32 bit patterns in [start, start + count) where sigmoid (div_unit, common.cuh)
 // and sigmoid_ieee differ (NaNs count as equal), added into bad[0]: the proof behind

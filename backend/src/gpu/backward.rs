@@ -197,22 +197,18 @@ pub fn backward(
         if cx.precs().1 == GemmPrecision::Fp8 {
             // FP8 WGrad: the 128x1 groups of the layer's inputs that the forward did
             // not make (m's come from SwiGLU's kernel) in one launch.
-            let mut xs = Vec::with_capacity(4);
-            let mut ops = Vec::with_capacity(4);
-            if !min.has_fp8_t() {
-                xs.push((kept(&a.m, "m")?.into(), m, inter, false));
-                ops.push((&mut *min, inter));
-            }
             let post_norm = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
-            xs.push((norm_out(&a.b, post_norm), m, h, false));
-            ops.push((&mut *bin, h));
-            xs.push(((&a.attn).into(), m, qd, false));
-            ops.push((&mut *attn_in, qd));
             let in_norm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
-            xs.push((norm_out(&a.a, in_norm), m, h, false));
-            ops.push((&mut *ain, h));
+            let mut want: Vec<(DualIn, usize, &mut XOperand)> = Vec::with_capacity(4);
+            if !min.has_fp8_t() {
+                want.push((kept(&a.m, "m")?.into(), inter, &mut *min));
+            }
+            want.push((norm_out(&a.b, post_norm), h, &mut *bin));
+            want.push(((&a.attn).into(), qd, &mut *attn_in));
+            want.push((norm_out(&a.a, in_norm), h, &mut *ain));
+            let xs: Vec<_> = want.iter().map(|&(x, k, _)| (x, m, k, false)).collect();
             let qs = quantize_dual_multi(g, &xs)?;
-            for ((_, q), (xo, k)) in qs.into_iter().zip(ops) {
+            for ((_, q), (_, k, xo)) in qs.into_iter().zip(want) {
                 xo.set_fp8_t(m, k, q)?;
             }
         }

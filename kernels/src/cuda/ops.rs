@@ -945,31 +945,28 @@ pub fn rope_backward(
 /// differs in its bits from the one with the IEEE division; NaNs count as equal.
 /// Zero on a device where that fast path is the division.
 pub fn sigmoid_mismatches(gpu: &Gpu) -> Result<u64> {
-    let bad = gpu.zeros::<u64>(1)?;
-    gpu.launch(
-        &OPS,
-        "sigmoid_div_is_ieee",
-        (4 * 132 * 8, 1, 1),
-        (256, 1, 1),
-        0,
-        &[Arg::L(0), Arg::L(1 << 32), Arg::P(gpu.ptr(&bad))],
-    )?;
-    Ok(gpu.download(&bad)?[0])
+    count_mismatches(gpu, "sigmoid_div_is_ieee", 0, 1 << 32)
 }
 
 /// The largest-|x| bit patterns of a quantized group, of all where the quantizers
 /// take their branch-free scale (`quot_usual`: 0 and [2^-79, inf)), at which its
 /// scale, reciprocal or fast flag differ in bits from `quot(e4m3_scale(a))`'s.
 pub fn quot_usual_mismatches(gpu: &Gpu) -> Result<u64> {
-    let bad = gpu.zeros::<u64>(1)?;
     let (lo, hi) = (0x1800_0000i64, 0x7f80_0000i64);
+    count_mismatches(gpu, "quot_usual_is_quot", lo, hi - lo)
+}
+
+/// An exhaustive check kernel's count over the bit patterns [start, start + count)
+/// (`(start, count, bad)`: grid-stride, each warp's misses added into `bad[0]`).
+fn count_mismatches(gpu: &Gpu, kernel: &'static str, start: i64, count: i64) -> Result<u64> {
+    let bad = gpu.zeros::<u64>(1)?;
     gpu.launch(
         &OPS,
-        "quot_usual_is_quot",
-        (4 * 132 * 8, 1, 1),
+        kernel,
+        ((32 * gpu.sm_count()) as u32, 1, 1),
         (256, 1, 1),
         0,
-        &[Arg::L(lo), Arg::L(hi - lo), Arg::P(gpu.ptr(&bad))],
+        &[Arg::L(start), Arg::L(count), Arg::P(gpu.ptr(&bad))],
     )?;
     Ok(gpu.download(&bad)?[0])
 }

@@ -105,6 +105,11 @@ impl Fp8Quantized {
 
 fn check_shape(what: &str, x: &CudaSlice<f32>, rows: usize, cols: usize) -> Result<()> {
     check_len(what, x, rows * cols, format!("[{rows}, {cols}]"))?;
+    check_dims(what, rows, cols)
+}
+
+/// `[rows, cols]` within what the kernels index with 32-bit ints (padded too).
+fn check_dims(what: &str, rows: usize, cols: usize) -> Result<()> {
     ensure(
         rows < i32::MAX as usize / 2 && cols < i32::MAX as usize / 2,
         || format!("{what}: [{rows}, {cols}] is too large"),
@@ -324,10 +329,7 @@ pub fn swiglu_operand_opt<'a>(
     fp8: bool,
     keep_h: bool,
 ) -> Result<(Option<CudaSlice<f32>>, FusedOperand)> {
-    ensure(
-        rows < i32::MAX as usize / 2 && cols < i32::MAX as usize / 2,
-        || format!("swiglu: [{rows}, {cols}] is too large"),
-    )?;
+    check_dims("swiglu", rows, cols)?;
     let (gate, up, bf16) = gu_args(gpu, gate.into(), up.into(), (rows, cols))?;
     let h = keep_h.then(|| gpu.uninit::<f32>(rows * cols)).transpose()?;
     let op = FusedOperand::alloc(gpu, rows, cols, fp8)?;
@@ -370,11 +372,8 @@ pub fn swiglu_dual<'a>(
     (rows, cols): (usize, usize),
 ) -> Result<DualFp8> {
     let (gate, up, bf16) = gu_args(gpu, gate.into(), up.into(), (rows, cols))?;
-    let (rp, cp) = (pad16(rows), pad16(cols));
-    ensure(
-        rp.checked_mul(cp).is_some_and(|e| e < i64::MAX as usize) && cp < i32::MAX as usize / 2,
-        || format!("swiglu (FP8, both groupings) of [{rows}, {cols}]: too large"),
-    )?;
+    check_dims("swiglu (FP8, both groupings)", rows, cols)?;
+    let cp = pad16(cols);
     let q = unwritten_dual(gpu, rows, cols)?;
     if rows > 0 && cols > 0 {
         gpu.launch(
@@ -610,12 +609,8 @@ pub fn quantize_dual_multi(
     let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 13);
     let mut first = 0usize;
     for &(x, rows, cols, dual) in xs {
-        let what = "quantize 1x128 + 128x1 input";
         let [xp, form, wp, rstdp] = x.entries(gpu, rows, cols)?;
-        ensure(
-            rows < i32::MAX as usize / 2 && cols < i32::MAX as usize / 2,
-            || format!("{what}: [{rows}, {cols}] is too large"),
-        )?;
+        check_dims("quantize 1x128 + 128x1 input", rows, cols)?;
         let (rp, cp) = (pad16(rows), pad16(cols));
         let row = match dual {
             true => Some(unwritten_row1x128(gpu, rows, cols)?),

@@ -9,9 +9,12 @@
 #   bash bench/gpu_check.sh [tests] [bench PRESET [LAYERS]] [peer PRESET [LAYERS]] [attnpeer]
 #                           [sft CONFIG] [onpolicy CONFIG STEPS FLOW...]
 #                           [compare PRESET[:LAYERS],... REPS BUILD,...]
-#                           [ncustep FLOW PRESET [LAYERS]]
+#                           [ncustep FLOW PRESET [LAYERS]] [ncudecode FLOW PRESET BATCH]
 # ncustep: one training step's kernels timed alone by Nsight Compute (device time
 # without the bench's event brackets), summed per kernel by bench/ncu_step.py.
+# ncudecode: a short rollout's kernels (prompt 128, 16 new tokens), the decode
+# graph's nodes included, summed per kernel by bench/ncu_kernels.py (prefill too:
+# the decode step's kernels are the ones launched once a layer a step).
 # compare: each build (a binary in .carry: jetd, jetd-prev, ...) benched REPS times,
 # the builds interleaved, on each shape, with JET_BENCH_ARGS (e.g. "--train-steps 0
 # --batch 64,256"); reports in $OUT/cmp, then bench/compare_builds.py's table.
@@ -119,6 +122,18 @@ PY
         "${layers[@]}" --batch 1 --gen-len 2 --prompt-len 16 --train-steps 1 >/dev/null 2>"$LOG/$name.err"
       SUMMARY+=("$name: rc $?")
       python3 bench/ncu_step.py "$LOG/$name.csv" | tee "$LOG/$name.txt"
+      ;;
+    ncudecode)
+      flow=$2; preset=$3; batch=$4; shift 4
+      name="ncu-decode-$flow-$preset-b$batch"
+      args=(bench --device cuda --json --no-kernels --no-cublaslt --flow "$flow" --preset "$preset"
+        --batch "$batch" --prompt-len 128 --gen-len 16 --train-steps 0)
+      ./.carry/jetd "${args[@]}" >/dev/null 2>&1  # warm the kernel cache outside ncu
+      ncu --graph-profiling node --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+        --csv --print-units base --launch-count 9000 --log-file "$LOG/$name.csv" \
+        ./.carry/jetd "${args[@]}" >/dev/null 2>"$LOG/$name.err"
+      SUMMARY+=("$name: rc $?")
+      python3 bench/ncu_kernels.py "$LOG/$name.csv" | tee "$LOG/$name.txt"
       ;;
     compare)
       IFS=, read -ra shapes <<<"$2"; reps=$3; IFS=, read -ra builds <<<"$4"; shift 4

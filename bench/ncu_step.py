@@ -50,6 +50,15 @@ def launches(path):
     return out
 
 
+def per_kernel(ls):
+    """[(name, microseconds, launches)] of launches `ls`, most time first."""
+    per = collections.defaultdict(lambda: [0.0, 0])
+    for n, us, _ in ls:
+        per[n][0] += us
+        per[n][1] += 1
+    return sorted(((n, us, c) for n, (us, c) in per.items()), key=lambda k: -k[1])
+
+
 def is_rows(name):
     """The batch-invariant forward GEMM (wgmma + TMA, or the mma.sync family)."""
     return name.endswith("_rows_tma") or (name.startswith("gemm_") and name.endswith("_rows"))
@@ -85,11 +94,7 @@ def main():
     if a.update < 1:
         sys.exit("--update counts from 1")
     step = step_of(launches(a.csv), a.csv, a.update)
-    per = collections.defaultdict(lambda: [0.0, 0])
-    for n, us, _ in step:
-        per[n][0] += us
-        per[n][1] += 1
-    kernels = sorted(per.items(), key=lambda kv: -kv[1][0])
+    kernels = per_kernel(step)
     rows = [us for n, us, g in step if is_rows(n)]
     by_place = {}
     if len(rows) > 1 and len(rows) % 7 == 1:  # 7 a layer, then the LM head
@@ -97,7 +102,7 @@ def main():
         by_place = {g: sum(rows[j::7][:layers]) / layers for j, g in enumerate(LAYER_GEMMS)}
         by_place["lm_head"] = rows[-1]
     res = dict(launches=len(step), kernel_ms=round(sum(us for _, us, _ in step) / 1e3, 3),
-               kernels=[dict(name=n, ms=round(us / 1e3, 4), launches=c) for n, (us, c) in kernels],
+               kernels=[dict(name=n, ms=round(us / 1e3, 4), launches=c) for n, us, c in kernels],
                rows_us_by_place={k: round(v, 1) for k, v in by_place.items()})
     if a.json:
         print(json.dumps(res))

@@ -224,10 +224,23 @@ fn flash_matches_cpu_reference() {
 }
 
 /// Every row of every sequence, decoded against a cache that holds only the keys
-/// up to that row (NaN past them), equals the training forward's row bit for bit.
+/// up to that row (NaN past them), equals the training forward's row bit for bit,
+/// on both decode kernels (two warps a row and KV head, and one).
 #[test]
 fn flash_decode_equals_forward_rows() {
     let Some(g) = gpu() else { return };
+    for warps in [2u8, 1] {
+        flash::set_decode_warps(warps);
+        decode_cases(&g, warps);
+    }
+    flash::set_decode_warps(0);
+    done();
+}
+
+/// flash_decode_equals_forward_rows' checks of every case on the decode kernel
+/// of `warps` (set by the caller).
+fn decode_cases(gpu: &std::sync::Arc<jet_kernels::cuda::Gpu>, warps: u8) {
+    let g = gpu.clone();
     for (ci, c) in CASES.iter().enumerate() {
         let sh = c.shape;
         let rows: usize = c.seqs.iter().sum();
@@ -272,7 +285,7 @@ fn flash_decode_equals_forward_rows() {
         let od =
             flash::flash_decode_at(&g, &up(&g, &q), &kc16, &vc16, cap, &slots, &lens, sh).unwrap();
         report_exact(
-            "flash decode == forward row",
+            &format!("flash decode == forward row ({warps} warp(s))"),
             &label(c),
             bits_differ(&dl(&g, &od, rows * qw), &out),
         );
@@ -302,7 +315,7 @@ fn flash_decode_equals_forward_rows() {
         )
         .unwrap();
         report_exact(
-            "flash append+decode == forward row",
+            &format!("flash append+decode == forward row ({warps} warp(s))"),
             &label(c),
             bits_differ(&dl(&g, &oa, rows * qw), &out),
         );
@@ -312,7 +325,7 @@ fn flash_decode_equals_forward_rows() {
             a[..n].iter().zip(&b[..n]).filter(|(x, y)| x != y).count()
         };
         report_exact(
-            "appended cache == scattered cache",
+            &format!("appended cache == scattered cache ({warps} warp(s))"),
             &label(c),
             differ(&ka, &kc16) + differ(&va, &vc16),
         );
@@ -358,7 +371,7 @@ fn flash_decode_equals_forward_rows() {
             }
             report_exact(
                 &format!(
-                    "flash append+decode with its {} operand",
+                    "flash append+decode with its {} operand ({warps} warp(s))",
                     ["BF16", "FP8"][fp8 as usize]
                 ),
                 &label(c),
@@ -366,7 +379,6 @@ fn flash_decode_equals_forward_rows() {
             );
         }
     }
-    done();
 }
 
 /// `bytes` of 0xa5, freed: the memory pool's next buffers likely start with

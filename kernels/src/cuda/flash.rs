@@ -165,6 +165,8 @@ fn kernel(kind: &str, hd: usize) -> Result<&'static str> {
         ("fwd3", 128) => "fa_fwd_occ3_128",
         ("dec", 64) => "fa_dec_64",
         ("dec", 128) => "fa_dec_128",
+        ("dec2", 64) => "fa_dec2_64",
+        ("dec2", 128) => "fa_dec2_128",
         ("kv", 64) => "fa_bwd_kv_64",
         ("kv", 128) => "fa_bwd_kv_128",
         ("q", 64) => "fa_bwd_q_64",
@@ -775,7 +777,21 @@ fn append_rows(
     Ok((gpu.ptr(k_new), gpu.ptr(v_new)))
 }
 
-/// `fa_dec_{hd}`: one warp a (row, KV head); `new` the appended rows' k and v
+/// The decode attention's kernel: 0 as `JET_FA_DEC_WARPS` says, else 1 or 2 warps
+/// a (row, KV head) ([`set_decode_warps`]).
+static DEC_WARPS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Run the decode attention on `warps` (1: `fa_dec`, 2: `fa_dec2`; 0: as
+/// `JET_FA_DEC_WARPS` says) from now on, process-wide: the check that both give
+/// the same bits (`cuda_flash`).
+#[doc(hidden)]
+pub fn set_decode_warps(warps: u8) {
+    DEC_WARPS.store(warps, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `fa_dec2_{hd}` (two warps a (row, KV head); `JET_FA_DEC_WARPS=1`: `fa_dec_{hd}`,
+/// one warp, the same bits; the choice is read at each launch, so a captured
+/// decode graph keeps the one of its capture); `new` the appended rows' k and v
 /// (0, 0: none); `op` the output's operand to make (`DecOperand`: FP8 adds the
 /// blocks of its padding rows).
 #[allow(clippy::too_many_arguments)]
@@ -820,12 +836,25 @@ fn decode_launch(
             b
         }
     };
+    // fa_dec2: two warps a (row, KV head), the same bits, K's and V's tiles then
+    // its exchange buffers (DecX, 2,624 bytes); JET_FA_DEC_WARPS=1 keeps fa_dec
+    // (one warp) for timing the two in one binary.
+    let two = match DEC_WARPS.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => std::env::var("JET_FA_DEC_WARPS").map_or(true, |v| v != "1"),
+    };
+    let (name, threads, smem) = if two {
+        (kernel("dec2", hd)?, 64, 2 * tile_bytes(hd, TILE) + 2624)
+    } else {
+        (kernel("dec", hd)?, 32, 2 * tile_bytes(hd, TILE))
+    };
     gpu.launch(
         &FLASH,
-        kernel("dec", hd)?,
+        name,
         ((rows_pad * nkv) as u32, 1, 1),
-        (32, 1, 1),
-        2 * tile_bytes(hd, TILE),
+        (threads, 1, 1),
+        smem,
         &[
             Arg::P(gpu.ptr(q)),
             Arg::P(k_cache),

@@ -536,6 +536,275 @@ __device__ void fa_dec(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, c
     if (op.codes || op.yb) fa_dec_operand<D>(o, l, op, b, kvh * group, group, lane);
 }
 
+// fa_dec with two warps a (row, KV head), the same bits: warp w computes the
+// scores of key blocks 4w .. 4w + 3 of each tile (mma_abt's MMAs for those blocks)
+// and P.V for output columns [w D/2, (w + 1) D/2) (each column's MMAs over the
+// tile's four key steps in order, as mma_pv). The row maxima are exchanged (max is
+// exact), the row sums' chain goes on in the forward's order (warp 1 adds its 16
+// values to warp 0's per-lane partial), P crosses as its BF16 A fragments, and
+// warp 1 holds l. One warp's chain of tiles was latency-bound (ncu, s27: 0.65
+// waves, 6% occupancy, 55% of DRAM bandwidth at batch 64).
+struct DecX {
+    float mx[2][16];       // [warp][row]: each warp's row maxima over its keys
+    float ps[2][32];       // [row half][lane]: warp 0's per-lane partial row sums
+    u32 pa[2][2][4][32];   // [warp][its key step][register][lane]: P's A fragments
+    float l[16];           // the finished row sums (warp 1's)
+    u32 amx[2][16];        // [warp][row]: the operand's amax over each warp's columns
+};
+static_assert(sizeof(DecX) == 2624, "flash.rs decode_launch reserves 2,624 bytes for DecX");
+template <int D>
+__device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,
+                        float sl2, float* out, const float* kn, const float* vn, DecOperand op) {
+    static_assert(D == 64 || D == 128, "fa_dec2: head_dim 64 or 128");
+    extern __shared__ __align__(16) unsigned char fa_sm[];
+    constexpr int T = FA_BC * (D + 8), HD = D / 16;  // HD: a warp's blocks of 8 output columns
+    bf16_t* sK = (bf16_t*)fa_sm;
+    bf16_t* sV = sK + T;
+    DecX& x = *(DecX*)(sV + T);
+    const int b = blockIdx.x / nkv, kvh = blockIdx.x % nkv, group = nh / nkv;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r0 = lane >> 2;
+    if (op.codes && b >= op.rows) {  // a padding row of the 1x128 operand
+        if (w == 0) fa_dec_operand_pad<D>(op, b, kvh * group, group, lane);
+        return;
+    }
+    const int n = len[b];
+    const long qw = (long)nh * D, kvw = (long)nkv * D;
+    bf16_t* kb = kc + (long)kv0[b] * kvw + kvh * D;
+    bf16_t* vb = vc + (long)kv0[b] * kvw + kvh * D;
+    stage16<D, FA_BC, 64>(sK, kb, kvw, min(FA_BC, n));
+    cp_commit();
+    stage16<D, FA_BC, 64>(sV, vb, kvw, min(FA_BC, n));
+    cp_commit();
+    // The new row (warp 0, fa_dec's lanes and rounding): to the caches, and patched
+    // into the last tile's shared copies below.
+    const bool append = kn != nullptr;
+    u32 kp[D / 64], vp[D / 64];
+    if (append && w == 0) {
+        const long src = (long)b * kvw + kvh * D, dst = (long)(n - 1) * kvw;
+#pragma unroll
+        for (int i = 0; i < D / 64; i++) {
+            const int c = 2 * lane + 64 * i;
+            kp[i] = pack_bf16x2(kn[src + c], kn[src + c + 1]);
+            vp[i] = pack_bf16x2(vn[src + c], vn[src + c + 1]);
+            *(u32*)(kb + dst + c) = kp[i];
+            *(u32*)(vb + dst + c) = vp[i];
+        }
+    }
+    const int last = (n - 1) % FA_BC;
+    // Q straight into frag_a's layout (register 2 h + i: row lane / 4 + 8 i, columns
+    // 16 ks + 8 h + 2 (lane % 4), +1), rows from `group` on zero: stage()'s values.
+    u32 qf[D / 16][4];
+    {
+        const float* qb = q + b * qw + (long)kvh * group * D + 2 * (lane & 3);
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = r0 + 8 * (e & 1), c = 16 * ks + 8 * (e >> 1);
+                float2 v = make_float2(0.f, 0.f);
+                if (r < group) v = *(const float2*)(qb + (long)r * D + c);
+                qf[ks][e] = pack_bf16x2(v.x, v.y);
+            }
+    }
+    const int pos = n - 1;
+    float o[HD][4], m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nd = 0; nd < HD; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[nd][e] = 0.f;
+    const int ntiles = (n - 1) / FA_BC + 1;
+    for (int j = 0; j < ntiles; j++) {
+        const int key0 = j * FA_BC;
+        // patch: the new row over the last tile's copy, once every thread's copies of
+        // the tile have landed (the row's copy is another warp's).
+        const bool patch = append && j + 1 == ntiles, more = j + 1 < ntiles;
+        cp_wait<1>();  // this thread's share of K tile j
+        __syncthreads();  // K tile j whole
+        if (patch) {
+            if (w == 0) {
+#pragma unroll
+                for (int i = 0; i < D / 64; i++) *(u32*)(sK + last * (D + 8) + 2 * lane + 64 * i) = kp[i];
+            }
+            __syncthreads();
+        }
+        // fa_tile_p for key blocks 4w .. 4w + 3 (both of a thread's rows sit at pos).
+        float s[4][4];
+        mma_abt<D, 4>(s, qf, sK, 32 * w, lane);
+        float mx[2] = {m[0], m[1]};
+        if (key0 + FA_BC - 1 <= pos) {
+#pragma unroll
+            for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float v = s[nb][e] * sl2;
+                    s[nb][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+        } else {
+#pragma unroll
+            for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = key0 + 32 * w + nb * 8 + 2 * (lane & 3) + (e & 1);
+                    const float v = c <= pos ? s[nb][e] * sl2 : FA_NEG_INF;
+                    s[nb][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        }
+        if ((lane & 3) == 0) {
+            x.mx[w][r0] = mx[0];
+            x.mx[w][r0 + 8] = mx[1];
+        }
+        __syncthreads();  // both warps' maxima; both done with K tile j
+        const long off = (long)(j + 1) * FA_BC * kvw;
+        const int nk = min(FA_BC, n - (j + 1) * FA_BC);
+        if (more) {
+            stage16<D, FA_BC, 64>(sK, kb + off, kvw, nk);
+            cp_commit();
+        }
+        float alpha[2], ps[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float t = fmaxf(mx[i], x.mx[1 - w][r0 + 8 * i]);
+            alpha[i] = exp2f(m[i] - t);
+            m[i] = t;
+        }
+#pragma unroll
+        for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = exp2f(s[nb][e] - m[e >> 1]);
+                s[nb][e] = p;
+                if (w == 0) ps[e >> 1] += p;
+            }
+        if (w == 0) {
+            x.ps[0][lane] = ps[0];
+            x.ps[1][lane] = ps[1];
+        }
+        // This warp's two key steps of P as mma_pv packs them.
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            x.pa[w][k][0][lane] = pack_bf16x2(s[2 * k][0], s[2 * k][1]);
+            x.pa[w][k][1][lane] = pack_bf16x2(s[2 * k][2], s[2 * k][3]);
+            x.pa[w][k][2][lane] = pack_bf16x2(s[2 * k + 1][0], s[2 * k + 1][1]);
+            x.pa[w][k][3][lane] = pack_bf16x2(s[2 * k + 1][2], s[2 * k + 1][3]);
+        }
+        if (more) {
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();  // V tile j whole, P's fragments, warp 0's partial sums
+        if (patch) {
+            if (w == 0) {
+#pragma unroll
+                for (int i = 0; i < D / 64; i++) *(u32*)(sV + last * (D + 8) + 2 * lane + 64 * i) = vp[i];
+            }
+            __syncthreads();
+        }
+        if (w == 1) {
+            ps[0] = x.ps[0][lane];
+            ps[1] = x.ps[1][lane];
+#pragma unroll
+            for (int nb = 0; nb < 4; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) ps[e >> 1] += s[nb][e];
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) l[i] = l[i] * alpha[i] + ps[i];  // warp 1's is the row's
+#pragma unroll
+        for (int nd = 0; nd < HD; nd++) {
+            o[nd][0] *= alpha[0];
+            o[nd][1] *= alpha[0];
+            o[nd][2] *= alpha[1];
+            o[nd][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int ks = 0; ks < FA_BC / 16; ks++) {
+            const u32 a[4] = {x.pa[ks >> 1][ks & 1][0][lane], x.pa[ks >> 1][ks & 1][1][lane],
+                              x.pa[ks >> 1][ks & 1][2][lane], x.pa[ks >> 1][ks & 1][3][lane]};
+#pragma unroll
+            for (int nd = 0; nd < HD; nd += 2) {
+                u32 b0, b1, b2, b3;
+                frag_bt<D>(b0, b1, b2, b3, sV, ks * 16, (w * HD + nd) * 8, lane);
+                mma_bf16(o[nd], a, b0, b1);
+                mma_bf16(o[nd + 1], a, b2, b3);
+            }
+        }
+        __syncthreads();  // both done with V tile j and the exchange buffers
+        if (more) {
+            stage16<D, FA_BC, 64>(sV, vb + off, kvw, nk);
+            cp_commit();
+        }
+    }
+    // fa_finish's row sums (warp 1's, reduced over the quad in its order), shared.
+    if (w == 1) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+            l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        }
+        if ((lane & 3) == 0) {
+            x.l[r0] = l[0];
+            x.l[r0 + 8] = l[1];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 2; i++) l[i] = x.l[r0 + 8 * i];
+    const int h0 = kvh * group;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int hr = r0 + 8 * i;
+        if (hr >= group) continue;
+        const float inv = 1.0f / l[i];
+        float* orow = out + b * qw + (long)(h0 + hr) * D + w * (D / 2) + 2 * (lane & 3);
+#pragma unroll
+        for (int nd = 0; nd < HD; nd++)
+            *(float2*)(orow + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+    }
+    // fa_dec_operand over the two warps' halves: one 1x128 group a head (D = 128),
+    // its amax the max of both halves' (exact).
+    if (!op.codes && !op.yb) return;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int hr = r0 + 8 * i;
+        const bool valid = hr < group;
+        const float inv = 1.0f / l[i];
+        const long at = (long)b * op.cols_pad + (long)(h0 + hr) * D + w * (D / 2) + 2 * (lane & 3);
+        if (op.yb && valid) {
+#pragma unroll
+            for (int nd = 0; nd < HD; nd++)
+                *(u32*)(op.yb + at + nd * 8) = pack2_bf16(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+        }
+        if constexpr (D == 128) {
+            if (!op.codes) continue;  // uniform over the block
+            u32 amx = 0;
+#pragma unroll
+            for (int nd = 0; nd < HD; nd++)
+                amx = max_abs_bits(max_abs_bits(amx, o[nd][2 * i] * inv), o[nd][2 * i + 1] * inv);
+            amx = max(amx, __shfl_xor_sync(0xffffffffu, amx, 1));
+            amx = max(amx, __shfl_xor_sync(0xffffffffu, amx, 2));
+            if ((lane & 3) == 0) x.amx[w][hr] = amx;
+            __syncthreads();
+            amx = max(amx, x.amx[1 - w][hr]);
+            const float sc = e4m3_scale(amx);
+            const Quot d = quot(sc);
+            if (!valid) continue;
+#pragma unroll
+            for (int nd = 0; nd < HD; nd++)
+                *(unsigned short*)(op.codes + at + nd * 8) =
+                    (unsigned short)encode2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv, d);
+            if (w == 0 && (lane & 3) == 0) op.scales[(long)(h0 + hr) * op.rows_pad + b] = sc;
+        }
+    }
+}
+
 // dst[rows[j]] = BF16(src[j]) for rows of `cols` values (even): new rows of a
 // BF16 KV cache, rounded as fa_to_bf16_x3 rounds the training forward's k, v.
 extern "C" __global__ void fa_scatter_bf16(bf16_t* dst, const long* rows, long nrows, long cols,
@@ -790,6 +1059,11 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
         fa_dec_##D(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,    \
                    float sl2, float* out, const float* kn, const float* vn, DecOperand op) { pdl_entry();       \
         fa_dec<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out, kn, vn, op);                                      \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(64)                                                        \
+        fa_dec2_##D(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,   \
+                    float sl2, float* out, const float* kn, const float* vn, DecOperand op) { pdl_entry();      \
+        fa_dec2<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out, kn, vn, op);                                     \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_kv_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse, \

@@ -8,8 +8,9 @@
 
 use jet_kernels::bf16;
 use jet_kernels::cuda::gemv_bf16::{self as gb, Bf16Rows};
-use jet_kernels::cuda::{self, gemv, linear as glin, ops as gops, quantize as gq};
+use jet_kernels::cuda::{self, flash, gemv, linear as glin, ops as gops, quantize as gq};
 use jet_kernels::fp8::{fp8_gemm, Fp8Matrix, Fp8Operand, Grouping};
+use jet_kernels::ops::attention::AttnShape;
 use jet_kernels::{Flow, GemmPrecision};
 
 mod common;
@@ -331,6 +332,145 @@ fn fused_epilogues_equal_the_separate_launches() {
             report_exact(
                 "fused decode epilogues vs separate launches",
                 &format!("{flow:?} (hidden, q, inter) {widths:?}, rows 1..300"),
+                diff,
+            );
+        }
+    }
+    done();
+}
+
+/// The decode attention that runs the q, k, v projections' epilogue itself
+/// (`flash_qkv_append_decode_operand_dev`: `fa_dec2_qkv`, each block its own q
+/// heads and new k, v row) gives the bits of that epilogue's own launch
+/// (`QkvPartials::norm_rope`) then the attention of its outputs
+/// (`flash_append_decode_operand_dev`): the output, its operand and both caches.
+/// Both flows, both operands; heads of 128 in groups of 2 (Qwen3-0.6B), 4
+/// (Qwen3-8B) and 16, and of 64 (the BF16 operand only: FP8's needs whole 1x128
+/// groups a head); rows 1, 7 and 64, each at its own cache length.
+#[test]
+fn decode_attention_with_the_qkv_epilogue_equals_the_separate_launches() {
+    let Some(g) = gpu() else { return };
+    if !g.wgmma() {
+        println!("skipping: the grouped split-K projections need wgmma (sm_90)");
+        return;
+    }
+    flash::set_decode_warps(2); // fa_dec2_qkv, whatever JET_FA_DEC_WARPS says
+    let h = 1024;
+    for flow in [Flow::Bf16, Flow::Fp8] {
+        let prec = match flow {
+            Flow::Fp8 => GemmPrecision::Fp8,
+            _ => GemmPrecision::Bf16,
+        };
+        for (si, (nh, nkv, hd)) in [(16, 8, 128), (32, 8, 128), (16, 1, 128), (8, 2, 64)]
+            .into_iter()
+            .enumerate()
+        {
+            let seed = 700 + 20 * si as u64;
+            let weight = |n: usize, s: u64| {
+                let w = up(&g, &rnd(n * h, seed + s, 0.05));
+                glin::GpuWeight::prepare(&g, &w, n, h, flow).unwrap()
+            };
+            let (wq, wk, wv) = (weight(nh * hd, 1), weight(nkv * hd, 2), weight(nkv * hd, 3));
+            let (qn, kn) = (
+                up(&g, &rnd(hd, seed + 4, 1.0)),
+                up(&g, &rnd(hd, seed + 5, 1.0)),
+            );
+            let table = jet_kernels::ops::rope::RopeTable::new(hd, 4096, 1_000_000.0, None);
+            let rope = gops::GpuRope::new(&g, &table).unwrap();
+            let sh = AttnShape {
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+            };
+            let (kvw, cap) = (nkv * hd, 160);
+            let (mut diff, mut ran) = (0, vec![]);
+            for m in [1, 7, 64] {
+                let x = up(&g, &rnd(m * h, seed + 6 + m as u64, 2.0));
+                let positions: Vec<usize> = (0..m).map(|r| (r * 37 + 5) % 4096).collect();
+                let pos = gops::upload_positions(&g, &positions, &rope).unwrap();
+                let mut xo = glin::XOperand::default();
+                let ws = (&wq, &wk, &wv);
+                let Some(p) = glin::qkv_partials(
+                    &g,
+                    &x,
+                    &mut xo,
+                    m,
+                    ws,
+                    (&qn, &kn, 1e-6),
+                    (&pos, &rope),
+                    prec,
+                )
+                .unwrap() else {
+                    continue;
+                };
+                // Row r: cache slot r, length (29 r) % 150 + 1 after the step.
+                let kv0: Vec<i32> = (0..m).map(|r| (r * cap) as i32).collect();
+                let len: Vec<i32> = (0..m).map(|r| ((29 * r) % 150 + 1) as i32).collect();
+                let (kv0, len) = (g.upload(&kv0).unwrap(), g.upload(&len).unwrap());
+                let cache = |s: u64| -> Vec<u16> {
+                    let v = rnd(m * cap * kvw, s, 2.0);
+                    v.iter()
+                        .map(|&x| (bf16::round(x).to_bits() >> 16) as u16)
+                        .collect()
+                };
+                let (k0, v0) = (cache(seed + 90), cache(seed + 91));
+                for fp8 in [false, true] {
+                    if !flash::decode_operand_fits(sh, fp8) {
+                        continue;
+                    }
+                    let (mut ka, mut va) = (g.upload(&k0).unwrap(), g.upload(&v0).unwrap());
+                    let (mut kb, mut vb) = (g.upload(&k0).unwrap(), g.upload(&v0).unwrap());
+                    let [q, k, v] = p.norm_rope(&g).unwrap();
+                    let lens = (&kv0, &len);
+                    let (oa, opa) = flash::flash_append_decode_operand_dev(
+                        &g,
+                        &q,
+                        (&k, &v),
+                        (&mut ka, &mut va),
+                        lens,
+                        m,
+                        sh,
+                        fp8,
+                    )
+                    .unwrap();
+                    let (ob, opb) = flash::flash_qkv_append_decode_operand_dev(
+                        &g,
+                        &p,
+                        (&mut kb, &mut vb),
+                        lens,
+                        m,
+                        sh,
+                        fp8,
+                    )
+                    .unwrap();
+                    diff += bits_differ(&dl(&g, &oa, m * nh * hd), &dl(&g, &ob, m * nh * hd));
+                    let u16s = |a: &cudarc::driver::CudaSlice<u16>,
+                                b: &cudarc::driver::CudaSlice<u16>| {
+                        let (a, b) = (g.download(a).unwrap(), g.download(b).unwrap());
+                        a.iter().zip(&b).filter(|(x, y)| x != y).count()
+                    };
+                    diff += u16s(&ka, &kb) + u16s(&va, &vb);
+                    diff += match (opa, opb) {
+                        (gq::FusedOperand::Fp8(a), gq::FusedOperand::Fp8(b)) => {
+                            let (ca, cb) =
+                                (g.download(&a.codes).unwrap(), g.download(&b.codes).unwrap());
+                            let n = a.scales.len();
+                            ca.iter().zip(&cb).filter(|(x, y)| x != y).count()
+                                + bits_differ(&dl(&g, &a.scales, n), &dl(&g, &b.scales, n))
+                        }
+                        (gq::FusedOperand::Bf16(a), gq::FusedOperand::Bf16(b)) => u16s(&a, &b),
+                        _ => panic!("the two launches made operands of different kinds"),
+                    };
+                    ran.push((m, fp8));
+                }
+            }
+            assert!(
+                !ran.is_empty(),
+                "{flow:?} {nh}/{nkv} x {hd}: no grouped split-K partials"
+            );
+            report_exact(
+                "decode attention with the q, k, v epilogue vs separate launches",
+                &format!("{flow:?} {nh}q/{nkv}kv x {hd}, (rows, fp8 operand) {ran:?}"),
                 diff,
             );
         }

@@ -17,15 +17,16 @@
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::flash::{
     decode_operand_fits, flash_append_decode_dev, flash_append_decode_operand_dev,
+    flash_qkv_append_decode_operand_dev,
 };
 use jet_kernels::cuda::graph::Graph;
-use jet_kernels::cuda::linear::XOperand;
+use jet_kernels::cuda::linear::{QkvPartials, XOperand};
 use jet_kernels::cuda::ops::{check_positions, check_tokens};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
 
 use super::decode::{GpuKvCache, KvLayers};
-use super::layers::{head_into, run_layers, AttnSaved, GpuAttention, RowsIn};
+use super::layers::{head_into, run_layers, Attended, AttnSaved, GpuAttention, RowsIn};
 use super::model::GpuModel;
 
 /// The bucket a step of `b` rows runs in: 1, 2, 4, 8, then 12, 16, 24, 32, 48,
@@ -178,6 +179,26 @@ impl GpuAttention for DecodeDev<'_> {
         let (o, op) = flash_append_decode_operand_dev(g, q, (k, v), cache, lens, b, shape, fp8)?;
         let width = shape.n_heads * shape.head_dim;
         Ok((o, None, XOperand::fused(b, width, op)))
+    }
+
+    /// The q, k, v projections' epilogue (their q/k norms and RoPE) inside the
+    /// same launch, where it makes the operand.
+    fn attend_qkv(
+        &mut self,
+        layer: usize,
+        qkv: &QkvPartials,
+        prec: GemmPrecision,
+    ) -> Result<Option<Attended>> {
+        let (g, model, x) = (&*self.model.gpu, self.model, self.inputs);
+        let (b, shape, lens) = (x.rows.m, model.attn_shape(), (&x.kv0, &x.len));
+        let fp8 = prec == GemmPrecision::Fp8;
+        if prec == GemmPrecision::F32 || !decode_operand_fits(shape, fp8) {
+            return Ok(None);
+        }
+        let cache = self.caches(layer)?;
+        let (o, op) = flash_qkv_append_decode_operand_dev(g, qkv, cache, lens, b, shape, fp8)?;
+        let width = shape.n_heads * shape.head_dim;
+        Ok(Some((o, None, XOperand::fused(b, width, op))))
     }
 }
 

@@ -8,8 +8,8 @@ use jet_kernels::cuda::flash::{attention_operand_bf16, FlashSaved};
 use jet_kernels::cuda::linear::{
     gate_up_swiglu, linear_forward, linear_forward_act, linear_forward_group,
     linear_forward_group_act, linear_forward_into, linear_forward_residual, linear_residual_norm,
-    qkv_norm_rope, rmsnorm_with_operand_opt, swiglu_with_dual, swiglu_with_operand_opt, XIn,
-    XOperand,
+    qkv_partials, rmsnorm_with_operand_opt, swiglu_with_dual, swiglu_with_operand_opt, QkvPartials,
+    XIn, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_forward_dev, qk_norm_rope, qk_norm_rope_bf16, qk_norm_rope_fits, rmsnorm_forward,
@@ -19,6 +19,10 @@ use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
 
 use super::model::GpuModel;
+
+/// An attention's output, what it keeps for the backward, and the o
+/// projection's operand of its output (empty where it made none).
+pub type Attended = (CudaSlice<f32>, Option<AttnSaved>, XOperand);
 
 /// Qwen3's q, k before the per-head norm and the norms' rstd.
 pub type QkPre = (
@@ -94,6 +98,19 @@ pub trait GpuAttention {
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
         let (o, saved) = self.attend(layer, q, k, v)?;
         Ok((o, saved, XOperand::default()))
+    }
+
+    /// [`GpuAttention::attend_operand`] of the q, k, v that `qkv`'s epilogue
+    /// makes, where this attention runs that epilogue inside its own launch (a
+    /// captured decode step's); `None` (nothing launched) where it does not, and
+    /// the caller runs [`QkvPartials::norm_rope`] then `attend_operand`.
+    fn attend_qkv(
+        &mut self,
+        _layer: usize,
+        _qkv: &QkvPartials,
+        _prec: GemmPrecision,
+    ) -> Result<Option<Attended>> {
+        Ok(None)
     }
 
     /// Whether [`GpuAttention::attend_bf16`] takes q, k, v as BF16 copies made by
@@ -188,14 +205,15 @@ pub fn run_layers(
             }
         };
         // Qwen3 in a decode step: the three projections in one GEMM launch, their
-        // epilogues with the q/k norms and RoPE in one more.
+        // epilogues with the q/k norms and RoPE inside the attention's launch
+        // (`attend_qkv`), else in one more.
         let biased = lx.q_bias.is_some() || lx.k_bias.is_some() || lx.v_bias.is_some();
         let fused_qkv = match (fuse && !biased, lx.q_norm, lx.k_norm) {
             (true, Some(qn), Some(kn)) => {
                 let ws = (&lp.q, &lp.k, &lp.v);
                 let norms = (w.t(qn), w.t(kn), eps);
                 let rope = (&rows.positions, &*model.rope);
-                qkv_norm_rope(g, f32_of(&a, "a")?, &mut ao, m, ws, norms, rope, prec)?
+                qkv_partials(g, f32_of(&a, "a")?, &mut ao, m, ws, norms, rope, prec)?
             }
             _ => None,
         };
@@ -205,10 +223,14 @@ pub fn run_layers(
             lx.q_norm.is_some() && lx.k_norm.is_some() && qk_norm_rope_fits(cfg.head_dim);
         let bf16_attn = acts.is_some() && !biased && qk_norms && attn.takes_bf16();
         let (qkv, qk_pre, (o, saved, mut oo)) = match fused_qkv {
-            Some([q, k, v]) => {
-                let out = attn.attend_operand(li, (&q, &k, &v), prec)?;
-                (Some([q, k, v]), None, out)
-            }
+            Some(p) => match attn.attend_qkv(li, &p, prec)? {
+                Some(out) => (None, None, out),
+                None => {
+                    let [q, k, v] = p.norm_rope(g)?;
+                    let out = attn.attend_operand(li, (&q, &k, &v), prec)?;
+                    (Some([q, k, v]), None, out)
+                }
+            },
             None if bf16_attn => {
                 let (qkv16, pre) = qkv_bf16(model, li, rows, (a.as_ref().into(), &mut ao), prec)?;
                 (None, Some(pre), attn.attend_bf16(li, qkv16, prec)?)

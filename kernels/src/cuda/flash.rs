@@ -26,6 +26,7 @@ use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, FLASH, FLASH_WG};
 use super::gemv::CStruct;
+use super::linear::QkvPartials;
 use super::quantize::FusedOperand;
 use super::{check_len, ensure, pad16, Gpu, Result};
 use crate::ops::attention::AttnShape;
@@ -167,6 +168,8 @@ fn kernel(kind: &str, hd: usize) -> Result<&'static str> {
         ("dec", 128) => "fa_dec_128",
         ("dec2", 64) => "fa_dec2_64",
         ("dec2", 128) => "fa_dec2_128",
+        ("dec2_qkv", 64) => "fa_dec2_qkv_64",
+        ("dec2_qkv", 128) => "fa_dec2_qkv_128",
         ("kv", 64) => "fa_bwd_kv_64",
         ("kv", 128) => "fa_bwd_kv_128",
         ("q", 64) => "fa_bwd_q_64",
@@ -709,7 +712,15 @@ pub fn flash_decode_dev(
     shape: AttnShape,
 ) -> Result<CudaSlice<f32>> {
     let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
-    decode_launch(gpu, q, caches, (kv0, len), b, shape, (0, 0), None)
+    decode_launch(
+        gpu,
+        DecIn::Rows(q, (0, 0)),
+        caches,
+        (kv0, len),
+        b,
+        shape,
+        None,
+    )
 }
 
 /// [`flash_decode_dev`] for rows whose own key and value, `k_new, v_new [b,
@@ -727,7 +738,7 @@ pub fn flash_append_decode_dev(
 ) -> Result<CudaSlice<f32>> {
     let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
     let new = append_rows(gpu, (k_new, v_new), b, shape)?;
-    decode_launch(gpu, q, caches, (kv0, len), b, shape, new, None)
+    decode_launch(gpu, DecIn::Rows(q, new), caches, (kv0, len), b, shape, None)
 }
 
 /// [`flash_append_decode_dev`] also making the o projection's operand of its
@@ -754,7 +765,73 @@ pub fn flash_append_decode_operand_dev(
     let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
     let new = append_rows(gpu, (k_new, v_new), b, shape)?;
     let op = FusedOperand::alloc(gpu, b, shape.n_heads * shape.head_dim, fp8)?;
-    let out = decode_launch(gpu, q, caches, (kv0, len), b, shape, new, Some(&op))?;
+    let out = decode_launch(
+        gpu,
+        DecIn::Rows(q, new),
+        caches,
+        (kv0, len),
+        b,
+        shape,
+        Some(&op),
+    )?;
+    Ok((out, op))
+}
+
+/// [`flash_append_decode_operand_dev`] of the q, k and v that `qkv`'s epilogue
+/// (`QkvPartials::norm_rope`: the projections' split-K slices added, Qwen3's q/k
+/// norms, RoPE) would make, made inside the attention's launch (`fa_dec2_qkv`:
+/// each block its own q heads and k, v row, the same bits) in place of a launch
+/// of their own; where the two-warp kernel is not the one in use
+/// (`JET_FA_DEC_WARPS=1`) or `JET_DEC_QKV=0`, the two launches.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_qkv_append_decode_operand_dev(
+    gpu: &Gpu,
+    qkv: &QkvPartials,
+    (k_cache, v_cache): (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
+    (kv0, len): (&CudaSlice<i32>, &CudaSlice<i32>),
+    b: usize,
+    shape: AttnShape,
+    fp8: bool,
+) -> Result<(CudaSlice<f32>, FusedOperand)> {
+    if !two_warps() || std::env::var("JET_DEC_QKV").is_ok_and(|v| v == "0") {
+        let [q, k, v] = qkv.norm_rope(gpu)?;
+        return flash_append_decode_operand_dev(
+            gpu,
+            &q,
+            (&k, &v),
+            (k_cache, v_cache),
+            (kv0, len),
+            b,
+            shape,
+            fp8,
+        );
+    }
+    ensure(decode_operand_fits(shape, fp8), || {
+        format!(
+            "decode attention with its output's operand: head_dim {} (FP8 needs a multiple of 128)",
+            shape.head_dim
+        )
+    })?;
+    ensure(
+        (qkv.m, qkv.nh, qkv.nkv, qkv.hd) == (b, shape.n_heads, shape.n_kv_heads, shape.head_dim),
+        || {
+            format!(
+                "decode attention: q, k, v partials of {} rows, {}/{} heads of {} for {b} rows of {}/{} heads of {}",
+                qkv.m, qkv.nh, qkv.nkv, qkv.hd, shape.n_heads, shape.n_kv_heads, shape.head_dim
+            )
+        },
+    )?;
+    let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
+    let op = FusedOperand::alloc(gpu, b, shape.n_heads * shape.head_dim, fp8)?;
+    let out = decode_launch(
+        gpu,
+        DecIn::Qkv(qkv),
+        caches,
+        (kv0, len),
+        b,
+        shape,
+        Some(&op),
+    )?;
     Ok((out, op))
 }
 
@@ -791,23 +868,24 @@ pub fn set_decode_warps(warps: u8) {
 
 /// `fa_dec2_{hd}` (two warps a (row, KV head); `JET_FA_DEC_WARPS=1`: `fa_dec_{hd}`,
 /// one warp, the same bits; the choice is read at each launch, so a captured
-/// decode graph keeps the one of its capture); `new` the appended rows' k and v
-/// (0, 0: none); `op` the output's operand to make (`DecOperand`: FP8 adds the
-/// blocks of its padding rows).
+/// decode graph keeps the one of its capture) of `input`'s q and appended rows,
+/// or `fa_dec2_qkv_{hd}` of its partials; `op` the output's operand to make
+/// (`DecOperand`: FP8 adds the blocks of its padding rows).
 #[allow(clippy::too_many_arguments)]
 fn decode_launch(
     gpu: &Gpu,
-    q: &CudaSlice<f32>,
+    input: DecIn,
     (k_cache, v_cache): (u64, u64),
     (kv0, len): (&CudaSlice<i32>, &CudaSlice<i32>),
     b: usize,
     shape: AttnShape,
-    (k_new, v_new): (u64, u64),
     op: Option<&FusedOperand>,
 ) -> Result<CudaSlice<f32>> {
     check(shape)?;
     let (hd, nh, nkv) = (shape.head_dim, shape.n_heads, shape.n_kv_heads);
-    check_rows("decode q", q, b, nh * hd)?;
+    if let DecIn::Rows(q, _) = input {
+        check_rows("decode q", q, b, nh * hd)?;
+    }
     check_len("decode kv0", kv0, b, format!("[{b}]"))?;
     check_len("decode lengths", len, b, format!("[{b}]"))?;
     let out = gpu.uninit::<f32>(b * nh * hd)?;
@@ -839,15 +917,27 @@ fn decode_launch(
     // fa_dec2: two warps a (row, KV head), the same bits, K's and V's tiles then
     // its exchange buffers (DecX, 2,624 bytes); JET_FA_DEC_WARPS=1 keeps fa_dec
     // (one warp) for timing the two in one binary.
-    let two = match DEC_WARPS.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => std::env::var("JET_FA_DEC_WARPS").map_or(true, |v| v != "1"),
+    // fa_dec2_qkv: the block's q heads and k, v rows ((group + 2) x head_dim BF16
+    // values) in DecX's P fragments (2,048 bytes) where they fit (groups of up to
+    // 6 heads of 128: Qwen3's), else after DecX (at most 4.5 KiB: groups of at
+    // most 16 heads).
+    let two_smem = 2 * tile_bytes(hd, TILE) + 2624;
+    let (name, threads, smem) = match input {
+        DecIn::Qkv(_) => {
+            let z = ((nh / nkv + 2) * hd * 2) as u32;
+            let z = if z <= 2048 { 0 } else { z };
+            (kernel("dec2_qkv", hd)?, 64, two_smem + z)
+        }
+        DecIn::Rows(..) if two_warps() => (kernel("dec2", hd)?, 64, two_smem),
+        DecIn::Rows(..) => (kernel("dec", hd)?, 32, 2 * tile_bytes(hd, TILE)),
     };
-    let (name, threads, smem) = if two {
-        (kernel("dec2", hd)?, 64, 2 * tile_bytes(hd, TILE) + 2624)
-    } else {
-        (kernel("dec", hd)?, 32, 2 * tile_bytes(hd, TILE))
+    let head = match input {
+        DecIn::Rows(q, _) => vec![Arg::P(gpu.ptr(q))],
+        DecIn::Qkv(p) => p.args(gpu, true)?,
+    };
+    let new = match input {
+        DecIn::Rows(_, (k_new, v_new)) => vec![Arg::P(k_new), Arg::P(v_new)],
+        DecIn::Qkv(_) => vec![],
     };
     gpu.launch(
         &FLASH,
@@ -856,21 +946,42 @@ fn decode_launch(
         (threads, 1, 1),
         smem,
         &[
-            Arg::P(gpu.ptr(q)),
-            Arg::P(k_cache),
-            Arg::P(v_cache),
-            Arg::P(gpu.ptr(kv0)),
-            Arg::P(gpu.ptr(len)),
-            Arg::I(nh as i32),
-            Arg::I(nkv as i32),
-            Arg::F(scales(hd).1),
-            Arg::P(gpu.ptr(&out)),
-            Arg::P(k_new),
-            Arg::P(v_new),
-            d.arg()?,
-        ],
+            &head[..],
+            &[
+                Arg::P(k_cache),
+                Arg::P(v_cache),
+                Arg::P(gpu.ptr(kv0)),
+                Arg::P(gpu.ptr(len)),
+                Arg::I(nh as i32),
+                Arg::I(nkv as i32),
+                Arg::F(scales(hd).1),
+                Arg::P(gpu.ptr(&out)),
+            ],
+            &new,
+            &[d.arg()?],
+        ]
+        .concat(),
     )?;
     Ok(out)
+}
+
+/// The decode attention's query side: q `[b, nh*hd]` (f32) with the appended
+/// rows' k and v pointers (0, 0: none), or the q, k, v projections' partials
+/// whose epilogue the kernel runs itself (`fa_dec2_qkv`).
+#[derive(Clone, Copy)]
+enum DecIn<'a, 'b> {
+    Rows(&'a CudaSlice<f32>, (u64, u64)),
+    Qkv(&'a QkvPartials<'b>),
+}
+
+/// Whether the decode attention runs on two warps a (row, KV head) (`fa_dec2`,
+/// the default) or one (`fa_dec`): [`set_decode_warps`], else `JET_FA_DEC_WARPS`.
+fn two_warps() -> bool {
+    match DEC_WARPS.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => std::env::var("JET_FA_DEC_WARPS").map_or(true, |v| v != "1"),
+    }
 }
 
 #[cfg(test)]

@@ -381,6 +381,7 @@ __device__ __forceinline__ float epi_value(float v, bool has_bias, float b, int 
 // split-K partial d (slices `sstride` apart, added in slice order), no bias, rounded
 // to BF16, plus res [rows, cols] when not null (one f32 add): the same adds in the
 // same order, so the same bits. Also stores them into out [rows, cols] when not null.
+#define SK_W 8
 struct SkIn {
     const float* d;
     long ldd, sstride;
@@ -388,25 +389,32 @@ struct SkIn {
     const float* res;
     float* out;
 };
+// W: the slices a batch (rmsnorm_sk_operand's 64 registers take 4).
+template <int W = SK_W>
 __device__ __forceinline__ void sk_epi4(const SkIn& P, int r, int c, int cols, float v[4]) {
     const float* dr = P.d + (long)r * P.ldd + c;
     const long i = (long)r * cols + c;
     const bool vec = ((P.ldd | P.sstride | cols) & 3) == 0 &&
                      (((unsigned long long)P.d | (unsigned long long)P.res | (unsigned long long)P.out) & 15) == 0;
     if (vec && c + 3 < cols) {
-        float4 a = *reinterpret_cast<const float4*>(dr);
-        // Slices 4 at a time, the loads issued before the adds (as linear_epilogue).
-        int s = 1;
-        for (; s + 3 < P.splits; s += 4) {
-            float4 t[4];
+        // Slices W at a time (the last batch predicated), every load of a batch
+        // issued before its adds: one trip to L2 for a decode step's 4 to 8 slices,
+        // where a batch of 4 then one slice at a time made a chain of up to 7.
+        float4 a, t[W];
 #pragma unroll
-            for (int u = 0; u < 4; u++) t[u] = *reinterpret_cast<const float4*>(dr + (s + u) * P.sstride);
+        for (int u = 0; u < W; u++)
+            if (u < P.splits) t[u] = *reinterpret_cast<const float4*>(dr + u * P.sstride);
+        a = t[0];
 #pragma unroll
-            for (int u = 0; u < 4; u++) a.x += t[u].x, a.y += t[u].y, a.z += t[u].z, a.w += t[u].w;
-        }
-        for (; s < P.splits; s++) {
-            float4 t = *reinterpret_cast<const float4*>(dr + s * P.sstride);
-            a.x += t.x, a.y += t.y, a.z += t.z, a.w += t.w;
+        for (int u = 1; u < W; u++)
+            if (u < P.splits) a.x += t[u].x, a.y += t[u].y, a.z += t[u].z, a.w += t[u].w;
+        for (int s = W; s < P.splits; s += W) {
+#pragma unroll
+            for (int u = 0; u < W; u++)
+                if (s + u < P.splits) t[u] = *reinterpret_cast<const float4*>(dr + (s + u) * P.sstride);
+#pragma unroll
+            for (int u = 0; u < W; u++)
+                if (s + u < P.splits) a.x += t[u].x, a.y += t[u].y, a.z += t[u].z, a.w += t[u].w;
         }
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
         for (int j = 0; j < 4; j++) v[j] = epi_value(v[j], false, 0.0f, 1, P.res, P.res ? P.res[i + j] : 0.0f);
@@ -422,23 +430,39 @@ __device__ __forceinline__ void sk_epi4(const SkIn& P, int r, int c, int cols, f
         if (P.out) P.out[i + j] = v[j];
     }
 }
+// sk_epi1 at columns c + stride i of row r, i < nn <= N: the loads of every value's
+// batch of SK_W slices issued before the first add (one trip to L2 for a decode
+// step's slices where value after value made a chain of several); each value's adds
+// in slice order, so the bits of linear_epilogue.
+template <int N>
+__device__ __forceinline__ void sk_epi1_n(const SkIn& P, int r, int c, int stride, int cols, int nn, float v[N]) {
+    const float* dr = P.d + (long)r * P.ldd + c;
+    float a[N], t[N][SK_W];
+    for (int s0 = 0; s0 < P.splits; s0 += SK_W) {
+#pragma unroll
+        for (int i = 0; i < N; i++)
+#pragma unroll
+            for (int u = 0; u < SK_W; u++)
+                if (i < nn && s0 + u < P.splits) t[i][u] = dr[(s0 + u) * P.sstride + i * stride];
+#pragma unroll
+        for (int i = 0; i < N; i++)
+#pragma unroll
+            for (int u = 0; u < SK_W; u++)
+                if (i < nn && s0 + u < P.splits) a[i] = s0 + u == 0 ? t[i][u] : a[i] + t[i][u];
+    }
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        if (i >= nn) break;
+        const long at = (long)r * cols + c + i * stride;
+        v[i] = epi_value(a[i], false, 0.0f, 1, P.res, P.res ? P.res[at] : 0.0f);
+        if (P.out) P.out[at] = v[i];
+    }
+}
 // One value of the same, at (r, c).
 __device__ __forceinline__ float sk_epi1(const SkIn& P, int r, int c, int cols) {
-    const float* dr = P.d + (long)r * P.ldd + c;
-    float a = dr[0];
-    int s = 1;
-    for (; s + 3 < P.splits; s += 4) {
-        float t[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) t[u] = dr[(s + u) * P.sstride];
-#pragma unroll
-        for (int u = 0; u < 4; u++) a += t[u];
-    }
-    for (; s < P.splits; s++) a += dr[s * P.sstride];
-    const long i = (long)r * cols + c;
-    a = epi_value(a, false, 0.0f, 1, P.res, P.res ? P.res[i] : 0.0f);
-    if (P.out) P.out[i] = a;
-    return a;
+    float v[1];
+    sk_epi1_n<1>(P, r, c, 0, cols, 1, v);
+    return v[0];
 }
 
 // One total v of (row, tok): through the fused linear epilogue when y != null (fuses
@@ -545,4 +569,39 @@ __device__ __forceinline__ void fp8_half_mma(float* c, const u32 (&a)[16], const
 __device__ __forceinline__ void bf16_quarter_mma(float* c, uint4 w0, uint4 w1, uint4 x) {
     mma_bf16_k16(c, w0.x, w1.x, w0.y, w1.y, x.x, x.y);
     mma_bf16_k16(c, w0.z, w1.z, w0.w, w1.w, x.z, x.w);
+}
+
+// ---- Qwen3's q/k norms with RoPE, one warp's head (ops.cu's qk_norm_rope and
+// qkv_sk_norm_rope, flash.cu's fa_dec2_qkv) ------------------------------------
+// One warp's head: v[i] (i < n = hd / 32) its values at columns lane + 32 i; writes
+// the normed, rotated head to dst (f32) and/or dst16 (its BF16 copy, RNE by the
+// conversion fa_to_bf16_x3 uses: the tensor-core attention's operand), each unless
+// null, and its rstd (lane 0) to *rs_out unless null.
+__device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps, const float* w, long t0,
+                                                  const float* cos_t, const float* sin_t, float* dst,
+                                                  bf16_t* dst16, float* rs_out) {
+    const int lane = threadIdx.x & 31, n = hd / 32, half = hd / 2;
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < n) ss += v[i] * v[i];
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / (float)hd + eps);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < n) v[i] = w[lane + 32 * i] * (v[i] * rs);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i < n / 2) {
+            int j = lane + 32 * i;
+            float c = cos_t[t0 + j], sn = 1.0f * sin_t[t0 + j];
+            float u = v[i], x = v[i + n / 2];
+            const float a = u * c - x * sn, b = x * c + u * sn;
+            if (dst) dst[j] = a, dst[j + half] = b;
+            if (dst16) {
+                const u32 ab = pack_bf16x2(a, b);
+                dst16[j] = (bf16_t)(ab & 0xffffu), dst16[j + half] = (bf16_t)(ab >> 16);
+            }
+        }
+    if (lane == 0 && rs_out) *rs_out = rs;
 }

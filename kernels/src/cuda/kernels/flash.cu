@@ -552,9 +552,59 @@ struct DecX {
     u32 amx[2][16];        // [warp][row]: the operand's amax over each warp's columns
 };
 static_assert(sizeof(DecX) == 2624, "flash.rs decode_launch reserves 2,624 bytes for DecX");
+
+// fa_dec2_qkv's inputs: the q, k, v projections' split-K partials (no bias, no
+// residual) and Qwen3's q/k norm weights, eps, each row's RoPE position and tables:
+// ops.cu's qkv_sk_norm_rope's arguments but its outputs.
+struct DecQkv {
+    SkIn q, k, v;
+    const float *qw, *kw;
+    float eps;
+    const int* pos;
+    const float *cos_t, *sin_t;
+};
+
+// Row b's q heads kvh * group .. + group - 1, then its k and v heads of KV head kvh,
+// into z16 [(group + 2)][D] as BF16 (fuses qkv_sk_norm_rope for the block's heads:
+// its sums and qk_norm_rope_warp lane for lane, so its values, then the rounding
+// fa_dec2 gives them: pack_bf16x2 rounds each value alone, so a pair read back
+// is pack_bf16x2 of the pair). Warp w makes heads w, w + 2, ... of that list.
 template <int D>
+__device__ __forceinline__ void fa_dec_qkv(const DecQkv& z, bf16_t* z16, int b, int kvh, int group, int nh, int nkv,
+                                           int w, int lane) {
+    constexpr int n = D / 32;
+    for (int t = w; t < group + 2; t += 2) {
+        const int kind = t < group ? 0 : t == group ? 1 : 2;
+        const int hh = kind == 0 ? kvh * group + t : kvh, cols = (kind == 0 ? nh : nkv) * D;
+        // Field by field, as qkv_sk_norm_rope: a reference into the parameters would
+        // copy all three to the stack.
+        SkIn P;
+        P.d = kind == 0 ? z.q.d : kind == 1 ? z.k.d : z.v.d;
+        P.ldd = kind == 0 ? z.q.ldd : kind == 1 ? z.k.ldd : z.v.ldd;
+        P.sstride = kind == 0 ? z.q.sstride : kind == 1 ? z.k.sstride : z.v.sstride;
+        P.splits = kind == 0 ? z.q.splits : kind == 1 ? z.k.splits : z.v.splits;
+        P.res = nullptr;
+        P.out = nullptr;
+        float v[8];
+        sk_epi1_n<n>(P, b, hh * D + lane, 32, cols, n, v);
+        bf16_t* dst = z16 + t * D;
+        if (kind == 2) {
+#pragma unroll
+            for (int i = 0; i < n; i++) dst[lane + 32 * i] = (bf16_t)(pack_bf16x2(v[i], v[i]) & 0xffffu);
+        } else {
+            qk_norm_rope_warp(v, D, z.eps, kind == 0 ? z.qw : z.kw, (long)z.pos[b] * (D / 2), z.cos_t, z.sin_t,
+                              nullptr, dst, nullptr);
+        }
+    }
+}
+
+// QKV (fa_dec2_qkv): q, kn, vn unused; the block makes its q heads and its new k
+// and v rows from z's partials (fa_dec_qkv) while K's and V's first tiles are in
+// flight, into DecX's pa (free until the first tile's P) where they fit, else
+// after DecX ((group + 2) * D BF16 values: decode_launch adds the bytes).
+template <int D, bool QKV>
 __device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,
-                        float sl2, float* out, const float* kn, const float* vn, DecOperand op) {
+                        float sl2, float* out, const float* kn, const float* vn, DecOperand op, const DecQkv& z) {
     static_assert(D == 64 || D == 128, "fa_dec2: head_dim 64 or 128");
     extern __shared__ __align__(16) unsigned char fa_sm[];
     constexpr int T = FA_BC * (D + 8), HD = D / 16;  // HD: a warp's blocks of 8 output columns
@@ -575,17 +625,31 @@ __device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, 
     cp_commit();
     stage16<D, FA_BC, 64>(sV, vb, kvw, min(FA_BC, n));
     cp_commit();
+    // The row's q heads and new k, v rows: f32 in global memory, rounded here, or
+    // made here as BF16 (z16).
+    const bf16_t* z16 = nullptr;
+    if constexpr (QKV) {
+        bf16_t* zs = (group + 2) * D * 2 <= (int)sizeof(x.pa) ? (bf16_t*)x.pa : (bf16_t*)(&x + 1);
+        fa_dec_qkv<D>(z, zs, b, kvh, group, nh, nkv, w, lane);
+        __syncthreads();
+        z16 = zs;
+    }
     // The new row (warp 0, fa_dec's lanes and rounding): to the caches, and patched
     // into the last tile's shared copies below.
-    const bool append = kn != nullptr;
+    const bool append = QKV || kn != nullptr;
     u32 kp[D / 64], vp[D / 64];
     if (append && w == 0) {
         const long src = (long)b * kvw + kvh * D, dst = (long)(n - 1) * kvw;
 #pragma unroll
         for (int i = 0; i < D / 64; i++) {
             const int c = 2 * lane + 64 * i;
-            kp[i] = pack_bf16x2(kn[src + c], kn[src + c + 1]);
-            vp[i] = pack_bf16x2(vn[src + c], vn[src + c + 1]);
+            if constexpr (QKV) {
+                kp[i] = *(const u32*)(z16 + group * D + c);
+                vp[i] = *(const u32*)(z16 + (group + 1) * D + c);
+            } else {
+                kp[i] = pack_bf16x2(kn[src + c], kn[src + c + 1]);
+                vp[i] = pack_bf16x2(vn[src + c], vn[src + c + 1]);
+            }
             *(u32*)(kb + dst + c) = kp[i];
             *(u32*)(vb + dst + c) = vp[i];
         }
@@ -601,9 +665,13 @@ __device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, 
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = r0 + 8 * (e & 1), c = 16 * ks + 8 * (e >> 1);
-                float2 v = make_float2(0.f, 0.f);
-                if (r < group) v = *(const float2*)(qb + (long)r * D + c);
-                qf[ks][e] = pack_bf16x2(v.x, v.y);
+                if constexpr (QKV) {
+                    qf[ks][e] = r < group ? *(const u32*)(z16 + r * D + c + 2 * (lane & 3)) : 0u;
+                } else {
+                    float2 v = make_float2(0.f, 0.f);
+                    if (r < group) v = *(const float2*)(qb + (long)r * D + c);
+                    qf[ks][e] = pack_bf16x2(v.x, v.y);
+                }
             }
     }
     const int pos = n - 1;
@@ -1063,7 +1131,16 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
     extern "C" __global__ void __launch_bounds__(64)                                                        \
         fa_dec2_##D(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,   \
                     float sl2, float* out, const float* kn, const float* vn, DecOperand op) { pdl_entry();      \
-        fa_dec2<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out, kn, vn, op);                                     \
+        fa_dec2<D, false>(q, kc, vc, kv0, len, nh, nkv, sl2, out, kn, vn, op, DecQkv{});                    \
+    }                                                                                                       \
+    /* fa_dec2 making its q heads and new k, v rows from the projections' partials. */                     \
+    extern "C" __global__ void __launch_bounds__(64)                                                        \
+        fa_dec2_qkv_##D(SkIn qi, SkIn ki, SkIn vi, const float* qw, const float* kw, float eps,              \
+                        const int* pos, const float* cos_t, const float* sin_t, bf16_t* kc, bf16_t* vc,      \
+                        const int* kv0, const int* len, int nh, int nkv, float sl2, float* out,             \
+                        DecOperand op) { pdl_entry();                                                       \
+        const DecQkv z{qi, ki, vi, qw, kw, eps, pos, cos_t, sin_t};                                          \
+        fa_dec2<D, true>(nullptr, kc, vc, kv0, len, nh, nkv, sl2, out, nullptr, nullptr, op, z);             \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_kv_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse, \

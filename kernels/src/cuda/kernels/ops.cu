@@ -335,39 +335,8 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, co
 }
 
 // ---- Qwen3's q/k norms with RoPE ----------------------------------------------------
-// One warp's head: v[i] (i < n = hd / 32) its values at columns lane + 32 i; writes
-// the normed, rotated head to dst (f32) and/or dst16 (its BF16 copy, RNE by the
-// conversion fa_to_bf16_x3 uses: the tensor-core attention's operand), each unless
-// null, and its rstd (lane 0) to *rs_out unless null.
-__device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps, const float* w, long t0,
-                                                  const float* cos_t, const float* sin_t, float* dst,
-                                                  bf16_t* dst16, float* rs_out) {
-    const int lane = threadIdx.x & 31, n = hd / 32, half = hd / 2;
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (i < n) ss += v[i] * v[i];
-    ss = warp_sum(ss);
-    const float rs = 1.0f / sqrtf(ss / (float)hd + eps);
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (i < n) v[i] = w[lane + 32 * i] * (v[i] * rs);
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        if (i < n / 2) {
-            int j = lane + 32 * i;
-            float c = cos_t[t0 + j], sn = 1.0f * sin_t[t0 + j];
-            float u = v[i], x = v[i + n / 2];
-            const float a = u * c - x * sn, b = x * c + u * sn;
-            if (dst) dst[j] = a, dst[j + half] = b;
-            if (dst16) {
-                const u32 ab = pack_bf16x2(a, b);
-                dst16[j] = (bf16_t)(ab & 0xffffu), dst16[j + half] = (bf16_t)(ab >> 16);
-            }
-        }
-    if (lane == 0 && rs_out) *rs_out = rs;
-}
-
+// qk_norm_rope_warp (one warp's head) is in common.cuh: the decode attention
+// (flash.cu's fa_dec2_qkv) runs it too.
 // Fuses rmsnorm_fwd over each head's hd values (q_norm on q, k_norm on k), then rope
 // (sign +1) on the normed heads. Grid (rows, ceil((nh + nkv) / 8)), block 256: one
 // warp per head (heads nh.. are k's); lane l holds columns l + 32i (i < hd/32), so a
@@ -421,9 +390,8 @@ extern "C" __global__ void qkv_sk_norm_rope(SkIn qi, SkIn ki, SkIn vi, const flo
     P.res = nullptr;
     P.out = nullptr;
     float v[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (i < n) v[i] = sk_epi1(P, r, hh * hd + lane + 32 * i, cols);
+    sk_epi1_n<4>(P, r, hh * hd + lane, 32, cols, min(n, 4), v);
+    if (n > 4) sk_epi1_n<4>(P, r, hh * hd + lane + 128, 32, cols, n - 4, v + 4);
     const long o = ((long)r * heads + hh) * hd;
     if (kind == 2) {
 #pragma unroll

@@ -155,60 +155,134 @@ pub fn gate_up_swiglu(
     Ok(Some((h, XOperand::fused(m, cols, op))))
 }
 
-/// Qwen3's q, k and v projections of `x [m, k]` (no biases) and the per-head q/k
-/// norms with RoPE at `positions`, in the two launches of the grouped split-K
-/// GEMM and `qkv_sk_norm_rope`: `(q [m, nh * hd], k, v [m, nkv * hd])`, the bits
-/// of `linear_forward_group` then `ops::qk_norm_rope` (whose rstd a decode step
-/// does not keep). `None` (nothing launched) where the grouped split-K path does
-/// not apply or the heads do not fit `qk_norm_rope`.
+/// A decode step's q, k and v projections as split-K partials, with what their
+/// epilogue needs (Qwen3's q/k norm weights, eps, the rows' RoPE positions and
+/// tables): the input of `qkv_sk_norm_rope` ([`QkvPartials::norm_rope`]) or of
+/// the decode attention that runs that epilogue itself
+/// (`flash::flash_qkv_append_decode_operand_dev`).
+pub struct QkvPartials<'a> {
+    parts: Vec<Partial>,
+    /// Rows, q heads, KV heads, head_dim.
+    pub m: usize,
+    pub nh: usize,
+    pub nkv: usize,
+    pub hd: usize,
+    norms: (&'a CudaSlice<f32>, &'a CudaSlice<f32>, f64),
+    positions: &'a CudaSlice<i32>,
+    rope: &'a GpuRope,
+}
+
+impl QkvPartials<'_> {
+    /// The epilogue's arguments: the three partials (`SkIn`), qw, kw, then (`dec`
+    /// false, `qkv_sk_norm_rope`) rows, nh, nkv, hd, then eps, positions, cos, sin
+    /// (`dec` true, `fa_dec2_qkv`: no shape).
+    pub(crate) fn args(&self, gpu: &Gpu, dec: bool) -> Result<Vec<Arg>> {
+        let (qw, kw, eps) = self.norms;
+        let mut a = vec![
+            sk_in(gpu, &self.parts[0], None, None)?,
+            sk_in(gpu, &self.parts[1], None, None)?,
+            sk_in(gpu, &self.parts[2], None, None)?,
+            Arg::P(gpu.ptr(qw)),
+            Arg::P(gpu.ptr(kw)),
+        ];
+        if !dec {
+            a.extend([
+                Arg::I(self.m as i32),
+                Arg::I(self.nh as i32),
+                Arg::I(self.nkv as i32),
+                Arg::I(self.hd as i32),
+            ]);
+        }
+        a.extend([
+            Arg::F(eps as f32),
+            Arg::P(gpu.ptr(self.positions)),
+            Arg::P(gpu.ptr(&self.rope.cos)),
+            Arg::P(gpu.ptr(&self.rope.sin)),
+        ]);
+        Ok(a)
+    }
+
+    /// The epilogue with the q/k norms and RoPE (`qkv_sk_norm_rope`): `(q [m, nh *
+    /// hd], k, v [m, nkv * hd])`, the bits of `linear_forward_group` then
+    /// `ops::qk_norm_rope` (whose rstd a decode step does not keep).
+    pub fn norm_rope(&self, gpu: &Gpu) -> Result<[CudaSlice<f32>; 3]> {
+        let (m, nh, nkv, hd) = (self.m, self.nh, self.nkv, self.hd);
+        let q = gpu.uninit::<f32>(m * nh * hd)?;
+        let (k, v) = (
+            gpu.uninit::<f32>(m * nkv * hd)?,
+            gpu.uninit::<f32>(m * nkv * hd)?,
+        );
+        let out = [
+            Arg::P(gpu.ptr(&q)),
+            Arg::P(gpu.ptr(&k)),
+            Arg::P(gpu.ptr(&v)),
+        ];
+        gpu.launch(
+            &OPS,
+            "qkv_sk_norm_rope",
+            (m as u32, (nh + 2 * nkv).div_ceil(8) as u32, 1),
+            (256, 1, 1),
+            0,
+            &[&self.args(gpu, false)?[..], &out].concat(),
+        )?;
+        Ok([q, k, v])
+    }
+}
+
+/// Qwen3's q, k and v projections of `x [m, k]` (no biases) in the grouped
+/// split-K GEMM's one launch, kept as partials for the epilogue with the per-head
+/// q/k norms and RoPE at `positions` ([`QkvPartials`]). `None` (nothing launched)
+/// where the grouped split-K path does not apply or the heads do not fit
+/// `qk_norm_rope`.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_partials<'a>(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    (wq, wk, wv): (&GpuWeight, &GpuWeight, &GpuWeight),
+    norms: (&'a CudaSlice<f32>, &'a CudaSlice<f32>, f64),
+    (positions, rope): (&'a CudaSlice<i32>, &'a GpuRope),
+    prec: GemmPrecision,
+) -> Result<Option<QkvPartials<'a>>> {
+    let hd = rope.head_dim;
+    if hd == 0 || !qk_norm_rope_fits(hd) || wk.n != wv.n || wq.n % hd != 0 || wk.n % hd != 0 {
+        return Ok(None);
+    }
+    let (nh, nkv) = (wq.n / hd, wk.n / hd);
+    check_len("q_norm weight", norms.0, hd, format!("[{hd}]"))?;
+    check_len("k_norm weight", norms.1, hd, format!("[{hd}]"))?;
+    check_len("rope positions", positions, m, format!("[{m}]"))?;
+    let Some(parts) = group_partials(gpu, x.into(), xo, m, &[wq, wk, wv], prec)? else {
+        return Ok(None);
+    };
+    Ok(Some(QkvPartials {
+        parts,
+        m,
+        nh,
+        nkv,
+        hd,
+        norms,
+        positions,
+        rope,
+    }))
+}
+
+/// [`qkv_partials`] then [`QkvPartials::norm_rope`], in two launches: `(q [m, nh
+/// * hd], k, v [m, nkv * hd])`.
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_norm_rope(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
     xo: &mut XOperand,
     m: usize,
-    (wq, wk, wv): (&GpuWeight, &GpuWeight, &GpuWeight),
-    (qw, kw, eps): (&CudaSlice<f32>, &CudaSlice<f32>, f64),
-    (positions, rope): (&CudaSlice<i32>, &GpuRope),
+    ws: (&GpuWeight, &GpuWeight, &GpuWeight),
+    norms: (&CudaSlice<f32>, &CudaSlice<f32>, f64),
+    rope: (&CudaSlice<i32>, &GpuRope),
     prec: GemmPrecision,
 ) -> Result<Option<[CudaSlice<f32>; 3]>> {
-    let hd = rope.head_dim;
-    if hd == 0 || !qk_norm_rope_fits(hd) || wk.n != wv.n || wq.n % hd != 0 || wk.n % hd != 0 {
-        return Ok(None);
+    match qkv_partials(gpu, x, xo, m, ws, norms, rope, prec)? {
+        Some(p) => Ok(Some(p.norm_rope(gpu)?)),
+        None => Ok(None),
     }
-    let (nh, nkv) = (wq.n / hd, wk.n / hd);
-    check_len("q_norm weight", qw, hd, format!("[{hd}]"))?;
-    check_len("k_norm weight", kw, hd, format!("[{hd}]"))?;
-    check_len("rope positions", positions, m, format!("[{m}]"))?;
-    let Some(parts) = group_partials(gpu, x.into(), xo, m, &[wq, wk, wv], prec)? else {
-        return Ok(None);
-    };
-    let q = gpu.uninit::<f32>(m * wq.n)?;
-    let (k, v) = (gpu.uninit::<f32>(m * wk.n)?, gpu.uninit::<f32>(m * wv.n)?);
-    gpu.launch(
-        &OPS,
-        "qkv_sk_norm_rope",
-        (m as u32, (nh + 2 * nkv).div_ceil(8) as u32, 1),
-        (256, 1, 1),
-        0,
-        &[
-            sk_in(gpu, &parts[0], None, None)?,
-            sk_in(gpu, &parts[1], None, None)?,
-            sk_in(gpu, &parts[2], None, None)?,
-            Arg::P(gpu.ptr(qw)),
-            Arg::P(gpu.ptr(kw)),
-            Arg::I(m as i32),
-            Arg::I(nh as i32),
-            Arg::I(nkv as i32),
-            Arg::I(hd as i32),
-            Arg::F(eps as f32),
-            Arg::P(gpu.ptr(positions)),
-            Arg::P(gpu.ptr(&rope.cos)),
-            Arg::P(gpu.ptr(&rope.sin)),
-            Arg::P(gpu.ptr(&q)),
-            Arg::P(gpu.ptr(&k)),
-            Arg::P(gpu.ptr(&v)),
-        ],
-    )?;
-    Ok(Some([q, k, v]))
 }

@@ -224,22 +224,16 @@ fn flash_matches_cpu_reference() {
 }
 
 /// Every row of every sequence, decoded against a cache that holds only the keys
-/// up to that row (NaN past them), equals the training forward's row bit for bit,
-/// on both decode kernels (two warps a row and KV head, and one).
+/// up to that row (NaN past them), equals the training forward's row bit for bit.
 #[test]
 fn flash_decode_equals_forward_rows() {
     let Some(g) = gpu() else { return };
-    for warps in [2u8, 1] {
-        flash::set_decode_warps(warps);
-        decode_cases(&g, warps);
-    }
-    flash::set_decode_warps(0);
+    decode_cases(&g);
     done();
 }
 
-/// flash_decode_equals_forward_rows' checks of every case on the decode kernel
-/// of `warps` (set by the caller).
-fn decode_cases(gpu: &std::sync::Arc<jet_kernels::cuda::Gpu>, warps: u8) {
+/// flash_decode_equals_forward_rows' checks of every case.
+fn decode_cases(gpu: &std::sync::Arc<jet_kernels::cuda::Gpu>) {
     let g = gpu.clone();
     for (ci, c) in CASES.iter().enumerate() {
         let sh = c.shape;
@@ -285,7 +279,7 @@ fn decode_cases(gpu: &std::sync::Arc<jet_kernels::cuda::Gpu>, warps: u8) {
         let od =
             flash::flash_decode_at(&g, &up(&g, &q), &kc16, &vc16, cap, &slots, &lens, sh).unwrap();
         report_exact(
-            &format!("flash decode == forward row ({warps} warp(s))"),
+            "flash decode == forward row",
             &label(c),
             bits_differ(&dl(&g, &od, rows * qw), &out),
         );
@@ -315,7 +309,7 @@ fn decode_cases(gpu: &std::sync::Arc<jet_kernels::cuda::Gpu>, warps: u8) {
         )
         .unwrap();
         report_exact(
-            &format!("flash append+decode == forward row ({warps} warp(s))"),
+            "flash append+decode == forward row",
             &label(c),
             bits_differ(&dl(&g, &oa, rows * qw), &out),
         );
@@ -325,7 +319,7 @@ fn decode_cases(gpu: &std::sync::Arc<jet_kernels::cuda::Gpu>, warps: u8) {
             a[..n].iter().zip(&b[..n]).filter(|(x, y)| x != y).count()
         };
         report_exact(
-            &format!("appended cache == scattered cache ({warps} warp(s))"),
+            "appended cache == scattered cache",
             &label(c),
             differ(&ka, &kc16) + differ(&va, &vc16),
         );
@@ -371,7 +365,7 @@ fn decode_cases(gpu: &std::sync::Arc<jet_kernels::cuda::Gpu>, warps: u8) {
             }
             report_exact(
                 &format!(
-                    "flash append+decode with its {} operand ({warps} warp(s))",
+                    "flash append+decode with its {} operand",
                     ["BF16", "FP8"][fp8 as usize]
                 ),
                 &label(c),

@@ -354,7 +354,6 @@ fn decode_attention_with_the_qkv_epilogue_equals_the_separate_launches() {
         println!("skipping: the grouped split-K projections need wgmma (sm_90)");
         return;
     }
-    flash::set_decode_warps(2); // fa_dec2_qkv, whatever JET_FA_DEC_WARPS says
     let h = 1024;
     for flow in [Flow::Bf16, Flow::Fp8] {
         let prec = match flow {

@@ -164,8 +164,6 @@ fn kernel(kind: &str, hd: usize) -> Result<&'static str> {
         ("fwd", 128) => "fa_fwd_128",
         ("fwd3", 64) => "fa_fwd_occ3_64",
         ("fwd3", 128) => "fa_fwd_occ3_128",
-        ("dec", 64) => "fa_dec_64",
-        ("dec", 128) => "fa_dec_128",
         ("dec2", 64) => "fa_dec2_64",
         ("dec2", 128) => "fa_dec2_128",
         ("dec2_qkv", 64) => "fa_dec2_qkv_64",
@@ -756,24 +754,29 @@ pub fn flash_append_decode_operand_dev(
     shape: AttnShape,
     fp8: bool,
 ) -> Result<(CudaSlice<f32>, FusedOperand)> {
+    let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
+    let new = append_rows(gpu, (k_new, v_new), b, shape)?;
+    decode_operand_launch(gpu, DecIn::Rows(q, new), caches, (kv0, len), b, shape, fp8)
+}
+
+/// [`decode_launch`] making the o projection's operand of its output too.
+fn decode_operand_launch(
+    gpu: &Gpu,
+    input: DecIn,
+    caches: (u64, u64),
+    lens: (&CudaSlice<i32>, &CudaSlice<i32>),
+    b: usize,
+    shape: AttnShape,
+    fp8: bool,
+) -> Result<(CudaSlice<f32>, FusedOperand)> {
     ensure(decode_operand_fits(shape, fp8), || {
         format!(
             "decode attention with its output's operand: head_dim {} (FP8 needs a multiple of 128)",
             shape.head_dim
         )
     })?;
-    let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
-    let new = append_rows(gpu, (k_new, v_new), b, shape)?;
     let op = FusedOperand::alloc(gpu, b, shape.n_heads * shape.head_dim, fp8)?;
-    let out = decode_launch(
-        gpu,
-        DecIn::Rows(q, new),
-        caches,
-        (kv0, len),
-        b,
-        shape,
-        Some(&op),
-    )?;
+    let out = decode_launch(gpu, input, caches, lens, b, shape, Some(&op))?;
     Ok((out, op))
 }
 
@@ -781,8 +784,7 @@ pub fn flash_append_decode_operand_dev(
 /// (`QkvPartials::norm_rope`: the projections' split-K slices added, Qwen3's q/k
 /// norms, RoPE) would make, made inside the attention's launch (`fa_dec2_qkv`:
 /// each block its own q heads and k, v row, the same bits) in place of a launch
-/// of their own; where the two-warp kernel is not the one in use
-/// (`JET_FA_DEC_WARPS=1`) or `JET_DEC_QKV=0`, the two launches.
+/// of their own; with `JET_DEC_QKV=0`, the two launches (for A/B runs).
 #[allow(clippy::too_many_arguments)]
 pub fn flash_qkv_append_decode_operand_dev(
     gpu: &Gpu,
@@ -793,7 +795,7 @@ pub fn flash_qkv_append_decode_operand_dev(
     shape: AttnShape,
     fp8: bool,
 ) -> Result<(CudaSlice<f32>, FusedOperand)> {
-    if !two_warps() || std::env::var("JET_DEC_QKV").is_ok_and(|v| v == "0") {
+    if std::env::var("JET_DEC_QKV").is_ok_and(|v| v == "0") {
         let [q, k, v] = qkv.norm_rope(gpu)?;
         return flash_append_decode_operand_dev(
             gpu,
@@ -806,12 +808,6 @@ pub fn flash_qkv_append_decode_operand_dev(
             fp8,
         );
     }
-    ensure(decode_operand_fits(shape, fp8), || {
-        format!(
-            "decode attention with its output's operand: head_dim {} (FP8 needs a multiple of 128)",
-            shape.head_dim
-        )
-    })?;
     ensure(
         (qkv.m, qkv.nh, qkv.nkv, qkv.hd) == (b, shape.n_heads, shape.n_kv_heads, shape.head_dim),
         || {
@@ -822,17 +818,7 @@ pub fn flash_qkv_append_decode_operand_dev(
         },
     )?;
     let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
-    let op = FusedOperand::alloc(gpu, b, shape.n_heads * shape.head_dim, fp8)?;
-    let out = decode_launch(
-        gpu,
-        DecIn::Qkv(qkv),
-        caches,
-        (kv0, len),
-        b,
-        shape,
-        Some(&op),
-    )?;
-    Ok((out, op))
+    decode_operand_launch(gpu, DecIn::Qkv(qkv), caches, (kv0, len), b, shape, fp8)
 }
 
 /// Whether the decode attention can make its output's operand: the BF16 copy
@@ -854,21 +840,7 @@ fn append_rows(
     Ok((gpu.ptr(k_new), gpu.ptr(v_new)))
 }
 
-/// The decode attention's kernel: 0 as `JET_FA_DEC_WARPS` says, else 1 or 2 warps
-/// a (row, KV head) ([`set_decode_warps`]).
-static DEC_WARPS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Run the decode attention on `warps` (1: `fa_dec`, 2: `fa_dec2`; 0: as
-/// `JET_FA_DEC_WARPS` says) from now on, process-wide: the check that both give
-/// the same bits (`cuda_flash`).
-#[doc(hidden)]
-pub fn set_decode_warps(warps: u8) {
-    DEC_WARPS.store(warps, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// `fa_dec2_{hd}` (two warps a (row, KV head); `JET_FA_DEC_WARPS=1`: `fa_dec_{hd}`,
-/// one warp, the same bits; the choice is read at each launch, so a captured
-/// decode graph keeps the one of its capture) of `input`'s q and appended rows,
+/// `fa_dec2_{hd}` (two warps a (row, KV head)) of `input`'s q and appended rows,
 /// or `fa_dec2_qkv_{hd}` of its partials; `op` the output's operand to make
 /// (`DecOperand`: FP8 adds the blocks of its padding rows).
 #[allow(clippy::too_many_arguments)]
@@ -914,9 +886,7 @@ fn decode_launch(
             b
         }
     };
-    // fa_dec2: two warps a (row, KV head), the same bits, K's and V's tiles then
-    // its exchange buffers (DecX, 2,624 bytes); JET_FA_DEC_WARPS=1 keeps fa_dec
-    // (one warp) for timing the two in one binary.
+    // fa_dec2: K's and V's tiles, then its exchange buffers (DecX, 2,624 bytes).
     // fa_dec2_qkv: the block's q heads and k, v rows ((group + 2) x head_dim BF16
     // values) in DecX's P fragments (2,048 bytes) where they fit (groups of up to
     // 6 heads of 128: Qwen3's), else after DecX (at most 4.5 KiB: groups of at
@@ -928,8 +898,7 @@ fn decode_launch(
             let z = if z <= 2048 { 0 } else { z };
             (kernel("dec2_qkv", hd)?, 64, two_smem + z)
         }
-        DecIn::Rows(..) if two_warps() => (kernel("dec2", hd)?, 64, two_smem),
-        DecIn::Rows(..) => (kernel("dec", hd)?, 32, 2 * tile_bytes(hd, TILE)),
+        DecIn::Rows(..) => (kernel("dec2", hd)?, 64, two_smem),
     };
     let head = match input {
         DecIn::Rows(q, _) => vec![Arg::P(gpu.ptr(q))],
@@ -972,16 +941,6 @@ fn decode_launch(
 enum DecIn<'a, 'b> {
     Rows(&'a CudaSlice<f32>, (u64, u64)),
     Qkv(&'a QkvPartials<'b>),
-}
-
-/// Whether the decode attention runs on two warps a (row, KV head) (`fa_dec2`,
-/// the default) or one (`fa_dec`): [`set_decode_warps`], else `JET_FA_DEC_WARPS`.
-fn two_warps() -> bool {
-    match DEC_WARPS.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => std::env::var("JET_FA_DEC_WARPS").map_or(true, |v| v != "1"),
-    }
 }
 
 #[cfg(test)]

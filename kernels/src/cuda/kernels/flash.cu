@@ -426,124 +426,26 @@ __device__ __forceinline__ void fa_dec_operand_pad(const DecOperand& op, int b, 
     for (int g = lane; g < group * (D / 128); g += 32) op.scales[((long)h0 * (D / 128) + g) * op.rows_pad + b] = 1.0f;
 }
 
-// Decode: query row b's `group` heads of kv head kvh (the rows of one warp's tile)
-// at position len[b] - 1 against cache rows kv0[b] .. kv0[b] + len[b] of the BF16
-// caches k_cache, v_cache [*, nkv*D] (fa_scatter_bf16 wrote them with the rounding
-// of fa_to_bf16_x3). q, out [B, nh*D] f32. One warp a block, block = b * nkv + kvh:
-// each (row, kv head) is a chain of key tiles in the forward's order (fa_tile's
-// two halves), and one buffer each for K and V (34 KiB at D = 128) lets six chains
-// share an SM, where a block of one computing warp and three copying ones, with
-// double buffers, held two (NOTES.md). The next K tile streams in during this
-// tile's P.V, the next V tile during the next tile's scores.
+// Decode: query row b's `group` heads of kv head kvh at position len[b] - 1 against
+// cache rows kv0[b] .. kv0[b] + len[b] of the BF16 caches k_cache, v_cache [*, nkv*D]
+// (fa_scatter_bf16 wrote them with the rounding of fa_to_bf16_x3). q, out [B, nh*D]
+// f32. Block b * nkv + kvh, two warps: the (row, kv head)'s chain of key tiles in
+// the forward's order (fa_tile's two halves), one buffer each for K and V, the next
+// K tile streaming in during this tile's P.V and the next V tile during the next
+// tile's scores. Warp w computes the scores of key blocks 4w .. 4w + 3 of each tile
+// (mma_abt's MMAs for those blocks) and P.V for output columns [w D/2, (w + 1) D/2)
+// (each column's MMAs over the tile's four key steps in order, as mma_pv). The row
+// maxima are exchanged (max is exact), the row sums' chain goes on in the forward's
+// order (warp 1 adds its 16 values to warp 0's per-lane partial), P crosses as its
+// BF16 A fragments, and warp 1 holds l: the bits of one warp doing it all (the
+// one-warp kernel it replaced, whose chain was latency-bound: ncu, s27, 0.65 waves,
+// 6% occupancy, 55% of DRAM bandwidth at batch 64).
 // Append (kn, vn [B, nkv*D] f32 not null): the row's own key and value are not in
 // the caches yet; the block writes its head's slice to cache row kv0[b] + len[b] - 1
 // (fuses fa_scatter_bf16 of k and v: the same pack_bf16x2 rounding) and puts the
 // same bits into the last tile's shared copy, whatever the tile's copy read there.
 // op (codes or yb not null): the o projection's operand of out, made here too
 // (fa_dec_operand; fuses the quantizer or BF16 copy of out).
-template <int D>
-__device__ void fa_dec(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,
-                       float sl2, float* out, const float* kn, const float* vn, DecOperand op) {
-    extern __shared__ __align__(16) unsigned char fa_sm[];
-    const int T = FA_BC * (D + 8);
-    bf16_t* sK = (bf16_t*)fa_sm;
-    bf16_t* sV = sK + T;
-    const int b = blockIdx.x / nkv, kvh = blockIdx.x % nkv, group = nh / nkv, lane = threadIdx.x;
-    if (op.codes && b >= op.rows) {  // a padding row of the 1x128 operand (grid rows_pad * nkv)
-        fa_dec_operand_pad<D>(op, b, kvh * group, group, lane);
-        return;
-    }
-    const int n = len[b];
-    const long qw = (long)nh * D, kvw = (long)nkv * D;
-    bf16_t* kb = kc + (long)kv0[b] * kvw + kvh * D;
-    bf16_t* vb = vc + (long)kv0[b] * kvw + kvh * D;
-    stage16<D, FA_BC, 32>(sK, kb, kvw, min(FA_BC, n));
-    cp_commit();
-    // The new row's values, lane l holding columns 2 l + 64 i, 2 l + 64 i + 1.
-    const bool append = kn != nullptr;
-    u32 kp[D / 64], vp[D / 64];
-    if (append) {
-        const long src = (long)b * kvw + kvh * D, dst = (long)(n - 1) * kvw;
-#pragma unroll
-        for (int i = 0; i < D / 64; i++) {
-            const int c = 2 * lane + 64 * i;
-            kp[i] = pack_bf16x2(kn[src + c], kn[src + c + 1]);
-            vp[i] = pack_bf16x2(vn[src + c], vn[src + c + 1]);
-            *(u32*)(kb + dst + c) = kp[i];
-            *(u32*)(vb + dst + c) = vp[i];
-        }
-    }
-    const int last = (n - 1) % FA_BC;  // the new row's place in the last tile
-    // Q (f32, rounded here as fa_to_bf16_x3 does) goes through V's buffer first.
-    stage<D, 16, 32>(sV, q + b * qw + (long)kvh * group * D, D, group);
-    __syncwarp();
-    u32 qf[D / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) frag_a<D>(qf[ks], sV, 0, ks * 16, lane);
-    __syncwarp();
-    stage16<D, FA_BC, 32>(sV, vb, kvw, min(FA_BC, n));
-    cp_commit();
-    int pos[2] = {n - 1, n - 1};
-    float o[D / 8][4], m[2] = {FA_NEG_INF, FA_NEG_INF}, l[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nd = 0; nd < D / 8; nd++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) o[nd][e] = 0.f;
-    const int ntiles = (n - 1) / FA_BC + 1;
-    for (int j = 0; j < ntiles; j++) {
-        // In flight: K tile j, then V tile j.
-        cp_wait<1>();
-        const bool patch = append && j + 1 == ntiles;
-        if (patch) {
-            __syncwarp();
-#pragma unroll
-            for (int i = 0; i < D / 64; i++) *(u32*)(sK + last * (D + 8) + 2 * lane + 64 * i) = kp[i];
-        }
-        __syncwarp();
-        float s[FA_BC / 8][4];
-        fa_tile_p<D>(s, qf, sK, j * FA_BC, pos, sl2, o, m, l, lane);
-        __syncwarp();  // every lane is done with K tile j
-        const bool more = j + 1 < ntiles;
-        const long off = (long)(j + 1) * FA_BC * kvw;
-        const int nk = min(FA_BC, n - (j + 1) * FA_BC);
-        if (more) {
-            stage16<D, FA_BC, 32>(sK, kb + off, kvw, nk);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
-        if (patch) {
-            __syncwarp();
-#pragma unroll
-            for (int i = 0; i < D / 64; i++) *(u32*)(sV + last * (D + 8) + 2 * lane + 64 * i) = vp[i];
-        }
-        __syncwarp();  // V tile j has landed for every lane
-        mma_pv<D, FA_BC / 16>(o, s, sV, 0, lane);
-        __syncwarp();  // every lane is done with V tile j
-        if (more) {
-            stage16<D, FA_BC, 32>(sV, vb + off, kvw, nk);
-            cp_commit();
-        }
-    }
-    long orow[2], lrow[2] = {0, 0};
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int hr = (lane >> 2) + 8 * i;
-        orow[i] = hr < group ? b * qw + (long)(kvh * group + hr) * D : -1;
-    }
-    fa_finish<D>(o, m, l, out, orow, (float*)0, lrow, lane);
-    if (op.codes || op.yb) fa_dec_operand<D>(o, l, op, b, kvh * group, group, lane);
-}
-
-// fa_dec with two warps a (row, KV head), the same bits: warp w computes the
-// scores of key blocks 4w .. 4w + 3 of each tile (mma_abt's MMAs for those blocks)
-// and P.V for output columns [w D/2, (w + 1) D/2) (each column's MMAs over the
-// tile's four key steps in order, as mma_pv). The row maxima are exchanged (max is
-// exact), the row sums' chain goes on in the forward's order (warp 1 adds its 16
-// values to warp 0's per-lane partial), P crosses as its BF16 A fragments, and
-// warp 1 holds l. One warp's chain of tiles was latency-bound (ncu, s27: 0.65
-// waves, 6% occupancy, 55% of DRAM bandwidth at batch 64).
 struct DecX {
     float mx[2][16];       // [warp][row]: each warp's row maxima over its keys
     float ps[2][32];       // [row half][lane]: warp 0's per-lane partial row sums
@@ -634,7 +536,7 @@ __device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, 
         __syncthreads();
         z16 = zs;
     }
-    // The new row (warp 0, fa_dec's lanes and rounding): to the caches, and patched
+    // The new row (warp 0; lane l holds columns 2 l + 64 i, +1): to the caches, and patched
     // into the last tile's shared copies below.
     const bool append = QKV || kn != nullptr;
     u32 kp[D / 64], vp[D / 64];
@@ -1122,11 +1024,6 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
                                                                  int nkv, float sl2, float* out, float* lse, \
                                                                  bf16_t* o16) { pdl_entry();                \
         fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse, o16);                                            \
-    }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(32)                                                        \
-        fa_dec_##D(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,    \
-                   float sl2, float* out, const float* kn, const float* vn, DecOperand op) { pdl_entry();       \
-        fa_dec<D>(q, kc, vc, kv0, len, nh, nkv, sl2, out, kn, vn, op);                                      \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(64)                                                        \
         fa_dec2_##D(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,   \

@@ -228,13 +228,6 @@ fn flash_matches_cpu_reference() {
 #[test]
 fn flash_decode_equals_forward_rows() {
     let Some(g) = gpu() else { return };
-    decode_cases(&g);
-    done();
-}
-
-/// flash_decode_equals_forward_rows' checks of every case.
-fn decode_cases(gpu: &std::sync::Arc<jet_kernels::cuda::Gpu>) {
-    let g = gpu.clone();
     for (ci, c) in CASES.iter().enumerate() {
         let sh = c.shape;
         let rows: usize = c.seqs.iter().sum();
@@ -373,6 +366,7 @@ fn decode_cases(gpu: &std::sync::Arc<jet_kernels::cuda::Gpu>) {
             );
         }
     }
+    done();
 }
 
 /// `bytes` of 0xa5, freed: the memory pool's next buffers likely start with

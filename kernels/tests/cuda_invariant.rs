@@ -307,7 +307,7 @@ fn grouped_projections_equal_their_own_launches() {
 /// norm and its operand (`linear_residual_norm` against `linear_forward_residual`
 /// then `rmsnorm_with_operand`), gate, up then SwiGLU and its operand
 /// (`gate_up_swiglu` against `linear_forward_group` then `swiglu_with_operand`),
-/// and q, k, v with Qwen3's q/k norms and RoPE (`qkv_norm_rope` against
+/// and q, k, v with Qwen3's q/k norms and RoPE (`qkv_partials` then its `norm_rope` against
 /// `linear_forward_group` then `ops::qk_norm_rope`). The operands are compared
 /// through the GEMM that reads them. Widths (hidden, q, inter): Qwen3-0.6B's;
 /// hidden 5120 (a norm row of 40 groups: two a warp); inter 3070 (not a multiple
@@ -554,7 +554,8 @@ fn fused_vs_separate(
         let mut xo = glin::XOperand::default();
         let ws = (&wq, &wk, &wv);
         let norms = (&qn, &kn, 1e-6);
-        let got = glin::qkv_norm_rope(g, &x, &mut xo, m, ws, norms, (&pos, &rope), prec).unwrap();
+        let got = glin::qkv_partials(g, &x, &mut xo, m, ws, norms, (&pos, &rope), prec).unwrap();
+        let got = got.map(|p| p.norm_rope(g).unwrap());
         if let Some([fq, fk, fv]) = got {
             let mut xo = glin::XOperand::default();
             let layers = [(&wq, None), (&wk, None), (&wv, None)];

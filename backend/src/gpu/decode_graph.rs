@@ -22,6 +22,7 @@ use jet_kernels::cuda::flash::{
 use jet_kernels::cuda::graph::Graph;
 use jet_kernels::cuda::linear::{QkvPartials, XOperand};
 use jet_kernels::cuda::ops::{check_positions, check_tokens};
+use jet_kernels::cuda::quantize::FusedOperand;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
 
@@ -141,6 +142,25 @@ impl DecodeDev<'_> {
         let (kc, vc) = &mut l[layer];
         Ok((kc, vc))
     }
+
+    /// `Some(fp8)` where the attention at `prec` makes the o projection's operand
+    /// of its output (not in f32; FP8's where a head holds whole 1x128 groups).
+    fn operand(&self, prec: GemmPrecision) -> Option<bool> {
+        let fp8 = prec == GemmPrecision::Fp8;
+        let fits = decode_operand_fits(self.model.attn_shape(), fp8);
+        (prec != GemmPrecision::F32 && fits).then_some(fp8)
+    }
+
+    /// The attention's output with the operand its launch made.
+    fn with_operand(&self, (o, op): (CudaSlice<f32>, FusedOperand)) -> Attended {
+        let shape = self.model.attn_shape();
+        let b = self.inputs.rows.m;
+        (
+            o,
+            None,
+            XOperand::fused(b, shape.n_heads * shape.head_dim, op),
+        )
+    }
 }
 
 impl GpuAttention for DecodeDev<'_> {
@@ -167,18 +187,16 @@ impl GpuAttention for DecodeDev<'_> {
         layer: usize,
         (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
         prec: GemmPrecision,
-    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
-        let (g, model, x) = (&*self.model.gpu, self.model, self.inputs);
-        let (b, shape, lens) = (x.rows.m, model.attn_shape(), (&x.kv0, &x.len));
-        let fp8 = prec == GemmPrecision::Fp8;
-        if prec == GemmPrecision::F32 || !decode_operand_fits(shape, fp8) {
+    ) -> Result<Attended> {
+        let Some(fp8) = self.operand(prec) else {
             let (o, saved) = self.attend(layer, q, k, v)?;
             return Ok((o, saved, XOperand::default()));
-        }
+        };
+        let (g, model, x) = (&*self.model.gpu, self.model, self.inputs);
+        let (b, shape, lens) = (x.rows.m, model.attn_shape(), (&x.kv0, &x.len));
         let cache = self.caches(layer)?;
-        let (o, op) = flash_append_decode_operand_dev(g, q, (k, v), cache, lens, b, shape, fp8)?;
-        let width = shape.n_heads * shape.head_dim;
-        Ok((o, None, XOperand::fused(b, width, op)))
+        let out = flash_append_decode_operand_dev(g, q, (k, v), cache, lens, b, shape, fp8)?;
+        Ok(self.with_operand(out))
     }
 
     /// The q, k, v projections' epilogue (their q/k norms and RoPE) inside the
@@ -189,16 +207,14 @@ impl GpuAttention for DecodeDev<'_> {
         qkv: &QkvPartials,
         prec: GemmPrecision,
     ) -> Result<Option<Attended>> {
+        let Some(fp8) = self.operand(prec) else {
+            return Ok(None);
+        };
         let (g, model, x) = (&*self.model.gpu, self.model, self.inputs);
         let (b, shape, lens) = (x.rows.m, model.attn_shape(), (&x.kv0, &x.len));
-        let fp8 = prec == GemmPrecision::Fp8;
-        if prec == GemmPrecision::F32 || !decode_operand_fits(shape, fp8) {
-            return Ok(None);
-        }
         let cache = self.caches(layer)?;
-        let (o, op) = flash_qkv_append_decode_operand_dev(g, qkv, cache, lens, b, shape, fp8)?;
-        let width = shape.n_heads * shape.head_dim;
-        Ok(Some((o, None, XOperand::fused(b, width, op))))
+        let out = flash_qkv_append_decode_operand_dev(g, qkv, cache, lens, b, shape, fp8)?;
+        Ok(Some(self.with_operand(out)))
     }
 }
 

@@ -891,29 +891,27 @@ fn decode_launch(
     // values) in DecX's P fragments (2,048 bytes) where they fit (groups of up to
     // 6 heads of 128: Qwen3's), else after DecX (at most 4.5 KiB: groups of at
     // most 16 heads).
-    let two_smem = 2 * tile_bytes(hd, TILE) + 2624;
-    let (name, threads, smem) = match input {
-        DecIn::Qkv(_) => {
+    // The kernel, its extra shared bytes, and its arguments before and after the
+    // shared ones.
+    let (name, extra, head, new) = match input {
+        DecIn::Rows(q, (k_new, v_new)) => (
+            kernel("dec2", hd)?,
+            0,
+            vec![Arg::P(gpu.ptr(q))],
+            vec![Arg::P(k_new), Arg::P(v_new)],
+        ),
+        DecIn::Qkv(p) => {
             let z = ((nh / nkv + 2) * hd * 2) as u32;
-            let z = if z <= 2048 { 0 } else { z };
-            (kernel("dec2_qkv", hd)?, 64, two_smem + z)
+            let extra = if z <= 2048 { 0 } else { z };
+            (kernel("dec2_qkv", hd)?, extra, p.args(gpu, true)?, vec![])
         }
-        DecIn::Rows(..) => (kernel("dec2", hd)?, 64, two_smem),
-    };
-    let head = match input {
-        DecIn::Rows(q, _) => vec![Arg::P(gpu.ptr(q))],
-        DecIn::Qkv(p) => p.args(gpu, true)?,
-    };
-    let new = match input {
-        DecIn::Rows(_, (k_new, v_new)) => vec![Arg::P(k_new), Arg::P(v_new)],
-        DecIn::Qkv(_) => vec![],
     };
     gpu.launch(
         &FLASH,
         name,
         ((rows_pad * nkv) as u32, 1, 1),
-        (threads, 1, 1),
-        smem,
+        (64, 1, 1),
+        2 * tile_bytes(hd, TILE) + 2624 + extra,
         &[
             &head[..],
             &[

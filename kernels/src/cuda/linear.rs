@@ -21,9 +21,7 @@ use cudarc::driver::CudaSlice;
 
 mod fused;
 mod group;
-pub use fused::{
-    gate_up_swiglu, linear_residual_norm, qkv_norm_rope, qkv_partials, QkvPartials, ResidualNorm,
-};
+pub use fused::{gate_up_swiglu, linear_residual_norm, qkv_partials, QkvPartials, ResidualNorm};
 pub use group::{linear_forward_group, linear_forward_group_act};
 
 use super::act::{Act, ActRef};

@@ -605,3 +605,38 @@ __device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps,
         }
     if (lane == 0 && rs_out) *rs_out = rs;
 }
+
+// One warp's head of a decode step's q, k, v projections' epilogue (fuses
+// linear_epilogue_group and qk_norm_rope; ops.cu's qkv_sk_norm_rope and flash.cu's
+// fa_dec2_qkv both run it, so both make the same values): head hh of row r of the
+// partial `kind` picks (0 q, normed with qw; 1 k, with kw; 2 v), `cols` values a
+// row; the slices summed (sk_epi1_n, lane l holding columns l + 32 i, i < hd / 32),
+// q and k normed and rotated at position pos (qk_norm_rope_warp), v as summed;
+// stored to dst (f32) and/or dst16 (BF16, pack_bf16x2's rounding) unless null.
+__device__ __forceinline__ void qkv_sk_head(const SkIn& qi, const SkIn& ki, const SkIn& vi, int kind, int r, int hh,
+                                            int cols, int hd, float eps, const float* qw, const float* kw, long pos,
+                                            const float* cos_t, const float* sin_t, float* dst, bf16_t* dst16) {
+    const int lane = threadIdx.x & 31, n = hd / 32;
+    // Field by field: a reference into the parameters would copy all three to the
+    // stack.
+    SkIn P;
+    P.d = kind == 0 ? qi.d : kind == 1 ? ki.d : vi.d;
+    P.ldd = kind == 0 ? qi.ldd : kind == 1 ? ki.ldd : vi.ldd;
+    P.sstride = kind == 0 ? qi.sstride : kind == 1 ? ki.sstride : vi.sstride;
+    P.splits = kind == 0 ? qi.splits : kind == 1 ? ki.splits : vi.splits;
+    P.res = nullptr;
+    P.out = nullptr;
+    float v[8];
+    sk_epi1_n<4>(P, r, hh * hd + lane, 32, cols, min(n, 4), v);
+    if (n > 4) sk_epi1_n<4>(P, r, hh * hd + lane + 128, 32, cols, n - 4, v + 4);
+    if (kind != 2) {
+        qk_norm_rope_warp(v, hd, eps, kind == 0 ? qw : kw, pos * (hd / 2), cos_t, sin_t, dst, dst16, nullptr);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < n) {
+            if (dst) dst[lane + 32 * i] = v[i];
+            if (dst16) dst16[lane + 32 * i] = (bf16_t)(pack_bf16x2(v[i], v[i]) & 0xffffu);
+        }
+}

@@ -468,35 +468,17 @@ struct DecQkv {
 
 // Row b's q heads kvh * group .. + group - 1, then its k and v heads of KV head kvh,
 // into z16 [(group + 2)][D] as BF16 (fuses qkv_sk_norm_rope for the block's heads:
-// its sums and qk_norm_rope_warp lane for lane, so its values, then the rounding
-// fa_dec2 gives them: pack_bf16x2 rounds each value alone, so a pair read back
-// is pack_bf16x2 of the pair). Warp w makes heads w, w + 2, ... of that list.
+// its qkv_sk_head, so its values, then the rounding fa_dec2 gives them:
+// pack_bf16x2 rounds each value alone, so a pair read back is pack_bf16x2 of the
+// pair). Warp w makes heads w, w + 2, ... of that list.
 template <int D>
 __device__ __forceinline__ void fa_dec_qkv(const DecQkv& z, bf16_t* z16, int b, int kvh, int group, int nh, int nkv,
-                                           int w, int lane) {
-    constexpr int n = D / 32;
+                                           int w) {
     for (int t = w; t < group + 2; t += 2) {
         const int kind = t < group ? 0 : t == group ? 1 : 2;
         const int hh = kind == 0 ? kvh * group + t : kvh, cols = (kind == 0 ? nh : nkv) * D;
-        // Field by field, as qkv_sk_norm_rope: a reference into the parameters would
-        // copy all three to the stack.
-        SkIn P;
-        P.d = kind == 0 ? z.q.d : kind == 1 ? z.k.d : z.v.d;
-        P.ldd = kind == 0 ? z.q.ldd : kind == 1 ? z.k.ldd : z.v.ldd;
-        P.sstride = kind == 0 ? z.q.sstride : kind == 1 ? z.k.sstride : z.v.sstride;
-        P.splits = kind == 0 ? z.q.splits : kind == 1 ? z.k.splits : z.v.splits;
-        P.res = nullptr;
-        P.out = nullptr;
-        float v[8];
-        sk_epi1_n<n>(P, b, hh * D + lane, 32, cols, n, v);
-        bf16_t* dst = z16 + t * D;
-        if (kind == 2) {
-#pragma unroll
-            for (int i = 0; i < n; i++) dst[lane + 32 * i] = (bf16_t)(pack_bf16x2(v[i], v[i]) & 0xffffu);
-        } else {
-            qk_norm_rope_warp(v, D, z.eps, kind == 0 ? z.qw : z.kw, (long)z.pos[b] * (D / 2), z.cos_t, z.sin_t,
-                              nullptr, dst, nullptr);
-        }
+        qkv_sk_head(z.q, z.k, z.v, kind, b, hh, cols, D, z.eps, z.qw, z.kw, z.pos[b], z.cos_t, z.sin_t, nullptr,
+                    z16 + t * D);
     }
 }
 
@@ -532,7 +514,7 @@ __device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, 
     const bf16_t* z16 = nullptr;
     if constexpr (QKV) {
         bf16_t* zs = (group + 2) * D * 2 <= (int)sizeof(x.pa) ? (bf16_t*)x.pa : (bf16_t*)(&x + 1);
-        fa_dec_qkv<D>(z, zs, b, kvh, group, nh, nkv, w, lane);
+        fa_dec_qkv<D>(z, zs, b, kvh, group, nh, nkv, w);
         __syncthreads();
         z16 = zs;
     }

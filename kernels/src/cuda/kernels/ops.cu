@@ -335,8 +335,9 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, co
 }
 
 // ---- Qwen3's q/k norms with RoPE ----------------------------------------------------
-// qk_norm_rope_warp (one warp's head) is in common.cuh: the decode attention
-// (flash.cu's fa_dec2_qkv) runs it too.
+// (qk_norm_rope_warp, one warp's head, is in common.cuh: the decode attention,
+// flash.cu's fa_dec2_qkv, runs it too.)
+
 // Fuses rmsnorm_fwd over each head's hd values (q_norm on q, k_norm on k), then rope
 // (sign +1) on the normed heads. Grid (rows, ceil((nh + nkv) / 8)), block 256: one
 // warp per head (heads nh.. are k's); lane l holds columns l + 32i (i < hd/32), so a
@@ -368,39 +369,20 @@ extern "C" __global__ void qk_norm_rope(const float* q_pre, const float* k_pre, 
 
 // The q, k, v projections' epilogues (split-K partials, no bias) with qk_norm_rope
 // (fuses linear_epilogue_group of a decode step and qk_norm_rope, the norms' rstd
-// not kept). Grid (rows, ceil((nh + 2 nkv) / 8)), block 256: one warp per head,
-// heads nh.. k's, nh + nkv.. v's (the epilogue only); qk_norm_rope's lane layout,
-// so its sum order.
+// not kept). Grid (rows, ceil((nh + 2 nkv) / 8)), block 256: one warp per head
+// (qkv_sk_head), heads nh.. k's, nh + nkv.. v's (the epilogue only); qk_norm_rope's
+// lane layout, so its sum order.
 extern "C" __global__ void qkv_sk_norm_rope(SkIn qi, SkIn ki, SkIn vi, const float* qw, const float* kw,
                                             int rows, int nh, int nkv, int hd, float eps, const int* pos,
                                             const float* cos_t, const float* sin_t, float* q, float* k,
                                             float* v_out) {
     pdl_entry();
-    const int r = blockIdx.x, head = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int r = blockIdx.x, head = blockIdx.y * 8 + (threadIdx.x >> 5);
     if (head >= nh + 2 * nkv) return;
     const int kind = head < nh ? 0 : head < nh + nkv ? 1 : 2;
     const int hh = kind == 0 ? head : kind == 1 ? head - nh : head - nh - nkv, heads = kind == 0 ? nh : nkv;
-    const int n = hd / 32, cols = heads * hd;
-    // Field by field: a reference into the parameters would copy all three to the stack.
-    SkIn P;
-    P.d = kind == 0 ? qi.d : kind == 1 ? ki.d : vi.d;
-    P.ldd = kind == 0 ? qi.ldd : kind == 1 ? ki.ldd : vi.ldd;
-    P.sstride = kind == 0 ? qi.sstride : kind == 1 ? ki.sstride : vi.sstride;
-    P.splits = kind == 0 ? qi.splits : kind == 1 ? ki.splits : vi.splits;
-    P.res = nullptr;
-    P.out = nullptr;
-    float v[8];
-    sk_epi1_n<4>(P, r, hh * hd + lane, 32, cols, min(n, 4), v);
-    if (n > 4) sk_epi1_n<4>(P, r, hh * hd + lane + 128, 32, cols, n - 4, v + 4);
-    const long o = ((long)r * heads + hh) * hd;
-    if (kind == 2) {
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (i < n) v_out[o + lane + 32 * i] = v[i];
-        return;
-    }
-    qk_norm_rope_warp(v, hd, eps, kind == 0 ? qw : kw, (long)pos[r] * (hd / 2), cos_t, sin_t,
-                      (kind == 0 ? q : k) + o, nullptr, nullptr);
+    float* dst = (kind == 0 ? q : kind == 1 ? k : v_out) + ((long)r * heads + hh) * hd;
+    qkv_sk_head(qi, ki, vi, kind, r, hh, heads * hd, hd, eps, qw, kw, pos[r], cos_t, sin_t, dst, nullptr);
 }
 
 // The amax bit patterns a in {0} and [start, start + count) (those >= 0x18000000

@@ -267,22 +267,3 @@ pub fn qkv_partials<'a>(
         rope,
     }))
 }
-
-/// [`qkv_partials`] then [`QkvPartials::norm_rope`], in two launches: `(q [m, nh
-/// * hd], k, v [m, nkv * hd])`.
-#[allow(clippy::too_many_arguments)]
-pub fn qkv_norm_rope(
-    gpu: &Gpu,
-    x: &CudaSlice<f32>,
-    xo: &mut XOperand,
-    m: usize,
-    ws: (&GpuWeight, &GpuWeight, &GpuWeight),
-    norms: (&CudaSlice<f32>, &CudaSlice<f32>, f64),
-    rope: (&CudaSlice<i32>, &GpuRope),
-    prec: GemmPrecision,
-) -> Result<Option<[CudaSlice<f32>; 3]>> {
-    match qkv_partials(gpu, x, xo, m, ws, norms, rope, prec)? {
-        Some(p) => Ok(Some(p.norm_rope(gpu)?)),
-        None => Ok(None),
-    }
-}

@@ -269,6 +269,32 @@ fn flash_decode_equals_forward_rows() {
         );
         flash::flash_scatter_rows(&g, &mut kc16, kvw, &all, &up(&g, &kc)).unwrap();
         flash::flash_scatter_rows(&g, &mut vc16, kvw, &all, &up(&g, &vc)).unwrap();
+        // A prefill's form: rows already BF16 (the bits of the f32 rows' rounding),
+        // copied to their cache rows (here in reverse order) by one launch.
+        let (k16, v16) = (g.download(&kc16).unwrap(), g.download(&vc16).unwrap());
+        let rev: Vec<usize> = all.iter().rev().copied().collect();
+        let reorder = |x: &[u16]| -> Vec<u16> {
+            rev.iter()
+                .flat_map(|&r| x[r * kvw..(r + 1) * kvw].iter().copied())
+                .collect()
+        };
+        let crows = flash::CacheRows::new(&g, &rev, rows * cap).unwrap();
+        let (mut kr, mut vr) = (
+            g.zeros::<u16>(rows * cap * kvw).unwrap(),
+            g.zeros::<u16>(rows * cap * kvw).unwrap(),
+        );
+        let src = (
+            g.upload(&reorder(&k16)).unwrap(),
+            g.upload(&reorder(&v16)).unwrap(),
+        );
+        flash::flash_scatter_kv16(&g, (&mut kr, &mut vr), kvw, &crows, (&src.0, &src.1)).unwrap();
+        let (kr, vr) = (g.download(&kr).unwrap(), g.download(&vr).unwrap());
+        report_exact(
+            "BF16 rows scattered == f32 rows scattered",
+            &label(c),
+            kr.iter().zip(&k16).filter(|(a, b)| a != b).count()
+                + vr.iter().zip(&v16).filter(|(a, b)| a != b).count(),
+        );
         let od =
             flash::flash_decode_at(&g, &up(&g, &q), &kc16, &vc16, cap, &slots, &lens, sh).unwrap();
         report_exact(

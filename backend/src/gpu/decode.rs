@@ -9,12 +9,14 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use jet_kernels::cuda::attention::attention_decode_at;
-use jet_kernels::cuda::flash::{flash_decode_at, flash_scatter_rows};
+use jet_kernels::cuda::flash::{
+    flash_decode_at, flash_scatter_kv16, flash_scatter_rows_dev, CacheRows,
+};
 use jet_kernels::cuda::tensor::{gather_rows, scatter_rows};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
 
-use super::forward::{pack, PackedCausal};
+use super::forward::{pack, KvRows, PackedCausal};
 use super::layers::{head, run_layers, AttnSaved, GpuAttention, RowsIn};
 use super::model::GpuModel;
 
@@ -44,28 +46,35 @@ impl KvLayers {
         })
     }
 
-    /// Write k, v `[rows.len(), kvd]` into cache rows `rows` of `layer`.
+    /// Write k, v `[rows, kvd]` into cache rows `rows` of `layer` (host rows for
+    /// the f32 cache, checked and uploaded ones for the BF16 cache).
     fn write(
         &mut self,
         model: &GpuModel,
         layer: usize,
         kvd: usize,
-        rows: &[usize],
-        k: &CudaSlice<f32>,
-        v: &CudaSlice<f32>,
+        (rows, dev): (&[usize], &CacheRows),
+        kv: KvRows<'_>,
     ) -> Result<()> {
         let g = &*model.gpu;
-        match self {
-            KvLayers::F32(l) => {
+        match (self, kv) {
+            (KvLayers::F32(l), KvRows::F32(k, v)) => {
                 let (kc, vc) = &mut l[layer];
                 scatter_rows(g, kc, kvd, rows, k)?;
                 scatter_rows(g, vc, kvd, rows, v)
             }
-            KvLayers::Bf16(l) => {
+            (KvLayers::Bf16(l), KvRows::F32(k, v)) => {
                 let (kc, vc) = &mut l[layer];
-                flash_scatter_rows(g, kc, kvd, rows, k)?;
-                flash_scatter_rows(g, vc, kvd, rows, v)
+                flash_scatter_rows_dev(g, kc, kvd, dev.idx(), dev.len(), k)?;
+                flash_scatter_rows_dev(g, vc, kvd, dev.idx(), dev.len(), v)
             }
+            (KvLayers::Bf16(l), KvRows::Bf16(k, v)) => {
+                let (kc, vc) = &mut l[layer];
+                flash_scatter_kv16(g, (kc, vc), kvd, dev, (k, v))
+            }
+            (KvLayers::F32(_), KvRows::Bf16(..)) => Err(CudaError::Invalid(
+                "an f32 KV cache was handed BF16 k, v (the tensor-core attention's)".into(),
+            )),
         }
     }
 }
@@ -96,6 +105,11 @@ impl GpuKvCache {
             layers: KvLayers::new(model, (slots + 1) * capacity)?,
             lens: vec![0; slots],
         })
+    }
+
+    /// Rows of each layer's k (and v) cache: every slot's and the scratch slot's.
+    fn rows_held(&self) -> usize {
+        (self.lens.len() + 1) * self.capacity
     }
 
     /// The scratch slot's index.
@@ -183,9 +197,11 @@ pub fn prefill_into(
             .flat_map(|(&l, &s)| (0..l).map(move |p| (s, p))),
     );
     let kvd = cache.kvd;
+    // Checked and uploaded once for every layer.
+    let dev = CacheRows::new(g, &rows, cache.rows_held())?;
     let layers = &mut cache.layers;
-    let mut keep = |layer: usize, k: &CudaSlice<f32>, v: &CudaSlice<f32>| -> Result<()> {
-        layers.write(model, layer, kvd, &rows, k, v)
+    let mut keep = |layer: usize, kv: KvRows<'_>| -> Result<()> {
+        layers.write(model, layer, kvd, (&rows, &dev), kv)
     };
     let rows_in = RowsIn::upload(model, &tokens, &positions)?;
     let mut attn = PackedCausal::new(model, &seq_lens, false, Some(&mut keep))?;
@@ -223,7 +239,9 @@ impl GpuAttention for Decode<'_> {
         let c = &mut *self.cache;
         let rows = cache_rows(c.capacity, self.slots.iter().map(|&s| (s, c.lens[s])));
         let lens: Vec<usize> = self.slots.iter().map(|&s| c.lens[s] + 1).collect();
-        c.layers.write(self.model, layer, c.kvd, &rows, k, v)?;
+        let dev = CacheRows::new(g, &rows, c.rows_held())?;
+        c.layers
+            .write(self.model, layer, c.kvd, (&rows, &dev), KvRows::F32(k, v))?;
         // The same kernel family as the training forward (see GpuModel::flash_attention).
         let (cap, shape) = (c.capacity, self.model.attn_shape());
         let o = match &c.layers {

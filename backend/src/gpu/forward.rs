@@ -36,8 +36,16 @@ pub struct GpuForwardOut {
     pub acts: Option<GpuActivations>,
 }
 
-/// Receives each layer's k, v `[M, nkv*hd]` after RoPE (to fill a KV cache).
-pub(super) type KeepKv<'a> = dyn FnMut(usize, &CudaSlice<f32>, &CudaSlice<f32>) -> Result<()> + 'a;
+/// A layer's k, v `[M, nkv*hd]` after RoPE as the attention has them: f32, or
+/// the tensor-core kernels' BF16 operands (the bits the BF16 cache rounds the
+/// f32 values to).
+pub(super) enum KvRows<'x> {
+    F32(&'x CudaSlice<f32>, &'x CudaSlice<f32>),
+    Bf16(&'x CudaSlice<u16>, &'x CudaSlice<u16>),
+}
+
+/// Receives each layer's k, v (to fill a KV cache).
+pub(super) type KeepKv<'a> = dyn FnMut(usize, KvRows<'_>) -> Result<()> + 'a;
 
 /// Causal attention within each sequence of a packed batch; hands each layer's
 /// k, v (after RoPE) to `keep` when prefilling a KV cache.
@@ -86,7 +94,7 @@ impl PackedCausal<'_> {
         o16: bool,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
         if let Some(keep) = self.keep_kv.as_mut() {
-            keep(layer, k, v)?;
+            keep(layer, KvRows::F32(k, v))?;
         }
         let keep = self.keep_probs;
         let Some(plan) = &self.flash else {
@@ -144,22 +152,26 @@ impl GpuAttention for PackedCausal<'_> {
     }
 
     fn takes_bf16(&self) -> bool {
-        self.flash.is_some() && self.keep_kv.is_none()
+        self.flash.is_some()
     }
 
-    /// The tensor-core forward from the BF16 copies (kept for the backward), and
-    /// the o projection's BF16 operand of its output where its GEMMs are BF16.
+    /// The tensor-core forward from the BF16 copies (kept for the backward; a
+    /// prefill's cache takes k and v as they are), and the o projection's BF16
+    /// operand of its output where its GEMMs are BF16.
     fn attend_bf16(
         &mut self,
-        _layer: usize,
+        layer: usize,
         qkv16: [CudaSlice<u16>; 3],
         prec: GemmPrecision,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
-        let (Some(plan), None) = (&self.flash, &self.keep_kv) else {
+        let Some(plan) = &self.flash else {
             return Err(CudaError::Invalid(
-                "BF16 q, k, v: the attention needs its tensor-core kernels and no K/V kept".into(),
+                "BF16 q, k, v: the attention needs its tensor-core kernels".into(),
             ));
         };
+        if let Some(keep) = self.keep_kv.as_mut() {
+            keep(layer, KvRows::Bf16(&qkv16[1], &qkv16[2]))?;
+        }
         let o16 = prec == GemmPrecision::Bf16;
         let (o, saved, b) = flash_forward_operand_bf16(self.gpu, plan, qkv16, self.shape, o16)?;
         let op = self.o_operand(plan, b);

@@ -114,7 +114,7 @@ pub trait GpuAttention {
     }
 
     /// Whether [`GpuAttention::attend_bf16`] takes q, k, v as BF16 copies made by
-    /// their producers (the tensor-core kernels, where no K/V is kept for a cache).
+    /// their producers (the full-sequence tensor-core kernels).
     fn takes_bf16(&self) -> bool {
         false
     }
@@ -217,11 +217,13 @@ pub fn run_layers(
             }
             _ => None,
         };
-        // A training forward (Qwen3, tensor-core attention): q and k leave their
-        // norms and v its GEMM as the attention's BF16 operands, with no f32 copy.
+        // A full-sequence forward (training, scoring, a rollout's prefill; Qwen3,
+        // tensor-core attention): q and k leave their norms and v its GEMM as the
+        // attention's BF16 operands, with no f32 copy (a prefill's cache takes k
+        // and v as they are: `KvRows::Bf16`).
         let qk_norms =
             lx.q_norm.is_some() && lx.k_norm.is_some() && qk_norm_rope_fits(cfg.head_dim);
-        let bf16_attn = acts.is_some() && !biased && qk_norms && attn.takes_bf16();
+        let bf16_attn = !biased && qk_norms && attn.takes_bf16();
         let (qkv, qk_pre, (o, saved, mut oo)) = match fused_qkv {
             Some(p) => match attn.attend_qkv(li, &p, prec)? {
                 Some(out) => (None, None, out),

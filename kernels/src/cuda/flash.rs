@@ -606,25 +606,109 @@ pub fn flash_scatter_rows(
     rows: &[usize],
     src: &CudaSlice<f32>,
 ) -> Result<()> {
-    let n = rows.len();
     ensure(cols > 0 && cols.is_multiple_of(2), || {
         format!("cache rows of {cols} values (needs an even count)")
     })?;
-    check_len("cache scatter src", src, n * cols, format!("[{n}, {cols}]"))?;
-    let have = dst.len() / cols;
-    if let Some(&r) = rows.iter().find(|&&r| r >= have) {
-        return Err(super::CudaError::Invalid(format!(
-            "cache scatter: row {r} outside a cache of {have} rows"
-        )));
+    let rows = CacheRows::new(gpu, rows, dst.len() / cols)?;
+    flash_scatter_rows_dev(gpu, dst, cols, &rows.idx, rows.n, src)
+}
+
+/// The cache rows a prefill writes, `[n]` i64 on the device: checked once (in a
+/// cache of `have` rows, each at most once) and uploaded once for every layer.
+pub struct CacheRows {
+    idx: CudaSlice<i64>,
+    n: usize,
+    have: usize,
+}
+
+impl CacheRows {
+    pub fn new(gpu: &Gpu, rows: &[usize], have: usize) -> Result<CacheRows> {
+        if let Some(&r) = rows.iter().find(|&&r| r >= have) {
+            return Err(super::CudaError::Invalid(format!(
+                "cache scatter: row {r} outside a cache of {have} rows"
+            )));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(rows.len());
+        if let Some(&r) = rows.iter().find(|&&r| !seen.insert(r)) {
+            return Err(super::CudaError::Invalid(format!(
+                "cache scatter: row {r} appears more than once"
+            )));
+        }
+        let idx = gpu.upload(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())?;
+        Ok(CacheRows {
+            idx,
+            n: rows.len(),
+            have,
+        })
     }
-    let mut seen = std::collections::HashSet::with_capacity(n);
-    if let Some(&r) = rows.iter().find(|&&r| !seen.insert(r)) {
-        return Err(super::CudaError::Invalid(format!(
-            "cache scatter: row {r} appears more than once"
-        )));
+
+    /// The rows on the device, for [`flash_scatter_rows_dev`].
+    pub fn idx(&self) -> &CudaSlice<i64> {
+        &self.idx
     }
-    let idx = gpu.upload(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())?;
-    flash_scatter_rows_dev(gpu, dst, cols, &idx, n, src)
+
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+}
+
+/// Write k, v `[n, cols]` (BF16 values: the bits [`flash_scatter_rows`] makes of
+/// their f32 values) into cache rows `rows` of `k_cache` and `v_cache`, one launch
+/// for both (`fa_scatter_kv16`); `cols` a multiple of 8 (heads of 64 or 128).
+pub fn flash_scatter_kv16(
+    gpu: &Gpu,
+    (k_cache, v_cache): (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
+    cols: usize,
+    rows: &CacheRows,
+    (k, v): (&CudaSlice<u16>, &CudaSlice<u16>),
+) -> Result<()> {
+    let n = rows.n;
+    ensure(cols > 0 && cols.is_multiple_of(8), || {
+        format!("BF16 cache rows of {cols} values (needs a multiple of 8)")
+    })?;
+    for (what, c) in [("k", &*k_cache), ("v", &*v_cache)] {
+        ensure(c.len() / cols >= rows.have, || {
+            format!(
+                "cache scatter: the {what} cache holds {} rows, the rows were checked against {}",
+                c.len() / cols,
+                rows.have
+            )
+        })?;
+    }
+    check_len(
+        "cache scatter k (BF16)",
+        k,
+        n * cols,
+        format!("[{n}, {cols}]"),
+    )?;
+    check_len(
+        "cache scatter v (BF16)",
+        v,
+        n * cols,
+        format!("[{n}, {cols}]"),
+    )?;
+    if n == 0 {
+        return Ok(());
+    }
+    gpu.launch(
+        &FLASH,
+        "fa_scatter_kv16",
+        (n as u32, 2, 1),
+        (128, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(k_cache)),
+            Arg::P(gpu.ptr(v_cache)),
+            Arg::P(gpu.ptr(&rows.idx)),
+            Arg::L(cols as i64),
+            Arg::P(gpu.ptr(k)),
+            Arg::P(gpu.ptr(v)),
+        ],
+    )
 }
 
 /// [`flash_scatter_rows`] with the `n` cache rows `[n]` (i64) already on the

@@ -768,6 +768,20 @@ extern "C" __global__ void fa_scatter_bf16(bf16_t* dst, const long* rows, long n
     *(u32*)(dst + rows[j] * cols + c) = pack_bf16x2(src[i], src[i + 1]);
 }
 
+// dk[rows[j]] = sk[j] and dv[rows[j]] = sv[j] for rows of `cols` BF16 values (a
+// multiple of 8) already rounded by their producers (a prefill's k from
+// qk_norm_rope_bf16, v from its rows GEMM: the bits fa_scatter_bf16 makes of
+// their f32 values). Grid (rows, 2): block (j, 0) copies k's row j, (j, 1) v's,
+// 16 bytes a thread; no index division (fa_scatter_bf16 divides per pair).
+extern "C" __global__ void fa_scatter_kv16(bf16_t* dk, bf16_t* dv, const long* rows, long cols, const bf16_t* sk,
+                                           const bf16_t* sv) {
+    pdl_entry();
+    const long j = blockIdx.x;
+    const uint4* src = reinterpret_cast<const uint4*>((blockIdx.y ? sv : sk) + j * cols);
+    uint4* dst = reinterpret_cast<uint4*>((blockIdx.y ? dv : dk) + rows[j] * cols);
+    for (long c = threadIdx.x; c < cols / 8; c += blockDim.x) dst[c] = src[c];
+}
+
 // The backward's inputs in one pass over dout: delta[r, h] = dout[r, h, :] .
 // out[r, h, :] (the softmax backward's row term) and dout16 = BF16(dout) (RNE, as
 // fa_to_bf16_x3). Grid rows, 128 threads: warp w takes heads w, w+4, ..; lane l the

@@ -1,8 +1,11 @@
 //! The bench's rollout decoder wrapper: counts forward passes and the KV rows each
-//! generated token reads (for the decode floor), and ends each sequence at its
-//! length: gen_len, or with `--eos-random` one drawn uniformly from 1..=gen_len
-//! (random weights do not choose when to stop), as RL responses end at very
-//! different lengths.
+//! generated token reads (for the decode floor), times the prefills (between two
+//! synchronisations, so the decode phase's own rate can be told from the
+//! rollout's), and ends each sequence at its length: gen_len, or with
+//! `--eos-random` one drawn uniformly from 1..=gen_len (random weights do not
+//! choose when to stop), as RL responses end at very different lengths.
+
+use std::time::Instant;
 
 use jet_kernels::cuda::CudaError;
 use rand::{Rng, RngCore, SeedableRng};
@@ -23,13 +26,26 @@ pub struct EosAt<'d> {
     target: Vec<usize>,
     count: Vec<usize>,
     rows: Vec<usize>,
-    /// Slots of the pending rows, in the decoder's order.
-    pending: Vec<usize>,
+    /// Slots of the pending rows, in the decoder's order, and whether a decode
+    /// step (not a prefill) made each row's logits.
+    pending: Vec<(usize, bool)>,
     /// Forward passes (decode steps and prefills): one weight read each.
     pub steps: usize,
     /// Sum over generated tokens of the cache rows their step read.
     pub kv_rows: usize,
     pub tokens: usize,
+    /// Of those: the prefill passes, and the tokens decode steps made and the
+    /// cache rows those steps read (a sequence's first token comes from its
+    /// prefill's logits).
+    pub prefills: usize,
+    pub decode_tokens: usize,
+    pub decode_kv_rows: usize,
+    /// Seconds of the prefill calls, each timed from a synchronised stream to its
+    /// end (0 without a `sync`).
+    pub prefill_s: f64,
+    /// Waits for the device's queued work (the bench's GPU); None: prefills are
+    /// not timed.
+    sync: Option<&'d dyn Fn() -> Result<(), CudaError>>,
 }
 
 impl<'d> EosAt<'d> {
@@ -45,7 +61,19 @@ impl<'d> EosAt<'d> {
             steps: 0,
             kv_rows: 0,
             tokens: 0,
+            prefills: 0,
+            decode_tokens: 0,
+            decode_kv_rows: 0,
+            prefill_s: 0.0,
+            sync: None,
         }
+    }
+
+    /// Time each prefill call between `sync`s (the stream is idle when one
+    /// starts: the engine prefills after sampling, which waits for its tokens).
+    pub fn timing_prefills(mut self, sync: &'d dyn Fn() -> Result<(), CudaError>) -> Self {
+        self.sync = Some(sync);
+        self
     }
 }
 
@@ -64,10 +92,19 @@ impl Decoder for EosAt<'_> {
             };
             self.count[s] = 0;
             self.rows[s] = q.len();
-            self.pending.push(s);
+            self.pending.push((s, false));
         }
         self.steps += 1;
-        self.inner.prefill(slots, seqs)
+        self.prefills += 1;
+        let Some(sync) = self.sync else {
+            return self.inner.prefill(slots, seqs);
+        };
+        sync()?;
+        let t = Instant::now();
+        self.inner.prefill(slots, seqs)?;
+        sync()?;
+        self.prefill_s += t.elapsed().as_secs_f64();
+        Ok(())
     }
     fn sample(
         &mut self,
@@ -75,10 +112,14 @@ impl Decoder for EosAt<'_> {
         rng: &mut dyn RngCore,
     ) -> Result<Vec<(u32, f32)>, CudaError> {
         let mut out = self.inner.sample(p, rng)?;
-        for (o, s) in out.iter_mut().zip(std::mem::take(&mut self.pending)) {
+        for (o, (s, decoded)) in out.iter_mut().zip(std::mem::take(&mut self.pending)) {
             self.count[s] += 1;
             self.tokens += 1;
             self.kv_rows += self.rows[s];
+            if decoded {
+                self.decode_tokens += 1;
+                self.decode_kv_rows += self.rows[s];
+            }
             // Only the drawn length ends a sequence: a sampled EOS (1 in the
             // vocabulary's chance per token) would make flows differ in length.
             o.0 = match (self.count[s] >= self.target[s], o.0 == EOS) {
@@ -95,7 +136,7 @@ impl Decoder for EosAt<'_> {
     fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<(), CudaError> {
         for &s in slots {
             self.rows[s] += 1;
-            self.pending.push(s);
+            self.pending.push((s, true));
         }
         self.steps += 1;
         self.inner.step(slots, tokens)
@@ -146,10 +187,19 @@ mod tests {
         if s.iter().all(|x| x.tokens.len() == 10) {
             assert_eq!(d.steps, 10);
             assert_eq!(d.kv_rows, 6 * (3..13).sum::<usize>());
+            // one prefill; the decode steps made tokens 2..=10 of each
+            assert_eq!((d.prefills, d.decode_tokens), (1, 6 * 9));
+            assert_eq!(d.decode_kv_rows, 6 * (4..13).sum::<usize>());
         }
-        // random lengths, 2 at a time
+        assert_eq!(d.prefill_s, 0.0, "untimed without a sync");
+        // random lengths, 2 at a time, prefills timed
         let mut cpu = CpuDecoder::new(&model);
-        let mut d = EosAt::new(&mut cpu, 10, Some(5));
+        let synced = std::cell::Cell::new(0);
+        let sync = || {
+            synced.set(synced.get() + 1);
+            Ok(())
+        };
+        let mut d = EosAt::new(&mut cpu, 10, Some(5)).timing_prefills(&sync);
         let s = generate_with(
             &mut d,
             64,
@@ -171,5 +221,9 @@ mod tests {
             d.steps >= lens.iter().sum::<usize>() / 2,
             "two live at most"
         );
+        // every sample's first token came from a prefill, the rest from steps
+        assert_eq!(d.prefills * 2, synced.get());
+        assert_eq!(d.decode_tokens, d.tokens - s.len());
+        assert!(d.prefill_s > 0.0 && d.decode_kv_rows < d.kv_rows);
     }
 }

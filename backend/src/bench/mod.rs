@@ -270,13 +270,17 @@ fn set_decode_floors(r: &mut Report, cfg: &ModelConfig) {
             jet_kernels::GemmPrecision::F32 => 4.0,
         };
         let kvbytes = if flash && flow != Flow::F32 { 2.0 } else { 4.0 };
-        // Each decode step reads the weights once; each generated token its
+        // Each forward pass reads the weights once; each generated token its
         // sequence's cache rows (counted by the bench's decoder wrapper).
-        let bytes =
-            x.steps as f64 * read * wbytes + x.kv_rows as f64 * layers * 2.0 * kvd * kvbytes;
-        let floor = bytes / copy;
+        let bytes = |passes: usize, rows: usize| {
+            passes as f64 * read * wbytes + rows as f64 * layers * 2.0 * kvd * kvbytes
+        };
+        let floor = bytes(x.steps, x.kv_rows) / copy;
         x.floor_s = Some(floor);
         x.of_floor = Some(floor / x.seconds);
+        let decode = bytes(x.steps - x.prefills, x.decode_kv_rows) / copy;
+        x.decode_floor_s = Some(decode);
+        x.decode_of_floor = Some(decode / x.decode_s);
     }
 }
 
@@ -350,21 +354,23 @@ fn render(r: &Report, a: &BenchArgs) -> String {
     }
     let _ = writeln!(
         s,
-        "\nrollout            batch   tokens/s   vs bf16   peak GiB  floor s  of floor"
+        "\nrollout            batch   tokens/s   vs bf16   peak GiB  floor s  of floor  prefill s  decode tok/s  of its floor"
     );
+    let pct = |f: Option<f64>| f.map(|f| format!("{:.0}%", f * 100.0)).unwrap_or_default();
     for x in &r.rollout {
         let _ = writeln!(
             s,
-            "{:<18} {:>5} {:>10.0} {:>8.2}x {:>10.1} {:>8} {:>8}",
+            "{:<18} {:>5} {:>10.0} {:>8.2}x {:>10.1} {:>8} {:>8} {:>10.3} {:>13.0} {:>13}",
             x.flow,
             x.batch,
             x.tokens_per_s,
             x.vs_bf16,
             x.peak_gib,
             x.floor_s.map(|f| format!("{f:.3}")).unwrap_or_default(),
-            x.of_floor
-                .map(|f| format!("{:.0}%", f * 100.0))
-                .unwrap_or_default()
+            pct(x.of_floor),
+            x.prefill_s,
+            x.decode_tokens_per_s,
+            pct(x.decode_of_floor),
         );
     }
     for x in &r.rollout {

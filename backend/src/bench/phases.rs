@@ -55,6 +55,22 @@ pub struct RolloutRow {
     pub floor_s: Option<f64>,
     /// floor_s / seconds.
     pub of_floor: Option<f64>,
+    /// The prefill calls' seconds (each between two synchronisations: the
+    /// engine's stream is idle when one starts) and the decode phase's: the
+    /// rest of the rollout (decode steps, sampling, the host's turns between
+    /// steps), with the tokens those steps made.
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub decode_tokens_per_s: f64,
+    /// Prefill calls, tokens made by decode steps, and the cache rows those read.
+    pub prefills: usize,
+    pub decode_tokens: usize,
+    pub decode_kv_rows: usize,
+    /// The floor of the decode steps alone (their weight reads and the cache
+    /// rows their tokens read, as floor_s) and its share of decode_s: the
+    /// issue's "decode tokens/s against the step floor". None as floor_s.
+    pub decode_floor_s: Option<f64>,
+    pub decode_of_floor: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -200,13 +216,18 @@ fn prompts(cfg: &ModelConfig, n: usize, len: usize, seed: u64) -> Vec<Vec<u32>> 
         .collect()
 }
 
-/// What a timed rollout did: decode steps, tokens generated, and the KV-cache
-/// rows those tokens read (see `eos::EosAt`).
+/// What a timed rollout did: forward passes, tokens generated, and the KV-cache
+/// rows those tokens read; of them the prefills (and their seconds), the tokens
+/// decode steps made and the rows those read (see `eos::EosAt`).
 #[derive(Clone, Copy, Default)]
 pub struct RolloutCounts {
     pub steps: usize,
     pub tokens: usize,
     pub kv_rows: usize,
+    pub prefills: usize,
+    pub prefill_s: f64,
+    pub decode_tokens: usize,
+    pub decode_kv_rows: usize,
 }
 
 /// Generate up to `gen_len` tokens for each prompt, timed: `--max-batch` bounds
@@ -226,7 +247,9 @@ fn rollout(
         max_batch: a.max_batch,
     };
     let mut dec = GpuDecoder::new(model).with_graphs(!a.no_cuda_graphs);
-    let mut eos = EosAt::new(&mut dec, gen_len, a.eos_random.then_some(gen_len as u64));
+    let sync = || model.gpu.sync();
+    let mut eos = EosAt::new(&mut dec, gen_len, a.eos_random.then_some(gen_len as u64))
+        .timing_prefills(&sync);
     let t = Instant::now();
     let s = generate_with(
         &mut eos,
@@ -242,6 +265,10 @@ fn rollout(
         steps: eos.steps,
         tokens: eos.tokens,
         kv_rows: eos.kv_rows,
+        prefills: eos.prefills,
+        prefill_s: eos.prefill_s,
+        decode_tokens: eos.decode_tokens,
+        decode_kv_rows: eos.decode_kv_rows,
     };
     Ok((s, t.elapsed().as_secs_f64(), counts))
 }
@@ -398,6 +425,9 @@ pub fn run(
                 kv_rows: counts.kv_rows,
                 seconds: s,
                 tokens_per_s: tps,
+                prefill_s: counts.prefill_s,
+                decode_s: s - counts.prefill_s,
+                decode_tokens_per_s: counts.decode_tokens as f64 / (s - counts.prefill_s),
                 vs_bf16: base_roll
                     .get(&(var.invariant, b))
                     .map_or(f64::NAN, |x| tps / x),
@@ -407,6 +437,11 @@ pub fn run(
                 idle_before,
                 floor_s: None,
                 of_floor: None,
+                prefills: counts.prefills,
+                decode_tokens: counts.decode_tokens,
+                decode_kv_rows: counts.decode_kv_rows,
+                decode_floor_s: None,
+                decode_of_floor: None,
             });
         }
     }

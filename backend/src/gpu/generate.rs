@@ -39,7 +39,7 @@ enum Pending {
 /// run: 8,600-10,800 tokens/s capturing at the first step, 12,900-16,200 at the
 /// third). Long responses gain from capturing at once (0.6B, H100, 128-token
 /// prompts: random lengths 1-128 +2-24% tokens/s, 128 tokens +0-2.5%; 2-token
-/// responses 1-9% slower): `JET_EAGER_STEPS=0` for such workloads.
+/// responses 1-19% slower): `JET_EAGER_STEPS=0` for such workloads.
 const EAGER_STEPS: usize = 2;
 
 /// [`EAGER_STEPS`], or `JET_EAGER_STEPS` (read once; a value that is not a

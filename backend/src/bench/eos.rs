@@ -69,8 +69,9 @@ impl<'d> EosAt<'d> {
         }
     }
 
-    /// Time each prefill call between `sync`s (the stream is idle when one
-    /// starts: the engine prefills after sampling, which waits for its tokens).
+    /// Time each prefill call between `sync`s: the first waits for what is
+    /// queued (a refill follows a decode step still on the stream), so that
+    /// step's time stays out of the prefill's.
     pub fn timing_prefills(mut self, sync: &'d dyn Fn() -> Result<(), CudaError>) -> Self {
         self.sync = Some(sync);
         self

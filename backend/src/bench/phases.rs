@@ -51,13 +51,16 @@ pub struct RolloutRow {
     /// precision (2 bytes a parameter in BF16, 1 in FP8, the embedding table only
     /// where it is the LM head) and each sequence's KV cache (BF16 for the
     /// tensor-core attention, f32 for the per-row kernels), at the measured copy
-    /// bandwidth; prefill not counted. None without --no-kernels' copy figure.
+    /// bandwidth; a prefill counted as one weight read (its attention and GEMM
+    /// work not at all). None without --no-kernels' copy figure.
     pub floor_s: Option<f64>,
     /// floor_s / seconds.
     pub of_floor: Option<f64>,
-    /// The prefill calls' seconds (each between two synchronisations: the
-    /// engine's stream is idle when one starts) and the decode phase's: the
-    /// rest of the rollout (decode steps, sampling, the host's turns between
+    /// The prefill calls' seconds (each between two synchronisations; the
+    /// first waits for a decode step still queued, which with --max-batch
+    /// refills holds the host back and lengthens `seconds` a little) and the
+    /// decode phase's: the rest of the rollout (decode steps, sampling with the
+    /// first tokens' draw from the prefills' logits, the host's turns between
     /// steps), with the tokens those steps made.
     pub prefill_s: f64,
     pub decode_s: f64,

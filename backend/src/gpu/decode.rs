@@ -65,6 +65,8 @@ impl KvLayers {
             }
             (KvLayers::Bf16(l), KvRows::F32(k, v)) => {
                 let (kc, vc) = &mut l[layer];
+                dev.fits("k", kc, kvd)?;
+                dev.fits("v", vc, kvd)?;
                 flash_scatter_rows_dev(g, kc, kvd, dev.idx(), dev.len(), k)?;
                 flash_scatter_rows_dev(g, vc, kvd, dev.idx(), dev.len(), v)
             }

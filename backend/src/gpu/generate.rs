@@ -1,7 +1,8 @@
 //! The rollout on the GPU: prefill, decode steps and sampling on the device.
 //!
 //! Decode steps replay a CUDA graph per batch-size bucket (`decode_graph`),
-//! captured at the bucket's third step, when the model runs the tensor-core
+//! captured at the bucket's third step (`JET_EAGER_STEPS` sets how many run
+//! launched first), when the model runs the tensor-core
 //! attention and graphs are on (the default); prefills run eagerly. Per decode
 //! step only the sampled tokens and their logprobs come back to the host (the
 //! stop conditions need them). Plain tempered sampling and greedy run on the
@@ -43,14 +44,15 @@ enum Pending {
 const EAGER_STEPS: usize = 2;
 
 /// [`EAGER_STEPS`], or `JET_EAGER_STEPS` (read once; a value that is not a
-/// number keeps the default).
+/// whole number is named on stderr and the default kept).
 fn eager_steps() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("JET_EAGER_STEPS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(EAGER_STEPS)
+    *N.get_or_init(|| match std::env::var("JET_EAGER_STEPS") {
+        Err(_) => EAGER_STEPS,
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            eprintln!("JET_EAGER_STEPS={v:?} is not a whole number of steps; using {EAGER_STEPS}");
+            EAGER_STEPS
+        }),
     })
 }
 

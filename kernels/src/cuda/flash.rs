@@ -642,6 +642,18 @@ impl CacheRows {
         })
     }
 
+    /// Whether a cache `c` of rows of `cols` values holds every row these were
+    /// checked against (an error naming the cache where not).
+    pub fn fits(&self, what: &str, c: &CudaSlice<u16>, cols: usize) -> Result<()> {
+        ensure(cols > 0 && c.len() / cols >= self.have, || {
+            format!(
+                "cache scatter: the {what} cache holds {} rows of {cols}, the rows were checked against {}",
+                c.len() / cols.max(1),
+                self.have
+            )
+        })
+    }
+
     /// The rows on the device, for [`flash_scatter_rows_dev`].
     pub fn idx(&self) -> &CudaSlice<i64> {
         &self.idx
@@ -670,15 +682,8 @@ pub fn flash_scatter_kv16(
     ensure(cols > 0 && cols.is_multiple_of(8), || {
         format!("BF16 cache rows of {cols} values (needs a multiple of 8)")
     })?;
-    for (what, c) in [("k", &*k_cache), ("v", &*v_cache)] {
-        ensure(c.len() / cols >= rows.have, || {
-            format!(
-                "cache scatter: the {what} cache holds {} rows, the rows were checked against {}",
-                c.len() / cols,
-                rows.have
-            )
-        })?;
-    }
+    rows.fits("k", k_cache, cols)?;
+    rows.fits("v", v_cache, cols)?;
     check_len(
         "cache scatter k (BF16)",
         k,
@@ -746,7 +751,8 @@ pub fn flash_scatter_rows_dev(
 
 /// Decode: query row b `q [B, nh*hd]` at position `lens[b] - 1` against rows
 /// `0..lens[b]` of cache slot `slots[b]` of the BF16 caches
-/// `k_cache, v_cache [S, capacity, nkv*hd]` (written by [`flash_scatter_rows`])
+/// `k_cache, v_cache [S, capacity, nkv*hd]` (written by [`flash_scatter_rows`] or
+/// [`flash_scatter_kv16`])
 /// -> `out [B, nh*hd]`, equal bit for bit to [`flash_forward`]'s row at that position.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_decode_at(

@@ -428,7 +428,7 @@ __device__ __forceinline__ void fa_dec_operand_pad(const DecOperand& op, int b, 
 
 // Decode: query row b's `group` heads of kv head kvh at position len[b] - 1 against
 // cache rows kv0[b] .. kv0[b] + len[b] of the BF16 caches k_cache, v_cache [*, nkv*D]
-// (fa_scatter_bf16 wrote them with the rounding of fa_to_bf16_x3). q, out [B, nh*D]
+// (fa_scatter_bf16 or fa_scatter_kv16 wrote them with the rounding of fa_to_bf16_x3). q, out [B, nh*D]
 // f32. Block b * nkv + kvh, two warps: the (row, kv head)'s chain of key tiles in
 // the forward's order (fa_tile's two halves), one buffer each for K and V, the next
 // K tile streaming in during this tile's P.V and the next V tile during the next

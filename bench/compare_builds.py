@@ -4,8 +4,11 @@
 Reads DIR/<shape>-<build>-<rep>.json (what `gpu_check.sh compare` writes) and
 prints, per shape, flow and batch: the decode step in ms (the captured step's
 time over its replays, `top_kernels` "decode step") and tokens/s of each build,
-each rep's value and their mean; training rows give the step in ms. The last
-column is the first build's mean over the last build's (> 1: the last is faster).
+each rep's value and their mean, and the decode phase's tokens/s where the report
+has it (`decode_tokens_per_s`, twenty-ninth session on); a rollout that captured no
+step (every step launched) shows "-" for the step and its tokens/s still; training
+rows give the step in ms. The last column is the first build's mean step over the
+last build's (> 1: the last is faster).
 
     python3 bench/compare_builds.py DIR [BUILD ...]   # builds in column order
 """
@@ -17,14 +20,19 @@ import sys
 
 
 def rows(report):
-    """(kind, flow, batch, step ms, tokens/s) of one report."""
+    """(kind, flow, batch, step ms, tokens/s, decode-phase tokens/s) of one report."""
     for r in report.get("rollout", []):
         step = dict((k, (s, n)) for k, s, n in r.get("top_kernels", []))
         s, n = step.get("decode step", (None, 0))
         ms = 1e3 * s / n if s is not None and n else None
-        yield ("rollout", r["flow"], r["batch"], ms, r["tokens_per_s"])
+        yield ("rollout", r["flow"], r["batch"], ms, r["tokens_per_s"], r.get("decode_tokens_per_s"))
     for t in report.get("train", []):
-        yield ("train", t["flow"], "", 1e3 * t["step_s"], t["tokens_per_s"])
+        yield ("train", t["flow"], "", 1e3 * t["step_s"], t["tokens_per_s"], None)
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
 
 
 def main(argv):
@@ -47,8 +55,8 @@ def main(argv):
             builds.append(build)
         if shape not in shapes:
             shapes.append(shape)
-        for kind, flow, batch, ms, tps in rows(report):
-            acc[(shape, kind, flow, batch, build)].append((ms, tps))
+        for kind, flow, batch, ms, tps, dtps in rows(report):
+            acc[(shape, kind, flow, batch, build)].append((ms, tps, dtps))
     builds = order or builds
     if not builds:
         sys.exit(f"no reports in {d}")
@@ -61,16 +69,19 @@ def main(argv):
     for key in keys:
         cells, means = [], []
         for b in builds:
-            runs = [r for r in acc.get(key + (b,), []) if r[0] is not None]
+            runs = acc.get(key + (b,), [])
             if not runs:
                 cells.append("-")
                 means.append(None)
                 continue
-            mean = sum(r[0] for r in runs) / len(runs)
-            tps = sum(r[1] for r in runs) / len(runs)
-            each = "/".join(f"{r[0]:.3f}" for r in runs)
-            cells.append(f"{mean:.3f} [{each}] ({tps:,.0f})")
-            means.append(mean)
+            ms, tps, dtps = (mean([r[i] for r in runs]) for i in range(3))
+            rate = f"{tps:,.0f}" + (f"; decode {dtps:,.0f}" if dtps is not None else "")
+            if ms is None:
+                cells.append(f"- ({rate})")
+            else:
+                each = "/".join(f"{r[0]:.3f}" for r in runs if r[0] is not None)
+                cells.append(f"{ms:.3f} [{each}] ({rate})")
+            means.append(ms)
         ratio = f"{means[0] / means[-1]:.3f}" if means[0] and means[-1] else "-"
         print(" | ".join([str(k) for k in key] + cells + [ratio]))
 

@@ -411,6 +411,7 @@ pub fn run(
             let used = mem_used_gib();
             peak = peak.max(used);
             let tps = counts.tokens as f64 / s;
+            let decode_s = s - counts.prefill_s;
             if flow == Flow::Bf16 {
                 base_roll.insert((var.invariant, b), tps);
             }
@@ -429,8 +430,8 @@ pub fn run(
                 seconds: s,
                 tokens_per_s: tps,
                 prefill_s: counts.prefill_s,
-                decode_s: s - counts.prefill_s,
-                decode_tokens_per_s: counts.decode_tokens as f64 / (s - counts.prefill_s),
+                decode_s,
+                decode_tokens_per_s: counts.decode_tokens as f64 / decode_s,
                 vs_bf16: base_roll
                     .get(&(var.invariant, b))
                     .map_or(f64::NAN, |x| tps / x),

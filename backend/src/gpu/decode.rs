@@ -227,6 +227,10 @@ struct Decode<'a> {
     cache: &'a mut GpuKvCache,
     slots: &'a [usize],
     model: &'a GpuModel<'a>,
+    /// The step's cache rows (host, and checked and uploaded once for every
+    /// layer) and each sequence's length after it.
+    rows: (Vec<usize>, CacheRows),
+    lens: Vec<usize>,
 }
 
 impl GpuAttention for Decode<'_> {
@@ -238,35 +242,19 @@ impl GpuAttention for Decode<'_> {
         v: &CudaSlice<f32>,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)> {
         let g = &*self.model.gpu;
-        let c = &mut *self.cache;
-        let rows = cache_rows(c.capacity, self.slots.iter().map(|&s| (s, c.lens[s])));
-        let lens: Vec<usize> = self.slots.iter().map(|&s| c.lens[s] + 1).collect();
-        let dev = CacheRows::new(g, &rows, c.rows_held())?;
+        let (c, lens) = (&mut *self.cache, &self.lens);
+        let rows = (self.rows.0.as_slice(), &self.rows.1);
         c.layers
-            .write(self.model, layer, c.kvd, (&rows, &dev), KvRows::F32(k, v))?;
+            .write(self.model, layer, c.kvd, rows, KvRows::F32(k, v))?;
         // The same kernel family as the training forward (see GpuModel::flash_attention).
         let (cap, shape) = (c.capacity, self.model.attn_shape());
         let o = match &c.layers {
-            KvLayers::Bf16(l) => flash_decode_at(
-                g,
-                q,
-                &l[layer].0,
-                &l[layer].1,
-                cap,
-                self.slots,
-                &lens,
-                shape,
-            )?,
-            KvLayers::F32(l) => attention_decode_at(
-                g,
-                q,
-                &l[layer].0,
-                &l[layer].1,
-                cap,
-                self.slots,
-                &lens,
-                shape,
-            )?,
+            KvLayers::Bf16(l) => {
+                flash_decode_at(g, q, &l[layer].0, &l[layer].1, cap, self.slots, lens, shape)?
+            }
+            KvLayers::F32(l) => {
+                attention_decode_at(g, q, &l[layer].0, &l[layer].1, cap, self.slots, lens, shape)?
+            }
         };
         Ok((o, None))
     }
@@ -283,10 +271,17 @@ pub fn decode_step(
 ) -> Result<CudaSlice<f32>> {
     cache.check_step(slots, tokens)?;
     let positions: Vec<usize> = slots.iter().map(|&s| cache.lens[s]).collect();
+    let rows = cache_rows(
+        cache.capacity,
+        slots.iter().zip(&positions).map(|(&s, &p)| (s, p)),
+    );
+    let dev = CacheRows::new(&model.gpu, &rows, cache.rows_held())?;
     let mut attn = Decode {
+        lens: positions.iter().map(|p| p + 1).collect(),
         cache,
         slots,
         model,
+        rows: (rows, dev),
     };
     let rows = RowsIn::upload(model, tokens, &positions)?;
     let h = run_layers(model, &rows, role, &mut attn, None)?;

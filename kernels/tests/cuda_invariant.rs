@@ -16,14 +16,14 @@ use jet_kernels::{Flow, GemmPrecision};
 mod common;
 use common::*;
 
-// On 132 SMs (H100/H200 SXM), splits of at least two groups: 256x136 one split of
-// 2 groups; 896x136 three of 3, the last of 1; 1024x3072 and 1024x4096 four of 2;
-// 3072x1024 twelve of 2; 4096x256 sixteen of 2; 2944x1024 eight of 3, the last of
-// 2 (the fold at the end of a short slice); 1000x100 (BF16 only): K and N not
+// On 132 SMs (H100/H200 SXM), splits of at least four groups (gemv::splits): 256x136
+// one split of 2 groups; 2688x136 five of 5, the last of 1; 1024x3072 and 1024x4096
+// two of 4; 3072x1024 six of 4; 4096x256 eight of 4; 2944x1024 five of 5, the last
+// of 3 (the fold at the end of a short slice); 1000x100 (BF16 only): K and N not
 // multiples of 16 or 128.
 const SHAPES: [(usize, usize); 7] = [
     (256, 136),
-    (896, 136),
+    (2688, 136),
     (1024, 3072),
     (3072, 1024),
     (4096, 256),

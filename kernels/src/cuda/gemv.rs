@@ -140,9 +140,20 @@ fn check_out(x: &Fp8Quantized, w: &Fp8Quantized, len: usize, ld: usize) -> Resul
 /// Weight rows a split-K block covers (4 warps of 16; the rows kernels take 128).
 const SK_ROWS: usize = 64;
 
+/// Fewest 128-value groups a K split takes (where K has that many).
+///
+/// Every split writes `[tokens, n]` f32 partial sums that the next kernel reads
+/// back: at 64 tokens and two groups a split (the old rule), as many bytes as the
+/// FP8 weights. Four groups halve them and the blocks, and cost little
+/// parallelism (H100, 0.6B decode step: 2% faster
+/// at batch 64, 9% at 256, all flows; 8B shapes 1.5-2.5%; three was slower at 64,
+/// five and eight slower at 64 and faster at 256: `kernels/src/cuda/NOTES.md`,
+/// thirtieth session).
+const SK_MIN_GROUPS: usize = 4;
+
 /// K splits and groups per split: about two split-K blocks per SM, each split at
-/// least two groups (a warp has both groups' weight bytes in flight at once, so a
-/// block is one HBM round trip, not one per group). It depends on the shape and
+/// least [`SK_MIN_GROUPS`] groups (streamed through the kernel's stages, several
+/// groups' weight bytes in flight at once). It depends on the shape and
 /// the GPU only, never on the number of tokens: the splits fix the order in which
 /// a row's group sums are added, and [`gemm_fp8_rows`] repeats that order for any
 /// batch (rollout and training agree bit for bit).
@@ -151,7 +162,7 @@ pub(crate) fn splits(gpu: &Gpu, n: usize, k_pad: usize) -> (usize, usize) {
     let blocks_n = n.div_ceil(SK_ROWS);
     let ks = (2 * gpu.sm_count())
         .div_ceil(blocks_n)
-        .clamp(1, (l / 2).max(1));
+        .clamp(1, (l / SK_MIN_GROUPS).max(1));
     let gps = l.div_ceil(ks);
     (l.div_ceil(gps), gps)
 }

@@ -5,7 +5,9 @@ Reads DIR/<shape>-<build>-<rep>.json (what `gpu_check.sh compare` writes) and
 prints, per shape, flow and batch: the decode step in ms (the captured step's
 time over its replays, `top_kernels` "decode step") and tokens/s of each build,
 each rep's value and their mean, and the decode phase's tokens/s where the report
-has it (`decode_tokens_per_s`, twenty-ninth session on); a rollout that captured no
+has it (`decode_tokens_per_s`, twenty-ninth session on) and the GPU's mean idle
+before a replay (`idle_before` "decode step": the host's turn between steps); a
+rollout that captured no
 step (every step launched) shows "-" for the step and its tokens/s still; training
 rows give the step in ms. The last column is the first build's mean step over the
 last build's (> 1: the last is faster).
@@ -20,14 +22,18 @@ import sys
 
 
 def rows(report):
-    """(kind, flow, batch, step ms, tokens/s, decode-phase tokens/s) of one report."""
+    """(kind, flow, batch, step ms, tokens/s, decode-phase tokens/s, idle us a
+    replay) of one report."""
     for r in report.get("rollout", []):
         step = dict((k, (s, n)) for k, s, n in r.get("top_kernels", []))
         s, n = step.get("decode step", (None, 0))
         ms = 1e3 * s / n if s is not None and n else None
-        yield ("rollout", r["flow"], r["batch"], ms, r["tokens_per_s"], r.get("decode_tokens_per_s"))
+        idle = dict((k, (s, n)) for k, s, n in r.get("idle_before", []))
+        i, c = idle.get("decode step", (None, 0))
+        idle_us = 1e6 * i / c if i is not None and c else None
+        yield ("rollout", r["flow"], r["batch"], ms, r["tokens_per_s"], r.get("decode_tokens_per_s"), idle_us)
     for t in report.get("train", []):
-        yield ("train", t["flow"], "", 1e3 * t["step_s"], t["tokens_per_s"], None)
+        yield ("train", t["flow"], "", 1e3 * t["step_s"], t["tokens_per_s"], None, None)
 
 
 def mean(xs):
@@ -55,8 +61,8 @@ def main(argv):
             builds.append(build)
         if shape not in shapes:
             shapes.append(shape)
-        for kind, flow, batch, ms, tps, dtps in rows(report):
-            acc[(shape, kind, flow, batch, build)].append((ms, tps, dtps))
+        for kind, flow, batch, ms, tps, dtps, idle in rows(report):
+            acc[(shape, kind, flow, batch, build)].append((ms, tps, dtps, idle))
     builds = order or builds
     if not builds:
         sys.exit(f"no reports in {d}")
@@ -74,8 +80,9 @@ def main(argv):
                 cells.append("-")
                 means.append(None)
                 continue
-            ms, tps, dtps = (mean([r[i] for r in runs]) for i in range(3))
+            ms, tps, dtps, idle = (mean([r[i] for r in runs]) for i in range(4))
             rate = f"{tps:,.0f}" + (f"; decode {dtps:,.0f}" if dtps is not None else "")
+            rate += f"; idle {idle:.0f} us" if idle is not None else ""
             if ms is None:
                 cells.append(f"- ({rate})")
             else:

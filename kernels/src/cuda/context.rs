@@ -166,6 +166,8 @@ pub struct Gpu {
     /// The forward GEMMs run on wgmma (`gemm_wg.cu`): compute capability 9.0,
     /// unless `JET_WGMMA=0` (then the mma.sync kernels, as on other GPUs).
     wgmma: bool,
+    /// Host resources one user of the device hands to the next ([`Gpu::park`]).
+    pub(crate) parked: Mutex<HashMap<std::any::TypeId, Box<dyn std::any::Any + Send>>>,
 }
 
 /// The shared device 0, or why there is none. Probed once per process.
@@ -443,6 +445,7 @@ impl Gpu {
                 stats: Mutex::new(KernelStats::default()),
                 lt,
                 prof: Mutex::new(Default::default()),
+                parked: Mutex::new(HashMap::new()),
                 pdl: cc.0 >= 9 && std::env::var("JET_PDL").map_or(true, |v| v != "0"),
                 wgmma: cc == (9, 0) && std::env::var("JET_WGMMA").map_or(true, |v| v != "0"),
             })

@@ -33,6 +33,19 @@ impl Gpu {
         f: impl FnOnce() -> Result<T>,
     ) -> Result<(Graph, T)> {
         self.sync()?;
+        self.capture_behind(name, f)
+    }
+
+    /// [`Gpu::capture`] without waiting for the stream first: work already
+    /// queued runs on while the host captures (a capture records what comes
+    /// after it, and replays are ordered after that work by the stream), so
+    /// the capture's host time hides behind it. Faults of the queued work
+    /// surface at the next wait instead of here.
+    pub fn capture_behind<T>(
+        &self,
+        name: &'static str,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<(Graph, T)> {
         self.set_capturing(true);
         let begun = self
             .stream

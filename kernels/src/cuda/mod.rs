@@ -24,6 +24,8 @@
 //! - [`grad`]: a gradient accumulator whose last BF16 WGrad output its readers add.
 //! - [`sample`]: greedy and Gumbel-max token sampling, as [`sample::sample_reference`].
 //! - [`graph`]: CUDA graphs (the decode step captured once, replayed per token).
+//! - [`pinned`]: page-locked host buffers for the decode loop's copies, which the
+//!   host enqueues without waiting for the stream.
 
 pub mod act;
 pub mod adamw;
@@ -38,6 +40,7 @@ pub mod graph;
 pub mod linear;
 pub mod logsoftmax;
 pub mod ops;
+pub mod pinned;
 pub mod profile;
 pub mod quantize;
 pub mod sample;

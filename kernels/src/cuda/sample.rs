@@ -40,12 +40,30 @@ impl GpuSampled {
 
     /// Each row's token and logprob (one copy, one wait for the stream).
     pub fn download(&self, gpu: &Gpu) -> Result<Vec<(u32, f32)>> {
-        let v = gpu.download_n(&self.buf, 2 * self.rows)?;
-        let (t, lp) = v.split_at(self.rows);
-        Ok(t.iter()
+        Ok(Self::unpack(
+            &gpu.download_n(&self.buf, 2 * self.rows)?,
+            self.rows,
+        ))
+    }
+
+    /// The whole `[2][rows]` buffer, for a copy the caller waits for itself
+    /// ([`super::pinned::PinnedOut`]); [`GpuSampled::unpack`] reads it.
+    pub fn buffer(&self) -> &CudaSlice<i32> {
+        &self.buf
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Rows `(token, logprob)` from the first `2 rows` values of a copy of
+    /// [`GpuSampled::buffer`].
+    pub fn unpack(v: &[i32], rows: usize) -> Vec<(u32, f32)> {
+        let (t, lp) = v[..2 * rows].split_at(rows);
+        t.iter()
             .zip(lp)
             .map(|(&t, &b)| (t as u32, f32::from_bits(b as u32)))
-            .collect())
+            .collect()
     }
 }
 
@@ -198,16 +216,37 @@ pub fn sample_logits(
     seeds: &[u64],
 ) -> Result<GpuSampled> {
     check_draw("sample_logits", rows, vocab, greedy, seeds)?;
+    // Greedy rows never read their seed: no upload, a null pointer.
+    let dseeds = match greedy || rows == 0 {
+        true => None,
+        false => Some(gpu.upload(seeds)?),
+    };
+    sample_logits_seeded(gpu, logits, rows, vocab, dseeds.as_ref())
+}
+
+/// [`sample_logits`] with the seeds already on the device (`seeds [>= rows]`,
+/// `None`: greedy), for a caller that stages them without waiting for the
+/// stream (the decode loop's pinned uploads).
+pub fn sample_logits_seeded(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    rows: usize,
+    vocab: usize,
+    seeds: Option<&CudaSlice<u64>>,
+) -> Result<GpuSampled> {
+    let greedy = seeds.is_none();
+    check_draw("sample_logits", rows, vocab, true, &[])?;
+    if let Some(s) = seeds {
+        ensure(s.len() >= rows, || {
+            format!("sample_logits: {} seeds for {rows} rows", s.len())
+        })?;
+    }
     let (m, lns) = row_stats(gpu, logits, rows, vocab)?;
     let out = GpuSampled::new(gpu, rows)?;
     if rows == 0 {
         return Ok(out);
     }
-    let dseeds = if greedy {
-        None
-    } else {
-        Some(gpu.upload(seeds)?)
-    };
+    let dseeds = seeds;
     // One wave: six blocks of 256 threads fit an SM (40 registers), so rows *
     // chunks stays at most six an SM; chunks of at least 1,024 entries.
     let chunks = (SAMPLE_BLOCKS_PER_SM * gpu.sm_count() / rows).clamp(1, vocab.div_ceil(1024));
@@ -262,6 +301,60 @@ pub fn sample_logits(
         .concat(),
     )?;
     Ok(out)
+}
+
+/// A decode step's inputs `[n]` each (`tokens`, `positions`, `kv0`, `len`)
+/// from one staged copy `staged [4][n]` (on the device): each row's token,
+/// position, first cache row and length. With `drawn`, the tokens come from
+/// the last draw with no trip through the host: the first quarter holds each
+/// row's draw row instead (`keep`, then -1 for padding; checked here).
+#[allow(clippy::too_many_arguments)]
+pub fn feed_step(
+    gpu: &Gpu,
+    drawn: Option<(&GpuSampled, &[usize])>,
+    staged: &CudaSlice<i32>,
+    tokens: &mut CudaSlice<i32>,
+    positions: &mut CudaSlice<i32>,
+    kv0: &mut CudaSlice<i32>,
+    len: &mut CudaSlice<i32>,
+) -> Result<()> {
+    let n = tokens.len();
+    ensure(
+        staged.len() == 4 * n && [positions.len(), kv0.len(), len.len()] == [n; 3],
+        || {
+            format!(
+                "feed_step: inputs of {n} rows, {} staged values",
+                staged.len()
+            )
+        },
+    )?;
+    if let Some((d, keep)) = drawn {
+        ensure(keep.len() <= n, || {
+            format!("feed_step: {} drawn rows into {n}", keep.len())
+        })?;
+        if let Some(&r) = keep.iter().find(|&&r| r >= d.rows) {
+            return Err(super::CudaError::Invalid(format!(
+                "feed_step: row {r} of a draw of {} rows",
+                d.rows
+            )));
+        }
+    }
+    gpu.launch(
+        &SAMPLE,
+        "feed_step",
+        ((n as u32).div_ceil(128), 1, 1),
+        (128, 1, 1),
+        0,
+        &[
+            Arg::P(drawn.map_or(0, |(d, _)| gpu.ptr(&d.buf))),
+            Arg::P(gpu.ptr(staged)),
+            Arg::I(n as i32),
+            Arg::P(gpu.ptr(tokens)),
+            Arg::P(gpu.ptr(positions)),
+            Arg::P(gpu.ptr(kv0)),
+            Arg::P(gpu.ptr(len)),
+        ],
+    )
 }
 
 #[cfg(test)]

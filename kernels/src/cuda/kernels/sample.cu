@@ -196,3 +196,20 @@ extern "C" __global__ void sample_pick(const float* z, const float* m, const flo
         out_logp[r] = (z[(long)r * vocab + t] - m[r]) - lns[r];
     }
 }
+
+// A decode step's inputs (decode_graph.rs) from one staged copy, staged [4][n]: each row's
+// token, position, first cache row and length. Fed from the last draw (drawn not null:
+// the engine's rule, a row that goes on appends the token it drew), the first quarter
+// holds each row's draw row instead (-1: padding, token 0), checked on the host (below
+// the draw's rows), and the tokens never travel through the host.
+extern "C" __global__ void feed_step(const int* drawn, const int* staged, int n, int* tokens, int* positions,
+                                     int* kv0, int* len) {
+    pdl_entry();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int r = staged[i];
+    tokens[i] = drawn == nullptr ? r : r >= 0 ? drawn[r] : 0;
+    positions[i] = staged[n + i];
+    kv0[i] = staged[2 * n + i];
+    len[i] = staged[3 * n + i];
+}

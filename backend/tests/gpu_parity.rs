@@ -447,11 +447,11 @@ fn generate_gpu(
     gen: &GenConfig,
     seed: u64,
 ) -> Vec<jet_backend::rollout::engine::Sample> {
-    generate_gpu_graphs(model, prompts, n, gen, seed, true)
+    generate_gpu_graphs(model, prompts, n, gen, seed, true, true).0
 }
 
 /// [`generate_gpu`] with decode steps replayed as CUDA graphs or launched one
-/// kernel at a time.
+/// kernel at a time, run ahead of the host or not; also the steps kept ahead.
 fn generate_gpu_graphs(
     model: &GpuModel,
     prompts: &[Vec<u32>],
@@ -459,11 +459,14 @@ fn generate_gpu_graphs(
     gen: &GenConfig,
     seed: u64,
     graphs: bool,
-) -> Vec<jet_backend::rollout::engine::Sample> {
+    ahead: bool,
+) -> (Vec<jet_backend::rollout::engine::Sample>, usize) {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let max_pos = model.cfg.max_position_embeddings;
-    let mut dec = GpuDecoder::new(model).with_graphs(graphs);
-    generate_with(
+    let mut dec = GpuDecoder::new(model)
+        .with_graphs(graphs)
+        .with_step_ahead(ahead);
+    let out = generate_with(
         &mut dec,
         max_pos,
         prompts,
@@ -472,7 +475,8 @@ fn generate_gpu_graphs(
         &|_| String::new(),
         &mut rng,
     )
-    .unwrap()
+    .unwrap();
+    (out, dec.steps_kept_ahead())
 }
 
 /// Roll out 4 samples of 16 prompts (24 tokens, seeded sampling) and score them
@@ -809,6 +813,9 @@ fn continuous_batching_keeps_greedy_samples_bitwise() {
 /// the batch shrinks through the buckets (padding rows beside the real ones),
 /// all at once and with at most 5 live (refills between steps), at the tiny
 /// shape and at Qwen3-0.6B widths, in both flows with the tensor-core attention.
+/// Graphs run ahead of the host (rows that stopped run one step more, dropped)
+/// and graphs that wait for it give the same bits too, at temperature 1 and
+/// 0.7; some steps must have run ahead and been kept.
 #[test]
 fn decode_graphs_equal_launched_steps_bitwise() {
     let Some(g) = gpu() else { return };
@@ -828,33 +835,46 @@ fn decode_graphs_equal_launched_steps_bitwise() {
                 model.flash_attention(),
                 "the graph path needs the tensor-core attention"
             );
-            for max_batch in [0, 5] {
+            for (max_batch, temperature) in [(0, 1.0), (5, 1.0), (0, 0.7)] {
                 let gen = GenConfig {
                     max_new_tokens: 20,
-                    sampling: SamplingParams::default(),
+                    sampling: SamplingParams {
+                        temperature,
+                        ..SamplingParams::default()
+                    },
                     // About one token in 13 ends a sample, at either vocabulary.
                     stop_token_ids: (3..cfg.vocab_size as u32).step_by(13).collect(),
                     stop_strings: vec![],
                     max_batch,
                 };
-                let bits = |graphs: bool| {
-                    sample_bits(&generate_gpu_graphs(&model, &prompts, 3, &gen, 4, graphs))
+                let bits = |graphs: bool, ahead: bool| {
+                    let (s, kept) =
+                        generate_gpu_graphs(&model, &prompts, 3, &gen, 4, graphs, ahead);
+                    (sample_bits(&s), kept)
                 };
-                let (graphed, launched) = (bits(true), bits(false));
-                let differ = graphed
-                    .iter()
-                    .zip(&launched)
-                    .filter(|(a, b)| a != b)
-                    .count();
+                let ((ahead, kept), (graphed, _), (launched, _)) =
+                    (bits(true, true), bits(true, false), bits(false, false));
+                let count = |x: &[(Vec<u32>, Vec<u32>)]| {
+                    x.iter().zip(&launched).filter(|(a, b)| a != b).count()
+                };
+                let (differ, differ_ahead) = (count(&graphed), count(&ahead));
                 let lens: Vec<usize> = launched.iter().map(|x| x.0.len()).collect();
                 println!(
-                    "GRAPHS | {:<5} | hidden {} | max_batch {max_batch} | {differ} of {} samples differ | lengths {lens:?}",
+                    "GRAPHS | {:<5} | hidden {} | max_batch {max_batch} | T {temperature} | {differ} of {} samples differ, {differ_ahead} run ahead ({kept} steps kept ahead) | lengths {lens:?}",
                     flow.name(),
                     cfg.hidden_size,
                     launched.len()
                 );
                 assert_eq!(graphed.len(), launched.len());
+                assert_eq!(ahead.len(), launched.len());
                 assert_eq!(differ, 0, "{}: graphs changed samples", flow.name());
+                assert_eq!(
+                    differ_ahead,
+                    0,
+                    "{}: steps ahead changed samples",
+                    flow.name()
+                );
+                assert!(kept > 0, "{}: no step ran ahead", flow.name());
                 assert!(
                     lens.iter().any(|&l| l < 20) && lens.iter().any(|&l| l > 3),
                     "stop tokens should end some samples early and not all at once: {lens:?}"

@@ -131,6 +131,15 @@ impl Decoder for EosAt<'_> {
         }
         Ok(out)
     }
+    fn ending(&mut self, rows: &[bool]) {
+        // A row also ends where its drawn length says.
+        let at_target = self
+            .pending
+            .iter()
+            .map(|&(s, _)| self.count[s] + 1 >= self.target[s]);
+        let rows: Vec<bool> = rows.iter().zip(at_target).map(|(&a, b)| a || b).collect();
+        self.inner.ending(&rows)
+    }
     fn release(&mut self, slot: usize) {
         self.inner.release(slot)
     }

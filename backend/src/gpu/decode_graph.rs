@@ -10,9 +10,11 @@
 //! so the padding changes no bit of the real rows. (With `batch_invariant` off,
 //! cuBLASLt's order may depend on the bucket, as it depends on the batch.)
 //!
-//! Per step the host writes five `[bucket]` inputs (tokens, positions, cache
-//! rows, each row's first cache row and its length) into the graph's buffers
-//! and launches it; the logits land in the graph's `[bucket, vocab]` buffer.
+//! Per step the host writes four `[bucket]` inputs (tokens, positions, each
+//! row's first cache row and its length) into the graph's buffers and launches
+//! it; the logits land in the graph's `[bucket, vocab]` buffer. The tokens may
+//! instead come from the last draw on the device ([`StepGraph::step_drawn`]):
+//! the rollout launches the next step before the host has read this one's.
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::flash::{
@@ -22,7 +24,9 @@ use jet_kernels::cuda::flash::{
 use jet_kernels::cuda::graph::Graph;
 use jet_kernels::cuda::linear::{QkvPartials, XOperand};
 use jet_kernels::cuda::ops::{check_positions, check_tokens};
+use jet_kernels::cuda::pinned::{CopyLane, PinnedIn};
 use jet_kernels::cuda::quantize::FusedOperand;
+use jet_kernels::cuda::sample::{feed_step, GpuSampled};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
 
@@ -43,17 +47,35 @@ pub fn bucket_of(b: usize) -> usize {
 
 /// The per-step inputs of a captured decode step, `[bucket]` each: rows
 /// `0..B` the step's sequences, the rest padding (token 0 at position 0 of the
-/// cache's scratch slot).
+/// cache's scratch slot). All four are staged in one pinned copy, `[4][bucket]`,
+/// then copied in by `feed_step` (which may take the tokens from the last
+/// draw on the device): one upload a step, enqueued without waiting.
 struct StepInputs {
     rows: RowsIn,
     /// Each row's first cache row (`slot * capacity`) and length after the step:
     /// the row's own k and v go to cache row `kv0 + len - 1`.
     kv0: CudaSlice<i32>,
     len: CudaSlice<i32>,
+    /// Two staged copies taken in turn: one is written (on the compute
+    /// stream, or on the copy lane ahead of it) while the last `feed_step`
+    /// may still read the other.
+    staged: [CudaSlice<i32>; 2],
+    staged_in: PinnedIn<i32>,
+    turn: usize,
+    /// Whether a lane has waited for the staged buffers' allocation (ordered
+    /// on the compute stream): once, before its first write.
+    lane_ready: bool,
 }
 
 impl StepInputs {
-    fn new(g: &Gpu, bucket: usize) -> Result<StepInputs> {
+    /// Inputs of `bucket` rows, staged through `spare` when it is one of the
+    /// right length (page-locked memory is slow to allocate and to free: a
+    /// rollout's graphs hand theirs to the next rollout's, [`StepGraph::into_stage`]).
+    fn new(g: &Gpu, bucket: usize, spare: &mut Vec<PinnedIn<i32>>) -> Result<StepInputs> {
+        let staged_in = match spare.iter().position(|p| p.len() == 4 * bucket) {
+            Some(i) => spare.swap_remove(i),
+            None => PinnedIn::new(g, 4 * bucket)?,
+        };
         Ok(StepInputs {
             rows: RowsIn {
                 tokens: g.zeros(bucket)?,
@@ -62,7 +84,48 @@ impl StepInputs {
             },
             kv0: g.zeros(bucket)?,
             len: g.zeros(bucket)?,
+            staged: [g.zeros(4 * bucket)?, g.zeros(4 * bucket)?],
+            staged_in,
+            turn: 0,
+            lane_ready: false,
         })
+    }
+
+    /// `[4][bucket]`: `first` (tokens or draw rows, padded with `pad`) then
+    /// each of `slots`' position, first cache row and length after the step
+    /// (checked against the cache and the RoPE table), padded.
+    fn staged_values(
+        &self,
+        model: &GpuModel,
+        cache: &GpuKvCache,
+        slots: &[usize],
+        first: Vec<i32>,
+        pad: i32,
+    ) -> Result<Vec<i32>> {
+        let bucket = self.rows.m;
+        if slots.len() > bucket || first.len() != slots.len() {
+            return Err(CudaError::Invalid(format!(
+                "decode: {} rows ({} tokens) for a captured step of {bucket}",
+                slots.len(),
+                first.len()
+            )));
+        }
+        cache.check_slots(slots)?;
+        let positions: Vec<usize> = slots.iter().map(|&s| cache.lens[s]).collect();
+        check_positions(&positions, &model.rope)?;
+        let (cap, scratch) = (cache.capacity, cache.scratch() * cache.capacity);
+        let padded = |v: Vec<i32>, with: i32| {
+            let n = v.len();
+            v.into_iter().chain(std::iter::repeat_n(with, bucket - n))
+        };
+        let pos = positions.iter().map(|&p| p as i32).collect();
+        let kv0 = slots.iter().map(|&s| (s * cap) as i32).collect();
+        let len = positions.iter().map(|&p| p as i32 + 1).collect();
+        Ok(padded(first, pad)
+            .chain(padded(pos, 0))
+            .chain(padded(kv0, scratch as i32))
+            .chain(padded(len, 1))
+            .collect())
     }
 
     /// Write `tokens[i]` appended to sequence `slots[i]` (checked against the
@@ -74,44 +137,44 @@ impl StepInputs {
         slots: &[usize],
         tokens: &[u32],
     ) -> Result<()> {
-        let bucket = self.rows.m;
         cache.check_step(slots, tokens)?;
-        if slots.len() > bucket {
-            return Err(CudaError::Invalid(format!(
-                "decode: {} rows for a captured step of {bucket}",
-                slots.len()
-            )));
-        }
         check_tokens("decode", tokens, model.cfg.vocab_size)?;
-        let positions: Vec<usize> = slots.iter().map(|&s| cache.lens[s]).collect();
-        check_positions(&positions, &model.rope)?;
-        let (cap, scratch) = (cache.capacity, cache.scratch() * cache.capacity);
-        let pad = bucket - slots.len();
-        let starts = || slots.iter().map(|&s| s * cap);
-        let tok: Vec<i32> = tokens
-            .iter()
-            .map(|&t| t as i32)
-            .chain(vec![0; pad])
-            .collect();
-        let pos: Vec<i32> = positions
-            .iter()
-            .map(|&p| p as i32)
-            .chain(vec![0; pad])
-            .collect();
-        let kv0: Vec<i32> = starts()
-            .map(|s| s as i32)
-            .chain(vec![scratch as i32; pad])
-            .collect();
-        let len: Vec<i32> = positions
-            .iter()
-            .map(|&p| p as i32 + 1)
-            .chain(vec![1; pad])
-            .collect();
+        let tok = tokens.iter().map(|&t| t as i32).collect();
+        let all = self.staged_values(model, cache, slots, tok, 0)?;
         let g = &*model.gpu;
-        g.write(&mut self.rows.tokens, &tok)?;
-        g.write(&mut self.rows.positions, &pos)?;
-        g.write(&mut self.kv0, &kv0)?;
-        g.write(&mut self.len, &len)
+        self.turn ^= 1;
+        let staged = &mut self.staged[self.turn];
+        self.staged_in.upload(g.stream(), &all, 0, staged)?;
+        self.feed(g, None)
+    }
+
+    /// Stage on `lane` the step that appends to sequence `slots[i]` the token
+    /// the next draw gives row `keep[i]`; [`StepInputs::feed`] copies it in.
+    fn stage_drawn(
+        &mut self,
+        model: &GpuModel,
+        cache: &GpuKvCache,
+        slots: &[usize],
+        keep: &[usize],
+        lane: &CopyLane,
+    ) -> Result<()> {
+        let rows = keep.iter().map(|&r| r as i32).collect();
+        let all = self.staged_values(model, cache, slots, rows, -1)?;
+        if !self.lane_ready {
+            lane.wait_compute(&model.gpu)?;
+            self.lane_ready = true;
+        }
+        self.turn ^= 1;
+        lane.upload(&mut self.staged_in, &all, 0, &mut self.staged[self.turn])
+    }
+
+    /// Copy the staged step in, its tokens from `drawn` (rows `keep`, as
+    /// staged: the compute stream has joined the lane since) or as staged.
+    fn feed(&mut self, g: &Gpu, drawn: Option<(&GpuSampled, &[usize])>) -> Result<()> {
+        let r = &mut self.rows;
+        let staged = &self.staged[self.turn];
+        let (tok, pos) = (&mut r.tokens, &mut r.positions);
+        feed_step(g, drawn, staged, tok, pos, &mut self.kv0, &mut self.len)
     }
 }
 
@@ -221,14 +284,23 @@ impl GpuAttention for DecodeDev<'_> {
 impl StepGraph {
     /// Capture the decode step of `bucket` rows over `cache` (whose buffers it
     /// keeps reading: the graph lives no longer than the cache).
-    pub fn capture(model: &GpuModel, cache: &mut GpuKvCache, bucket: usize) -> Result<StepGraph> {
+    ///
+    /// The capture does not wait for the stream: work queued before it (the
+    /// prefill) runs while the host captures.
+    /// Its input staging comes from `spare` where one fits.
+    pub fn capture(
+        model: &GpuModel,
+        cache: &mut GpuKvCache,
+        bucket: usize,
+        spare: &mut Vec<PinnedIn<i32>>,
+    ) -> Result<StepGraph> {
         let g = &*model.gpu;
         let vocab = model.cfg.vocab_size;
-        let mut inputs = StepInputs::new(g, bucket)?;
+        let mut inputs = StepInputs::new(g, bucket, spare)?;
         // Until the first step writes them: every row is padding.
         inputs.write(model, cache, &[], &[])?;
         let mut logits = g.zeros::<f32>(bucket * vocab)?;
-        let (graph, ()) = g.capture("decode step", || {
+        let (graph, ()) = g.capture_behind("decode step", || {
             let mut attn = DecodeDev {
                 cache,
                 inputs: &inputs,
@@ -263,10 +335,43 @@ impl StepGraph {
     ) -> Result<()> {
         self.inputs.write(model, cache, slots, tokens)?;
         self.graph.launch(&model.gpu)?;
+        Self::commit(cache, slots);
+        Ok(())
+    }
+
+    /// Stage on `lane` the step that appends to sequence `slots[i]` the token
+    /// the next draw gives row `keep[i]`; [`StepGraph::step_drawn`] runs it.
+    pub fn stage_drawn(
+        &mut self,
+        model: &GpuModel,
+        cache: &GpuKvCache,
+        slots: &[usize],
+        keep: &[usize],
+        lane: &CopyLane,
+    ) -> Result<()> {
+        self.inputs.stage_drawn(model, cache, slots, keep, lane)
+    }
+
+    /// Replay the step staged last, fed from `drawn` (rows `keep`, as staged),
+    /// and leave the cache's lengths as they are: the step's k and v rows lie
+    /// one past each sequence's length, where nothing reads them until
+    /// [`StepGraph::commit`] counts them (a step the host then does not want is
+    /// dropped, and the next write of those rows wins).
+    pub fn step_drawn(&mut self, g: &Gpu, drawn: &GpuSampled, keep: &[usize]) -> Result<()> {
+        self.inputs.feed(g, Some((drawn, keep)))?;
+        self.graph.launch(g)
+    }
+
+    /// The graph's page-locked input staging, for a later capture to reuse.
+    pub fn into_stage(self) -> PinnedIn<i32> {
+        self.inputs.staged_in
+    }
+
+    /// Count a replayed step's new row in each of `slots`.
+    pub fn commit(cache: &mut GpuKvCache, slots: &[usize]) {
         for &s in slots {
             cache.lens[s] += 1;
         }
-        Ok(())
     }
 }
 

@@ -1,25 +1,36 @@
 //! The rollout on the GPU: prefill, decode steps and sampling on the device.
 //!
 //! Decode steps replay a CUDA graph per batch-size bucket (`decode_graph`),
-//! captured at the bucket's third step (`JET_EAGER_STEPS` sets how many run
-//! launched first), when the model runs the tensor-core
-//! attention and graphs are on (the default); prefills run eagerly. Per decode
+//! when the model runs the tensor-core attention and graphs are on (the
+//! default); prefills run eagerly. The first prefill's bucket is captured
+//! while the GPU runs that prefill; a bucket the batch shrinks into later is
+//! captured at its third step (`JET_EAGER_STEPS` sets how many run launched
+//! first). Per decode
 //! step only the sampled tokens and their logprobs come back to the host (the
 //! stop conditions need them). Plain tempered sampling and greedy run on the
 //! device (Gumbel-max from one u64 seed per row drawn from the run's RNG stream,
 //! so a step's rollouts stay a function of (weights, seed)); top-k and top-p
 //! bring the log-probability rows to the host and use the CPU sampler.
+//!
+//! While the host reads a step's draw, the next step already runs (`ahead`):
+//! the graph takes each row's drawn token on the device, and the host's turn
+//! (the copy back, the stop checks, the next inputs) overlaps it instead of
+//! leaving the GPU idle. The host then keeps that step for the rows that went
+//! on, or drops it; either way every row's bits are those of the step the
+//! host would have launched itself (`JET_DECODE_AHEAD=0` turns it off).
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::logsoftmax::log_softmax_rows;
+use jet_kernels::cuda::pinned::PinnedIn;
 use jet_kernels::cuda::sample::sample_logits;
-use jet_kernels::cuda::tensor::div_scalar;
+use jet_kernels::cuda::tensor::{div_scalar, gather_rows};
 use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::GemmRole;
 use rand::RngCore;
 
 use std::collections::HashMap;
 
+use super::ahead::{Ahead, DrawStage};
 use super::decode::{decode_step, prefill_into, GpuKvCache};
 use super::decode_graph::{bucket_of, StepGraph};
 use super::model::GpuModel;
@@ -27,13 +38,20 @@ use crate::rollout::engine::Decoder;
 use crate::rollout::sampler::{sample_logprobs, SamplingParams};
 
 /// Next-token logits waiting to be sampled: `[rows, vocab]`.
-enum Pending {
+pub(super) enum Pending {
     Owned(CudaSlice<f32>, usize),
-    /// The first rows of a step graph's logits (keyed by its bucket).
-    Graph(usize, usize),
+    /// A step graph's logits (keyed by its bucket): `slots` the sequences of
+    /// its rows, of which rows `keep` (ascending) are wanted, in that order.
+    /// A step launched ahead keeps only the rows that went on.
+    Graph {
+        bucket: usize,
+        slots: Vec<usize>,
+        keep: Vec<usize>,
+    },
 }
 
-/// Steps a bucket runs launched before it is captured: a capture costs about
+/// Steps a bucket the batch shrinks into runs launched before it is captured
+/// (the first prefill's bucket is captured behind that prefill): a capture costs about
 /// two launched steps of host work plus the instantiation, which the short
 /// rollouts of many RL tasks (a few tokens a response, the batch shrinking
 /// through a bucket a step or two) do not win back (the arithmetic task's real
@@ -56,21 +74,42 @@ fn eager_steps() -> usize {
     })
 }
 
+/// Whether decode steps run ahead of the host: `JET_DECODE_AHEAD=0` turns it
+/// off (read once), for measuring what it saves.
+fn ahead_default() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("JET_DECODE_AHEAD").map_or(true, |v| v.trim() != "0"))
+}
+
 pub struct GpuDecoder<'m, 'w> {
-    model: &'m GpuModel<'w>,
+    pub(super) model: &'m GpuModel<'w>,
     /// Captured decode steps by bucket (dropped with the cache they read).
-    graphs: HashMap<usize, StepGraph>,
+    pub(super) graphs: HashMap<usize, StepGraph>,
     /// Launched steps per bucket so far (captured after [`EAGER_STEPS`]).
     launched: HashMap<usize, usize>,
     use_graphs: bool,
-    cache: Option<GpuKvCache>,
+    pub(super) cache: Option<GpuKvCache>,
     /// The last step's logits, then each prefill's since, sampled in order.
-    logits: Vec<Pending>,
+    pub(super) logits: Vec<Pending>,
+    /// Whether steps may run ahead of the host.
+    pub(super) run_ahead: bool,
+    /// The step launched ahead of the host, until `step` keeps or drops it.
+    pub(super) ahead: Option<Ahead>,
+    /// Pinned staging of the step-ahead draws.
+    pub(super) stage: Option<DrawStage>,
+    /// Pending rows that end at their next draw whatever they draw.
+    pub(super) ending: Vec<bool>,
+    /// Steps launched ahead and kept, since the decoder was made.
+    pub(super) kept_ahead: usize,
+    /// Input staging of the last rollout's graphs, for this one's.
+    spare: Vec<PinnedIn<i32>>,
 }
 
 impl<'m, 'w> GpuDecoder<'m, 'w> {
     /// A decoder that replays decode steps as CUDA graphs where it can.
     pub fn new(model: &'m GpuModel<'w>) -> Self {
+        let parked = model.gpu.take_parked::<Parked>();
+        let (stage, spare) = parked.map_or((None, Vec::new()), |p| (p.stage, p.spare));
         GpuDecoder {
             model,
             graphs: HashMap::new(),
@@ -78,7 +117,26 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
             use_graphs: true,
             cache: None,
             logits: Vec::new(),
+            run_ahead: ahead_default(),
+            ahead: None,
+            stage,
+            ending: Vec::new(),
+            kept_ahead: 0,
+            spare,
         }
+    }
+
+    /// Decode steps that ran ahead of the host and were kept (for tests and
+    /// logs: with graphs and plain sampling, most steps are).
+    pub fn steps_kept_ahead(&self) -> usize {
+        self.kept_ahead
+    }
+
+    /// Whether a decode step may run while the host reads the last one's draw
+    /// (on by default; the samples are the same bits either way).
+    pub fn with_step_ahead(mut self, on: bool) -> Self {
+        self.run_ahead = on;
+        self
     }
 
     /// Whether decode steps may run as CUDA graphs (`run.cuda_graphs`); off,
@@ -103,29 +161,74 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
 impl Decoder for GpuDecoder<'_, '_> {
     fn reserve(&mut self, slots: usize, max_len: usize) -> Result<()> {
         self.logits.clear();
-        self.graphs.clear();
+        self.ahead = None;
+        let spare = &mut self.spare;
+        spare.extend(self.graphs.drain().map(|(_, sg)| sg.into_stage()));
         self.launched.clear();
         self.cache = Some(GpuKvCache::new(self.model, slots, max_len)?);
+        if self.graphs_apply() && self.run_ahead {
+            let rows = bucket_of(slots);
+            if self.stage.as_ref().is_none_or(|s| !s.holds(rows)) {
+                self.stage = Some(DrawStage::new(&self.model.gpu, rows)?);
+            }
+        }
         Ok(())
     }
 
     fn prefill(&mut self, slots: &[usize], seqs: &[&[u32]]) -> Result<()> {
+        // A prefill may refill a slot the step ahead ran: drop the step.
+        self.ahead = None;
         let model = self.model;
         let logits = prefill_into(model, self.cache()?, slots, seqs, GemmRole::RolloutForward)?;
         self.logits.push(Pending::Owned(logits, seqs.len()));
+        // The generation's first prefill: capture its rows' decode step now,
+        // while the GPU runs the prefill (the capture is host work, about 9 ms
+        // at 0.6B on an H200, which otherwise leaves the GPU idle), so the
+        // first steps need no launched warm-up.
+        if self.graphs_apply() && self.graphs.is_empty() && self.launched.is_empty() {
+            let bucket = bucket_of(seqs.len());
+            let Some(cache) = self.cache.as_mut() else {
+                return Err(CudaError::Invalid("prefill before reserve".into()));
+            };
+            let sg = StepGraph::capture(model, cache, bucket, &mut self.spare)?;
+            self.graphs.insert(bucket, sg);
+        }
         Ok(())
     }
 
+    fn ending(&mut self, rows: &[bool]) {
+        self.ending = rows.to_vec();
+    }
+
     fn sample(&mut self, p: &SamplingParams, rng: &mut dyn RngCore) -> Result<Vec<(u32, f32)>> {
+        // A step ahead not kept by now is stale.
+        self.ahead = None;
+        let ending = std::mem::take(&mut self.ending);
+        let mut pending = std::mem::take(&mut self.logits);
+        if self.run_ahead && p.untruncated() && matches!(pending[..], [Pending::Graph { .. }]) {
+            if let Some(Pending::Graph {
+                bucket,
+                slots,
+                keep,
+            }) = pending.pop()
+            {
+                return self.sample_ahead(bucket, &slots, &keep, &ending, p, rng);
+            }
+        }
         let mut out = Vec::new();
-        for pending in std::mem::take(&mut self.logits) {
-            let (logits, rows) = match pending {
+        for pending in pending {
+            let (logits, rows, keep) = match pending {
                 Pending::Owned(mut l, rows) => {
-                    out.extend(sample_block(self.model, &mut l, rows, p, rng)?);
+                    let keep: Vec<usize> = (0..rows).collect();
+                    out.extend(sample_block(self.model, &mut l, rows, &keep, p, rng)?);
                     continue;
                 }
-                Pending::Graph(bucket, rows) => match self.graphs.get_mut(&bucket) {
-                    Some(sg) => (&mut sg.logits, rows),
+                Pending::Graph {
+                    bucket,
+                    slots,
+                    keep,
+                } => match self.graphs.get_mut(&bucket) {
+                    Some(sg) => (&mut sg.logits, slots.len(), keep),
                     None => {
                         return Err(CudaError::Invalid(format!(
                             "the decode graph of bucket {bucket} is gone"
@@ -133,7 +236,7 @@ impl Decoder for GpuDecoder<'_, '_> {
                     }
                 },
             };
-            out.extend(sample_block(self.model, logits, rows, p, rng)?);
+            out.extend(sample_block(self.model, logits, rows, &keep, p, rng)?);
         }
         Ok(out)
     }
@@ -147,6 +250,9 @@ impl Decoder for GpuDecoder<'_, '_> {
     }
 
     fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<()> {
+        if self.keep_ahead(slots, tokens) {
+            return Ok(());
+        }
         let model = self.model;
         let bucket = bucket_of(slots.len());
         let eager = !self.graphs_apply() || slots.is_empty() || {
@@ -173,12 +279,32 @@ impl Decoder for GpuDecoder<'_, '_> {
         let sg = match self.graphs.entry(bucket) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(StepGraph::capture(model, cache, bucket)?)
+                e.insert(StepGraph::capture(model, cache, bucket, &mut self.spare)?)
             }
         };
         sg.step(model, cache, slots, tokens)?;
-        self.logits.push(Pending::Graph(bucket, slots.len()));
+        self.logits.push(Pending::Graph {
+            bucket,
+            slots: slots.to_vec(),
+            keep: (0..slots.len()).collect(),
+        });
         Ok(())
+    }
+}
+
+/// What a decoder hands to the next one through [`jet_kernels::cuda::Gpu::park`]:
+/// its page-locked staging (2-3 ms of allocations and frees a rollout otherwise).
+struct Parked {
+    stage: Option<DrawStage>,
+    spare: Vec<PinnedIn<i32>>,
+}
+
+impl Drop for GpuDecoder<'_, '_> {
+    fn drop(&mut self) {
+        let mut spare = std::mem::take(&mut self.spare);
+        spare.extend(self.graphs.drain().map(|(_, sg)| sg.into_stage()));
+        let stage = self.stage.take();
+        self.model.gpu.park(Parked { stage, spare });
     }
 }
 
@@ -188,12 +314,14 @@ impl GpuDecoder<'_, '_> {
     fn keep_pending(&mut self, bucket: usize) -> Result<()> {
         let vocab = self.model.cfg.vocab_size;
         for p in self.logits.iter_mut() {
-            if let Pending::Graph(b, rows) = *p {
-                if b == bucket {
-                    let g = &*self.model.gpu;
-                    let mut own = g.zeros::<f32>(rows * vocab)?;
-                    g.copy_into(&self.graphs[&b].logits, &mut own, rows * vocab)?;
-                    *p = Pending::Owned(own, rows);
+            if let Pending::Graph {
+                bucket: b, keep, ..
+            } = p
+            {
+                if *b == bucket {
+                    // The wanted rows, in order, as a block of their own.
+                    let own = gather_rows(&self.model.gpu, &self.graphs[b].logits, vocab, keep)?;
+                    *p = Pending::Owned(own, keep.len());
                 }
             }
         }
@@ -201,11 +329,14 @@ impl GpuDecoder<'_, '_> {
     }
 }
 
-/// Sample each row of one block of logits `[rows, vocab]` (the first rows of `logits`).
-fn sample_block(
+/// Sample rows `keep` (ascending) of one block of logits `[rows, vocab]` (the
+/// first rows of `logits`), in order; the other rows are drawn and dropped (a
+/// step ahead's rows that did not go on), and take no seed from `rng`.
+pub(super) fn sample_block(
     model: &GpuModel,
     logits: &mut CudaSlice<f32>,
     rows: usize,
+    keep: &[usize],
     p: &SamplingParams,
     mut rng: &mut dyn RngCore,
 ) -> Result<Vec<(u32, f32)>> {
@@ -217,11 +348,42 @@ fn sample_block(
     if !p.untruncated() {
         let lp = log_softmax_rows(g, logits, rows, vocab)?;
         let host = g.download_n(&lp, rows * vocab)?;
-        return Ok(host
-            .chunks(vocab)
-            .map(|row| sample_logprobs(row, p, &mut rng))
+        return Ok(keep
+            .iter()
+            .map(|&r| sample_logprobs(&host[r * vocab..(r + 1) * vocab], p, &mut rng))
             .collect());
     }
-    let seeds: Vec<u64> = (0..rows).map(|_| rng.next_u64()).collect();
-    sample_logits(g, logits, rows, vocab, p.temperature <= 0.0, &seeds)?.download(g)
+    let seeds = spread_seeds(rows, keep, rng);
+    let all = sample_logits(g, logits, rows, vocab, p.temperature <= 0.0, &seeds)?.download(g)?;
+    Ok(keep.iter().map(|&r| all[r]).collect())
+}
+
+/// One seed a row: the wanted rows `keep` take the next seeds of `rng` in
+/// order (as many as a block of only them would), the others 0.
+pub(super) fn spread_seeds(rows: usize, keep: &[usize], rng: &mut dyn RngCore) -> Vec<u64> {
+    let mut seeds = vec![0; rows];
+    for &r in keep {
+        seeds[r] = rng.next_u64();
+    }
+    seeds
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{RngCore, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::spread_seeds;
+
+    /// The kept rows take the seeds a block of only them would, in order, and
+    /// the dropped rows take none from the stream.
+    #[test]
+    fn kept_rows_take_the_seeds_of_a_block_of_only_them() {
+        let mut a = ChaCha8Rng::seed_from_u64(7);
+        let mut b = ChaCha8Rng::seed_from_u64(7);
+        let seeds = spread_seeds(6, &[1, 2, 5], &mut a);
+        let alone: Vec<u64> = (0..3).map(|_| b.next_u64()).collect();
+        assert_eq!(seeds, vec![0, alone[0], alone[1], 0, 0, alone[2]]);
+        assert_eq!(a.next_u64(), b.next_u64(), "the streams stay in step");
+    }
 }

@@ -8,6 +8,7 @@
 //! host copies in the trainer are refreshed only when something reads them
 //! (checkpoints, the final save): see `Trainer::sync_host`.
 
+pub mod ahead;
 pub mod backward;
 pub mod decode;
 pub mod decode_graph;

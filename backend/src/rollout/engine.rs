@@ -65,6 +65,11 @@ pub trait Decoder {
         p: &SamplingParams,
         rng: &mut dyn RngCore,
     ) -> Result<Vec<(u32, f32)>, CudaError>;
+    /// Which pending rows (in [`Decoder::sample`]'s order) end at their next
+    /// draw whatever they draw (their length limit); called before each
+    /// `sample`. A decoder that launches the next step before the host reads
+    /// the draw leaves these rows out of it.
+    fn ending(&mut self, _rows: &[bool]) {}
     /// The sequence in `slot` finished: its cache may go.
     fn release(&mut self, slot: usize);
     /// Append `tokens[i]` to the sequence in slot `slots[i]`.
@@ -199,6 +204,15 @@ pub fn generate_with(
     sl.admit(dec, prompts, &samples, &mut rows)?;
     loop {
         // One token for each pending row, in order.
+        let ending: Vec<bool> = rows
+            .iter()
+            .map(|&s| {
+                let smp = &samples[s];
+                let total = prompts[smp.prompt_index].len() + smp.tokens.len() + 1;
+                smp.tokens.len() + 1 >= cfg.max_new_tokens || total >= max_pos
+            })
+            .collect();
+        dec.ending(&ending);
         let drawn = dec.sample(&cfg.sampling, rng)?;
         if drawn.len() != rows.len() {
             return Err(CudaError::Invalid(format!(

@@ -123,6 +123,9 @@ struct Checker {
     most_live: usize,
     prefilled: usize,
     prefills: usize,
+    /// The slots `ending` flagged for the coming draw, and how many so far.
+    ending: Vec<usize>,
+    flagged: usize,
 }
 
 impl Decoder for Checker {
@@ -160,12 +163,27 @@ impl Decoder for Checker {
             })
             .collect())
     }
+    fn ending(&mut self, rows: &[bool]) {
+        assert_eq!(rows.len(), self.pending.len(), "one flag a pending row");
+        self.ending = self
+            .pending
+            .iter()
+            .zip(rows)
+            .filter(|x| *x.1)
+            .map(|x| *x.0)
+            .collect();
+        self.flagged += self.ending.len();
+    }
     fn release(&mut self, slot: usize) {
         assert!(self.live[slot].is_some(), "release of free slot {slot}");
         self.live[slot] = None;
     }
     fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<(), CudaError> {
         for (&s, &t) in slots.iter().zip(tokens) {
+            assert!(
+                !self.ending.contains(&s),
+                "slot {s} flagged as ending was stepped"
+            );
             let v = self.live[s].expect("step of a free slot");
             self.live[s] = Some(v + t + 1);
             self.pending.push(s);
@@ -185,10 +203,13 @@ fn slots_are_bounded_and_reused_only_when_free() {
             most_live: 0,
             prefilled: 0,
             prefills: 0,
+            ending: vec![],
+            flagged: 0,
         };
         let mut rng = ChaCha8Rng::seed_from_u64(0);
         let cfg = GenConfig {
             stop_token_ids: vec![0],
+            max_new_tokens: 6,
             ..gen(b, 1.0)
         };
         let out = generate_with(&mut dec, 64, &ps, 3, &cfg, &|_| String::new(), &mut rng).unwrap();
@@ -201,5 +222,12 @@ fn slots_are_bounded_and_reused_only_when_free() {
             "every slot released at the end"
         );
         assert!(out.iter().all(|s| !s.tokens.is_empty()));
+        // `ending` flags exactly each sample's draw at its length limit (it may
+        // also draw the stop token there).
+        let at_limit =
+            |s: &Sample| s.tokens.len() == 6 || ps[s.prompt_index].len() + s.tokens.len() >= 64;
+        let limited = out.iter().filter(|s| at_limit(s)).count();
+        assert!(limited > 0, "some samples should reach the length limit");
+        assert_eq!(dec.flagged, limited, "max_batch {b}: flagged draws");
     }
 }

@@ -12,7 +12,7 @@ use jet_kernels::cuda::attention::attention_decode_at;
 use jet_kernels::cuda::flash::{
     flash_decode_at, flash_scatter_kv16, flash_scatter_rows_dev, CacheRows,
 };
-use jet_kernels::cuda::tensor::{gather_rows, scatter_rows};
+use jet_kernels::cuda::tensor::{gather_rows, scatter_rows_dev};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
 
@@ -46,22 +46,22 @@ impl KvLayers {
         })
     }
 
-    /// Write k, v `[rows, kvd]` into cache rows `rows` of `layer` (host rows for
-    /// the f32 cache, checked and uploaded ones for the BF16 cache).
+    /// Write k, v `[rows, kvd]` into cache rows `dev` (checked and uploaded
+    /// once for every layer) of `layer`.
     fn write(
         &mut self,
         model: &GpuModel,
         layer: usize,
         kvd: usize,
-        (rows, dev): (&[usize], &CacheRows),
+        dev: &CacheRows,
         kv: KvRows<'_>,
     ) -> Result<()> {
         let g = &*model.gpu;
         match (self, kv) {
             (KvLayers::F32(l), KvRows::F32(k, v)) => {
                 let (kc, vc) = &mut l[layer];
-                scatter_rows(g, kc, kvd, rows, k)?;
-                scatter_rows(g, vc, kvd, rows, v)
+                scatter_rows_dev(g, kc, kvd, dev, k)?;
+                scatter_rows_dev(g, vc, kvd, dev, v)
             }
             (KvLayers::Bf16(l), KvRows::F32(k, v)) => {
                 let (kc, vc) = &mut l[layer];
@@ -214,9 +214,8 @@ pub fn prefill_into(
     // Checked and uploaded once for every layer.
     let dev = CacheRows::new(g, &rows, cache.rows_held())?;
     let layers = &mut cache.layers;
-    let mut keep = |layer: usize, kv: KvRows<'_>| -> Result<()> {
-        layers.write(model, layer, kvd, (&rows, &dev), kv)
-    };
+    let mut keep =
+        |layer: usize, kv: KvRows<'_>| -> Result<()> { layers.write(model, layer, kvd, &dev, kv) };
     let rows_in = RowsIn::upload(model, &tokens, &positions)?;
     let mut attn = PackedCausal::new(model, &seq_lens, false, Some(&mut keep))?;
     let h = run_layers(model, &rows_in, role, &mut attn, None)?;
@@ -239,9 +238,9 @@ struct Decode<'a> {
     cache: &'a mut GpuKvCache,
     slots: &'a [usize],
     model: &'a GpuModel<'a>,
-    /// The step's cache rows (host, and checked and uploaded once for every
-    /// layer) and each sequence's length after it.
-    rows: (Vec<usize>, CacheRows),
+    /// The step's cache rows (checked and uploaded once for every layer) and
+    /// each sequence's length after it.
+    rows: CacheRows,
     lens: Vec<usize>,
 }
 
@@ -255,9 +254,8 @@ impl GpuAttention for Decode<'_> {
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)> {
         let g = &*self.model.gpu;
         let (c, lens) = (&mut *self.cache, &self.lens);
-        let rows = (self.rows.0.as_slice(), &self.rows.1);
         c.layers
-            .write(self.model, layer, c.kvd, rows, KvRows::F32(k, v))?;
+            .write(self.model, layer, c.kvd, &self.rows, KvRows::F32(k, v))?;
         // The same kernel family as the training forward (see GpuModel::flash_attention).
         let (cap, shape) = (c.capacity, self.model.attn_shape());
         let o = match &c.layers {
@@ -293,7 +291,7 @@ pub fn decode_step(
         cache,
         slots,
         model,
-        rows: (rows, dev),
+        rows: dev,
     };
     let rows = RowsIn::upload(model, tokens, &positions)?;
     let h = run_layers(model, &rows, role, &mut attn, None)?;

@@ -644,7 +644,7 @@ impl CacheRows {
 
     /// Whether a cache `c` of rows of `cols` values holds every row these were
     /// checked against (an error naming the cache where not).
-    pub fn fits(&self, what: &str, c: &CudaSlice<u16>, cols: usize) -> Result<()> {
+    pub fn fits<T>(&self, what: &str, c: &CudaSlice<T>, cols: usize) -> Result<()> {
         ensure(cols > 0 && c.len() / cols >= self.have, || {
             format!(
                 "cache scatter: the {what} cache holds {} rows of {cols}, the rows were checked against {}",
@@ -654,7 +654,8 @@ impl CacheRows {
         })
     }
 
-    /// The rows on the device, for [`flash_scatter_rows_dev`].
+    /// The rows on the device, for [`flash_scatter_rows_dev`] and
+    /// [`super::tensor::scatter_rows_dev`].
     pub fn idx(&self) -> &CudaSlice<i64> {
         &self.idx
     }

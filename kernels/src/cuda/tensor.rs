@@ -6,11 +6,10 @@
 //!
 //! Every op runs on the [`Gpu`]'s stream and returns at once; only downloads wait.
 
-use std::collections::HashSet;
-
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, TENSOR};
+use super::flash::CacheRows;
 use super::grad::GradSrc;
 use super::{check_len, ensure, CudaError, Gpu, Result};
 
@@ -144,15 +143,25 @@ pub fn scatter_rows(
     rows: &[usize],
     src: &CudaSlice<f32>,
 ) -> Result<()> {
+    ensure(cols > 0, || {
+        "scatter_rows: cols must be positive".to_string()
+    })?;
+    let rows = CacheRows::new(gpu, rows, dst.len() / cols)?;
+    scatter_rows_dev(gpu, dst, cols, &rows, src)
+}
+
+/// [`scatter_rows`] to rows checked and uploaded once ([`CacheRows`]): a prefill
+/// writes the same rows into every layer's k and v caches.
+pub fn scatter_rows_dev(
+    gpu: &Gpu,
+    dst: &mut CudaSlice<f32>,
+    cols: usize,
+    rows: &CacheRows,
+    src: &CudaSlice<f32>,
+) -> Result<()> {
+    rows.fits("scatter_rows", dst, cols)?;
     let n = rows.len();
     check_len("scatter_rows src", src, n * cols, format!("[{n}, {cols}]"))?;
-    let mut seen = HashSet::with_capacity(n);
-    if let Some(&r) = rows.iter().find(|&&r| !seen.insert(r)) {
-        return Err(CudaError::Invalid(format!(
-            "scatter_rows: row index {r} appears more than once"
-        )));
-    }
-    let idx = row_indices(gpu, "scatter_rows", dst.len(), cols, rows)?;
     gpu.launch(
         &TENSOR,
         "scatter_rows",
@@ -161,7 +170,7 @@ pub fn scatter_rows(
         0,
         &[
             Arg::P(gpu.ptr(dst)),
-            Arg::P(gpu.ptr(&idx)),
+            Arg::P(gpu.ptr(rows.idx())),
             Arg::L(n as i64),
             Arg::L(cols as i64),
             Arg::P(gpu.ptr(src)),

@@ -13,7 +13,8 @@
 //! ran one wasted row into its own released slot, past its length, where
 //! nothing reads it. The kept rows' bits are those of a step of only them: each
 //! row of the decode graph is computed from that row alone, with batch-invariant
-//! GEMMs (the graph's padding already relies on it). Their next draw skips the
+//! GEMMs (the graph's padding already relies on it; with `run.batch_invariant`
+//! off, cuBLASLt's order may depend on the bucket, as it does between batches). Their next draw skips the
 //! dropped rows' seeds ([`super::generate::spread_seeds`]), so the run's RNG
 //! stream is consumed as without it. Rows known to end at this draw (their
 //! length limit, [`crate::rollout::engine::Decoder::ending`]) are left out of the step ahead.
@@ -58,8 +59,8 @@ impl DrawStage {
         self.rows >= rows
     }
 
-    /// Made at `reserve` for the cache's largest bucket (its allocation waits
-    /// for the stream: not between steps).
+    /// Made at `reserve` for the cache's largest bucket, or taken from the last
+    /// decoder (its allocation waits for the stream).
     pub fn new(g: &Gpu, rows: usize) -> Result<DrawStage> {
         let stage = DrawStage {
             rows,
@@ -127,11 +128,15 @@ impl GpuDecoder<'_, '_> {
             let dst = &mut stage.seeds[stage.turn];
             stage.lane.upload(&mut stage.seeds_in, &seeds, 0, dst)?;
         }
-        if launch {
-            if let Some(sg) = self.graphs.get_mut(&nb) {
-                sg.stage_drawn(model, cache, &next_slots, &feed, &stage.lane)?;
-            }
-        }
+        // A step that cannot be staged is not launched ahead: `step` launches
+        // it itself and reports what is wrong with it.
+        let launch = launch
+            && match self.graphs.get_mut(&nb) {
+                Some(sg) => sg
+                    .stage_drawn(model, cache, &next_slots, &feed, &stage.lane)
+                    .is_ok(),
+                None => false,
+            };
         stage.lane.join(g)?;
 
         // The draw, its copy back, and the step fed from it.
@@ -144,13 +149,14 @@ impl GpuDecoder<'_, '_> {
         let dseeds = (!greedy).then_some(&stage.seeds[stage.turn]);
         let drawn = sample_logits_seeded(g, &sg.logits, rows, vocab, dseeds)?;
         stage.lane.download(g, drawn.buffer(), &mut stage.out)?;
-        if launch {
-            if let Some(sg) = self.graphs.get_mut(&nb) {
-                sg.step_drawn(g, &drawn, &feed)?;
-            }
-        }
-
-        let all = GpuSampled::unpack(stage.out.wait()?, rows);
+        let fed = match (launch, self.graphs.get_mut(&nb)) {
+            (true, Some(sg)) => sg.step_drawn(g, &drawn, &feed),
+            _ => Ok(()),
+        };
+        // The copy back must be over before `drawn` is freed, even on an error.
+        let host = stage.out.wait();
+        fed?;
+        let all = GpuSampled::unpack(host?, rows)?;
         let out: Vec<(u32, f32)> = keep.iter().map(|&r| all[r]).collect();
         if launch {
             self.ahead = Some(Ahead {

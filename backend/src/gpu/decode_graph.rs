@@ -62,8 +62,12 @@ struct StepInputs {
     staged: [CudaSlice<i32>; 2],
     staged_in: PinnedIn<i32>,
     turn: usize,
-    /// Whether a lane has waited for the staged buffers' allocation (ordered
-    /// on the compute stream): once, before its first write.
+    /// Whether the lane may write a staged buffer without first waiting for
+    /// the compute stream: not before it has waited once for the buffers'
+    /// allocation (ordered on the compute stream), nor after a write on the
+    /// compute stream (staged writes alternate: after a dropped step ahead
+    /// and one compute-stream write, the lane's next write is to the buffer
+    /// the dropped step's `feed_step` may still read).
     lane_ready: bool,
 }
 
@@ -142,6 +146,7 @@ impl StepInputs {
         let tok = tokens.iter().map(|&t| t as i32).collect();
         let all = self.staged_values(model, cache, slots, tok, 0)?;
         let g = &*model.gpu;
+        self.lane_ready = false;
         self.turn ^= 1;
         let staged = &mut self.staged[self.turn];
         self.staged_in.upload(g.stream(), &all, 0, staged)?;

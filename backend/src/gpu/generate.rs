@@ -17,7 +17,8 @@
 //! (the copy back, the stop checks, the next inputs) overlaps it instead of
 //! leaving the GPU idle. The host then keeps that step for the rows that went
 //! on, or drops it; either way every row's bits are those of the step the
-//! host would have launched itself (`JET_DECODE_AHEAD=0` turns it off).
+//! host would have launched itself, given batch-invariant GEMMs (the default)
+//! (`JET_DECODE_AHEAD=0` turns it off).
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::logsoftmax::log_softmax_rows;
@@ -133,7 +134,8 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
     }
 
     /// Whether a decode step may run while the host reads the last one's draw
-    /// (on by default; the samples are the same bits either way).
+    /// (on by default; with batch-invariant GEMMs the samples are the same bits
+    /// either way).
     pub fn with_step_ahead(mut self, on: bool) -> Self {
         self.run_ahead = on;
         self

@@ -12,9 +12,10 @@
 //! [`CopyLane`], a stream of their own that the compute stream waits for only
 //! through events (uploads long done by the time it gets there).
 //!
-//! Reuse is safe by construction: each pinned buffer's event is recorded after
-//! the copy that uses it, and the host waits for it before writing the buffer
-//! again (cudarc's [`PinnedHostSlice`] does both).
+//! Reuse is safe by construction: an event is recorded after each copy from or
+//! to a pinned buffer, and the host waits for it before writing the buffer
+//! again. (cudarc's [`PinnedHostSlice`] keeps an event for this too, but records
+//! it only with cudarc's event tracking on, which [`Gpu`] turns off.)
 
 use std::sync::Arc;
 
@@ -37,6 +38,10 @@ fn spin_event(gpu: &Gpu) -> Result<CudaEvent> {
 /// host fills one while a stream may still be reading the other.
 pub struct PinnedIn<T> {
     bufs: [PinnedHostSlice<T>; 2],
+    /// Recorded after each buffer's copy; the host waits for it before
+    /// writing the buffer again (cudarc records the pinned buffers' own
+    /// events only with its event tracking on, which `Gpu` turns off).
+    copied: [CudaEvent; 2],
     turn: usize,
 }
 
@@ -50,6 +55,7 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedIn<T> {
         };
         Ok(PinnedIn {
             bufs: [one()?, one()?],
+            copied: [spin_event(gpu)?, spin_event(gpu)?],
             turn: 0,
         })
     }
@@ -82,12 +88,15 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy> PinnedIn<T> {
             )
         })?;
         // Waits (rarely) for this buffer's last copy, two uploads back.
-        let host = buf.as_mut_slice().ctx("waiting for a pinned buffer")?;
+        let copied = &self.copied[self.turn];
+        copied.synchronize().ctx("waiting for a pinned buffer")?;
+        let host = buf.as_mut_slice().ctx("reading a pinned buffer")?;
         host[..src.len()].copy_from_slice(src);
         host[src.len()..].fill(pad);
         stream
             .memcpy_htod(&*buf, dst)
             .ctx("copying to the device")?;
+        copied.record(stream).ctx("recording an event")?;
         self.turn ^= 1;
         Ok(())
     }
@@ -170,8 +179,9 @@ impl CopyLane {
     }
 
     /// Upload `src` (then `pad`) through `stage` into `dst` on the lane. The
-    /// compute stream sees it after [`CopyLane::join`]; `dst` must not be in
-    /// use there (double-buffer it).
+    /// compute stream sees it after [`CopyLane::join`]; nothing queued there
+    /// may still read `dst` (the caller orders it: buffers taken in turn, and
+    /// [`CopyLane::wait_compute`] where turns alone do not suffice).
     pub fn upload<T: DeviceRepr + ValidAsZeroBits + Copy>(
         &self,
         stage: &mut PinnedIn<T>,

@@ -40,10 +40,7 @@ impl GpuSampled {
 
     /// Each row's token and logprob (one copy, one wait for the stream).
     pub fn download(&self, gpu: &Gpu) -> Result<Vec<(u32, f32)>> {
-        Ok(Self::unpack(
-            &gpu.download_n(&self.buf, 2 * self.rows)?,
-            self.rows,
-        ))
+        Self::unpack(&gpu.download_n(&self.buf, 2 * self.rows)?, self.rows)
     }
 
     /// The whole `[2][rows]` buffer, for a copy the caller waits for itself
@@ -58,12 +55,15 @@ impl GpuSampled {
 
     /// Rows `(token, logprob)` from the first `2 rows` values of a copy of
     /// [`GpuSampled::buffer`].
-    pub fn unpack(v: &[i32], rows: usize) -> Vec<(u32, f32)> {
+    pub fn unpack(v: &[i32], rows: usize) -> Result<Vec<(u32, f32)>> {
+        ensure(v.len() >= 2 * rows, || {
+            format!("a draw of {rows} rows read back as {} values", v.len())
+        })?;
         let (t, lp) = v[..2 * rows].split_at(rows);
-        t.iter()
+        Ok(t.iter()
             .zip(lp)
             .map(|(&t, &b)| (t as u32, f32::from_bits(b as u32)))
-            .collect()
+            .collect())
     }
 }
 

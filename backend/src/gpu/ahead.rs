@@ -21,14 +21,13 @@
 
 use jet_kernels::cuda::pinned::{CopyLane, PinnedIn, PinnedOut};
 use jet_kernels::cuda::sample::{sample_logits_seeded, GpuSampled};
-use jet_kernels::cuda::tensor::div_scalar;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use rand::RngCore;
 
 use cudarc::driver::CudaSlice;
 
 use super::decode_graph::{bucket_of, StepGraph};
-use super::generate::{spread_seeds, GpuDecoder, Pending};
+use super::generate::{spread_seeds, temper, GpuDecoder, Pending};
 use crate::rollout::sampler::SamplingParams;
 
 /// A step launched before the host asked for it.
@@ -72,7 +71,7 @@ impl DrawStage {
         };
         // The lane writes the seed buffers: their allocation (ordered on the
         // compute stream) must be done first. (A step graph's staged inputs
-        // are: its capture waits for the stream.)
+        // wait through `lane_ready` instead: a capture does not sync.)
         g.sync()?;
         Ok(stage)
     }
@@ -97,17 +96,10 @@ impl GpuDecoder<'_, '_> {
         let g = &*model.gpu;
         let vocab = model.cfg.vocab_size;
         let rows = slots.len();
-        if self.stage.as_ref().is_none_or(|s| !s.holds(rows)) {
-            self.stage = Some(DrawStage::new(g, rows)?);
-        }
+        self.grow_stage(rows)?;
         let (Some(stage), Some(cache)) = (self.stage.as_mut(), self.cache.as_ref()) else {
             return Err(CudaError::Invalid("decode step before reserve".into()));
         };
-        if !self.graphs.contains_key(&bucket) {
-            return Err(CudaError::Invalid(format!(
-                "the decode graph of bucket {bucket} is gone"
-            )));
-        }
 
         // The next step: the kept rows not ending here, fed their draws.
         let next: Vec<usize> = match ending.len() == keep.len() {
@@ -117,8 +109,6 @@ impl GpuDecoder<'_, '_> {
         let feed: Vec<usize> = next.iter().map(|&j| keep[j]).collect();
         let next_slots: Vec<usize> = feed.iter().map(|&r| slots[r]).collect();
         let nb = bucket_of(next_slots.len());
-        let launch =
-            !next_slots.is_empty() && cache.fits_step(&next_slots) && self.graphs.contains_key(&nb);
 
         // On the lane: the seeds and the next step's inputs.
         let greedy = p.temperature <= 0.0;
@@ -128,9 +118,10 @@ impl GpuDecoder<'_, '_> {
             let dst = &mut stage.seeds[stage.turn];
             stage.lane.upload(&mut stage.seeds_in, &seeds, 0, dst)?;
         }
-        // A step that cannot be staged is not launched ahead: `step` launches
-        // it itself and reports what is wrong with it.
-        let launch = launch
+        // A step that cannot be staged (a row whose cache is full, no graph
+        // for its bucket yet) is not launched ahead: `step` launches it itself
+        // and reports what is wrong with it.
+        let launch = !next_slots.is_empty()
             && match self.graphs.get_mut(&nb) {
                 Some(sg) => sg
                     .stage_drawn(model, cache, &next_slots, &feed, &stage.lane)
@@ -141,11 +132,11 @@ impl GpuDecoder<'_, '_> {
 
         // The draw, its copy back, and the step fed from it.
         let Some(sg) = self.graphs.get_mut(&bucket) else {
-            unreachable!("checked above")
+            return Err(CudaError::Invalid(format!(
+                "the decode graph of bucket {bucket} is gone"
+            )));
         };
-        if p.temperature > 0.0 && p.temperature != 1.0 {
-            div_scalar(g, &mut sg.logits, rows * vocab, p.temperature as f32)?;
-        }
+        temper(g, &mut sg.logits, rows * vocab, p)?;
         let dseeds = (!greedy).then_some(&stage.seeds[stage.turn]);
         let drawn = sample_logits_seeded(g, &sg.logits, rows, vocab, dseeds)?;
         stage.lane.download(g, drawn.buffer(), &mut stage.out)?;

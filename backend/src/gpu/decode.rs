@@ -131,13 +131,6 @@ impl GpuKvCache {
         self.check_slots(slots)
     }
 
-    /// Whether each of `slots` is a sequence with room for one more row.
-    pub(super) fn fits_step(&self, slots: &[usize]) -> bool {
-        slots
-            .iter()
-            .all(|&s| s < self.lens.len() && self.lens[s] < self.capacity)
-    }
-
     /// [`GpuKvCache::check_step`] without the tokens.
     pub(super) fn check_slots(&self, slots: &[usize]) -> Result<()> {
         match slots

@@ -141,7 +141,6 @@ impl StepInputs {
         slots: &[usize],
         tokens: &[u32],
     ) -> Result<()> {
-        cache.check_step(slots, tokens)?;
         check_tokens("decode", tokens, model.cfg.vocab_size)?;
         let tok = tokens.iter().map(|&t| t as i32).collect();
         let all = self.staged_values(model, cache, slots, tok, 0)?;

@@ -25,7 +25,7 @@ use jet_kernels::cuda::logsoftmax::log_softmax_rows;
 use jet_kernels::cuda::pinned::PinnedIn;
 use jet_kernels::cuda::sample::sample_logits;
 use jet_kernels::cuda::tensor::{div_scalar, gather_rows};
-use jet_kernels::cuda::{CudaError, Result};
+use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
 use rand::RngCore;
 
@@ -148,6 +148,15 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
         self
     }
 
+    /// Make the draw stage, or a larger one, where it cannot take draws of
+    /// `rows` rows (made at `reserve` for the cache's largest bucket).
+    pub(super) fn grow_stage(&mut self, rows: usize) -> Result<()> {
+        if self.stage.as_ref().is_none_or(|s| !s.holds(rows)) {
+            self.stage = Some(DrawStage::new(&self.model.gpu, rows)?);
+        }
+        Ok(())
+    }
+
     /// Graphs need the BF16 cache of the tensor-core attention.
     fn graphs_apply(&self) -> bool {
         self.use_graphs && self.model.flash_attention()
@@ -169,10 +178,7 @@ impl Decoder for GpuDecoder<'_, '_> {
         self.launched.clear();
         self.cache = Some(GpuKvCache::new(self.model, slots, max_len)?);
         if self.graphs_apply() && self.run_ahead {
-            let rows = bucket_of(slots);
-            if self.stage.as_ref().is_none_or(|s| !s.holds(rows)) {
-                self.stage = Some(DrawStage::new(&self.model.gpu, rows)?);
-            }
+            self.grow_stage(bucket_of(slots))?;
         }
         Ok(())
     }
@@ -344,9 +350,7 @@ pub(super) fn sample_block(
 ) -> Result<Vec<(u32, f32)>> {
     let g = &*model.gpu;
     let vocab = model.cfg.vocab_size;
-    if p.temperature > 0.0 && p.temperature != 1.0 {
-        div_scalar(g, logits, rows * vocab, p.temperature as f32)?;
-    }
+    temper(g, logits, rows * vocab, p)?;
     if !p.untruncated() {
         let lp = log_softmax_rows(g, logits, rows, vocab)?;
         let host = g.download_n(&lp, rows * vocab)?;
@@ -358,6 +362,20 @@ pub(super) fn sample_block(
     let seeds = spread_seeds(rows, keep, rng);
     let all = sample_logits(g, logits, rows, vocab, p.temperature <= 0.0, &seeds)?.download(g)?;
     Ok(keep.iter().map(|&r| all[r]).collect())
+}
+
+/// Divide the first `n` logits by the sampling temperature in place (none at
+/// 1, nor for greedy draws).
+pub(super) fn temper(
+    g: &Gpu,
+    logits: &mut CudaSlice<f32>,
+    n: usize,
+    p: &SamplingParams,
+) -> Result<()> {
+    if p.temperature > 0.0 && p.temperature != 1.0 {
+        div_scalar(g, logits, n, p.temperature as f32)?;
+    }
+    Ok(())
 }
 
 /// One seed a row: the wanted rows `keep` take the next seeds of `rng` in

@@ -49,10 +49,6 @@ impl GpuSampled {
         &self.buf
     }
 
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
     /// Rows `(token, logprob)` from the first `2 rows` values of a copy of
     /// [`GpuSampled::buffer`].
     pub fn unpack(v: &[i32], rows: usize) -> Result<Vec<(u32, f32)>> {
@@ -246,7 +242,6 @@ pub fn sample_logits_seeded(
     if rows == 0 {
         return Ok(out);
     }
-    let dseeds = seeds;
     // One wave: six blocks of 256 threads fit an SM (40 registers), so rows *
     // chunks stays at most six an SM; chunks of at least 1,024 entries.
     let chunks = (SAMPLE_BLOCKS_PER_SM * gpu.sm_count() / rows).clamp(1, vocab.div_ceil(1024));
@@ -274,7 +269,7 @@ pub fn sample_logits_seeded(
                 Arg::I(vocab as i32),
                 Arg::I(len as i32),
                 Arg::I(greedy as i32),
-                Arg::P(dseeds.as_ref().map_or(0, |d| gpu.ptr(d))),
+                Arg::P(seeds.map_or(0, |d| gpu.ptr(d))),
                 Arg::P(gpu.ptr(&cs)),
                 Arg::P(gpu.ptr(&ci)),
             ],

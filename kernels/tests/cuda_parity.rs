@@ -2537,23 +2537,29 @@ fn pool_memory_is_given_back_when_the_device_runs_out() {
 
 /// Gumbel-max with the competitors packed around the winner: rows whose logp is the
 /// row's own noise negated plus jitter of 0 to 1e-2 (so thousands of entries score
-/// within the skip bound's margin of the best), and a row of equal logp (the noise
-/// alone). The kernels skip the f64 noise of entries whose f32 upper bound already
-/// falls short of the best so far in their warp; they must still pick the
+/// within the skip bound's margin of the best), rows whose logp is the first bound
+/// negated (`(L + 1) ln 2` from the hash's leading ones) plus the same jitters (so
+/// every entry sits at that bound's edge), and a row of equal logp (the noise
+/// alone). The kernels skip the f64 noise of entries whose f32 upper bounds already
+/// fall short of the best so far in their warp; they must still pick the
 /// reference's tokens.
 #[test]
 fn sample_rows_skips_only_losers() {
     let Some(g) = gpu() else { return };
     let vocab = 151_936;
     let jitters = [0.0f32, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2];
-    let rows = jitters.len() + 1;
+    let rows = 2 * jitters.len() + 1;
     let seeds: Vec<u64> = (0..rows as u64).map(|r| 0x5eed ^ (r << 24)).collect();
     let noise = rnd(rows * vocab, 91, 1.0);
     let mut lp = vec![-11.9f32; rows * vocab];
-    for (r, jit) in jitters.iter().enumerate().map(|(i, j)| (i + 1, j)) {
+    for (i, jit) in jitters.iter().enumerate() {
+        let (r, e) = (1 + i, 1 + jitters.len() + i);
         for j in 0..vocab {
             let v = -gsam::gumbel_noise(seeds[r], j) - 12.0;
             lp[r * vocab + j] = v as f32 + jit * noise[r * vocab + j];
+            let l = gsam::gumbel_leading_ones(seeds[e], j) as f32;
+            let v = -((l + 1.0) * std::f32::consts::LN_2) - 12.0;
+            lp[e * vocab + j] = v + jit * noise[e * vocab + j];
         }
     }
     let got = gsam::sample_rows(&g, &up(&g, &lp), rows, vocab, false, &seeds).unwrap();

@@ -82,7 +82,13 @@ fn row_key(seed: u64) -> u64 {
 /// (0, 1) but for all-ones top bits (the add rounds to 2^53: u = 1, noise +inf, once
 /// in 2^53 draws); then `-ln(-ln u)`.
 fn gumbel(key: u64, j: usize) -> f64 {
-    let h = mix64(key.wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN_GAMMA)));
+    gumbel_of_hash(mix64(
+        key.wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN_GAMMA)),
+    ))
+}
+
+/// The noise of hash `h` ([`gumbel`]'s second half).
+fn gumbel_of_hash(h: u64) -> f64 {
     let u = ((h >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
     -(-u.ln()).ln()
 }
@@ -92,6 +98,15 @@ fn gumbel(key: u64, j: usize) -> f64 {
 #[doc(hidden)]
 pub fn gumbel_noise(seed: u64, j: usize) -> f64 {
     gumbel(row_key(seed), j)
+}
+
+/// The leading ones of the top 32 bits of entry `j`'s hash in a row drawn with
+/// `seed`, which the kernels' first noise bound reads (for tests that build rows
+/// at that bound's edge).
+#[doc(hidden)]
+pub fn gumbel_leading_ones(seed: u64, j: usize) -> u32 {
+    let h = mix64(row_key(seed).wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN_GAMMA)));
+    (!(h >> 32) as u32).leading_zeros()
 }
 
 /// The specification of [`sample_rows`]: `logp [rows, vocab]` with
@@ -355,6 +370,41 @@ pub fn feed_step(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `gumbel_upper_ones` (`sample.cu`): `(L + 1) ln 2 + 1e-3` in f32 for `L < 32`
+    /// leading ones in the hash's top 32 bits; the kernels skip an entry whose
+    /// logp plus it falls short of the best score, so it must exceed the noise of
+    /// every hash with `L` leading ones. Checked at each `L`'s largest noise (all
+    /// other bits ones, the largest u) and on a million hashes, with 1e-4 to spare
+    /// for CUDA's f64 logarithm.
+    #[test]
+    fn leading_ones_bound_exceeds_the_noise() {
+        let bound = |l: u32| ((l + 1) as f32).mul_add(0.693_147_2, 1e-3) as f64;
+        for l in 0..32u32 {
+            let h = !0u64 ^ (1u64 << (63 - l));
+            assert_eq!((!(h >> 32) as u32).leading_zeros(), l);
+            let g = gumbel_of_hash(h);
+            assert!(
+                g + 1e-4 < bound(l),
+                "L {l}: noise {g} against bound {}",
+                bound(l)
+            );
+            // One leading one fewer has a bound ln 2 lower: the bound is tight to that.
+            assert!(
+                g > bound(l) - 0.7,
+                "L {l}: noise {g} far under bound {}",
+                bound(l)
+            );
+        }
+        let key = row_key(7);
+        for j in 0..1_000_000u64 {
+            let h = mix64(key.wrapping_add((j + 1).wrapping_mul(GOLDEN_GAMMA)));
+            let l = (!(h >> 32) as u32).leading_zeros();
+            if l < 32 {
+                assert!(gumbel_of_hash(h) + 1e-4 < bound(l), "hash {h:#x}");
+            }
+        }
+    }
 
     fn log_softmax(z: &[f64]) -> Vec<f32> {
         let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);

@@ -573,12 +573,31 @@ __device__ __forceinline__ void bf16_quarter_mma(float* c, uint4 w0, uint4 w1, u
 
 // ---- Qwen3's q/k norms with RoPE, one warp's head (ops.cu's qk_norm_rope and
 // qkv_sk_norm_rope, flash.cu's fa_dec2_qkv) ------------------------------------
+// The norm weight's and the RoPE tables' values a lane of qk_norm_rope_warp reads
+// (w at lane + 32 i, i < n = hd / 32; cos and sin at t0 + lane + 32 i, i < n / 2),
+// loaded before the head's own values are loaded or summed, so that they take no
+// trip to memory of their own: loaded after the head's sum they were two more on
+// the decode attention's path, a warp making two heads (thirty-second session).
+struct NormRope {
+    float w[8], c[4], s[4];
+};
+__device__ __forceinline__ void norm_rope_load(NormRope& q, int hd, const float* w, long t0, const float* cos_t,
+                                               const float* sin_t) {
+    const int lane = threadIdx.x & 31, n = hd / 32;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < n) q.w[i] = w[lane + 32 * i];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i < n / 2) q.c[i] = cos_t[t0 + lane + 32 * i], q.s[i] = sin_t[t0 + lane + 32 * i];
+}
+
 // One warp's head: v[i] (i < n = hd / 32) its values at columns lane + 32 i; writes
 // the normed, rotated head to dst (f32) and/or dst16 (its BF16 copy, RNE by the
 // conversion fa_to_bf16_x3 uses: the tensor-core attention's operand), each unless
-// null, and its rstd (lane 0) to *rs_out unless null.
-__device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps, const float* w, long t0,
-                                                  const float* cos_t, const float* sin_t, float* dst,
+// null, and its rstd (lane 0) to *rs_out unless null. q: the weight's and the
+// tables' values (norm_rope_load).
+__device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps, const NormRope& q, float* dst,
                                                   bf16_t* dst16, float* rs_out) {
     const int lane = threadIdx.x & 31, n = hd / 32, half = hd / 2;
     float ss = 0.0f;
@@ -589,12 +608,12 @@ __device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps,
     const float rs = 1.0f / sqrtf(ss / (float)hd + eps);
 #pragma unroll
     for (int i = 0; i < 8; i++)
-        if (i < n) v[i] = w[lane + 32 * i] * (v[i] * rs);
+        if (i < n) v[i] = q.w[i] * (v[i] * rs);
 #pragma unroll
     for (int i = 0; i < 4; i++)
         if (i < n / 2) {
             int j = lane + 32 * i;
-            float c = cos_t[t0 + j], sn = 1.0f * sin_t[t0 + j];
+            float c = q.c[i], sn = 1.0f * q.s[i];
             float u = v[i], x = v[i + n / 2];
             const float a = u * c - x * sn, b = x * c + u * sn;
             if (dst) dst[j] = a, dst[j + half] = b;
@@ -626,11 +645,13 @@ __device__ __forceinline__ void qkv_sk_head(const SkIn& qi, const SkIn& ki, cons
     P.splits = kind == 0 ? qi.splits : kind == 1 ? ki.splits : vi.splits;
     P.res = nullptr;
     P.out = nullptr;
+    NormRope q;
+    if (kind != 2) norm_rope_load(q, hd, kind == 0 ? qw : kw, pos * (hd / 2), cos_t, sin_t);
     float v[8];
     sk_epi1_n<4>(P, r, hh * hd + lane, 32, cols, min(n, 4), v);
     if (n > 4) sk_epi1_n<4>(P, r, hh * hd + lane + 128, 32, cols, n - 4, v + 4);
     if (kind != 2) {
-        qk_norm_rope_warp(v, hd, eps, kind == 0 ? qw : kw, pos * (hd / 2), cos_t, sin_t, dst, dst16, nullptr);
+        qk_norm_rope_warp(v, hd, eps, q, dst, dst16, nullptr);
         return;
     }
 #pragma unroll

@@ -357,14 +357,16 @@ extern "C" __global__ void qk_norm_rope(const float* q_pre, const float* k_pre, 
     const int hh = isq ? head : head - nh, heads = isq ? nh : nkv, n = hd / 32;
     const long o = ((long)r * heads + hh) * hd;
     const float* src = (isq ? q_pre : k_pre) + o;
+    NormRope nr;
+    norm_rope_load(nr, hd, isq ? qw : kw, (long)pos[r] * (hd / 2), cos_t, sin_t);
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; i++)
         if (i < n) v[i] = src[lane + 32 * i];
     float* dst = isq ? q : k;
     bf16_t* dst16 = isq ? q16 : k16;
-    qk_norm_rope_warp(v, hd, eps, isq ? qw : kw, (long)pos[r] * (hd / 2), cos_t, sin_t, dst ? dst + o : nullptr,
-                      dst16 ? dst16 + o : nullptr, (isq ? qr : kr) + (long)r * heads + hh);
+    qk_norm_rope_warp(v, hd, eps, nr, dst ? dst + o : nullptr, dst16 ? dst16 + o : nullptr,
+                      (isq ? qr : kr) + (long)r * heads + hh);
 }
 
 // The q, k, v projections' epilogues (split-K partials, no bias) with qk_norm_rope

@@ -492,6 +492,13 @@ __device__ __forceinline__ void rmsnorm_operand_at(Load load, const float* w, in
     const int L = (dim + 127) / 128;
     const bool real = r < rows;
     if (L > G * nw) __trap();  // a launcher's bug: groups past G a warp would go unread
+    const bool vec = (dim & 3) == 0 && (((u64)y | (u64)w) & 15) == 0;  // y's stores 16 bytes a lane
+    // The weight of the warp's first group loaded with the inputs, so both take one
+    // trip to memory: loaded after the sum it was a second trip on the decode step's
+    // norms' path (thirty-second session). Further groups (rows of more than 32
+    // warps of 128) after the sum, as before.
+    float w0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (warp < L) load4(w, warp * 128 + lane * 4, dim, vec, w0);
     float v[G][4];
     float ss = 0.0f;
 #pragma unroll
@@ -503,13 +510,12 @@ __device__ __forceinline__ void rmsnorm_operand_at(Load load, const float* w, in
     }
     ss = block_sum(ss, sh);
     const float rs = 1.0f / sqrtf(ss / (float)dim + eps);
-    const bool vec = (dim & 3) == 0 && (((u64)y | (u64)w) & 15) == 0;  // y's stores 16 bytes a lane
 #pragma unroll
     for (int i = 0; i < G; i++) {
         int g = warp + i * nw, c = g * 128 + lane * 4;
         if (g >= L) break;  // warp-uniform
-        float wv[4];
-        load4(w, c, dim, vec, wv);
+        float wv[4] = {w0[0], w0[1], w0[2], w0[3]};
+        if (i > 0) load4(w, c, dim, vec, wv);
         for (int j = 0; j < 4; j++) v[i][j] = real && c + j < dim ? wv[j] * (v[i][j] * rs) : 0.0f;
         if (real && y) store4(y + (long)r * dim, c, dim, vec, v[i]);  // y null: the operand alone
         store_operand4(v[i], r, g, c, lane, rows_pad, cols_pad, codes, scales, yb);

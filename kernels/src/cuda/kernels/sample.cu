@@ -39,17 +39,34 @@ __device__ __forceinline__ float gumbel_upper(float uh) {
     return -(la - (1e-6f + fabsf(la) * 1e-5f)) + 1e-4f;  // >= -log(a)
 }
 
+// A cruder upper bound of the noise from h's leading ones alone (no logarithm, no
+// conversion): with L < 32 leading ones in h's top 32 bits, h >> 11 has a 0 at bit
+// 52 - L, so gumbel_u(h) <= ((h >> 11) + 1) 2^-53 <= 1 - 2^-(L+1), -log u >
+// 2^-(L+1), and -log(-log u) < (L + 1) ln 2 (the f64 logarithms' error is far
+// inside the 1e-3 added; ln 2 rounded up in f32). +inf for L = 32. A CPU test
+// (sample.rs) checks the bound at its tightest h for every L.
+__device__ __forceinline__ float gumbel_upper_ones(u64 h) {
+    const int l = __clz(~(u32)(h >> 32));
+    if (l >= 32) return __int_as_float(0x7f800000);
+    // (float)(l + 1) exactly, without an I2F: 2^23 + (l + 1) read as a float, less 2^23.
+    const float n = __int_as_float(0x4b000000 | (l + 1)) - 8388608.0f;
+    return fmaf(n, 0.6931472f, 1e-3f);
+}
+
 // The score of an entry of log-probability x against a threshold bs (a score some
-// entry of the row holds): x (greedy), or x + the exact f64 noise, or -inf (never
-// taken) when x + the noise's upper bound already falls short of bs: RN(x + G) <=
-// RN(x + bound) < bs, so the entry could neither win nor tie, and the tokens are
-// sample_reference's. Most
-// entries stop there (the running maximum of Gumbel noise outgrows a fresh draw
-// but rarely), so the f64 noise (a 64-bit conversion and two f64 logarithms) is the
-// exception.
-__device__ __forceinline__ double score(float x, bool greedy, u64 key, long j, double bs) {
+// entry of the row holds; bsf: a float at most bs): x (greedy), or x + the exact f64
+// noise, or -inf (never taken) when x + an upper bound of the noise already falls
+// short of bs: RN(x + G) <= RN(x + bound) < bs, so the entry could neither win nor
+// tie, and the tokens are sample_reference's. The leading-ones bound first, x + it
+// rounded up in f32 against bsf (so x + G < that float < bs, and RN(x + G) below
+// bs too); then the logarithms' tighter one in f64; most entries stop at the
+// first (the running maximum of Gumbel noise outgrows a fresh draw but rarely), so
+// the f32 logarithms, the f64 compare and the f64 noise (a 64-bit conversion and
+// two f64 logarithms) are the exception.
+__device__ __forceinline__ double score(float x, bool greedy, u64 key, long j, double bs, float bsf) {
     if (greedy) return (double)x;
     const u64 h = gumbel_hash(key, j);
+    if (__fadd_ru(x, gumbel_upper_ones(h)) < bsf) return NEG_INF;
     if (__dadd_rn((double)x, (double)gumbel_upper(gumbel_u_upper(h))) < bs)
         return NEG_INF;
     return __dadd_rn((double)x, -log(-log(gumbel_u(h))));
@@ -68,7 +85,9 @@ __device__ __forceinline__ double warp_max(double v) {
 // larger of the thread's best and the warp's (wbest: a score some lane holds, so
 // the row's maximum is at least it, and an entry below it can neither win nor tie):
 // a lane's own best alone let some lane of nearly every warp take the f64 path at
-// every step (each lane 1/k of its k-th entry), and the warp with it.
+// every step (each lane 1/k of its k-th entry), and the warp with it. The loop is
+// issue-bound (ncu, H200: 68% of issue slots): eight entries a pass with the next
+// pass's loads issued first ran 4% slower than this (thirty-second session).
 #define SCORE_UNROLL 4
 template <class V>
 __device__ __forceinline__ void score_entries(int j0, int j1, int step, V val, bool greedy, u64 key, double& bs,
@@ -79,11 +98,14 @@ __device__ __forceinline__ void score_entries(int j0, int j1, int step, V val, b
         float x[SCORE_UNROLL];
 #pragma unroll
         for (int u = 0; u < SCORE_UNROLL; u++) x[u] = jb + u * step < j1 ? val(jb + u * step) : 0.0f;
+        // The threshold rounded down to f32 once a pass (bs may rise inside it: a
+        // lower float only skips less).
+        const float bsf = __double2float_rd(fmax(bs, wbest));
 #pragma unroll
         for (int u = 0; u < SCORE_UNROLL; u++) {
             const int j = jb + u * step;
             if (j >= j1) break;
-            const double s = score(x[u], greedy, key, j, fmax(bs, wbest));
+            const double s = score(x[u], greedy, key, j, fmax(bs, wbest), bsf);
             if (s > bs) {  // false for NaN and -inf; j rises, so the first maximum stays
                 bs = s;
                 bi = j;

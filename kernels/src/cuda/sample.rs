@@ -379,7 +379,9 @@ mod tests {
     /// for CUDA's f64 logarithm.
     #[test]
     fn leading_ones_bound_exceeds_the_noise() {
-        let bound = |l: u32| ((l + 1) as f32).mul_add(0.693_147_2, 1e-3) as f64;
+        // LN_2 in f32 is the kernel's 0.6931472f, ln 2 rounded up.
+        assert!(std::f32::consts::LN_2 as f64 > std::f64::consts::LN_2);
+        let bound = |l: u32| ((l + 1) as f32).mul_add(std::f32::consts::LN_2, 1e-3) as f64;
         for l in 0..32u32 {
             let h = !0u64 ^ (1u64 << (63 - l));
             assert_eq!((!(h >> 32) as u32).leading_zeros(), l);

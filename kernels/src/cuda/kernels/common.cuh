@@ -625,6 +625,43 @@ __device__ __forceinline__ void qk_norm_rope_warp(float v[8], int hd, float eps,
     if (lane == 0 && rs_out) *rs_out = rs;
 }
 
+// Two heads' sk_epi1_n<4> with no residual and no output copy (qkv_sk_head's use):
+// head A's values at row r, columns ca + 32 i of P0, head B's (when hasB) at cb + 32 i
+// of P1, i < nn <= 4; every load of a batch of 4 slices of both heads issued before
+// the first add, each value's adds in slice order (sk_epi1_n's), then the BF16
+// rounding: the same bits, one trip to L2 for both heads where one head after the
+// other took two.
+__device__ __forceinline__ void sk_epi1_heads2(const SkIn& P0, int ca, const SkIn& P1, int cb, bool hasB, int r,
+                                               int nn, float va[4], float vb[4]) {
+    const float* da = P0.d + (long)r * P0.ldd + ca;
+    const float* db = P1.d + (long)r * P1.ldd + cb;
+    const int sa = P0.splits, sb = hasB ? P1.splits : 0, smax = max(sa, sb);
+    float a[4], b[4];
+    for (int s0 = 0; s0 < smax; s0 += 4) {
+        float ta[4][4], tb[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (i < nn && s0 + u < sa) ta[i][u] = da[(s0 + u) * P0.sstride + 32 * i];
+                if (i < nn && s0 + u < sb) tb[i][u] = db[(s0 + u) * P1.sstride + 32 * i];
+            }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (i < nn && s0 + u < sa) a[i] = s0 + u == 0 ? ta[i][u] : a[i] + ta[i][u];
+                if (i < nn && s0 + u < sb) b[i] = s0 + u == 0 ? tb[i][u] : b[i] + tb[i][u];
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (i >= nn) break;
+        va[i] = epi_value(a[i], false, 0.0f, 1, false, 0.0f);
+        if (hasB) vb[i] = epi_value(b[i], false, 0.0f, 1, false, 0.0f);
+    }
+}
+
 // One warp's head of a decode step's q, k, v projections' epilogue (fuses
 // linear_epilogue_group and qk_norm_rope; ops.cu's qkv_sk_norm_rope and flash.cu's
 // fa_dec2_qkv both run it, so both make the same values): head hh of row r of the
@@ -660,4 +697,44 @@ __device__ __forceinline__ void qkv_sk_head(const SkIn& qi, const SkIn& ki, cons
             if (dst) dst[lane + 32 * i] = v[i];
             if (dst16) dst16[lane + 32 * i] = (bf16_t)(pack_bf16x2(v[i], v[i]) & 0xffffu);
         }
+}
+
+// qkv_sk_head for a warp's heads A (kind ka, head ha) and, when hasB, B (kb, hb) of
+// row r, hd <= 128, into BF16 dsta and dstb only (the decode attention's use): both
+// heads' tables and slices loaded before either is summed (sk_epi1_heads2), then
+// each head as qkv_sk_head makes it: the same values.
+__device__ __forceinline__ void qkv_sk_heads2(const SkIn& qi, const SkIn& ki, const SkIn& vi, int r, int hd, float eps,
+                                              const float* qw, const float* kw, long pos,
+                                              const float* cos_t, const float* sin_t, int ka, int ha, bf16_t* dsta,
+                                              bool hasB, int kb, int hb, bf16_t* dstb) {
+    const int lane = threadIdx.x & 31, n = hd / 32;
+    // Field by field (qkv_sk_head's reason): a reference into the parameters would
+    // copy all three to the stack.
+    auto pick = [&](int kind, SkIn& P) {
+        P.d = kind == 0 ? qi.d : kind == 1 ? ki.d : vi.d;
+        P.ldd = kind == 0 ? qi.ldd : kind == 1 ? ki.ldd : vi.ldd;
+        P.sstride = kind == 0 ? qi.sstride : kind == 1 ? ki.sstride : vi.sstride;
+        P.splits = kind == 0 ? qi.splits : kind == 1 ? ki.splits : vi.splits;
+        P.res = nullptr;
+        P.out = nullptr;
+    };
+    SkIn PA, PB;
+    pick(ka, PA);
+    pick(hasB ? kb : ka, PB);
+    NormRope qa, qb;
+    if (ka != 2) norm_rope_load(qa, hd, ka == 0 ? qw : kw, pos * (hd / 2), cos_t, sin_t);
+    if (hasB && kb != 2) norm_rope_load(qb, hd, kb == 0 ? qw : kw, pos * (hd / 2), cos_t, sin_t);
+    float va[8], vb[8];
+    sk_epi1_heads2(PA, ha * hd + lane, PB, hb * hd + lane, hasB, r, n, va, vb);
+    auto finish = [&](int kind, float v[8], const NormRope& q, bf16_t* dst16) {
+        if (kind != 2) {
+            qk_norm_rope_warp(v, hd, eps, q, nullptr, dst16, nullptr);
+            return;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (i < n) dst16[lane + 32 * i] = (bf16_t)(pack_bf16x2(v[i], v[i]) & 0xffffu);
+    };
+    finish(ka, va, qa, dsta);
+    if (hasB) finish(kb, vb, qb, dstb);
 }

@@ -474,6 +474,17 @@ struct DecQkv {
 template <int D>
 __device__ __forceinline__ void fa_dec_qkv(const DecQkv& z, bf16_t* z16, int b, int kvh, int group, int nh, int nkv,
                                            int w) {
+    if constexpr (D <= 128) {
+        // Two heads at a time (t and t + 2), both loaded before either is summed.
+        for (int t = w; t < group + 2; t += 4) {
+            const int t2 = t + 2;
+            const int ka = t < group ? 0 : t == group ? 1 : 2, kb = t2 < group ? 0 : t2 == group ? 1 : 2;
+            const int ha = ka == 0 ? kvh * group + t : kvh, hb = kb == 0 ? kvh * group + t2 : kvh;
+            qkv_sk_heads2(z.q, z.k, z.v, b, D, z.eps, z.qw, z.kw, z.pos[b], z.cos_t, z.sin_t, ka, ha,
+                          z16 + t * D, t2 < group + 2, kb, hb, z16 + t2 * D);
+        }
+        return;
+    }
     for (int t = w; t < group + 2; t += 2) {
         const int kind = t < group ? 0 : t == group ? 1 : 2;
         const int hh = kind == 0 ? kvh * group + t : kvh, cols = (kind == 0 ? nh : nkv) * D;

@@ -87,7 +87,9 @@ __device__ __forceinline__ double warp_max(double v) {
 // a lane's own best alone let some lane of nearly every warp take the f64 path at
 // every step (each lane 1/k of its k-th entry), and the warp with it. The loop is
 // issue-bound (ncu, H200: 68% of issue slots): eight entries a pass with the next
-// pass's loads issued first ran 4% slower than this (thirty-second session).
+// pass's loads issued first ran 4% slower than this, and a threshold seeded before
+// the first pass from each lane's first entry (one f64 pass for the warp, where the
+// first pass takes up to four) 2% slower (thirty-second session).
 #define SCORE_UNROLL 4
 template <class V>
 __device__ __forceinline__ void score_entries(int j0, int j1, int step, V val, bool greedy, u64 key, double& bs,

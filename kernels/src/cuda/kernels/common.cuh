@@ -662,6 +662,19 @@ __device__ __forceinline__ void sk_epi1_heads2(const SkIn& P0, int ca, const SkI
     }
 }
 
+// The partial of q (kind 0), k (1) or v (2), no residual and no output copy. Field
+// by field: a reference into the parameters would copy all three to the stack.
+__device__ __forceinline__ SkIn qkv_pick(const SkIn& qi, const SkIn& ki, const SkIn& vi, int kind) {
+    SkIn P;
+    P.d = kind == 0 ? qi.d : kind == 1 ? ki.d : vi.d;
+    P.ldd = kind == 0 ? qi.ldd : kind == 1 ? ki.ldd : vi.ldd;
+    P.sstride = kind == 0 ? qi.sstride : kind == 1 ? ki.sstride : vi.sstride;
+    P.splits = kind == 0 ? qi.splits : kind == 1 ? ki.splits : vi.splits;
+    P.res = nullptr;
+    P.out = nullptr;
+    return P;
+}
+
 // One warp's head of a decode step's q, k, v projections' epilogue (fuses
 // linear_epilogue_group and qk_norm_rope; ops.cu's qkv_sk_norm_rope and flash.cu's
 // fa_dec2_qkv both run it, so both make the same values): head hh of row r of the
@@ -673,15 +686,7 @@ __device__ __forceinline__ void qkv_sk_head(const SkIn& qi, const SkIn& ki, cons
                                             int cols, int hd, float eps, const float* qw, const float* kw, long pos,
                                             const float* cos_t, const float* sin_t, float* dst, bf16_t* dst16) {
     const int lane = threadIdx.x & 31, n = hd / 32;
-    // Field by field: a reference into the parameters would copy all three to the
-    // stack.
-    SkIn P;
-    P.d = kind == 0 ? qi.d : kind == 1 ? ki.d : vi.d;
-    P.ldd = kind == 0 ? qi.ldd : kind == 1 ? ki.ldd : vi.ldd;
-    P.sstride = kind == 0 ? qi.sstride : kind == 1 ? ki.sstride : vi.sstride;
-    P.splits = kind == 0 ? qi.splits : kind == 1 ? ki.splits : vi.splits;
-    P.res = nullptr;
-    P.out = nullptr;
+    const SkIn P = qkv_pick(qi, ki, vi, kind);
     NormRope q;
     if (kind != 2) norm_rope_load(q, hd, kind == 0 ? qw : kw, pos * (hd / 2), cos_t, sin_t);
     float v[8];
@@ -708,19 +713,7 @@ __device__ __forceinline__ void qkv_sk_heads2(const SkIn& qi, const SkIn& ki, co
                                               const float* cos_t, const float* sin_t, int ka, int ha, bf16_t* dsta,
                                               bool hasB, int kb, int hb, bf16_t* dstb) {
     const int lane = threadIdx.x & 31, n = hd / 32;
-    // Field by field (qkv_sk_head's reason): a reference into the parameters would
-    // copy all three to the stack.
-    auto pick = [&](int kind, SkIn& P) {
-        P.d = kind == 0 ? qi.d : kind == 1 ? ki.d : vi.d;
-        P.ldd = kind == 0 ? qi.ldd : kind == 1 ? ki.ldd : vi.ldd;
-        P.sstride = kind == 0 ? qi.sstride : kind == 1 ? ki.sstride : vi.sstride;
-        P.splits = kind == 0 ? qi.splits : kind == 1 ? ki.splits : vi.splits;
-        P.res = nullptr;
-        P.out = nullptr;
-    };
-    SkIn PA, PB;
-    pick(ka, PA);
-    pick(hasB ? kb : ka, PB);
+    const SkIn PA = qkv_pick(qi, ki, vi, ka), PB = qkv_pick(qi, ki, vi, hasB ? kb : ka);
     NormRope qa, qb;
     if (ka != 2) norm_rope_load(qa, hd, ka == 0 ? qw : kw, pos * (hd / 2), cos_t, sin_t);
     if (hasB && kb != 2) norm_rope_load(qb, hd, kb == 0 ? qw : kw, pos * (hd / 2), cos_t, sin_t);

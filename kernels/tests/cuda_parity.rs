@@ -2574,6 +2574,71 @@ fn sample_rows_skips_only_losers() {
     done();
 }
 
+/// Special values: NaN and -inf never win (a row of nothing else draws token 0), +inf
+/// entries tie and the lowest index wins, a row mixing NaN, -inf and +inf with finite
+/// values, and greedy ties at a low and a high index. The device's tokens are the
+/// reference's (with logp bits), drawn from logp rows, and from logits through their
+/// row stats (the same tokens as from those rows' log-softmax).
+#[test]
+fn sample_rows_special_values() {
+    let Some(g) = gpu() else { return };
+    let vocab = 151_936;
+    let (nan, ninf, inf) = (f32::NAN, f32::NEG_INFINITY, f32::INFINITY);
+    let base = rnd(vocab, 93, 4.0);
+    let mut rows: Vec<Vec<f32>> = vec![vec![ninf; vocab], vec![nan; vocab]];
+    let mut r = base.clone();
+    for j in [70_000, 5_000, 150_000] {
+        r[j] = inf;
+    }
+    rows.push(r);
+    let mut r = base.clone();
+    for j in (0..vocab).step_by(3) {
+        r[j] = if j % 2 == 0 { nan } else { ninf };
+    }
+    r[99_999] = inf;
+    rows.push(r);
+    let mut r = base.clone();
+    for j in (0..vocab).step_by(2) {
+        r[j] = nan;
+    }
+    rows.push(r);
+    let mut r = base.clone();
+    r[100_000] = 9.0;
+    r[3] = 9.0;
+    rows.push(r);
+    let n = rows.len();
+    let lp: Vec<f32> = rows.concat();
+    let seeds: Vec<u64> = (0..n as u64).map(|r| 0xfeed ^ (r << 16)).collect();
+    let dlp = up(&g, &lp);
+    for greedy in [true, false] {
+        let got = gsam::sample_rows(&g, &dlp, n, vocab, greedy, &seeds).unwrap();
+        let got = got.download(&g).unwrap();
+        let want = gsam::sample_reference(&lp, vocab, greedy, &seeds);
+        let bad = (0..n)
+            .filter(|&i| got[i].0 != want[i].0 || got[i].1.to_bits() != want[i].1.to_bits())
+            .count();
+        let what = if greedy { "greedy" } else { "gumbel" };
+        report_exact(
+            &format!("sample_rows {what}, special values"),
+            &format!("[{n}, {vocab}]"),
+            bad,
+        );
+        // From logits: the tokens of sample_rows over their log-softmax rows.
+        let rows_lp = glsm::log_softmax_rows(&g, &dlp, n, vocab).unwrap();
+        let from_rows = gsam::sample_rows(&g, &rows_lp, n, vocab, greedy, &seeds).unwrap();
+        let from_rows = from_rows.download(&g).unwrap();
+        let fused = gsam::sample_logits(&g, &dlp, n, vocab, greedy, &seeds).unwrap();
+        let fused = fused.download(&g).unwrap();
+        let bad = (0..n).filter(|&i| fused[i].0 != from_rows[i].0).count();
+        report_exact(
+            &format!("sample_logits {what}, special values"),
+            &format!("[{n}, {vocab}]"),
+            bad,
+        );
+    }
+    done();
+}
+
 /// Sampling on the device picks the reference's tokens and returns the stored logp;
 /// sampling straight from the logits picks the same.
 #[test]

@@ -2574,6 +2574,26 @@ fn sample_rows_skips_only_losers() {
     done();
 }
 
+/// `sample_rows` of the logp rows `lp` (on the device as `dlp`) against
+/// `sample_reference`, tokens and logp bits, reported as `what`; the device's draws.
+fn rows_vs_reference(
+    g: &cuda::Gpu,
+    (dlp, lp): (&cudarc::driver::CudaSlice<f32>, &[f32]),
+    (rows, vocab): (usize, usize),
+    greedy: bool,
+    seeds: &[u64],
+    what: &str,
+) -> Vec<(u32, f32)> {
+    let got = gsam::sample_rows(g, dlp, rows, vocab, greedy, seeds).unwrap();
+    let got = got.download(g).unwrap();
+    let want = gsam::sample_reference(lp, vocab, greedy, seeds);
+    let bad = (0..rows)
+        .filter(|&r| got[r].0 != want[r].0 || got[r].1.to_bits() != want[r].1.to_bits())
+        .count();
+    report_exact(what, &format!("[{rows}, {vocab}]"), bad);
+    got
+}
+
 /// Special values: NaN and -inf never win (a row of nothing else draws token 0), +inf
 /// entries tie and the lowest index wins, a row mixing NaN, -inf and +inf with finite
 /// values, and greedy ties at a low and a high index. The device's tokens are the
@@ -2611,18 +2631,9 @@ fn sample_rows_special_values() {
     let seeds: Vec<u64> = (0..n as u64).map(|r| 0xfeed ^ (r << 16)).collect();
     let dlp = up(&g, &lp);
     for greedy in [true, false] {
-        let got = gsam::sample_rows(&g, &dlp, n, vocab, greedy, &seeds).unwrap();
-        let got = got.download(&g).unwrap();
-        let want = gsam::sample_reference(&lp, vocab, greedy, &seeds);
-        let bad = (0..n)
-            .filter(|&i| got[i].0 != want[i].0 || got[i].1.to_bits() != want[i].1.to_bits())
-            .count();
         let what = if greedy { "greedy" } else { "gumbel" };
-        report_exact(
-            &format!("sample_rows {what}, special values"),
-            &format!("[{n}, {vocab}]"),
-            bad,
-        );
+        let what_rows = format!("sample_rows {what}, special values");
+        rows_vs_reference(&g, (&dlp, &lp), (n, vocab), greedy, &seeds, &what_rows);
         // From logits: the tokens of sample_rows over their log-softmax rows.
         let rows_lp = glsm::log_softmax_rows(&g, &dlp, n, vocab).unwrap();
         let from_rows = gsam::sample_rows(&g, &rows_lp, n, vocab, greedy, &seeds).unwrap();
@@ -2651,18 +2662,9 @@ fn sample_rows_matches_reference() {
         let lp = dl(&g, &dlp, rows * vocab);
         let seeds: Vec<u64> = (0..rows as u64).map(|r| 0xdead_beef ^ (r << 20)).collect();
         for greedy in [true, false] {
-            let got = gsam::sample_rows(&g, &dlp, rows, vocab, greedy, &seeds).unwrap();
-            let got = got.download(&g).unwrap();
-            let want = gsam::sample_reference(&lp, vocab, greedy, &seeds);
-            let bad = (0..rows)
-                .filter(|&r| got[r].0 != want[r].0 || got[r].1.to_bits() != want[r].1.to_bits())
-                .count();
             let what = if greedy { "greedy" } else { "gumbel" };
-            report_exact(
-                &format!("sample_rows {what} (token+logp)"),
-                &format!("[{rows}, {vocab}]"),
-                bad,
-            );
+            let what_rows = format!("sample_rows {what} (token+logp)");
+            let got = rows_vs_reference(&g, (&dlp, &lp), (rows, vocab), greedy, &seeds, &what_rows);
             // From the logits, chunked over blocks: the same tokens and logp bits.
             let fused = gsam::sample_logits(&g, &dz, rows, vocab, greedy, &seeds).unwrap();
             let fused = fused.download(&g).unwrap();

@@ -82,9 +82,19 @@ fn row_key(seed: u64) -> u64 {
 /// (0, 1) but for all-ones top bits (the add rounds to 2^53: u = 1, noise +inf, once
 /// in 2^53 draws); then `-ln(-ln u)`.
 fn gumbel(key: u64, j: usize) -> f64 {
-    gumbel_of_hash(mix64(
-        key.wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN_GAMMA)),
-    ))
+    gumbel_of_hash(entry_hash(key, j as u64))
+}
+
+/// The splitmix64 hash of entry `j` of a row with key `key` (`gumbel_hash` in
+/// `sample.cu`).
+fn entry_hash(key: u64, j: u64) -> u64 {
+    mix64(key.wrapping_add((j + 1).wrapping_mul(GOLDEN_GAMMA)))
+}
+
+/// The leading ones of `h`'s top 32 bits, which the kernels' first noise bound
+/// reads (`gumbel_upper_ones`).
+fn leading_ones(h: u64) -> u32 {
+    (!(h >> 32) as u32).leading_zeros()
 }
 
 /// The noise of hash `h` ([`gumbel`]'s second half).
@@ -105,8 +115,7 @@ pub fn gumbel_noise(seed: u64, j: usize) -> f64 {
 /// at that bound's edge).
 #[doc(hidden)]
 pub fn gumbel_leading_ones(seed: u64, j: usize) -> u32 {
-    let h = mix64(row_key(seed).wrapping_add((j as u64 + 1).wrapping_mul(GOLDEN_GAMMA)));
-    (!(h >> 32) as u32).leading_zeros()
+    leading_ones(entry_hash(row_key(seed), j as u64))
 }
 
 /// The specification of [`sample_rows`]: `logp [rows, vocab]` with
@@ -384,7 +393,7 @@ mod tests {
         let bound = |l: u32| ((l + 1) as f32).mul_add(std::f32::consts::LN_2, 1e-3) as f64;
         for l in 0..32u32 {
             let h = !0u64 ^ (1u64 << (63 - l));
-            assert_eq!((!(h >> 32) as u32).leading_zeros(), l);
+            assert_eq!(leading_ones(h), l);
             let g = gumbel_of_hash(h);
             assert!(
                 g + 1e-4 < bound(l),
@@ -400,8 +409,8 @@ mod tests {
         }
         let key = row_key(7);
         for j in 0..1_000_000u64 {
-            let h = mix64(key.wrapping_add((j + 1).wrapping_mul(GOLDEN_GAMMA)));
-            let l = (!(h >> 32) as u32).leading_zeros();
+            let h = entry_hash(key, j);
+            let l = leading_ones(h);
             if l < 32 {
                 assert!(gumbel_of_hash(h) + 1e-4 < bound(l), "hash {h:#x}");
             }

@@ -10,11 +10,15 @@
 #                           [sft CONFIG] [onpolicy CONFIG STEPS FLOW...]
 #                           [compare PRESET[:LAYERS],... REPS BUILD,...]
 #                           [ncustep FLOW PRESET [LAYERS]] [ncudecode FLOW PRESET BATCH]
+#                           [ncustalls FLOW PRESET BATCH KERNEL,...]
 # ncustep: one training step's kernels timed alone by Nsight Compute (device time
 # without the bench's event brackets), summed per kernel by bench/ncu_step.py.
 # ncudecode: a short rollout's kernels (prompt 128, 16 new tokens), the decode
 # graph's nodes included, summed per kernel by bench/ncu_kernels.py (prefill too:
 # the decode step's kernels are the ones launched once a layer a step).
+# ncustalls: one decode-step launch of each named kernel (a graph node, past the first
+# steps) profiled with `--set full`: its stall reasons and hottest SASS lines
+# (bench/ncu_stalls.py); the reports stay in $OUT for the Nsight Compute GUI.
 # compare: each build (a binary in .carry: jetd, jetd-prev, ...) benched REPS times,
 # the builds interleaved, on each shape, with JET_BENCH_ARGS (e.g. "--train-steps 0
 # --batch 64,256"); reports in $OUT/cmp, then bench/compare_builds.py's table.
@@ -134,6 +138,22 @@ PY
         ./.carry/jetd "${args[@]}" >/dev/null 2>"$LOG/$name.err"
       SUMMARY+=("$name: rc $?")
       python3 bench/ncu_kernels.py "$LOG/$name.csv" | tee "$LOG/$name.txt"
+      ;;
+    ncustalls)
+      flow=$2; preset=$3; batch=$4; IFS=, read -ra kernels <<<"$5"; shift 5
+      args=(bench --device cuda --json --no-kernels --no-cublaslt --flow "$flow" --preset "$preset"
+        --batch "$batch" --prompt-len 128 --gen-len 16 --train-steps 0)
+      ./.carry/jetd "${args[@]}" >/dev/null 2>&1  # warm the kernel cache outside ncu
+      for k in "${kernels[@]}"; do
+        name="ncu-stalls-$k-$flow-$preset-b$batch"
+        ncu --graph-profiling node --set full --import-source no -k "regex:^$k\$" --launch-skip 300 \
+          --launch-count 1 -o "$LOG/$name" -f ./.carry/jetd "${args[@]}" >"$LOG/$name.log" 2>&1
+        SUMMARY+=("$name: rc $?")
+        ncu -i "$LOG/$name.ncu-rep" --page raw --csv >"$LOG/$name-raw.csv" 2>>"$LOG/$name.log"
+        ncu -i "$LOG/$name.ncu-rep" --page source --print-source sass --csv >"$LOG/$name-src.csv" 2>>"$LOG/$name.log"
+        echo "== $k ($flow, $preset, batch $batch)" | tee "$LOG/$name.txt"
+        python3 bench/ncu_stalls.py "$LOG/$name-raw.csv" "$LOG/$name-src.csv" | tee -a "$LOG/$name.txt"
+      done
       ;;
     compare)
       IFS=, read -ra shapes <<<"$2"; reps=$3; IFS=, read -ra builds <<<"$4"; shift 4

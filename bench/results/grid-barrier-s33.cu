@@ -1,4 +1,4 @@
-// Prepared, not run (thirty-second session: no device time left). What does a
+// Written in the thirty-second session, run in the thirty-third (H200: NOTES). What does a
 // grid-wide barrier cost inside a decode-shaped graph, against the kernel boundary it
 // would replace? The question behind NOTES' "consumers inside their GEMMs": the gate/up
 // GEMM's 192 blocks write split-K partials, then swiglu_sk_operand's 1,536 warp items
@@ -8,8 +8,10 @@
 //            spread over the same 192 blocks (8 a block, 2 a warp)
 //   barrier: the producer's work and the barrier alone (the barrier's own cost)
 //   alone:   the producer alone
+//   lean:    fused and barrier again with a leaner barrier (one release-add a block on a
+//            64-bit count that is never reset, the others polling it with acquire loads)
 // Build and run on the GPU machine:
-//   nvcc -O2 -arch=sm_90a -o /tmp/gb bench/results/grid-barrier-prepared-s32.cu && /tmp/gb
+//   nvcc -O2 -arch=sm_90a -o /tmp/gb bench/results/grid-barrier-s33.cu && /tmp/gb
 // Prints us a pair for each graph and whether the fused output equals the two-kernel one.
 #include <cuda_runtime.h>
 #include <chrono>
@@ -57,6 +59,25 @@ __device__ void grid_barrier(unsigned* count, unsigned* gen) {
                 if (++polls > (1u << 26)) __trap();
         }
         __threadfence();
+    }
+    __syncthreads();
+}
+
+// The lean form (CUTLASS's generic barrier's pattern): the count only grows; the
+// barrier a block arrives at ends when the count reaches the next multiple of the
+// grid (every launch on this count has the same grid). Thread 0's release-add orders
+// the block's writes (they precede it through __syncthreads); acquire loads poll.
+__device__ void grid_barrier_lean(unsigned long long* count) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long old, v;
+        asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(count) : "memory");
+        const unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
+        unsigned polls = 0;
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(count) : "memory");
+            if (++polls > (1u << 26)) __trap();
+        } while (v < target);
     }
     __syncthreads();
 }
@@ -114,6 +135,17 @@ __global__ void __launch_bounds__(128) k_fused(const float* x, float* p, float* 
     for (int item = blockIdx.x * 4 + w; item < TOK * 24; item += gridDim.x * 4) consume(p, h, amax, item, lane);
 }
 
+// The same with the lean barrier.
+__global__ void __launch_bounds__(128) k_fused_lean(const float* x, float* p, float* h, float* amax,
+                                                    unsigned long long* count, int mode) {
+    pdl_entry();
+    produce(x, p, blockIdx.x);
+    grid_barrier_lean(count);
+    if (mode == 1) return;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int item = blockIdx.x * 4 + w; item < TOK * 24; item += gridDim.x * 4) consume(p, h, amax, item, lane);
+}
+
 template <class K, class... A>
 static void launch(cudaStream_t s, K kern, int blocks, int threads, A... args) {
     cudaLaunchConfig_t c = {};
@@ -139,6 +171,9 @@ int main() {
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     float *x, *p, *h, *amax, *h2, *amax2;
     unsigned *count, *gen;
+    unsigned long long* count64;
+    CK(cudaMalloc(&count64, 8));
+    CK(cudaMemset(count64, 0, 8));
     CK(cudaMalloc(&x, TOK * 64 * 4));
     CK(cudaMalloc(&p, 2L * SPLITS * TOK * COLS * 4));
     CK(cudaMalloc(&h, (long)TOK * COLS * 4));
@@ -152,9 +187,10 @@ int main() {
     std::vector<float> hx(TOK * 64);
     for (size_t i = 0; i < hx.size(); i++) hx[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
     CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-    const char* names[] = {"two launches", "fused (barrier)", "producer + barrier", "producer alone"};
+    const char* names[] = {"two launches", "fused (barrier)", "producer + barrier", "producer alone",
+                           "fused (lean)", "producer + lean"};
     printf("%-20s %10s\n", "graph", "us a pair");
-    for (int mode = 0; mode < 4; mode++) {
+    for (int mode = 0; mode < 6; mode++) {
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
@@ -166,8 +202,10 @@ int main() {
                 launch(s, k_fused, BLOCKS, 128, (const float*)x, p, h2, amax2, count, gen, 0);
             } else if (mode == 2) {
                 launch(s, k_fused, BLOCKS, 128, (const float*)x, p, h2, amax2, count, gen, 1);
-            } else {
+            } else if (mode == 3) {
                 launch(s, k_produce, BLOCKS, 128, (const float*)x, p);
+            } else {
+                launch(s, k_fused_lean, BLOCKS, 128, (const float*)x, p, h2, amax2, count64, mode == 4 ? 0 : 1);
             }
         }
         CK(cudaStreamEndCapture(s, &g));
@@ -188,6 +226,7 @@ int main() {
     CK(cudaMemcpy(ma.data(), amax, ma.size() * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(mb.data(), amax2, mb.size() * 4, cudaMemcpyDeviceToHost));
     const bool same = !memcmp(a.data(), b.data(), a.size() * 4) && !memcmp(ma.data(), mb.data(), ma.size() * 4);
-    printf("fused output %s the two launches' (bit for bit)\n", same ? "equals" : "DIFFERS FROM");
+    printf("fused output (the lean barrier's, the last to write it) %s the two launches' (bit for bit)\n",
+           same ? "equals" : "DIFFERS FROM");
     return same ? 0 : 2;
 }

@@ -9,7 +9,7 @@
 use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::{
     self, adamw as gadam, attention as gatt, gemm, gemv, linear as glin, logsoftmax as glsm,
-    ops as gops, quantize as gq, sample as gsam, tensor as gten,
+    ops as gops, quantize as gq, sample as gsam, sample_top as gtop, tensor as gten,
 };
 use jet_kernels::fp8::{decode, fp8_gemm, Fp8Matrix, Fp8Operand, Grouping};
 use jet_kernels::ops::{attention, embedding, linear, logsoftmax, rmsnorm, rope, swiglu};
@@ -2676,6 +2676,73 @@ fn sample_rows_matches_reference() {
                 &format!("[{rows}, {vocab}]"),
                 bad,
             );
+        }
+    }
+    done();
+}
+
+/// Top-k / top-p draws on the device equal `sample_top_reference`'s (tokens and logp
+/// bits) over log-softmax rows of random logits, of BF16-rounded logits (ties at
+/// every boundary), of a peaked row, of a small vocabulary and of rows with NaN and
+/// -inf entries, for top-k alone, top-p alone, both, and neither (the whole row,
+/// where the tokens are `sample_rows`' too).
+#[test]
+fn sample_top_matches_reference() {
+    let Some(g) = gpu() else { return };
+    for (rows, vocab) in [(24, 151_936), (64, 17)] {
+        let mut z = rnd(rows * vocab, 95 + vocab as u64, 6.0);
+        for r in 0..rows {
+            let row = &mut z[r * vocab..(r + 1) * vocab];
+            match r % 4 {
+                1 => row.iter_mut().for_each(|v| *v = bf16::round(*v)),
+                2 => row[r % vocab] += 30.0,
+                _ => {}
+            }
+        }
+        let dz = up(&g, &z);
+        let dlp = glsm::log_softmax_rows(&g, &dz, rows, vocab).unwrap();
+        let mut lp = dl(&g, &dlp, rows * vocab);
+        // NaN and -inf entries in every fourth row's log-probabilities.
+        for r in (3..rows).step_by(4) {
+            for j in (0..vocab).step_by(5) {
+                lp[r * vocab + j] = if j % 2 == 0 {
+                    f32::NAN
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+        }
+        let dlp = up(&g, &lp);
+        let seeds: Vec<u64> = (0..rows as u64).map(|r| 0x70b ^ (r << 18)).collect();
+        for (top_k, top_p) in [
+            (1, 1.0),
+            (20, 1.0),
+            (0, 0.9),
+            (0, 0.5),
+            (50, 0.95),
+            (3, 0.999),
+            (0, 1.0),
+        ] {
+            let got = gtop::sample_top(&g, &dlp, rows, vocab, &seeds, top_k, top_p).unwrap();
+            let got = got.download(&g).unwrap();
+            let want = gtop::sample_top_reference(&lp, vocab, &seeds, top_k, top_p);
+            let bad = (0..rows)
+                .filter(|&r| got[r].0 != want[r].0 || got[r].1.to_bits() != want[r].1.to_bits())
+                .count();
+            report_exact(
+                &format!("sample_top top_k {top_k} top_p {top_p} (token+logp)"),
+                &format!("[{rows}, {vocab}]"),
+                bad,
+            );
+            if top_k == 0 && top_p == 1.0 {
+                let rows_draw = gsam::sample_reference(&lp, vocab, false, &seeds);
+                let bad = (0..rows).filter(|&r| got[r].0 != rows_draw[r].0).count();
+                report_exact(
+                    "sample_top, nothing cut == sample_rows",
+                    &format!("[{rows}, {vocab}]"),
+                    bad,
+                );
+            }
         }
     }
     done();

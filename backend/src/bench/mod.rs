@@ -52,6 +52,13 @@ pub struct BenchArgs {
     /// `rollout.max_batch`); 0: all of --batch.
     #[arg(long, default_value_t = 0)]
     pub max_batch: usize,
+    /// Rollout draws keep the k most likely tokens (as `rollout.top_k`; 0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Rollout draws keep the smallest set of tokens whose probability reaches
+    /// top-p (as `rollout.top_p`; 1: all).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
     /// Sequences per training micro-batch.
     #[arg(long, default_value_t = 8)]
     pub train_seqs: usize,
@@ -130,6 +137,9 @@ pub struct Report {
     pub peak_mem_gib: f64,
     /// Whether rollout decode steps replayed CUDA graphs (`--no-cuda-graphs`).
     pub cuda_graphs: bool,
+    /// The rollout draws' truncation (`--top-k`, `--top-p`; 0 and 1: off).
+    pub top_k: usize,
+    pub top_p: f64,
 }
 
 fn flows(arg: &str) -> anyhow::Result<Vec<Flow>> {
@@ -165,6 +175,9 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if a.batch.is_empty() || a.batch.contains(&0) || a.gen_len == 0 || a.prompt_len == 0 {
         bail!("--batch, --prompt-len and --gen-len must be positive");
     }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        bail!("--top-p {}: must be in (0, 1]", a.top_p);
+    }
     if a.train_seqs == 0 || a.train_len < 2 || a.train_micro == 0 {
         bail!("--train-seqs and --train-micro-batches must be positive and --train-len at least 2");
     }
@@ -182,6 +195,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             cfg.vocab_size * cfg.hidden_size
         },
         cuda_graphs: !a.no_cuda_graphs,
+        top_k: a.top_k,
+        top_p: a.top_p,
         ..Default::default()
     };
     let say = |s: &str| {
@@ -292,6 +307,13 @@ fn render(r: &Report, a: &BenchArgs) -> String {
         "jetd bench: {} on {}, {} layers, {:.2}B params; prompt {} + gen {} tokens; train {}x{} tokens, {} micro-batch(es) an update",
         r.preset, r.device, r.layers, r.params as f64 / 1e9, a.prompt_len, a.gen_len, a.train_seqs, a.train_len, a.train_micro
     );
+    if a.top_k > 0 || a.top_p < 1.0 {
+        let _ = writeln!(
+            s,
+            "rollout draws: top-k {} top-p {} (0 and 1: off), on the device",
+            a.top_k, a.top_p
+        );
+    }
     if a.eos_random || a.max_batch > 0 {
         let _ = writeln!(
             s,

@@ -244,7 +244,11 @@ fn rollout(
 ) -> Result<(Vec<Sample>, f64, RolloutCounts)> {
     let gen = GenConfig {
         max_new_tokens: gen_len,
-        sampling: SamplingParams::default(),
+        sampling: SamplingParams {
+            top_k: a.top_k,
+            top_p: a.top_p,
+            ..SamplingParams::default()
+        },
         stop_token_ids: vec![EOS],
         stop_strings: vec![],
         max_batch: a.max_batch,

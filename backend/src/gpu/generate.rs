@@ -7,12 +7,13 @@
 //! captured at its third step (`JET_EAGER_STEPS` sets how many run launched
 //! first). Per decode
 //! step only the sampled tokens and their logprobs come back to the host (the
-//! stop conditions need them). Plain tempered sampling and greedy run on the
-//! device (Gumbel-max from one u64 seed per row drawn from the run's RNG stream,
-//! so a step's rollouts stay a function of (weights, seed)); top-k and top-p
-//! bring the log-probability rows to the host and use the CPU sampler.
+//! stop conditions need them). Sampling runs on the device: Gumbel-max from one
+//! u64 seed per row drawn from the run's RNG stream, so a step's rollouts stay a
+//! function of (weights, seed); with top-k or top-p, over each row's kept set
+//! (`sample_top`, after the log-softmax rows).
 //!
-//! While the host reads a step's draw, the next step already runs (`ahead`):
+//! While the host reads a step's draw, the next step already runs (`ahead`;
+//! plain and greedy draws only, which the graph takes on the device):
 //! the graph takes each row's drawn token on the device, and the host's turn
 //! (the copy back, the stop checks, the next inputs) overlaps it instead of
 //! leaving the GPU idle. The host then keeps that step for the rows that went
@@ -24,6 +25,7 @@ use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::logsoftmax::log_softmax_rows;
 use jet_kernels::cuda::pinned::PinnedIn;
 use jet_kernels::cuda::sample::sample_logits;
+use jet_kernels::cuda::sample_top::sample_top;
 use jet_kernels::cuda::tensor::{div_scalar, gather_rows};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
@@ -36,7 +38,7 @@ use super::decode::{decode_step, prefill_into, GpuKvCache};
 use super::decode_graph::{bucket_of, StepGraph};
 use super::model::GpuModel;
 use crate::rollout::engine::Decoder;
-use crate::rollout::sampler::{sample_logprobs, SamplingParams};
+use crate::rollout::sampler::SamplingParams;
 
 /// Next-token logits waiting to be sampled: `[rows, vocab]`.
 pub(super) enum Pending {
@@ -346,21 +348,21 @@ pub(super) fn sample_block(
     rows: usize,
     keep: &[usize],
     p: &SamplingParams,
-    mut rng: &mut dyn RngCore,
+    rng: &mut dyn RngCore,
 ) -> Result<Vec<(u32, f32)>> {
     let g = &*model.gpu;
     let vocab = model.cfg.vocab_size;
     temper(g, logits, rows * vocab, p)?;
-    if !p.untruncated() {
-        let lp = log_softmax_rows(g, logits, rows, vocab)?;
-        let host = g.download_n(&lp, rows * vocab)?;
-        return Ok(keep
-            .iter()
-            .map(|&r| sample_logprobs(&host[r * vocab..(r + 1) * vocab], p, &mut rng))
-            .collect());
-    }
     let seeds = spread_seeds(rows, keep, rng);
-    let all = sample_logits(g, logits, rows, vocab, p.temperature <= 0.0, &seeds)?.download(g)?;
+    let all = if p.untruncated() {
+        sample_logits(g, logits, rows, vocab, p.temperature <= 0.0, &seeds)?
+    } else {
+        // Top-k / top-p on the device: the log-softmax rows, then each row's kept
+        // set and its Gumbel-max draw (`sample_top`); only the tokens come back.
+        let lp = log_softmax_rows(g, logits, rows, vocab)?;
+        sample_top(g, &lp, rows, vocab, &seeds, p.top_k, p.top_p)?
+    };
+    let all = all.download(g)?;
     Ok(keep.iter().map(|&r| all[r]).collect())
 }
 

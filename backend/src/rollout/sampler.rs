@@ -46,7 +46,8 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut impl Rng) -> (u32, f
 
 impl SamplingParams {
     /// Plain tempered sampling or greedy: no top-k/top-p truncation (what the
-    /// GPU samples on the device).
+    /// GPU's decode steps draw inside their graph, running ahead of the host;
+    /// truncated draws run `sample_top` after the step).
     pub fn untruncated(&self) -> bool {
         self.temperature <= 0.0 || (self.top_k == 0 && self.top_p >= 1.0)
     }

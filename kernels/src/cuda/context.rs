@@ -74,7 +74,10 @@ pub(crate) const ADAMW: Source = Source {
 };
 pub(crate) const SAMPLE: Source = Source {
     name: "sample",
-    code: include_str!("kernels/sample.cu"),
+    code: concat!(
+        include_str!("kernels/sample.cu"),
+        include_str!("kernels/sample_top.cu")
+    ),
 };
 pub(crate) const FLASH: Source = Source {
     name: "flash",

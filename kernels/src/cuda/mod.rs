@@ -44,6 +44,7 @@ pub mod pinned;
 pub mod profile;
 pub mod quantize;
 pub mod sample;
+pub mod sample_top;
 pub mod tensor;
 mod tma;
 

@@ -25,7 +25,7 @@ pub struct GpuSampled {
 }
 
 impl GpuSampled {
-    fn new(gpu: &Gpu, rows: usize) -> Result<GpuSampled> {
+    pub(super) fn new(gpu: &Gpu, rows: usize) -> Result<GpuSampled> {
         Ok(GpuSampled {
             buf: gpu.uninit(2 * rows)?,
             rows,
@@ -33,7 +33,7 @@ impl GpuSampled {
     }
 
     /// The kernels' `tokens` and `out_logp` arguments.
-    fn args(&self, gpu: &Gpu) -> [Arg; 2] {
+    pub(super) fn args(&self, gpu: &Gpu) -> [Arg; 2] {
         let p = gpu.ptr(&self.buf);
         [Arg::P(p), Arg::P(p + 4 * self.rows as u64)]
     }
@@ -74,14 +74,14 @@ const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 const SEED_SALT: u64 = 0x6a09_e667_f3bc_c909;
 
 /// A row's hash key: its seed mixed once, so that nearby seeds give unrelated rows.
-fn row_key(seed: u64) -> u64 {
+pub(super) fn row_key(seed: u64) -> u64 {
     mix64(seed ^ SEED_SALT)
 }
 
 /// The Gumbel noise of entry `j`: `u = (top 53 bits + 1/2) * 2^-53` in f64, inside
 /// (0, 1) but for all-ones top bits (the add rounds to 2^53: u = 1, noise +inf, once
 /// in 2^53 draws); then `-ln(-ln u)`.
-fn gumbel(key: u64, j: usize) -> f64 {
+pub(super) fn gumbel(key: u64, j: usize) -> f64 {
     gumbel_of_hash(entry_hash(key, j as u64))
 }
 

@@ -1,0 +1,277 @@
+//! Top-k / top-p sampling on the device (`sample_top.cu`) and its CPU specification
+//! [`sample_top_reference`].
+//!
+//! A row's kept set is its entries in the order (logp descending, index ascending)
+//! up to the first at which the count reaches `top_k` (0: off) or the probability
+//! mass reaches `top_p` (1: off); NaN is never kept. The mass is fixed point: entry
+//! `j` weighs `floor(min(exp(logp_j), 1) * 2^40)` (exp in f64), summed as integers,
+//! so the device may add in any order and get the same sums; `top_p` becomes
+//! [`top_units`]. The token is the Gumbel-max of [`sample_reference`] over the kept
+//! entries alone, with the same noise: `softmax(logp)` renormalized over the kept set,
+//! and a seed whose kept set is the whole row draws `sample_reference`'s token.
+//! As there, the recorded logprob is the untruncated `logp[token]`.
+//!
+//! CPU and GPU agree but where CUDA's f64 `exp` differs from Rust's in the last bit
+//! and that moves an entry's weight by one unit (2^-40) across the boundary: a kept
+//! set whose mass lies within ~1e-12 of `top_p`.
+//!
+//! [`sample_reference`]: super::sample::sample_reference
+
+use cudarc::driver::CudaSlice;
+
+use super::context::{Arg, SAMPLE};
+use super::sample::{gumbel, row_key, GpuSampled};
+use super::{check_len, ensure, Gpu, Result};
+
+/// `top_units`' "off" (`TOP_OFF` in `sample_top.cu`).
+pub const TOP_OFF: u64 = u64::MAX;
+
+/// The mass units of one probability: 2^-40.
+const UNIT: f64 = (1u64 << 40) as f64;
+
+/// `top_p` as the kernel's threshold: at least one unit, [`TOP_OFF`] from 1 up.
+pub fn top_units(top_p: f64) -> u64 {
+    if top_p >= 1.0 {
+        TOP_OFF
+    } else {
+        ((top_p * UNIT) as u64).max(1)
+    }
+}
+
+/// Entry `x`'s mass in units (`top_units` in `sample_top.cu`); `x` not NaN.
+fn entry_units(x: f32) -> u64 {
+    ((x as f64).exp().min(1.0) * UNIT) as u64
+}
+
+/// `x`'s place in the order as an unsigned key (larger logp, larger key; -0 as
+/// +0), `None` for NaN (`top_key`).
+fn order_key(x: f32) -> Option<u32> {
+    if x.is_nan() {
+        return None;
+    }
+    let b = if x.to_bits() == 0x8000_0000 {
+        0
+    } else {
+        x.to_bits()
+    };
+    Some(if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    })
+}
+
+/// Which entries of `row` the kept set holds ([`sample_top_reference`]'s rule):
+/// sorted by (logp descending, index ascending), up to the first entry at which
+/// the count reaches `top_k` (when not 0) or the mass reaches `units` (when not
+/// [`TOP_OFF`]); the whole row (NaN aside) when neither is reached.
+pub fn kept_set(row: &[f32], top_k: usize, units: u64) -> Vec<bool> {
+    let mut order: Vec<(u32, usize)> = row
+        .iter()
+        .enumerate()
+        .filter_map(|(j, &x)| order_key(x).map(|k| (k, j)))
+        .collect();
+    order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut kept = vec![false; row.len()];
+    let mut mass = 0u64;
+    for (n, &(_, j)) in order.iter().enumerate() {
+        kept[j] = true;
+        mass += entry_units(row[j]);
+        if (top_k > 0 && n + 1 >= top_k) || (units != TOP_OFF && mass >= units) {
+            break;
+        }
+    }
+    kept
+}
+
+/// The specification of [`sample_top`]: `logp [rows, vocab]` log-softmax rows,
+/// `seeds [rows]`; per row the token (the kept set's Gumbel-max, lowest index on
+/// exact ties; token 0 where no kept entry is finite) and its stored logp.
+pub fn sample_top_reference(
+    logp: &[f32],
+    vocab: usize,
+    seeds: &[u64],
+    top_k: usize,
+    top_p: f64,
+) -> Vec<(u32, f32)> {
+    assert!(vocab > 0, "sample_top_reference: vocab must be positive");
+    let rows = logp.len() / vocab;
+    assert_eq!(seeds.len(), rows, "sample_top_reference: one seed a row");
+    let units = top_units(top_p);
+    (0..rows)
+        .map(|r| {
+            let row = &logp[r * vocab..(r + 1) * vocab];
+            let kept = kept_set(row, top_k, units);
+            let key = row_key(seeds[r]);
+            let (mut best, mut tok) = (f64::NEG_INFINITY, None);
+            for (j, &lp) in row.iter().enumerate() {
+                if !kept[j] {
+                    continue;
+                }
+                let s = lp as f64 + gumbel(key, j);
+                if s > best {
+                    best = s;
+                    tok = Some(j);
+                }
+            }
+            let t = tok.unwrap_or(0);
+            (t as u32, row[t])
+        })
+        .collect()
+}
+
+/// Top-k / top-p draws from `logp [rows, vocab]` (log-softmax rows, already
+/// tempered) with one seed a row, as [`sample_top_reference`]: `top_k` 0 is off,
+/// `top_p` in (0, 1] (1 is off). One block of 1024 threads a row: three histogram
+/// passes over the row find the kept set's boundary, a fourth its ties, a fifth
+/// draws.
+pub fn sample_top(
+    gpu: &Gpu,
+    logp: &CudaSlice<f32>,
+    rows: usize,
+    vocab: usize,
+    seeds: &[u64],
+    top_k: usize,
+    top_p: f64,
+) -> Result<GpuSampled> {
+    ensure(vocab > 0 && vocab <= i32::MAX as usize, || {
+        format!("sample_top: vocabulary of {vocab} (must be 1 ..= 2^31 - 1)")
+    })?;
+    ensure(seeds.len() == rows, || {
+        format!("sample_top: {} seeds for {rows} rows", seeds.len())
+    })?;
+    ensure(top_p > 0.0 && top_p <= 1.0, || {
+        format!("sample_top: top_p {top_p} (must be in (0, 1])")
+    })?;
+    check_len(
+        "sample_top logp",
+        logp,
+        rows * vocab,
+        format!("[{rows}, {vocab}]"),
+    )?;
+    let out = GpuSampled::new(gpu, rows)?;
+    if rows == 0 {
+        return Ok(out);
+    }
+    let dseeds = gpu.upload(seeds)?;
+    let [tokens, lps] = out.args(gpu);
+    gpu.launch(
+        &SAMPLE,
+        "sample_top",
+        (rows as u32, 1, 1),
+        (1024, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(logp)),
+            Arg::I(rows as i32),
+            Arg::I(vocab as i32),
+            Arg::P(gpu.ptr(&dseeds)),
+            Arg::I(top_k.min(i32::MAX as usize) as i32),
+            Arg::L(top_units(top_p) as i64),
+            tokens,
+            lps,
+        ],
+    )?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_softmax(z: &[f64]) -> Vec<f32> {
+        let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + z.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+        z.iter().map(|v| (v - lse) as f32).collect()
+    }
+
+    fn kept_indices(row: &[f32], top_k: usize, top_p: f64) -> Vec<usize> {
+        let kept = kept_set(row, top_k, top_units(top_p));
+        (0..row.len()).filter(|&j| kept[j]).collect()
+    }
+
+    /// The keys order logps as floats do, -0 with +0, NaN apart.
+    #[test]
+    fn order_keys_follow_the_floats() {
+        let xs = [
+            f32::NEG_INFINITY,
+            -3.5,
+            -1e-30,
+            -0.0,
+            0.0,
+            1e-30,
+            2.0,
+            f32::INFINITY,
+        ];
+        for w in xs.windows(2) {
+            let (a, b) = (order_key(w[0]).unwrap(), order_key(w[1]).unwrap());
+            assert!(a < b || (w[0] == 0.0 && w[1] == 0.0 && a == b), "{w:?}");
+        }
+        assert_eq!(order_key(f32::NAN), None);
+    }
+
+    /// top-k keeps the k largest, ties lowest index first; top-p the shortest
+    /// prefix whose probability reaches p; both: whichever ends first; neither
+    /// reached: the whole row; NaN never.
+    #[test]
+    fn kept_sets() {
+        // probabilities 0.4, 0.1, 0.2, 0.2, 0.1 (indices 2 and 3 tie, 1 and 4 tie)
+        let row = log_softmax(&[0.4f64, 0.1, 0.2, 0.2, 0.1].map(f64::ln));
+        assert_eq!(kept_indices(&row, 1, 1.0), vec![0]);
+        assert_eq!(kept_indices(&row, 2, 1.0), vec![0, 2]);
+        assert_eq!(kept_indices(&row, 4, 1.0), vec![0, 1, 2, 3]);
+        assert_eq!(kept_indices(&row, 0, 0.5), vec![0, 2]);
+        assert_eq!(kept_indices(&row, 0, 0.7), vec![0, 2, 3]);
+        assert_eq!(kept_indices(&row, 0, 0.75), vec![0, 2, 3]);
+        assert_eq!(kept_indices(&row, 0, 0.85), vec![0, 1, 2, 3]);
+        assert_eq!(kept_indices(&row, 2, 0.75), vec![0, 2]);
+        assert_eq!(kept_indices(&row, 0, 0.1), vec![0]);
+        assert_eq!(kept_indices(&row, 9, 1.0), vec![0, 1, 2, 3, 4]);
+        let mut with_nan = row.clone();
+        with_nan[0] = f32::NAN;
+        assert_eq!(kept_indices(&with_nan, 1, 1.0), vec![2]);
+        assert_eq!(kept_indices(&with_nan, 0, 1.0 - 1e-9), vec![1, 2, 3, 4]);
+    }
+
+    /// Over 20000 seeds the kept set's draws follow softmax renormalized over it,
+    /// and an entry outside it is never drawn.
+    #[test]
+    fn draws_follow_the_kept_distribution() {
+        let p = [0.4f64, 0.1, 0.2, 0.2, 0.1];
+        let lp = log_softmax(&p.map(f64::ln));
+        let n = 20_000;
+        let logp: Vec<f32> = (0..n).flat_map(|_| lp.iter().copied()).collect();
+        let seeds: Vec<u64> = (0..n as u64).collect();
+        // top-p 0.7 keeps 0, 2, 3 (0.8 of the mass).
+        let got = sample_top_reference(&logp, 5, &seeds, 0, 0.7);
+        let mut count = [0usize; 5];
+        for &(t, l) in &got {
+            count[t as usize] += 1;
+            assert_eq!(l.to_bits(), lp[t as usize].to_bits());
+        }
+        assert_eq!(count[1] + count[4], 0, "{count:?}");
+        for (j, q) in [(0, 0.5), (2, 0.25), (3, 0.25)] {
+            let (e, sd) = (n as f64 * q, (n as f64 * q * (1.0 - q)).sqrt());
+            assert!(
+                (count[j] as f64 - e).abs() <= 4.0 * sd,
+                "{count:?} for kept 0, 2, 3"
+            );
+        }
+        // Nothing cut: sample_reference's tokens.
+        let whole = sample_top_reference(&logp, 5, &seeds, 9, 1.0);
+        assert_eq!(
+            whole,
+            super::super::sample::sample_reference(&logp, 5, false, &seeds)
+        );
+    }
+
+    #[test]
+    fn top_units_bounds() {
+        assert_eq!(top_units(1.0), TOP_OFF);
+        assert_eq!(top_units(0.5), 1 << 39);
+        assert_eq!(top_units(1e-300), 1);
+        assert_eq!(entry_units(0.0), 1 << 40);
+        assert_eq!(entry_units(f32::NEG_INFINITY), 0);
+        assert_eq!(entry_units(5.0), 1 << 40);
+    }
+}

@@ -380,14 +380,19 @@ fn render(r: &Report, a: &BenchArgs) -> String {
     );
     // One decimal: the targets sit at 40% and the readings within a few points of it.
     let pct = |f: Option<f64>| f.map(|f| format!("{:.1}%", f * 100.0)).unwrap_or_default();
+    // Against bf16: "-" where no bf16 row ran (`--flow` of one other flow).
+    let ratio = |v: f64| match v.is_finite() {
+        true => format!("{v:.2}x"),
+        false => "-".to_string(),
+    };
     for x in &r.rollout {
         let _ = writeln!(
             s,
-            "{:<18} {:>5} {:>10.0} {:>8.2}x {:>10.1} {:>8} {:>8} {:>10.3} {:>13.0} {:>13}",
+            "{:<18} {:>5} {:>10.0} {:>9} {:>10.1} {:>8} {:>8} {:>10.3} {:>13.0} {:>13}",
             x.flow,
             x.batch,
             x.tokens_per_s,
-            x.vs_bf16,
+            ratio(x.vs_bf16),
             x.peak_gib,
             x.floor_s.map(|f| format!("{f:.3}")).unwrap_or_default(),
             pct(x.of_floor),
@@ -414,11 +419,11 @@ fn render(r: &Report, a: &BenchArgs) -> String {
     for x in &r.train {
         let _ = writeln!(
             s,
-            "{:<18} {:>8.0} {:>8.2}x {:>8.2}x {:>8.3} {:>9.3} {:>8.3} {:>8.3} {:>9.3} {:>6.3} {:>10.1} {:>8} {:>8}",
+            "{:<18} {:>8.0} {:>9} {:>9} {:>8.3} {:>9.3} {:>8.3} {:>8.3} {:>9.3} {:>6.3} {:>10.1} {:>8} {:>8}",
             x.flow,
             x.tokens_per_s,
-            x.vs_bf16,
-            x.vs_bf16_median,
+            ratio(x.vs_bf16),
+            ratio(x.vs_bf16_median),
             x.step_s,
             x.step_median_s,
             x.prepare_s,
@@ -460,10 +465,61 @@ fn render(r: &Report, a: &BenchArgs) -> String {
     for x in &r.step {
         let _ = writeln!(
             s,
-            "{:<18} {:>7.3} {:>10.3} {:>8.3} {:>8.3} {:>7.2}x",
-            x.flow, x.total_s, x.rollout_s, x.train_s, x.other_s, x.vs_bf16
+            "{:<18} {:>7.3} {:>10.3} {:>8.3} {:>8.3} {:>8}",
+            x.flow,
+            x.total_s,
+            x.rollout_s,
+            x.train_s,
+            x.other_s,
+            ratio(x.vs_bf16)
         );
     }
     let _ = writeln!(s, "\npeak device memory in use: {:.1} GiB", r.peak_mem_gib);
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: BenchArgs,
+    }
+
+    /// A flow without a bf16 row beside it reads "-" against bf16, not NaN, and
+    /// truncated rollout draws are named in the header.
+    #[test]
+    fn render_marks_missing_ratios_and_truncation() {
+        let a = Cli::parse_from(["bench", "--flow", "fp8", "--top-p", "0.95"]).a;
+        let step = |flow: &str, vs_bf16| phases::StepRow {
+            flow: flow.into(),
+            batch: 64,
+            total_s: 1.0,
+            rollout_s: 0.5,
+            train_s: 0.5,
+            other_s: 0.0,
+            vs_bf16,
+        };
+        let r = Report {
+            step: vec![step("fp8", f64::NAN), step("bf16-fp8rollout", 1.05)],
+            ..Default::default()
+        };
+        let text = render(&r, &a);
+        assert!(text.contains("top-k 0 top-p 0.95"), "{text}");
+        assert!(!text.contains("NaN"), "{text}");
+        let row = |flow: &str| {
+            text.lines()
+                .find(|l| l.starts_with(flow))
+                .unwrap()
+                .to_string()
+        };
+        assert!(row("fp8 ").trim_end().ends_with(" -"), "{text}");
+        assert!(
+            row("bf16-fp8rollout").trim_end().ends_with("1.05x"),
+            "{text}"
+        );
+    }
 }

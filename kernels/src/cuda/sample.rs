@@ -81,7 +81,7 @@ pub(super) fn row_key(seed: u64) -> u64 {
 /// The Gumbel noise of entry `j`: `u = (top 53 bits + 1/2) * 2^-53` in f64, inside
 /// (0, 1) but for all-ones top bits (the add rounds to 2^53: u = 1, noise +inf, once
 /// in 2^53 draws); then `-ln(-ln u)`.
-pub(super) fn gumbel(key: u64, j: usize) -> f64 {
+fn gumbel(key: u64, j: usize) -> f64 {
     gumbel_of_hash(entry_hash(key, j as u64))
 }
 
@@ -139,22 +139,28 @@ pub fn sample_reference(
     (0..rows)
         .map(|r| {
             let row = &logp[r * vocab..(r + 1) * vocab];
-            let key = if greedy { 0 } else { row_key(seeds[r]) };
-            let (mut best, mut tok) = (f64::NEG_INFINITY, None);
-            for (j, &lp) in row.iter().enumerate() {
-                let mut s = lp as f64;
-                if !greedy {
-                    s += gumbel(key, j);
-                }
-                if s > best {
-                    best = s;
-                    tok = Some(j);
-                }
-            }
-            let t = tok.unwrap_or(0);
-            (t as u32, row[t])
+            draw_row(row, (!greedy).then(|| row_key(seeds[r])), |_| true)
         })
         .collect()
+}
+
+/// One row's draw over the entries `kept` admits: the argmax of `logp_j` (greedy,
+/// `key` None) or of `logp_j + G_j` with the row's noise, lowest index on exact ties
+/// (NaN and -inf never win; token 0 where nothing else is left), and its stored logp.
+pub(super) fn draw_row(row: &[f32], key: Option<u64>, kept: impl Fn(usize) -> bool) -> (u32, f32) {
+    let (mut best, mut tok) = (f64::NEG_INFINITY, None);
+    for (j, &lp) in row.iter().enumerate() {
+        if !kept(j) {
+            continue;
+        }
+        let s = lp as f64 + key.map_or(0.0, |k| gumbel(k, j));
+        if s > best {
+            best = s;
+            tok = Some(j);
+        }
+    }
+    let t = tok.unwrap_or(0);
+    (t as u32, row[t])
 }
 
 /// A vocabulary the kernels index with i32, and one seed a row unless greedy.

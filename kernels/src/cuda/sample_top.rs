@@ -20,7 +20,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, SAMPLE};
-use super::sample::{gumbel, row_key, GpuSampled};
+use super::sample::{draw_row, row_key, GpuSampled};
 use super::{check_len, ensure, Gpu, Result};
 
 /// `top_units`' "off" (`TOP_OFF` in `sample_top.cu`).
@@ -102,20 +102,7 @@ pub fn sample_top_reference(
         .map(|r| {
             let row = &logp[r * vocab..(r + 1) * vocab];
             let kept = kept_set(row, top_k, units);
-            let key = row_key(seeds[r]);
-            let (mut best, mut tok) = (f64::NEG_INFINITY, None);
-            for (j, &lp) in row.iter().enumerate() {
-                if !kept[j] {
-                    continue;
-                }
-                let s = lp as f64 + gumbel(key, j);
-                if s > best {
-                    best = s;
-                    tok = Some(j);
-                }
-            }
-            let t = tok.unwrap_or(0);
-            (t as u32, row[t])
+            draw_row(row, Some(row_key(seeds[r])), |j| kept[j])
         })
         .collect()
 }

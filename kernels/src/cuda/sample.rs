@@ -383,7 +383,7 @@ pub fn feed_step(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// `gumbel_upper_ones` (`sample.cu`): `(L + 1) ln 2 + 1e-3` in f32 for `L < 32`
@@ -423,7 +423,8 @@ mod tests {
         }
     }
 
-    fn log_softmax(z: &[f64]) -> Vec<f32> {
+    /// log_softmax of `z` in f64, rounded to f32 (rows for the draws' tests).
+    pub(crate) fn log_softmax(z: &[f64]) -> Vec<f32> {
         let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let lse = m + z.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
         z.iter().map(|v| (v - lse) as f32).collect()

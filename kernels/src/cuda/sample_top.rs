@@ -164,13 +164,8 @@ pub fn sample_top(
 
 #[cfg(test)]
 mod tests {
+    use super::super::sample::tests::log_softmax;
     use super::*;
-
-    fn log_softmax(z: &[f64]) -> Vec<f32> {
-        let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let lse = m + z.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
-        z.iter().map(|v| (v - lse) as f32).collect()
-    }
 
     fn kept_indices(row: &[f32], top_k: usize, top_p: f64) -> Vec<usize> {
         let kept = kept_set(row, top_k, top_units(top_p));

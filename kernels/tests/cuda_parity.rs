@@ -2574,6 +2574,14 @@ fn sample_rows_skips_only_losers() {
     done();
 }
 
+/// How many rows of two draws differ in token or in logp bits.
+fn draws_differ(a: &[(u32, f32)], b: &[(u32, f32)]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.0 != y.0 || x.1.to_bits() != y.1.to_bits())
+        .count()
+}
+
 /// `sample_rows` of the logp rows `lp` (on the device as `dlp`) against
 /// `sample_reference`, tokens and logp bits, reported as `what`; the device's draws.
 fn rows_vs_reference(
@@ -2587,10 +2595,11 @@ fn rows_vs_reference(
     let got = gsam::sample_rows(g, dlp, rows, vocab, greedy, seeds).unwrap();
     let got = got.download(g).unwrap();
     let want = gsam::sample_reference(lp, vocab, greedy, seeds);
-    let bad = (0..rows)
-        .filter(|&r| got[r].0 != want[r].0 || got[r].1.to_bits() != want[r].1.to_bits())
-        .count();
-    report_exact(what, &format!("[{rows}, {vocab}]"), bad);
+    report_exact(
+        what,
+        &format!("[{rows}, {vocab}]"),
+        draws_differ(&got, &want),
+    );
     got
 }
 
@@ -2668,13 +2677,10 @@ fn sample_rows_matches_reference() {
             // From the logits, chunked over blocks: the same tokens and logp bits.
             let fused = gsam::sample_logits(&g, &dz, rows, vocab, greedy, &seeds).unwrap();
             let fused = fused.download(&g).unwrap();
-            let bad = (0..rows)
-                .filter(|&r| fused[r].0 != got[r].0 || fused[r].1.to_bits() != got[r].1.to_bits())
-                .count();
             report_exact(
                 &format!("sample_logits {what} == sample_rows"),
                 &format!("[{rows}, {vocab}]"),
-                bad,
+                draws_differ(&fused, &got),
             );
         }
     }
@@ -2726,13 +2732,10 @@ fn sample_top_matches_reference() {
             let got = gtop::sample_top(&g, &dlp, rows, vocab, &seeds, top_k, top_p).unwrap();
             let got = got.download(&g).unwrap();
             let want = gtop::sample_top_reference(&lp, vocab, &seeds, top_k, top_p);
-            let bad = (0..rows)
-                .filter(|&r| got[r].0 != want[r].0 || got[r].1.to_bits() != want[r].1.to_bits())
-                .count();
             report_exact(
                 &format!("sample_top top_k {top_k} top_p {top_p} (token+logp)"),
                 &format!("[{rows}, {vocab}]"),
-                bad,
+                draws_differ(&got, &want),
             );
             if top_k == 0 && top_p == 1.0 {
                 let rows_draw = gsam::sample_reference(&lp, vocab, false, &seeds);

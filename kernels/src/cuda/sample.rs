@@ -164,7 +164,13 @@ pub(super) fn draw_row(row: &[f32], key: Option<u64>, kept: impl Fn(usize) -> bo
 }
 
 /// A vocabulary the kernels index with i32, and one seed a row unless greedy.
-fn check_draw(what: &str, rows: usize, vocab: usize, greedy: bool, seeds: &[u64]) -> Result<()> {
+pub(super) fn check_draw(
+    what: &str,
+    rows: usize,
+    vocab: usize,
+    greedy: bool,
+    seeds: &[u64],
+) -> Result<()> {
     ensure(vocab > 0 && vocab <= i32::MAX as usize, || {
         format!("{what}: vocabulary of {vocab} (must be 1 ..= 2^31 - 1)")
     })?;

@@ -20,7 +20,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, SAMPLE};
-use super::sample::{draw_row, row_key, GpuSampled};
+use super::sample::{check_draw, draw_row, row_key, GpuSampled};
 use super::{check_len, ensure, Gpu, Result};
 
 /// `top_units`' "off" (`TOP_OFF` in `sample_top.cu`).
@@ -121,12 +121,7 @@ pub fn sample_top(
     top_k: usize,
     top_p: f64,
 ) -> Result<GpuSampled> {
-    ensure(vocab > 0 && vocab <= i32::MAX as usize, || {
-        format!("sample_top: vocabulary of {vocab} (must be 1 ..= 2^31 - 1)")
-    })?;
-    ensure(seeds.len() == rows, || {
-        format!("sample_top: {} seeds for {rows} rows", seeds.len())
-    })?;
+    check_draw("sample_top", rows, vocab, false, seeds)?;
     ensure(top_p > 0.0 && top_p <= 1.0, || {
         format!("sample_top: top_p {top_p} (must be in (0, 1])")
     })?;

@@ -30,6 +30,73 @@ __device__ __forceinline__ u32 top_key(float x, bool& ok) {
 // An entry's probability mass in units of 2^-40 (0 for -inf; x not NaN).
 __device__ __forceinline__ u64 top_units(float x) { return (u64)(fmin(exp((double)x), 1.0) * 0x1p40); }
 
+// A 64-bit mass added to a bin held as two u32 words (hi 2^32 + lo) by 32-bit
+// shared atomics: lo's carry goes to hi. A 64-bit shared atomicAdd is a
+// compare-and-swap loop on sm_90 (ATOMS.CAST.SPIN.64), which retries under the
+// contention a flat row makes. Integer sums mod 2^64 either way: the same bits.
+__device__ __forceinline__ void top_add_mass(u32* lo, u32* hi, u64 v) {
+    const u32 vl = (u32)v, old = atomicAdd(lo, vl);
+    const u32 h = (u32)(v >> 32) + (old + vl < old ? 1u : 0u);
+    if (h) atomicAdd(hi, h);
+}
+__device__ __forceinline__ u64 top_mass(const u32* lo, const u32* hi, int b) {
+    return ((u64)hi[b] << 32) | lo[b];
+}
+
+#define TOP_NO_BIN 0xffffffffu
+
+// Each lane's entry (bin b, or TOP_NO_BIN; mass m) into the shared histogram (counts
+// cnt, masses mlo/mhi). A flat row puts a level's entries in a few bins, where one
+// same-address shared atomic an entry took 3.2 ms of a 0.6B batch-64 decode step
+// (H200), so up to three groups of the warp's lanes that share a bin (the first
+// pending lane's, found by ballots) add once, by that lane: their count, and their
+// masses' sum as two halves of 20 and 21 bits (a mass is at most 2^40; 32 of either
+// half fit a u32) through __reduce_add_sync. The lanes left add alone.
+// __match_any_sync groups made every group its own pass of the reductions (the
+// compiler's loop over distinct masks): on a level's spread bins, ~30 passes an
+// entry slot (ncu, H200). The same integer sums whichever lanes group.
+__device__ __forceinline__ void top_bin_add(u32 b, u64 m, bool use_p, u32* cnt, u32* mlo, u32* mhi, int lane) {
+    bool pending = b != TOP_NO_BIN;
+#pragma unroll
+    for (int round = 0; round < 3; round++) {
+        const u32 pend = __ballot_sync(0xffffffffu, pending);
+        if (pend == 0u) return;  // warp-uniform
+        const int lead = __ffs(pend) - 1;
+        const u32 lb = __shfl_sync(0xffffffffu, b, lead);
+        const bool in = pending && b == lb;
+        const u32 grp = __ballot_sync(0xffffffffu, in);
+        // Over the whole warp (the group's values, zeros elsewhere): a reduction
+        // under a partial mask takes the compiler's divergent path, a loop.
+        if (use_p) {
+            const u32 lo = __reduce_add_sync(0xffffffffu, in ? (u32)(m & 0xfffffull) : 0u);
+            const u32 hi = __reduce_add_sync(0xffffffffu, in ? (u32)(m >> 20) : 0u);
+            if (lane == lead) top_add_mass(mlo + lb, mhi + lb, ((u64)hi << 20) + lo);
+        }
+        if (lane == lead) atomicAdd(cnt + lb, (u32)__popc(grp));
+        pending = pending && !in;
+    }
+    if (pending) {
+        if (use_p) top_add_mass(mlo + b, mhi + b, m);
+        atomicAdd(cnt + b, 1u);
+    }
+}
+
+// Entries j .. j + 3 of row lr into x (NaN past the row); vec: the row is 16-byte
+// aligned and vocab a multiple of 4, so one float4 load.
+__device__ __forceinline__ void top_load4(const float* lr, int j, int vocab, bool vec, float* x) {
+    const float nan = __int_as_float(0x7fffffff);
+    if (vec && j < vocab) {
+        const float4 v = *reinterpret_cast<const float4*>(lr + j);
+        x[0] = v.x;
+        x[1] = v.y;
+        x[2] = v.z;
+        x[3] = v.w;
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) x[e] = j + e < vocab ? lr[j + e] : nan;
+}
+
 // The block's exclusive prefix (in thread order) of each thread's (c, m), and the
 // block's totals; blockDim.x 1024. wc, wm: 32 entries of shared scratch each.
 __device__ __forceinline__ void top_scan(u32 c, u64 m, u32& ec, u64& em, u32* wc, u64* wm) {
@@ -76,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
                                                               int* tokens, float* out_logp) {
     pdl_entry();
     __shared__ u32 cnt[TOP_BINS];
-    __shared__ u64 mass[TOP_BINS];
+    __shared__ u32 mlo[TOP_BINS], mhi[TOP_BINS];  // a bin's mass: mhi 2^32 + mlo
     __shared__ u32 wc[32];
     __shared__ u64 wm[32];
     __shared__ u32 s_bin, s_found, s_ac;
@@ -87,6 +154,8 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
     const int r = blockIdx.x, tid = threadIdx.x;
     const float* lr = logp + (long)r * vocab;
     const bool use_k = top_k > 0, use_p = top_units_ != TOP_OFF;
+    const int lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
+    const bool vec = (vocab & 3) == 0 && (((u64)lr) & 15) == 0;
     // Above the boundary bin found so far: the count and mass of the entries there.
     u32 prefix = 0, ac = 0;
     u64 am = 0;
@@ -96,45 +165,36 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
         const int sh = lvl == 0 ? 21 : lvl == 1 ? 10 : 0, bits = lvl == 2 ? 10 : 11, nb = 1 << bits;
         for (int i = tid; i < nb; i += blockDim.x) {
             cnt[i] = 0u;
-            mass[i] = 0ull;
+            mlo[i] = 0u;
+            mhi[i] = 0u;
         }
         if (tid == 0) s_found = 0u;
         __syncthreads();
-        // A warp's lanes whose entries share a bin add once, by their lowest lane
-        // (__match_any_sync): their count, and their masses' sum as two halves of
-        // 20 and 21 bits (a mass is at most 2^40; 32 of either half fit a u32) through
-        // __reduce_add_sync. The same sums as one add an entry; but a flat row puts a
-        // level's entries in one or two bins, where same-address shared atomics one
-        // entry at a time took 3.2 ms of a 0.6B batch-64 decode step (H200).
-        const int lane = tid & 31;
-        for (int jb = tid - lane; jb < vocab; jb += blockDim.x) {
-            const int j = jb + lane;
-            u32 b = 0xffffffffu;  // no bin
-            u64 m = 0ull;
-            if (j < vocab) {
-                const float x = lr[j];
+        // Each lane takes 8 entries a pass, two float4 loads issued before any is
+        // binned (a pass of one entry a lane had one load a warp in flight: a row on
+        // one SM ran at ~5 bytes a cycle); top_bin_add adds them.
+        for (int j0 = 4 * (tid - lane); j0 < vocab; j0 += 8 * blockDim.x) {  // warp-uniform
+            float x[8];
+            top_load4(lr, j0 + 4 * lane, vocab, vec, x);
+            top_load4(lr, j0 + 4 * (int)blockDim.x + 4 * lane, vocab, vec, x + 4);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                u32 b = TOP_NO_BIN;  // NaN, past the row, or outside the prefix
+                u64 m = 0ull;
                 bool ok;
-                const u32 k = top_key(x, ok);
+                const u32 k = top_key(x[e], ok);
                 if (ok && (lvl == 0 || (k >> (sh + bits)) == prefix)) {
                     b = (k >> sh) & (u32)(nb - 1);
-                    if (use_p) m = top_units(x);
+                    if (use_p) m = top_units(x[e]);
                 }
+                top_bin_add(b, m, use_p, cnt, mlo, mhi, lane);
             }
-            const u32 peers = __match_any_sync(0xffffffffu, b);
-            if (b == 0xffffffffu) continue;
-            const bool leader = __ffs(peers) - 1 == lane;
-            if (use_p) {
-                const u32 lo = __reduce_add_sync(peers, (u32)(m & 0xfffffull));
-                const u32 hi = __reduce_add_sync(peers, (u32)(m >> 20));
-                if (leader) atomicAdd((unsigned long long*)&mass[b], ((unsigned long long)hi << 20) + lo);
-            }
-            if (leader) atomicAdd(&cnt[b], (u32)__popc(peers));
         }
         __syncthreads();
         // Thread t holds the bins at descending places 2t and 2t + 1 (bins nb-1-2t, nb-2-2t).
         const int b0 = nb - 1 - 2 * tid, b1 = b0 - 1;
         const u32 c0 = b0 >= 0 ? cnt[b0] : 0u, c1 = b1 >= 0 ? cnt[b1] : 0u;
-        const u64 m0 = b0 >= 0 ? mass[b0] : 0ull, m1 = b1 >= 0 ? mass[b1] : 0ull;
+        const u64 m0 = b0 >= 0 ? top_mass(mlo, mhi, b0) : 0ull, m1 = b1 >= 0 ? top_mass(mlo, mhi, b1) : 0ull;
         u32 ec;
         u64 em;
         top_scan(c0 + c1, m0 + m1, ec, em, wc, wm);
@@ -165,28 +225,46 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
     int tie = -1;
     if (!all) {
         const u32 ct = cnt[s_bin];
-        const u64 mt = mass[s_bin] / ct;
+        const u64 mt = top_mass(mlo, mhi, s_bin) / ct;
         u32 n = ct;
         if (use_k && ac + ct >= (u32)top_k) n = min(n, (u32)top_k - ac);
         if (use_p && am + (u64)ct * mt >= top_units_) n = min(n, (u32)((top_units_ - am + mt - 1) / mt));
-        // Thread t's run of the row: [t len, (t + 1) len); its ties counted, then the
-        // run that holds the n-th tie finds it.
-        const int len = (vocab + blockDim.x - 1) / blockDim.x, j0 = min(vocab, tid * len), j1 = min(vocab, j0 + len);
-        u32 mine = 0;
-        for (int j = j0; j < j1; j++) {
-            bool ok;
-            mine += top_key(lr[j], ok) == prefix && ok;
-        }
-        u32 before;
-        u64 unused;
-        top_scan(mine, 0ull, before, unused, wc, wm);
-        if (before < n && n <= before + mine) {
-            u32 seen = before;
-            for (int j = j0; j < j1; j++) {
+        // Warp w's chunk of the row, [c0, c1): its ties counted a lane at a time
+        // (coalesced), the chunks' counts scanned in order, then the warp whose chunk
+        // holds the n-th tie walks it 32 entries at a time (ballots, index order).
+        // All of them kept (n == ct, as for a continuous row): no pass at all.
+        if (n == ct) {
+            if (tid == 0) s_tie = 0x7fffffff;
+        } else {
+            const int chunk = ((vocab + nw - 1) / nw + 31) / 32 * 32;
+            const int c0 = min(vocab, w * chunk), c1 = min(vocab, c0 + chunk);
+            u32 mine = 0;
+#pragma unroll 4
+            for (int j = c0 + lane; j < c1; j += 32) {
                 bool ok;
-                if (top_key(lr[j], ok) == prefix && ok && ++seen == n) {
-                    s_tie = j;
-                    break;
+                mine += top_key(lr[j], ok) == prefix && ok;
+            }
+            mine = __reduce_add_sync(0xffffffffu, mine);
+            u32 before;
+            u64 unused;
+            top_scan(lane == 0 ? mine : 0u, 0ull, before, unused, wc, wm);
+            before = __shfl_sync(0xffffffffu, before, 0);
+            if (before < n && n <= before + mine) {  // warp-uniform
+                u32 seen = before;
+                for (int jb = c0; jb < c1; jb += 32) {
+                    const int j = jb + lane;
+                    bool ok = false;
+                    const bool t = j < c1 && top_key(lr[j], ok) == prefix && ok;
+                    const u32 bal = __ballot_sync(0xffffffffu, t);
+                    const u32 c = __popc(bal);
+                    if (seen + c >= n) {
+                        // The (n - seen)-th set bit of bal, lowest first.
+                        const u32 want = n - seen;
+                        const u32 below = __popc(bal & ((1u << lane) - 1u));
+                        if (t && below + 1 == want) s_tie = j;
+                        break;
+                    }
+                    seen += c;
                 }
             }
         }

@@ -7,7 +7,7 @@ No GPU needed: NVRTC's ptxas reports each kernel's registers, stack and spills
 
     pip download "nvidia-cuda-nvrtc==13.*" "nvidia-cuda-cuobjdump==13.*" nvidia-cuda-nvdisasm \
         --no-deps -d /tmp/nv && (cd /tmp/nv && for w in *.whl; do python3 -m zipfile -e $w x; done)
-    JET_NVRTC_LIB=/tmp/nv/x/nvidia/cu13/lib/libnvrtc.so.13 \
+    JET_NVRTC_LIB=/tmp/nv/x/nvidia/cu13/lib/libnvrtc.so.13 [JET_NVRTC_DEFINES="NAME=1"] \
         python3 bench/ptxas_info.py flash 'fa_dec2_qkv' [/tmp/flash.cubin]
     # SASS of one kernel (cuobjdump finds nvdisasm on PATH):
     PATH=/tmp/nv/x/nvidia/cu13/bin:$PATH cuobjdump -sass -fun sample_chunks /tmp/sample.cubin
@@ -44,6 +44,8 @@ def main():
     prog = ctypes.c_void_p()
     lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None)
     opts = [b"--gpu-architecture=sm_90a", b"-std=c++17", b"--fmad=false", b"--ptxas-options=-v"]
+    # The runtime's variant switch (context.rs): JET_NVRTC_DEFINES="NAME NAME=1".
+    opts += [b"-D" + d.encode() for d in os.environ.get("JET_NVRTC_DEFINES", "").split()]
     rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     n = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))

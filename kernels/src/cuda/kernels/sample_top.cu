@@ -46,39 +46,19 @@ __device__ __forceinline__ u64 top_mass(const u32* lo, const u32* hi, int b) {
 #define TOP_NO_BIN 0xffffffffu
 
 // Each lane's entry (bin b, or TOP_NO_BIN; mass m) into the shared histogram (counts
-// cnt, masses mlo/mhi). A flat row puts a level's entries in a few bins, where one
-// same-address shared atomic an entry took 3.2 ms of a 0.6B batch-64 decode step
-// (H200), so up to three groups of the warp's lanes that share a bin (the first
-// pending lane's, found by ballots) add once, by that lane: their count, and their
-// masses' sum as two halves of 20 and 21 bits (a mass is at most 2^40; 32 of either
-// half fit a u32) through __reduce_add_sync. The lanes left add alone.
-// __match_any_sync groups made every group its own pass of the reductions (the
-// compiler's loop over distinct masks): on a level's spread bins, ~30 passes an
-// entry slot (ncu, H200). The same integer sums whichever lanes group.
-__device__ __forceinline__ void top_bin_add(u32 b, u64 m, bool use_p, u32* cnt, u32* mlo, u32* mhi, int lane) {
-    bool pending = b != TOP_NO_BIN;
-#pragma unroll
-    for (int round = 0; round < 3; round++) {
-        const u32 pend = __ballot_sync(0xffffffffu, pending);
-        if (pend == 0u) return;  // warp-uniform
-        const int lead = __ffs(pend) - 1;
-        const u32 lb = __shfl_sync(0xffffffffu, b, lead);
-        const bool in = pending && b == lb;
-        const u32 grp = __ballot_sync(0xffffffffu, in);
-        // Over the whole warp (the group's values, zeros elsewhere): a reduction
-        // under a partial mask takes the compiler's divergent path, a loop.
-        if (use_p) {
-            const u32 lo = __reduce_add_sync(0xffffffffu, in ? (u32)(m & 0xfffffull) : 0u);
-            const u32 hi = __reduce_add_sync(0xffffffffu, in ? (u32)(m >> 20) : 0u);
-            if (lane == lead) top_add_mass(mlo + lb, mhi + lb, ((u64)hi << 20) + lo);
-        }
-        if (lane == lead) atomicAdd(cnt + lb, (u32)__popc(grp));
-        pending = pending && !in;
-    }
-    if (pending) {
-        if (use_p) top_add_mass(mlo + b, mhi + b, m);
-        atomicAdd(cnt + b, 1u);
-    }
+// cnt, masses mlo/mhi): one 32-bit shared add a word. A flat row puts a level's
+// entries in a few bins; what made that slow (3.2 ms of a 0.6B batch-64 decode step,
+// H200) was the 64-bit add's compare-and-swap loop retrying under contention, not
+// the conflicts themselves, which 32-bit adds resolve in the hardware. Grouping a
+// warp's lanes of one bin first cost more than it saved (thirty-fourth session:
+// __match_any_sync groups ran the compiler's divergent loop of reductions; ballot
+// groups, three, two or one a warp slot, left the top-p rollout 5-13% slower than
+// none; the adds as PTX red/atom, without the compiler's own aggregation, took 6%
+// more sampling time).
+__device__ __forceinline__ void top_bin_add(u32 b, u64 m, bool use_p, u32* cnt, u32* mlo, u32* mhi) {
+    if (b == TOP_NO_BIN) return;
+    if (use_p) top_add_mass(mlo + b, mhi + b, m);
+    atomicAdd(cnt + b, 1u);
 }
 
 // Entries j .. j + 3 of row lr into x (NaN past the row); vec: the row is 16-byte
@@ -187,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
                     b = (k >> sh) & (u32)(nb - 1);
                     if (use_p) m = top_units(x[e]);
                 }
-                top_bin_add(b, m, use_p, cnt, mlo, mhi, lane);
+                top_bin_add(b, m, use_p, cnt, mlo, mhi);
             }
         }
         __syncthreads();

@@ -77,36 +77,34 @@ __device__ __forceinline__ void top_load4(const float* lr, int j, int vocab, boo
     for (int e = 0; e < 4; e++) x[e] = j + e < vocab ? lr[j + e] : nan;
 }
 
+// Inclusive scan of (c, m) over the warp's lanes.
+__device__ __forceinline__ void top_warp_scan(u32& c, u64& m, int lane) {
+    for (int o = 1; o < 32; o <<= 1) {
+        const u32 oc = __shfl_up_sync(0xffffffffu, c, o);
+        const u64 om = __shfl_up_sync(0xffffffffu, m, o);
+        if (lane >= o) {
+            c += oc;
+            m += om;
+        }
+    }
+}
+
 // The block's exclusive prefix (in thread order) of each thread's (c, m), and the
 // block's totals; blockDim.x 1024. wc, wm: 32 entries of shared scratch each.
 __device__ __forceinline__ void top_scan(u32 c, u64 m, u32& ec, u64& em, u32* wc, u64* wm) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     u32 ic = c;
     u64 im = m;
-    for (int o = 1; o < 32; o <<= 1) {
-        const u32 oc = __shfl_up_sync(0xffffffffu, ic, o);
-        const u64 om = __shfl_up_sync(0xffffffffu, im, o);
-        if (lane >= o) {
-            ic += oc;
-            im += om;
-        }
-    }
+    top_warp_scan(ic, im, lane);
     if (lane == 31) {
         wc[w] = ic;
         wm[w] = im;
     }
     __syncthreads();
-    if (w == 0) {
+    if (w == 0) {  // the warps' sums, scanned by warp 0
         u32 sc = wc[lane];
         u64 sm = wm[lane];
-        for (int o = 1; o < 32; o <<= 1) {
-            const u32 oc = __shfl_up_sync(0xffffffffu, sc, o);
-            const u64 om = __shfl_up_sync(0xffffffffu, sm, o);
-            if (lane >= o) {
-                sc += oc;
-                sm += om;
-            }
-        }
+        top_warp_scan(sc, sm, lane);
         wc[lane] = sc;
         wm[lane] = sm;
     }

@@ -867,7 +867,8 @@ fn continuous_batching_keeps_greedy_samples_bitwise() {
 /// shape and at Qwen3-0.6B widths, in both flows with the tensor-core attention.
 /// Graphs run ahead of the host (rows that stopped run one step more, dropped)
 /// and graphs that wait for it give the same bits too, at temperature 1 and
-/// 0.7; some steps must have run ahead and been kept.
+/// 0.7 and with top-p 0.9 / top-k 40 at 0.8; some steps must have run ahead and
+/// been kept.
 #[test]
 fn decode_graphs_equal_launched_steps_bitwise() {
     let Some(g) = gpu() else { return };
@@ -887,12 +888,20 @@ fn decode_graphs_equal_launched_steps_bitwise() {
                 model.flash_attention(),
                 "the graph path needs the tensor-core attention"
             );
-            for (max_batch, temperature) in [(0, 1.0), (5, 1.0), (0, 0.7)] {
+            // (max_batch, temperature, top_p, top_k): plain draws, and a truncated
+            // one (sample_top over the log-softmax rows, ahead of the host too).
+            for (max_batch, temperature, top_p, top_k) in [
+                (0, 1.0, 1.0, 0),
+                (5, 1.0, 1.0, 0),
+                (0, 0.7, 1.0, 0),
+                (5, 0.8, 0.9, 40),
+            ] {
                 let gen = GenConfig {
                     max_new_tokens: 20,
                     sampling: SamplingParams {
                         temperature,
-                        ..SamplingParams::default()
+                        top_p,
+                        top_k,
                     },
                     // About one token in 13 ends a sample, at either vocabulary.
                     stop_token_ids: (3..cfg.vocab_size as u32).step_by(13).collect(),
@@ -912,7 +921,7 @@ fn decode_graphs_equal_launched_steps_bitwise() {
                 let (differ, differ_ahead) = (count(&graphed), count(&ahead));
                 let lens: Vec<usize> = launched.iter().map(|x| x.0.len()).collect();
                 println!(
-                    "GRAPHS | {:<5} | hidden {} | max_batch {max_batch} | T {temperature} | {differ} of {} samples differ, {differ_ahead} run ahead ({kept} steps kept ahead) | lengths {lens:?}",
+                    "GRAPHS | {:<5} | hidden {} | max_batch {max_batch} | T {temperature} top-p {top_p} top-k {top_k} | {differ} of {} samples differ, {differ_ahead} run ahead ({kept} steps kept ahead) | lengths {lens:?}",
                     flow.name(),
                     cfg.hidden_size,
                     launched.len()

@@ -19,8 +19,10 @@
 //! stream is consumed as without it. Rows known to end at this draw (their
 //! length limit, [`crate::rollout::engine::Decoder::ending`]) are left out of the step ahead.
 
+use jet_kernels::cuda::logsoftmax::log_softmax_rows;
 use jet_kernels::cuda::pinned::{CopyLane, PinnedIn, PinnedOut};
 use jet_kernels::cuda::sample::{sample_logits_seeded, GpuSampled};
+use jet_kernels::cuda::sample_top::sample_top_seeded;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use rand::RngCore;
 
@@ -138,7 +140,14 @@ impl GpuDecoder<'_, '_> {
         };
         temper(g, &mut sg.logits, rows * vocab, p)?;
         let dseeds = (!greedy).then_some(&stage.seeds[stage.turn]);
-        let drawn = sample_logits_seeded(g, &sg.logits, rows, vocab, dseeds)?;
+        // sample_block's draws with these seeds: plain, or the log-softmax rows'
+        // top-k / top-p draw (greedy draws are never truncated).
+        let drawn = if p.untruncated() {
+            sample_logits_seeded(g, &sg.logits, rows, vocab, dseeds)?
+        } else {
+            let lp = log_softmax_rows(g, &sg.logits, rows, vocab)?;
+            sample_top_seeded(g, &lp, rows, vocab, dseeds, p.top_k, p.top_p)?
+        };
         stage.lane.download(g, drawn.buffer(), &mut stage.out)?;
         let fed = match (launch, self.graphs.get_mut(&nb)) {
             (true, Some(sg)) => sg.step_drawn(g, &drawn, &feed),

@@ -13,8 +13,7 @@
 //! (`sample_top`, after the log-softmax rows).
 //!
 //! While the host reads a step's draw, the next step already runs (`ahead`;
-//! plain and greedy draws only, which the graph takes on the device):
-//! the graph takes each row's drawn token on the device, and the host's turn
+//! plain, greedy and top-k / top-p draws alike): the graph takes each row's drawn token on the device, and the host's turn
 //! (the copy back, the stop checks, the next inputs) overlaps it instead of
 //! leaving the GPU idle. The host then keeps that step for the rows that went
 //! on, or drops it; either way every row's bits are those of the step the
@@ -215,7 +214,7 @@ impl Decoder for GpuDecoder<'_, '_> {
         self.ahead = None;
         let ending = std::mem::take(&mut self.ending);
         let mut pending = std::mem::take(&mut self.logits);
-        if self.run_ahead && p.untruncated() && matches!(pending[..], [Pending::Graph { .. }]) {
+        if self.run_ahead && matches!(pending[..], [Pending::Graph { .. }]) {
             if let Some(Pending::Graph {
                 bucket,
                 slots,

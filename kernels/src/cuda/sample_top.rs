@@ -21,7 +21,7 @@ use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, SAMPLE};
 use super::sample::{check_draw, draw_row, row_key, GpuSampled};
-use super::{check_len, ensure, Gpu, Result};
+use super::{check_len, ensure, CudaError, Gpu, Result};
 
 /// `top_units`' "off" (`TOP_OFF` in `sample_top.cu`).
 pub const TOP_OFF: u64 = u64::MAX;
@@ -122,6 +122,25 @@ pub fn sample_top(
     top_p: f64,
 ) -> Result<GpuSampled> {
     check_draw("sample_top", rows, vocab, false, seeds)?;
+    if rows == 0 {
+        return sample_top_seeded(gpu, logp, rows, vocab, None, top_k, top_p);
+    }
+    let dseeds = gpu.upload(seeds)?;
+    sample_top_seeded(gpu, logp, rows, vocab, Some(&dseeds), top_k, top_p)
+}
+
+/// [`sample_top`] with the seeds already on the device (`seeds [>= rows]`, as a
+/// decode step run ahead of the host stages them; `None` only for no rows).
+pub fn sample_top_seeded(
+    gpu: &Gpu,
+    logp: &CudaSlice<f32>,
+    rows: usize,
+    vocab: usize,
+    seeds: Option<&CudaSlice<u64>>,
+    top_k: usize,
+    top_p: f64,
+) -> Result<GpuSampled> {
+    check_draw("sample_top", rows, vocab, true, &[])?;
     ensure(top_p > 0.0 && top_p <= 1.0, || {
         format!("sample_top: top_p {top_p} (must be in (0, 1])")
     })?;
@@ -135,7 +154,12 @@ pub fn sample_top(
     if rows == 0 {
         return Ok(out);
     }
-    let dseeds = gpu.upload(seeds)?;
+    let seeds = seeds.filter(|s| s.len() >= rows).ok_or_else(|| {
+        CudaError::Invalid(format!(
+            "sample_top: {} seeds for {rows} rows",
+            seeds.map_or(0, |s| s.len())
+        ))
+    })?;
     let [tokens, lps] = out.args(gpu);
     gpu.launch(
         &SAMPLE,
@@ -147,7 +171,7 @@ pub fn sample_top(
             Arg::P(gpu.ptr(logp)),
             Arg::I(rows as i32),
             Arg::I(vocab as i32),
-            Arg::P(gpu.ptr(&dseeds)),
+            Arg::P(gpu.ptr(seeds)),
             Arg::I(top_k.min(i32::MAX as usize) as i32),
             Arg::L(top_units(top_p) as i64),
             tokens,

@@ -13,7 +13,8 @@
 //! (`sample_top`, after the log-softmax rows).
 //!
 //! While the host reads a step's draw, the next step already runs (`ahead`;
-//! plain, greedy and top-k / top-p draws alike): the graph takes each row's drawn token on the device, and the host's turn
+//! plain, greedy and top-k / top-p draws alike): the graph takes each row's
+//! drawn token on the device, and the host's turn
 //! (the copy back, the stop checks, the next inputs) overlaps it instead of
 //! leaving the GPU idle. The host then keeps that step for the rows that went
 //! on, or drops it; either way every row's bits are those of the step the

@@ -675,6 +675,25 @@ __device__ __forceinline__ SkIn qkv_pick(const SkIn& qi, const SkIn& ki, const S
     return P;
 }
 
+// A warp's head of summed q, k or v values out (lane l holds columns l + 32 i, i <
+// hd / 32): q and k (kind 0, 1) normed and rotated by qk_norm_rope_warp with q's
+// weight and tables, v (2) as summed; to dst (f32) and/or dst16 (BF16,
+// pack_bf16x2's rounding) unless null.
+__device__ __forceinline__ void qkv_head_out(int kind, float (&v)[8], int hd, float eps, const NormRope& q,
+                                             float* dst, bf16_t* dst16) {
+    const int lane = threadIdx.x & 31, n = hd / 32;
+    if (kind != 2) {
+        qk_norm_rope_warp(v, hd, eps, q, dst, dst16, nullptr);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < n) {
+            if (dst) dst[lane + 32 * i] = v[i];
+            if (dst16) dst16[lane + 32 * i] = (bf16_t)(pack_bf16x2(v[i], v[i]) & 0xffffu);
+        }
+}
+
 // One warp's head of a decode step's q, k, v projections' epilogue (fuses
 // linear_epilogue_group and qk_norm_rope; ops.cu's qkv_sk_norm_rope and flash.cu's
 // fa_dec2_qkv both run it, so both make the same values): head hh of row r of the
@@ -692,16 +711,7 @@ __device__ __forceinline__ void qkv_sk_head(const SkIn& qi, const SkIn& ki, cons
     float v[8];
     sk_epi1_n<4>(P, r, hh * hd + lane, 32, cols, min(n, 4), v);
     if (n > 4) sk_epi1_n<4>(P, r, hh * hd + lane + 128, 32, cols, n - 4, v + 4);
-    if (kind != 2) {
-        qk_norm_rope_warp(v, hd, eps, q, dst, dst16, nullptr);
-        return;
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (i < n) {
-            if (dst) dst[lane + 32 * i] = v[i];
-            if (dst16) dst16[lane + 32 * i] = (bf16_t)(pack_bf16x2(v[i], v[i]) & 0xffffu);
-        }
+    qkv_head_out(kind, v, hd, eps, q, dst, dst16);
 }
 
 // qkv_sk_head for a warp's heads A (kind ka, head ha) and, when hasB, B (kb, hb) of
@@ -719,15 +729,6 @@ __device__ __forceinline__ void qkv_sk_heads2(const SkIn& qi, const SkIn& ki, co
     if (hasB && kb != 2) norm_rope_load(qb, hd, kb == 0 ? qw : kw, pos * (hd / 2), cos_t, sin_t);
     float va[8], vb[8];
     sk_epi1_heads2(PA, ha * hd + lane, PB, hb * hd + lane, hasB, r, n, va, vb);
-    auto finish = [&](int kind, float v[8], const NormRope& q, bf16_t* dst16) {
-        if (kind != 2) {
-            qk_norm_rope_warp(v, hd, eps, q, nullptr, dst16, nullptr);
-            return;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            if (i < n) dst16[lane + 32 * i] = (bf16_t)(pack_bf16x2(v[i], v[i]) & 0xffffu);
-    };
-    finish(ka, va, qa, dsta);
-    if (hasB) finish(kb, vb, qb, dstb);
+    qkv_head_out(ka, va, hd, eps, qa, nullptr, dsta);
+    if (hasB) qkv_head_out(kb, vb, hd, eps, qb, nullptr, dstb);
 }

@@ -139,11 +139,11 @@ impl GpuDecoder<'_, '_> {
             )));
         };
         temper(g, &mut sg.logits, rows * vocab, p)?;
-        let dseeds = (!greedy).then_some(&stage.seeds[stage.turn]);
+        let dseeds = &stage.seeds[stage.turn];
         // sample_block's draws with these seeds: plain, or the log-softmax rows'
-        // top-k / top-p draw (greedy draws are never truncated).
+        // top-k / top-p draw (never greedy, so its seeds were staged above).
         let drawn = if p.untruncated() {
-            sample_logits_seeded(g, &sg.logits, rows, vocab, dseeds)?
+            sample_logits_seeded(g, &sg.logits, rows, vocab, (!greedy).then_some(dseeds))?
         } else {
             let lp = log_softmax_rows(g, &sg.logits, rows, vocab)?;
             sample_top_seeded(g, &lp, rows, vocab, dseeds, p.top_k, p.top_p)?

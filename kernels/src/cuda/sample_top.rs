@@ -21,7 +21,7 @@ use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, SAMPLE};
 use super::sample::{check_draw, draw_row, row_key, GpuSampled};
-use super::{check_len, ensure, CudaError, Gpu, Result};
+use super::{check_len, ensure, Gpu, Result};
 
 /// `top_units`' "off" (`TOP_OFF` in `sample_top.cu`).
 pub const TOP_OFF: u64 = u64::MAX;
@@ -122,25 +122,25 @@ pub fn sample_top(
     top_p: f64,
 ) -> Result<GpuSampled> {
     check_draw("sample_top", rows, vocab, false, seeds)?;
-    if rows == 0 {
-        return sample_top_seeded(gpu, logp, rows, vocab, None, top_k, top_p);
-    }
     let dseeds = gpu.upload(seeds)?;
-    sample_top_seeded(gpu, logp, rows, vocab, Some(&dseeds), top_k, top_p)
+    sample_top_seeded(gpu, logp, rows, vocab, &dseeds, top_k, top_p)
 }
 
-/// [`sample_top`] with the seeds already on the device (`seeds [>= rows]`, as a
-/// decode step run ahead of the host stages them; `None` only for no rows).
+/// [`sample_top`] with the seeds already on the device (`seeds [>= rows]`), as a
+/// decode step run ahead of the host stages them.
 pub fn sample_top_seeded(
     gpu: &Gpu,
     logp: &CudaSlice<f32>,
     rows: usize,
     vocab: usize,
-    seeds: Option<&CudaSlice<u64>>,
+    seeds: &CudaSlice<u64>,
     top_k: usize,
     top_p: f64,
 ) -> Result<GpuSampled> {
     check_draw("sample_top", rows, vocab, true, &[])?;
+    ensure(seeds.len() >= rows, || {
+        format!("sample_top: {} seeds for {rows} rows", seeds.len())
+    })?;
     ensure(top_p > 0.0 && top_p <= 1.0, || {
         format!("sample_top: top_p {top_p} (must be in (0, 1])")
     })?;
@@ -154,12 +154,6 @@ pub fn sample_top_seeded(
     if rows == 0 {
         return Ok(out);
     }
-    let seeds = seeds.filter(|s| s.len() >= rows).ok_or_else(|| {
-        CudaError::Invalid(format!(
-            "sample_top: {} seeds for {rows} rows",
-            seeds.map_or(0, |s| s.len())
-        ))
-    })?;
     let [tokens, lps] = out.args(gpu);
     gpu.launch(
         &SAMPLE,

@@ -588,9 +588,31 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_clustered(src, name, grid, block, smem, 1, args)
+    }
+
+    /// [`Gpu::launch`] in clusters of `cluster` blocks along x (`grid.0` a
+    /// multiple of it; sm_90), whose blocks share distributed shared memory.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_clustered(
+        &self,
+        src: &Source,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        cluster: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
+        super::ensure(cluster >= 1 && grid.0.is_multiple_of(cluster), || {
+            format!(
+                "launching {name}: a grid of {} blocks in clusters of {cluster}",
+                grid.0
+            )
+        })?;
         let f = self.function(src, name)?;
         if smem > 48 * 1024 {
             let mut opted = self.smem_opt_in.lock().unwrap();
@@ -603,9 +625,9 @@ impl Gpu {
                 opted.insert((src.name, name), smem);
             }
         }
-        if self.pdl || args.iter().any(|a| matches!(a, Arg::T(_) | Arg::S(_))) {
+        if self.pdl || cluster > 1 || args.iter().any(|a| matches!(a, Arg::T(_) | Arg::S(_))) {
             return self.span(super::profile::category(src.name), name, || {
-                self.launch_ex(&f, (grid, block, smem), args)
+                self.launch_ex(&f, (grid, block, smem), cluster, args)
                     .ctx(&format!("launching {name}"))
             });
         }
@@ -642,6 +664,7 @@ impl Gpu {
         &self,
         f: &CudaFunction,
         (grid, block, smem): ((u32, u32, u32), (u32, u32, u32), u32),
+        cluster: u32,
         args: &[Arg],
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
         use cudarc::driver::sys;
@@ -658,10 +681,15 @@ impl Gpu {
                 Arg::S(v) => v.as_ptr() as *mut c_void,
             })
             .collect();
-        // SAFETY: a zeroed attribute is valid; id and value are set below.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = self.pdl as i32;
+        // SAFETY: a zeroed attribute is valid; ids and values are set below.
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        attrs[0].id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[0].value.programmaticStreamSerializationAllowed = self.pdl as i32;
+        attrs[1].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attrs[1].value.clusterDim.x = cluster;
+        attrs[1].value.clusterDim.y = 1;
+        attrs[1].value.clusterDim.z = 1;
         let cfg = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -671,8 +699,8 @@ impl Gpu {
             blockDimZ: block.2,
             sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: if cluster > 1 { 2 } else { 1 },
         };
         self.ctx.bind_to_thread()?;
         // SAFETY: `params` points at the argument values, which outlive the call;

@@ -155,12 +155,14 @@ pub fn sample_top_seeded(
         return Ok(out);
     }
     let [tokens, lps] = out.args(gpu);
-    gpu.launch(
+    let cluster = cluster_of(gpu, rows);
+    gpu.launch_clustered(
         &SAMPLE,
         "sample_top",
-        (rows as u32, 1, 1),
+        (rows as u32 * cluster, 1, 1),
         (1024, 1, 1),
         0,
+        cluster,
         &[
             Arg::P(gpu.ptr(logp)),
             Arg::I(rows as i32),
@@ -173,6 +175,25 @@ pub fn sample_top_seeded(
         ],
     )?;
     Ok(out)
+}
+
+/// Blocks a row for [`sample_top_seeded`]: two (a cluster, each block half the
+/// row) where two blocks a row of 1024 threads still fit the GPU at once, one an
+/// SM, on sm_90 and later; else one. `JET_TOP_CLUSTER` (1 or 2) overrides it, for
+/// A/B runs and tests. The draw is the same either way.
+fn cluster_of(gpu: &Gpu, rows: usize) -> u32 {
+    if let Some(c) = std::env::var("JET_TOP_CLUSTER")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|c| (1..=2).contains(c))
+    {
+        return c;
+    }
+    if gpu.compute_capability().0 >= 9 && 2 * rows <= gpu.sm_count() {
+        2
+    } else {
+        1
+    }
 }
 
 #[cfg(test)]

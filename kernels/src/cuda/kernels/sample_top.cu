@@ -114,7 +114,69 @@ __device__ __forceinline__ void top_scan(u32 c, u64 m, u32& ec, u64& em, u32* wc
     __syncthreads();  // wc, wm free again
 }
 
-// Grid (rows), block 1024. logp [rows, vocab]: log-softmax rows (tempered), whose
+// ---- A row split over a cluster of blocks (sm_90) --------------------------------
+// Launched without a cluster a block is a cluster of one: rank 0 of 1.
+__device__ __forceinline__ u32 top_cta_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ u32 top_cta_count() {
+    u32 n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return n;
+}
+// Every thread of the cluster's blocks arrives; shared writes before it are seen
+// by every block's reads after it (a __syncthreads for one block).
+__device__ __forceinline__ void top_cluster_sync(u32 ncta) {
+    if (ncta == 1) {
+        __syncthreads();
+        return;
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The shared::cluster address of shared variable p in block `rank` of the cluster.
+__device__ __forceinline__ u32 top_remote(const void* p, u32 rank) {
+    u32 a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
+    return a;
+}
+__device__ __forceinline__ u32 top_ld32(const void* p, u32 rank) {
+    u32 v;
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(top_remote(p, rank)) : "memory");
+    return v;
+}
+__device__ __forceinline__ u64 top_ld64(const void* p, u32 rank) {
+    u64 v;
+    asm volatile("ld.shared::cluster.u64 %0, [%1];" : "=l"(v) : "r"(top_remote(p, rank)) : "memory");
+    return v;
+}
+__device__ __forceinline__ void top_st32(void* p, u32 rank, u32 v) {
+    asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(top_remote(p, rank)), "r"(v) : "memory");
+}
+// Bin b's count and mass summed over the cluster's blocks (rank order; integer sums).
+__device__ __forceinline__ void top_bin_sum(const u32* cnt, const u32* mlo, const u32* mhi, int b, u32 ncta, u32& c,
+                                            u64& m) {
+    if (ncta == 1) {  // launched without a cluster: this block's own bins
+        c = cnt[b];
+        m = top_mass(mlo, mhi, b);
+        return;
+    }
+    c = 0u;
+    m = 0ull;
+    for (u32 q = 0; q < ncta; q++) {
+        c += top_ld32(cnt + b, q);
+        m += ((u64)top_ld32(mhi + b, q) << 32) | top_ld32(mlo + b, q);
+    }
+}
+
+// Grid (rows x cluster size), block 1024, in clusters of 1 or more blocks a row
+// (sample_top.rs picks 2 where two blocks a row still fit the GPU at once): block
+// `rank` of a row's cluster takes the slice [rank len, (rank + 1) len) of the row;
+// the blocks' histograms are summed through distributed shared memory, each block
+// scanning the same sums (so all find the same boundary), the ties' chunks counted
+// in rank order, and rank 0 takes the best of the blocks' draws (beats: the same
+// winner as one block's argmax). logp [rows, vocab]: log-softmax rows (tempered), whose
 // masses sum to about 2^40; seeds [rows]; top_k 0 or >= 1; top_units TOP_OFF or >= 1.
 extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp, int rows, int vocab,
                                                               const u64* seeds, int top_k, u64 top_units_,
@@ -124,16 +186,20 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
     __shared__ u32 mlo[TOP_BINS], mhi[TOP_BINS];  // a bin's mass: mhi 2^32 + mlo
     __shared__ u32 wc[32];
     __shared__ u64 wm[32];
-    __shared__ u32 s_bin, s_found, s_ac;
-    __shared__ u64 s_am;
-    __shared__ int s_tie;
+    __shared__ u32 s_bin, s_found, s_ac, s_cb, s_blk;
+    __shared__ u64 s_am, s_mb, s_best;
+    __shared__ int s_tie, s_bi;
     __shared__ double sh_s[32];
     __shared__ int sh_i[32];
-    const int r = blockIdx.x, tid = threadIdx.x;
+    const u32 ncta = top_cta_count(), rank = top_cta_rank();
+    const int r = blockIdx.x / ncta, tid = threadIdx.x;
     const float* lr = logp + (long)r * vocab;
     const bool use_k = top_k > 0, use_p = top_units_ != TOP_OFF;
     const int lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
     const bool vec = (vocab & 3) == 0 && (((u64)lr) & 15) == 0;
+    // This block's slice of the row (starts at multiples of 4: float4 loads).
+    const int slen = ((vocab + (int)ncta - 1) / (int)ncta + 3) / 4 * 4;
+    const int s0 = min(vocab, (int)rank * slen), s1 = min(vocab, s0 + slen);
     // Above the boundary bin found so far: the count and mass of the entries there.
     u32 prefix = 0, ac = 0;
     u64 am = 0;
@@ -151,10 +217,10 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
         // Each lane takes 8 entries a pass, two float4 loads issued before any is
         // binned (a pass of one entry a lane had one load a warp in flight: a row on
         // one SM ran at ~5 bytes a cycle); top_bin_add adds them.
-        for (int j0 = 4 * (tid - lane); j0 < vocab; j0 += 8 * blockDim.x) {  // warp-uniform
+        for (int j0 = s0 + 4 * (tid - lane); j0 < s1; j0 += 8 * blockDim.x) {  // warp-uniform
             float x[8];
-            top_load4(lr, j0 + 4 * lane, vocab, vec, x);
-            top_load4(lr, j0 + 4 * (int)blockDim.x + 4 * lane, vocab, vec, x + 4);
+            top_load4(lr, j0 + 4 * lane, s1, vec, x);
+            top_load4(lr, j0 + 4 * (int)blockDim.x + 4 * lane, s1, vec, x + 4);
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 u32 b = TOP_NO_BIN;  // NaN, past the row, or outside the prefix
@@ -168,11 +234,14 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
                 top_bin_add(b, m, use_p, cnt, mlo, mhi);
             }
         }
-        __syncthreads();
-        // Thread t holds the bins at descending places 2t and 2t + 1 (bins nb-1-2t, nb-2-2t).
+        top_cluster_sync(ncta);  // every block's histogram whole
+        // Thread t holds the bins at descending places 2t and 2t + 1 (bins nb-1-2t, nb-2-2t),
+        // summed over the cluster's blocks.
         const int b0 = nb - 1 - 2 * tid, b1 = b0 - 1;
-        const u32 c0 = b0 >= 0 ? cnt[b0] : 0u, c1 = b1 >= 0 ? cnt[b1] : 0u;
-        const u64 m0 = b0 >= 0 ? top_mass(mlo, mhi, b0) : 0ull, m1 = b1 >= 0 ? top_mass(mlo, mhi, b1) : 0ull;
+        u32 c0 = 0u, c1 = 0u;
+        u64 m0 = 0ull, m1 = 0ull;
+        if (b0 >= 0) top_bin_sum(cnt, mlo, mhi, b0, ncta, c0, m0);
+        if (b1 >= 0) top_bin_sum(cnt, mlo, mhi, b1, ncta, c1, m1);
         u32 ec;
         u64 em;
         top_scan(c0 + c1, m0 + m1, ec, em, wc, wm);
@@ -182,14 +251,19 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
             s_bin = (u32)b0;
             s_ac = ac + ec;
             s_am = am + em;
+            s_cb = c0;
+            s_mb = m0;
             s_found = 1u;
         } else if (b1 >= 0 && at1 && !at0) {
             s_bin = (u32)b1;
             s_ac = ac + ec + c0;
             s_am = am + em + m0;
+            s_cb = c1;
+            s_mb = m1;
             s_found = 1u;
         }
-        __syncthreads();
+        // Every block done reading the others' histograms (the next level clears them).
+        top_cluster_sync(ncta);
         if (!s_found) {  // the whole row short of both (only at the top level): keep it all
             all = true;
             break;
@@ -202,8 +276,8 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
     // The boundary key's ties: the first n by index are kept.
     int tie = -1;
     if (!all) {
-        const u32 ct = cnt[s_bin];
-        const u64 mt = top_mass(mlo, mhi, s_bin) / ct;
+        const u32 ct = s_cb;  // the boundary key's entries in the whole row
+        const u64 mt = s_mb / ct;
         u32 n = ct;
         if (use_k && ac + ct >= (u32)top_k) n = min(n, (u32)top_k - ac);
         if (use_p && am + (u64)ct * mt >= top_units_) n = min(n, (u32)((top_units_ - am + mt - 1) / mt));
@@ -214,8 +288,8 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
         if (n == ct) {
             if (tid == 0) s_tie = 0x7fffffff;
         } else {
-            const int chunk = ((vocab + nw - 1) / nw + 31) / 32 * 32;
-            const int c0 = min(vocab, w * chunk), c1 = min(vocab, c0 + chunk);
+            const int chunk = ((s1 - s0 + nw - 1) / nw + 31) / 32 * 32;
+            const int c0 = min(s1, s0 + w * chunk), c1 = min(s1, c0 + chunk);
             u32 mine = 0;
 #pragma unroll 4
             for (int j = c0 + lane; j < c1; j += 32) {
@@ -227,6 +301,10 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
             u64 unused;
             top_scan(lane == 0 ? mine : 0u, 0ull, before, unused, wc, wm);
             before = __shfl_sync(0xffffffffu, before, 0);
+            // The blocks before this one in the row (rank order) hold the first ties.
+            if (w == nw - 1 && lane == 0) s_blk = before + mine;
+            top_cluster_sync(ncta);
+            for (u32 q = 0; q < rank; q++) before += top_ld32(&s_blk, q);
             if (before < n && n <= before + mine) {  // warp-uniform
                 u32 seen = before;
                 for (int jb = c0; jb < c1; jb += 32) {
@@ -239,14 +317,18 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
                         // The (n - seen)-th set bit of bal, lowest first.
                         const u32 want = n - seen;
                         const u32 below = __popc(bal & ((1u << lane) - 1u));
-                        if (t && below + 1 == want) s_tie = j;
+                        if (t && below + 1 == want) {
+                            s_tie = j;
+                            for (u32 q = 0; q < ncta; q++)
+                                if (q != rank) top_st32(&s_tie, q, (u32)j);
+                        }
                         break;
                     }
                     seen += c;
                 }
             }
         }
-        __syncthreads();
+        top_cluster_sync(ncta);  // s_tie written in every block
         tie = s_tie;
     }
     const u64 key = mix64(seeds[r] ^ SEED_SALT);
@@ -254,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
     double bs = NEG_INF;
     int bi = NO_INDEX;
     score_entries(
-        tid, vocab, blockDim.x,
+        s0 + tid, s1, blockDim.x,
         [&](int j) {
             const float x = lr[j];
             bool ok;
@@ -264,8 +346,23 @@ extern "C" __global__ void __launch_bounds__(1024) sample_top(const float* logp,
         false, key, bs, bi);
     block_argmax(bs, bi, sh_s, sh_i);
     if (tid == 0) {
+        s_best = (u64)__double_as_longlong(bs);
+        s_bi = bi;
+    }
+    top_cluster_sync(ncta);
+    if (rank == 0 && tid == 0) {
+        for (u32 q = 1; q < ncta; q++) {
+            const double qs = __longlong_as_double((long long)top_ld64(&s_best, q));
+            const int qi = (int)top_ld32(&s_bi, q);
+            if (beats(qs, qi, bs, bi)) {
+                bs = qs;
+                bi = qi;
+            }
+        }
         const int t = bi == NO_INDEX ? 0 : bi;
         tokens[r] = t;
         out_logp[r] = lr[t];
     }
+    // A block's shared memory must outlive rank 0's reads of it.
+    if (ncta > 1) top_cluster_sync(ncta);
 }

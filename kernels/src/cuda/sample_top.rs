@@ -4,16 +4,14 @@
 //! A row's kept set is its entries in the order (logp descending, index ascending)
 //! up to the first at which the count reaches `top_k` (0: off) or the probability
 //! mass reaches `top_p` (1: off); NaN is never kept. The mass is fixed point: entry
-//! `j` weighs `floor(min(exp(logp_j), 1) * 2^40)` (exp in f64), summed as integers,
-//! so the device may add in any order and get the same sums; `top_p` becomes
-//! [`top_units`]. The token is the Gumbel-max of [`sample_reference`] over the kept
+//! `j` weighs about `min(exp(logp_j), 1) * 2^40` (`entry_units`: a fixed f32
+//! sequence the kernel repeats), summed as integers, so the device may add in any
+//! order and get the same sums; `top_p` becomes [`top_units`]. The token is the Gumbel-max of [`sample_reference`] over the kept
 //! entries alone, with the same noise: `softmax(logp)` renormalized over the kept set,
 //! and a seed whose kept set is the whole row draws `sample_reference`'s token.
 //! As there, the recorded logprob is the untruncated `logp[token]`.
 //!
-//! CPU and GPU agree but where CUDA's f64 `exp` differs from Rust's in the last bit
-//! and that moves an entry's weight by one unit (2^-40) across the boundary: a kept
-//! set whose mass lies within ~1e-12 of `top_p`.
+//! CPU and GPU draw the same token and logprob for every row, bit for bit.
 //!
 //! [`sample_reference`]: super::sample::sample_reference
 
@@ -38,9 +36,37 @@ pub fn top_units(top_p: f64) -> u64 {
     }
 }
 
-/// Entry `x`'s mass in units (`top_units` in `sample_top.cu`); `x` not NaN.
+/// Entry `x`'s mass in units of 2^-40 (`top_units` in `sample_top.cu`): about
+/// `min(exp(x), 1) 2^40`, truncated, by a fixed sequence of correctly rounded f32
+/// operations that the kernel repeats one for one, so both sides weigh every entry
+/// the same by construction (a library `exp` may differ in its last bit between
+/// them). `x` is clamped to [-28, 0] (at -28 the mass is under one unit: -inf
+/// weighs 0, and anything from 0 up 2^40); `n = rne(x log2 e)` in [-40, 0],
+/// `r = x - n ln 2` by a two-part `ln 2` (|r| <= 0.35), `exp(r)` by its Taylor
+/// polynomial of degree 7 in Horner form (truncation under 1e-8 relative), and
+/// `exp(r) 2^(n + 40)` is exact in f32 before the truncation. Within ~2^-22 of
+/// the true `exp`; `x` not NaN.
 fn entry_units(x: f32) -> u64 {
-    ((x as f64).exp().min(1.0) * UNIT) as u64
+    const L2E: f32 = f32::from_bits(0x3fb8_aa3b);
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 16 bits: n LN2_HI is exact
+    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+    // 1/k! for k = 7 down to 0, rounded to f32.
+    const C: [f32; 8] = [
+        f32::from_bits(0x3950_0d01),
+        f32::from_bits(0x3ab6_0b61),
+        f32::from_bits(0x3c08_8889),
+        f32::from_bits(0x3d2a_aaab),
+        f32::from_bits(0x3e2a_aaab),
+        0.5,
+        1.0,
+        1.0,
+    ];
+    let x = x.min(0.0).max(-28.0);
+    let n = (x * L2E).round_ties_even();
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
+    let p = C[1..].iter().fold(C[0], |p, &c| p.mul_add(r, c));
+    let scale = f32::from_bits(((n as i32 + 40 + 127) as u32) << 23);
+    (p * scale) as u64
 }
 
 /// `x`'s place in the order as an unsigned key (larger logp, larger key; -0 as
@@ -109,9 +135,10 @@ pub fn sample_top_reference(
 
 /// Top-k / top-p draws from `logp [rows, vocab]` (log-softmax rows, already
 /// tempered) with one seed a row, as [`sample_top_reference`]: `top_k` 0 is off,
-/// `top_p` in (0, 1] (1 is off). One block of 1024 threads a row: three histogram
-/// passes over the row find the kept set's boundary, a fourth its ties, a fifth
-/// draws.
+/// `top_p` in (0, 1] (1 is off). One block of 1024 threads a row (a cluster of
+/// two, each half the row, where the GPU has two SMs a row: [`cluster_of`]): three
+/// histogram passes over the row find the kept set's boundary, a fourth its ties,
+/// a fifth draws.
 pub fn sample_top(
     gpu: &Gpu,
     logp: &CudaSlice<f32>,
@@ -289,5 +316,25 @@ mod tests {
         assert_eq!(entry_units(0.0), 1 << 40);
         assert_eq!(entry_units(f32::NEG_INFINITY), 0);
         assert_eq!(entry_units(5.0), 1 << 40);
+        assert_eq!(entry_units(-28.0), 0);
+    }
+
+    /// The fixed-sequence mass against f64's `exp` over [-30, 1]: within 2^-22
+    /// relative (and one unit of truncation), never above one probability, and
+    /// monotone.
+    #[test]
+    fn entry_units_track_exp() {
+        let mut prev = 0u64;
+        for i in 0..=310_000 {
+            let x = -30.0 + i as f32 * 1e-4;
+            let got = entry_units(x);
+            let want = (x as f64).exp().min(1.0) * UNIT;
+            assert!(
+                (got as f64 - want).abs() <= want * 2f64.powi(-22) + 1.0,
+                "x {x}: {got} against {want}"
+            );
+            assert!(got <= 1 << 40 && got >= prev, "x {x}: {got} after {prev}");
+            prev = got;
+        }
     }
 }

@@ -61,7 +61,7 @@ fn entry_units(x: f32) -> u64 {
         1.0,
         1.0,
     ];
-    let x = x.min(0.0).max(-28.0);
+    let x = x.clamp(-28.0, 0.0);
     let n = (x * L2E).round_ties_even();
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
     let p = C[1..].iter().fold(C[0], |p, &c| p.mul_add(r, c));

@@ -570,11 +570,19 @@ fn rollout_equals_training_bitwise_at_qwen3_widths() {
     let Some(g) = gpu() else { return };
     let cfg = qwen3_widths();
     let dw = GpuWeights::upload(&g, &init_random(&cfg, 6)).unwrap();
-    for flow in [Flow::Bf16, Flow::Fp8] {
+    // FP8 twice: the decode's gate/up + SwiGLU as these widths take it by default
+    // (split-K kernel, then swiglu_sk_operand) and in one launch, forced (the path of
+    // wider models).
+    for (flow, gu_fused) in [
+        (Flow::Bf16, None),
+        (Flow::Fp8, None),
+        (Flow::Fp8, Some(true)),
+    ] {
+        jet_kernels::cuda::linear::set_gate_up_fused(gu_fused);
         let (max_abs, _) = rollout_vs_training(&g, &cfg, &dw, flow, true);
         report(
             &format!(
-                "{} (0.6B widths): rollout vs training max |dlogp|",
+                "{} (0.6B widths, gate/up one launch {gu_fused:?}): rollout vs training max |dlogp|",
                 flow.name()
             ),
             max_abs,
@@ -582,6 +590,7 @@ fn rollout_equals_training_bitwise_at_qwen3_widths() {
         );
         rollout_vs_training(&g, &cfg, &dw, flow, false);
     }
+    jet_kernels::cuda::linear::set_gate_up_fused(None);
 }
 
 /// The same bitwise equality for the layer layouts without Qwen3's q/k norms:

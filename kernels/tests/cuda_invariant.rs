@@ -312,17 +312,25 @@ fn grouped_projections_equal_their_own_launches() {
 /// through the GEMM that reads them. Widths (hidden, q, inter): Qwen3-0.6B's;
 /// hidden 5120 (a norm row of 40 groups: two a warp); inter 3070 (not a multiple
 /// of 4: the epilogue's scalar loads). Rows 1 to 300, the fused paths taken at
-/// least up to 64.
+/// least up to 64; FP8's gate/up + SwiGLU once through the split-K kernel and
+/// `swiglu_sk_operand`, once through `wg_fp8_gate_up_swiglu` (one launch).
 #[test]
 fn fused_epilogues_equal_the_separate_launches() {
     let Some(g) = gpu() else { return };
-    for flow in [Flow::Bf16, Flow::Fp8] {
+    // FP8's gate/up + SwiGLU both ways: the split-K kernel and swiglu_sk_operand
+    // (what these widths get by default), and the one-launch kernel, forced.
+    for (flow, gu_fused) in [
+        (Flow::Bf16, None),
+        (Flow::Fp8, Some(false)),
+        (Flow::Fp8, Some(true)),
+    ] {
+        glin::set_gate_up_fused(gu_fused);
         for (i, widths) in [(1024, 2048, 3072), (5120, 2048, 3072), (1024, 2048, 3070)]
             .into_iter()
             .enumerate()
         {
             let (diff, fused) = fused_vs_separate(&g, flow, widths, 60 + 20 * i as u64);
-            println!("  {flow:?} {widths:?}: fused for rows {fused:?}");
+            println!("  {flow:?} (gate/up in one launch: {gu_fused:?}) {widths:?}: fused for rows {fused:?}");
             for kind in ["o+norm", "gate/up+swiglu", "qkv+norm+rope"] {
                 assert!(
                     !g.wgmma() || [1, 7, 64].iter().all(|&m| fused.contains(&(kind, m))),
@@ -331,11 +339,12 @@ fn fused_epilogues_equal_the_separate_launches() {
             }
             report_exact(
                 "fused decode epilogues vs separate launches",
-                &format!("{flow:?} (hidden, q, inter) {widths:?}, rows 1..300"),
+                &format!("{flow:?} {gu_fused:?} (hidden, q, inter) {widths:?}, rows 1..300"),
                 diff,
             );
         }
     }
+    glin::set_gate_up_fused(None);
     done();
 }
 

@@ -46,7 +46,9 @@ pub(crate) const WG: Source = Source {
     code: concat!(
         include_str!("kernels/wgmma.cuh"),
         include_str!("kernels/wg_common.cuh"),
-        include_str!("kernels/gemm_wg.cu")
+        include_str!("kernels/gemm_wg.cu"),
+        include_str!("kernels/block128.cuh"),
+        include_str!("kernels/gate_up_swiglu.cu")
     ),
 };
 pub(crate) const OPS: Source = Source {

@@ -17,11 +17,13 @@
 //! Operands are the quantizer's: X 1x128 (`[M_pad][K_pad]`, VEC128 scales
 //! `[L][M_pad]`), W 128x128 blocks (`[N_pad][K_pad]`, scales `[ceil(N/128)][lds]`).
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, Source, GEMV, ROWS, WG};
 use super::quantize::Fp8Quantized;
-use super::{ensure, Gpu, Result};
+use super::{check_len, ensure, Gpu, Result};
 use crate::fp8::{Grouping, GROUP};
 
 /// Tokens a block of the decode kernels covers (8 token tiles of 8).
@@ -633,6 +635,113 @@ pub(crate) fn gemv_fp8_partial_group(
         ops.push(SkOps::fp8(gpu, x, w, 0));
     }
     partial_group(gpu, &ops)
+}
+
+/// Dynamic shared memory of `wg_fp8_gate_up_swiglu` (`GuSmem::BYTES` in
+/// `gate_up_swiglu.cu`): five stages of gate's and up's 128-row boxes and a
+/// 64-token X box, the stages' token scales and barriers, the alignment slack.
+const GU_SMEM: u32 = 5 * (2 * 128 * 128 + 64 * 128) + 5 * 64 * 4 + 5 * 8 + 1024;
+
+/// When [`gate_up_swiglu_fp8`] runs in place of the grouped split-K kernel and
+/// `swiglu_sk_operand` (the same bits either way): 0 never, 1 always (where it
+/// fits), 2 where its grid (one block a 128-row group of gate) covers at least half
+/// the SMs. From `JET_GU_FUSED` (0 or 1; else 2) until [`set_gate_up_fused`].
+/// H200, fp8 batch 64: at Qwen3-8B's widths (96 blocks) the rollout ran 4.7-7.6%
+/// faster, at 0.6B's (24 blocks) 3.3% slower (BENCHMARKS, thirty-fifth session).
+static GU_FUSED: AtomicU8 = AtomicU8::new(u8::MAX);
+
+/// Overrides `JET_GU_FUSED` for the process: `Some(true)` takes the one-launch
+/// gate/up/SwiGLU kernel wherever it fits, `Some(false)` never, `None` by its grid
+/// (tests run it at widths the automatic choice leaves to the split path).
+pub fn set_gate_up_fused(on: Option<bool>) {
+    GU_FUSED.store(on.map_or(2, u8::from), Ordering::Relaxed);
+}
+
+/// Whether [`gate_up_swiglu_fp8`] takes `m` tokens through gate and up `[n, k]`:
+/// a wgmma GPU, a decode batch (at most [`GEMV_MAX_TOKENS`] rows), whole 128-row
+/// groups, and [`GU_FUSED`]'s choice.
+pub(crate) fn gate_up_swiglu_fits(gpu: &Gpu, m: usize, n: usize) -> bool {
+    let mut mode = GU_FUSED.load(Ordering::Relaxed);
+    if mode == u8::MAX {
+        mode = match std::env::var("JET_GU_FUSED").as_deref().map(str::trim) {
+            Ok("0") => 0,
+            Ok("1") => 1,
+            _ => 2,
+        };
+        GU_FUSED.store(mode, Ordering::Relaxed);
+    }
+    gpu.wgmma()
+        && (1..=GEMV_MAX_TOKENS).contains(&m)
+        && n > 0
+        && n.is_multiple_of(GROUP)
+        && (mode == 1 || (mode == 2 && 2 * (n / GROUP) >= gpu.sm_count()))
+}
+
+/// Gate and up of `x` (at most [`GEMV_MAX_TOKENS`] tokens), SwiGLU and the down
+/// projection's operand in one launch of `wg_fp8_gate_up_swiglu`
+/// (`gate_up_swiglu.cu`): one block a 1x128 group of h, its gate and up rows
+/// unsplit, with [`partial_group`]'s sums in [`splits`]' slice order, so the bits
+/// of that launch and `swiglu_sk_operand`. `h [m, n]` (`n` = gate's rows);
+/// `op`: the operand's arguments after h (`FusedOperand::args`).
+pub(crate) fn gate_up_swiglu_fp8(
+    gpu: &Gpu,
+    x: &Fp8Quantized,
+    (gate, up): (&Fp8Quantized, &Fp8Quantized),
+    h: &CudaSlice<f32>,
+    op: &[Arg],
+) -> Result<()> {
+    check(x, gate)?;
+    check(x, up)?;
+    let (m, n) = (x.rows, gate.rows);
+    ensure(
+        up.rows == n && up.rows_pad == gate.rows_pad && up.lds == gate.lds,
+        || {
+            format!(
+                "gate [{n}, {}] and up [{}, {}] differ",
+                gate.cols, up.rows, up.cols
+            )
+        },
+    )?;
+    ensure(gate_up_swiglu_fits(gpu, m, n), || {
+        format!(
+            "the fused gate/up/SwiGLU kernel does not take {m} tokens of [{n}, {}]",
+            gate.cols
+        )
+    })?;
+    check_len("swiglu h", h, m * n, format!("[{m}, {n}]"))?;
+    use super::tma::{tensor_map_2d, TmaElem};
+    let (g, u) = (SkOps::fp8(gpu, x, gate, 0), SkOps::fp8(gpu, x, up, 0));
+    let (kp, l) = (g.k_pad, g.k_pad.div_ceil(GROUP));
+    let (_, gps) = splits(gpu, n, kp);
+    let tg = tensor_map_2d(TmaElem::U8, g.w.0, (g.n_pad, kp, kp), (128, 128), true)?;
+    let tu = tensor_map_2d(TmaElem::U8, u.w.0, (u.n_pad, kp, kp), (128, 128), true)?;
+    let tx = tensor_map_2d(TmaElem::U8, g.x.0, (m, kp, kp), (128, 64), true)?;
+    let txs = tensor_map_2d(TmaElem::F32, g.x.1, (l, m, g.x.2 as usize), (64, 1), false)?;
+    gpu.launch(
+        &WG,
+        "wg_fp8_gate_up_swiglu",
+        ((n / GROUP) as u32, 1, 1),
+        (512, 1, 1),
+        GU_SMEM,
+        &[
+            &[
+                Arg::T(tg),
+                Arg::T(tu),
+                Arg::T(tx),
+                Arg::T(txs),
+                Arg::P(g.w.1),
+                Arg::P(u.w.1),
+                Arg::I(g.w.2),
+                Arg::I(m as i32),
+                Arg::I(kp as i32),
+                Arg::I(gps as i32),
+                Arg::I(n as i32),
+                Arg::P(gpu.ptr(h)),
+            ][..],
+            op,
+        ]
+        .concat(),
+    )
 }
 
 /// `d [M][ldd] = x [M, K] w [N, K]^T` for any number of tokens in one launch, each

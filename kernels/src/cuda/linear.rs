@@ -21,6 +21,7 @@ use cudarc::driver::CudaSlice;
 
 mod fused;
 mod group;
+pub use super::gemv::set_gate_up_fused;
 pub use fused::{gate_up_swiglu, linear_residual_norm, qkv_partials, QkvPartials, ResidualNorm};
 pub use group::{linear_forward_group, linear_forward_group_act};
 

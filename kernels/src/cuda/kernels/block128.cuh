@@ -1,5 +1,5 @@
-// E4M3 encoding of a quantizer's values (quantize.cu, and adamw.cu's fused weight
-// blocks): prepended to both modules.
+// E4M3 encoding of a quantizer's values (quantize.cu, adamw.cu's fused weight
+// blocks, gate_up_swiglu.cu's operand): prepended to those modules.
 
 // The four codes of v (scale d), by the hardware conversion of the quotients, or
 // (SW, kept as the check of both) by e4m3_encode of the division itself.
@@ -11,6 +11,28 @@ __device__ __forceinline__ u32 encode4(const float v[4], Quot d) {
     if (d.fast)
         return cvt_e4m3x2(qdiv(v[0], d), qdiv(v[1], d)) | (cvt_e4m3x2(qdiv(v[2], d), qdiv(v[3], d)) << 16);
     return e4m3x2(v[0] / d.s, v[1] / d.s) | (e4m3x2(v[2] / d.s, v[3] / d.s) << 16);
+}
+
+// A fused producer's GEMM operand for one lane's four values v of row r, group g,
+// columns c .. c+3 (row1x128's layout; the whole warp calls it): their 1x128 E4M3
+// codes and the group's scale (codes != null, as row1x128) or their BF16 copy
+// (yb != null, as pad_bf16_f32).
+__device__ __forceinline__ void store_operand4(const float v[4], int r, int g, int c, int lane, int rows_pad,
+                                               int cols_pad, u8* codes, float* scales, bf16_t* yb) {
+    if (codes) {
+        u32 m = 0;
+        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[j]);
+        m = __reduce_max_sync(0xffffffffu, m);
+        // quot_usual where it applies (the same values, no range-check branches).
+        const bool usual = usual_amax(m);
+        const Quot d = usual ? quot_usual(m) : quot(e4m3_scale(m));
+        const u32 q = usual ? encode4_fast(v, d) : encode4(v, d);
+        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
+        if (lane == 0) scales[(long)g * rows_pad + r] = d.s;
+    }
+    if (yb && c < cols_pad) {
+        *(uint2*)(yb + (long)r * cols_pad + c) = make_uint2(pack2_bf16(v[0], v[1]), pack2_bf16(v[2], v[3]));
+    }
 }
 
 // The 128x128 weight-block quantizer's encoding half, shared by quant_block128_*

@@ -447,28 +447,6 @@ extern "C" __global__ void fill_random_f32(float* y, long n, u32 seed, float amp
     y[i] = ((float)(h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * amp;
 }
 
-// A fused producer's GEMM operand for one lane's four values v of row r, group g,
-// columns c .. c+3 (row1x128's layout; the whole warp calls it): their 1x128 E4M3
-// codes and the group's scale (codes != null, as row1x128) or their BF16 copy
-// (yb != null, as pad_bf16_f32).
-__device__ __forceinline__ void store_operand4(const float v[4], int r, int g, int c, int lane, int rows_pad,
-                                               int cols_pad, u8* codes, float* scales, bf16_t* yb) {
-    if (codes) {
-        u32 m = 0;
-        for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[j]);
-        m = __reduce_max_sync(0xffffffffu, m);
-        // quot_usual where it applies (the same values, no range-check branches).
-        const bool usual = usual_amax(m);
-        const Quot d = usual ? quot_usual(m) : quot(e4m3_scale(m));
-        const u32 q = usual ? encode4_fast(v, d) : encode4(v, d);
-        if (c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
-        if (lane == 0) scales[(long)g * rows_pad + r] = d.s;
-    }
-    if (yb && c < cols_pad) {
-        *(uint2*)(yb + (long)r * cols_pad + c) = make_uint2(pack2_bf16(v[0], v[1]), pack2_bf16(v[2], v[3]));
-    }
-}
-
 // ---- rmsnorm with its GEMM operand ------------------------------------------------
 // Fuses ops.cu's rmsnorm_fwd (y = w * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps))
 // with the operand the next GEMM reads of y: quant_row1x128_f32 (codes != null) or

@@ -14,7 +14,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::super::context::{Arg, OPS, QUANTIZE};
-use super::super::gemv::{CStruct, Partial};
+use super::super::gemv::{gate_up_swiglu_fits, gate_up_swiglu_fp8, CStruct, Partial};
 use super::super::ops::{qk_norm_rope_fits, GpuRope};
 use super::super::quantize::{FusedOperand, NORM_OPERAND_MAX_DIM};
 use super::group::group_partials;
@@ -126,6 +126,9 @@ pub fn gate_up_swiglu(
             gate.n, gate.k, up.n, up.k
         )
     })?;
+    if let Some(fused) = gate_up_swiglu_one_launch(gpu, x, xo, m, (gate, up), prec)? {
+        return Ok(Some(fused));
+    }
     let Some(parts) = group_partials(gpu, x.into(), xo, m, &[gate, up], prec)? else {
         return Ok(None);
     };
@@ -152,6 +155,35 @@ pub fn gate_up_swiglu(
         ]
         .concat(),
     )?;
+    Ok(Some((h, XOperand::fused(m, cols, op))))
+}
+
+/// [`gate_up_swiglu`] in one launch (`gemv::gate_up_swiglu_fp8`) where the FP8
+/// decode path would run the grouped split-K kernel and `swiglu_sk_operand`
+/// (the same bits); `None` (nothing launched) elsewhere.
+fn gate_up_swiglu_one_launch(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    xo: &mut XOperand,
+    m: usize,
+    (gate, up): (&GpuWeight, &GpuWeight),
+    prec: GemmPrecision,
+) -> Result<Option<(CudaSlice<f32>, XOperand)>> {
+    let (Some(gq), Some(uq)) = (gate.fp8.as_ref(), up.fp8.as_ref()) else {
+        return Ok(None);
+    };
+    if prec != GemmPrecision::Fp8
+        || !(gate.batch_invariant && up.batch_invariant)
+        || !gate_up_swiglu_fits(gpu, m, gate.n)
+    {
+        return Ok(None);
+    }
+    let (cols, k) = (gate.n, gate.k);
+    check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
+    let qx = xo.of(m, k)?.fp8(gpu, x.into(), m, k)?;
+    let h = gpu.uninit::<f32>(m * cols)?;
+    let op = FusedOperand::alloc(gpu, m, cols, true)?;
+    gate_up_swiglu_fp8(gpu, qx, (gq, uq), &h, &op.args(gpu, m, cols))?;
     Ok(Some((h, XOperand::fused(m, cols, op))))
 }
 

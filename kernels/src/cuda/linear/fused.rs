@@ -109,8 +109,9 @@ pub fn linear_residual_norm(
 
 /// The gate and up projections of `x [m, k]` (no bias) and SwiGLU of their
 /// outputs with the down projection's operand, in the two launches of the
-/// grouped split-K GEMM and `swiglu_sk_operand`: `(h [m, inter], operand)`, the
-/// bits of `linear_forward_group` then `swiglu_with_operand`. `None` (nothing
+/// grouped split-K GEMM and `swiglu_sk_operand`, or (FP8, wide enough:
+/// `gemv::gate_up_swiglu_fits`) in one: `(h [m, inter], operand)`, the bits of
+/// `linear_forward_group` then `swiglu_with_operand` either way. `None` (nothing
 /// launched) where the grouped split-K path does not apply.
 pub fn gate_up_swiglu(
     gpu: &Gpu,

@@ -19,17 +19,15 @@
 //! stream is consumed as without it. Rows known to end at this draw (their
 //! length limit, [`crate::rollout::engine::Decoder::ending`]) are left out of the step ahead.
 
-use jet_kernels::cuda::logsoftmax::log_softmax_rows;
 use jet_kernels::cuda::pinned::{CopyLane, PinnedIn, PinnedOut};
-use jet_kernels::cuda::sample::{sample_logits_seeded, GpuSampled};
-use jet_kernels::cuda::sample_top::sample_top_seeded;
+use jet_kernels::cuda::sample::GpuSampled;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use rand::RngCore;
 
 use cudarc::driver::CudaSlice;
 
 use super::decode_graph::{bucket_of, StepGraph};
-use super::generate::{spread_seeds, temper, GpuDecoder, Pending};
+use super::generate::{draw_tempered, spread_seeds, temper, GpuDecoder, Pending};
 use crate::rollout::sampler::SamplingParams;
 
 /// A step launched before the host asked for it.
@@ -139,15 +137,9 @@ impl GpuDecoder<'_, '_> {
             )));
         };
         temper(g, &mut sg.logits, rows * vocab, p)?;
-        let dseeds = &stage.seeds[stage.turn];
-        // sample_block's draws with these seeds: plain, or the log-softmax rows'
-        // top-k / top-p draw (never greedy, so its seeds were staged above).
-        let drawn = if p.untruncated() {
-            sample_logits_seeded(g, &sg.logits, rows, vocab, (!greedy).then_some(dseeds))?
-        } else {
-            let lp = log_softmax_rows(g, &sg.logits, rows, vocab)?;
-            sample_top_seeded(g, &lp, rows, vocab, dseeds, p.top_k, p.top_p)?
-        };
+        // sample_block's draws, with the seeds staged above (none for greedy).
+        let dseeds = (!greedy).then_some(&stage.seeds[stage.turn]);
+        let drawn = draw_tempered(g, &sg.logits, rows, vocab, p, dseeds)?;
         stage.lane.download(g, drawn.buffer(), &mut stage.out)?;
         let fed = match (launch, self.graphs.get_mut(&nb)) {
             (true, Some(sg)) => sg.step_drawn(g, &drawn, &feed),

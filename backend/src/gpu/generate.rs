@@ -24,8 +24,8 @@
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::logsoftmax::log_softmax_rows;
 use jet_kernels::cuda::pinned::PinnedIn;
-use jet_kernels::cuda::sample::sample_logits;
-use jet_kernels::cuda::sample_top::sample_top;
+use jet_kernels::cuda::sample::{sample_logits_seeded, GpuSampled};
+use jet_kernels::cuda::sample_top::sample_top_seeded;
 use jet_kernels::cuda::tensor::{div_scalar, gather_rows};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
@@ -350,20 +350,43 @@ pub(super) fn sample_block(
     p: &SamplingParams,
     rng: &mut dyn RngCore,
 ) -> Result<Vec<(u32, f32)>> {
+    if rows == 0 {
+        return Ok(vec![]);
+    }
     let g = &*model.gpu;
     let vocab = model.cfg.vocab_size;
     temper(g, logits, rows * vocab, p)?;
     let seeds = spread_seeds(rows, keep, rng);
-    let all = if p.untruncated() {
-        sample_logits(g, logits, rows, vocab, p.temperature <= 0.0, &seeds)?
-    } else {
-        // Top-k / top-p on the device: the log-softmax rows, then each row's kept
-        // set and its Gumbel-max draw (`sample_top`); only the tokens come back.
-        let lp = log_softmax_rows(g, logits, rows, vocab)?;
-        sample_top(g, &lp, rows, vocab, &seeds, p.top_k, p.top_p)?
+    // Greedy rows never read their seed: no upload.
+    let dseeds = match p.temperature <= 0.0 {
+        true => None,
+        false => Some(g.upload(&seeds)?),
     };
-    let all = all.download(g)?;
+    let all = draw_tempered(g, logits, rows, vocab, p, dseeds.as_ref())?.download(g)?;
     Ok(keep.iter().map(|&r| all[r]).collect())
+}
+
+/// The draws of tempered `logits [rows, vocab]` with one seed a row already on
+/// the device (`seeds [>= rows]`; `None` only for greedy draws): the Gumbel-max
+/// (`sample_logits_seeded`), or with top-k / top-p each log-softmax row's kept
+/// set and its draw (`sample_top_seeded`). [`sample_block`] and the steps run
+/// ahead of the host (`ahead.rs`) both draw through it.
+pub(super) fn draw_tempered(
+    g: &Gpu,
+    logits: &CudaSlice<f32>,
+    rows: usize,
+    vocab: usize,
+    p: &SamplingParams,
+    seeds: Option<&CudaSlice<u64>>,
+) -> Result<GpuSampled> {
+    if p.untruncated() {
+        return sample_logits_seeded(g, logits, rows, vocab, seeds);
+    }
+    let seeds = seeds.ok_or_else(|| {
+        CudaError::Invalid("a top-k / top-p draw needs one seed a row on the device".into())
+    })?;
+    let lp = log_softmax_rows(g, logits, rows, vocab)?;
+    sample_top_seeded(g, &lp, rows, vocab, seeds, p.top_k, p.top_p)
 }
 
 /// Divide the first `n` logits by the sampling temperature in place (none at

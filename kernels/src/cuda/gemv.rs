@@ -646,8 +646,9 @@ const GU_SMEM: u32 = 5 * (2 * 128 * 128 + 64 * 128) + 5 * 64 * 4 + 5 * 8 + 1024;
 /// `swiglu_sk_operand` (the same bits either way): 0 never, 1 always (where it
 /// fits), 2 where its grid (one block a 128-row group of gate) covers at least half
 /// the SMs. From `JET_GU_FUSED` (0 or 1; else 2) until [`set_gate_up_fused`].
-/// H200, fp8 batch 64: at Qwen3-8B's widths (96 blocks) the rollout ran 4.7-7.6%
-/// faster, at 0.6B's (24 blocks) 3.3% slower (BENCHMARKS, thirty-fifth session).
+/// H200, fp8 batch 64: at Qwen3-8B's widths (96 blocks) the rollout drew 3.7-3.8%
+/// more tokens/s; at 0.6B's (24 blocks) its decode graphs took 3.3% longer
+/// (BENCHMARKS, thirty-fifth session).
 static GU_FUSED: AtomicU8 = AtomicU8::new(u8::MAX);
 
 /// Overrides `JET_GU_FUSED` for the process: `Some(true)` takes the one-launch
@@ -690,6 +691,7 @@ pub(crate) fn gate_up_swiglu_fp8(
     h: &CudaSlice<f32>,
     op: &[Arg],
 ) -> Result<()> {
+    use super::tma::{tensor_map_2d, TmaElem};
     check(x, gate)?;
     check(x, up)?;
     let (m, n) = (x.rows, gate.rows);
@@ -709,7 +711,6 @@ pub(crate) fn gate_up_swiglu_fp8(
         )
     })?;
     check_len("swiglu h", h, m * n, format!("[{m}, {n}]"))?;
-    use super::tma::{tensor_map_2d, TmaElem};
     let (g, u) = (SkOps::fp8(gpu, x, gate, 0), SkOps::fp8(gpu, x, up, 0));
     let (kp, l) = (g.k_pad, g.k_pad.div_ceil(GROUP));
     let (_, gps) = splits(gpu, n, kp);

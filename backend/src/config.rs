@@ -195,9 +195,20 @@ pub struct RolloutSection {
     /// The rollouts depend on it (the sampling order follows the batch), so a run
     /// keeps one value.
     pub max_batch: usize,
+    /// GiB the GPU's KV cache may take; 0: room for max_batch sequences at full
+    /// length. Under it the cache's pages go to sequences as they grow; where a
+    /// step finds none free the youngest sequences are preempted and prefilled
+    /// again later (the same logprobs; the order of the draws, so the samples,
+    /// then depends on it too).
+    pub kv_cache_gib: f64,
 }
 
 impl RolloutSection {
+    /// The KV cache's bound in bytes (None: room for max_batch full-length sequences).
+    pub fn kv_cache_bytes(&self) -> Option<usize> {
+        (self.kv_cache_gib > 0.0).then_some((self.kv_cache_gib * (1u64 << 30) as f64) as usize)
+    }
+
     pub fn sampling(&self) -> SamplingParams {
         SamplingParams {
             temperature: self.temperature,
@@ -218,6 +229,7 @@ impl Default for RolloutSection {
             top_k: 0,
             stop_strings: Vec::new(),
             max_batch: 0,
+            kv_cache_gib: 0.0,
         }
     }
 }
@@ -459,7 +471,7 @@ impl RunConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let r = &self.rollout;
         let t = &self.train;
-        let checks: [(bool, &str, &str); 17] = [
+        let checks: [(bool, &str, &str); 18] = [
             (
                 r.prompts_per_step == 0,
                 "rollout.prompts_per_step",
@@ -484,6 +496,11 @@ impl RunConfig {
                 !(r.top_p.is_finite() && r.top_p > 0.0 && r.top_p <= 1.0),
                 "rollout.top_p",
                 "must be in (0, 1]",
+            ),
+            (
+                !(r.kv_cache_gib.is_finite() && r.kv_cache_gib >= 0.0),
+                "rollout.kv_cache_gib",
+                "must be a finite number >= 0 (0: room for max_batch full-length sequences)",
             ),
             (
                 !(t.lr >= 0.0 && t.lr.is_finite()),

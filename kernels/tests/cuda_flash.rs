@@ -302,6 +302,118 @@ fn flash_decode_equals_forward_rows() {
             &label(c),
             bits_differ(&dl(&g, &od, rows * qw), &out),
         );
+        // The same rows in a paged cache: each slot's pages of PAGE_ROWS rows
+        // dealt out in a scrambled order after page 0 (NaN, as every row no
+        // slot holds), read through the table; the f32 per-row kernel too.
+        {
+            let pr = flash::PAGE_ROWS;
+            let stride = cap.div_ceil(pr);
+            let npages = rows * stride + 1;
+            let table: Vec<i32> = (0..rows * stride)
+                .map(|i| 1 + ((i * 7919 + 13) % (rows * stride)) as i32)
+                .collect();
+            let (mut kp, mut vp) = (
+                vec![f32::NAN; npages * pr * kvw],
+                vec![f32::NAN; npages * pr * kvw],
+            );
+            for slot in 0..rows {
+                for t in 0..cap {
+                    let (src, page) = ((slot * cap + t) * kvw, table[slot * stride + t / pr]);
+                    let dst = (page as usize * pr + t % pr) * kvw;
+                    kp[dst..dst + kvw].copy_from_slice(&kc[src..src + kvw]);
+                    vp[dst..dst + kvw].copy_from_slice(&vc[src..src + kvw]);
+                }
+            }
+            let every: Vec<usize> = (0..npages * pr).collect();
+            let (mut kp16, mut vp16) = (
+                g.zeros::<u16>(npages * pr * kvw).unwrap(),
+                g.zeros::<u16>(npages * pr * kvw).unwrap(),
+            );
+            flash::flash_scatter_rows(&g, &mut kp16, kvw, &every, &up(&g, &kp)).unwrap();
+            flash::flash_scatter_rows(&g, &mut vp16, kvw, &every, &up(&g, &vp)).unwrap();
+            let tdev = g.upload(&table).unwrap();
+            let qd = up(&g, &q);
+            let op = flash::flash_decode_paged(
+                &g,
+                &qd,
+                (&kp16, &vp16),
+                (&tdev, stride),
+                &slots,
+                &lens,
+                sh,
+            )
+            .unwrap();
+            report_exact(
+                "paged flash decode == forward row",
+                &label(c),
+                bits_differ(&dl(&g, &op, rows * qw), &out),
+            );
+            let (kf, vf) = (up(&g, &kc), up(&g, &vc));
+            let want = jet_kernels::cuda::attention::attention_decode_at(
+                &g, &qd, &kf, &vf, cap, &slots, &lens, sh,
+            )
+            .unwrap();
+            let got = jet_kernels::cuda::attention::attention_decode_paged(
+                &g,
+                &qd,
+                (&up(&g, &kp), &up(&g, &vp)),
+                (&tdev, stride),
+                &slots,
+                &lens,
+                sh,
+            )
+            .unwrap();
+            report_exact(
+                "paged f32 decode == contiguous f32 decode",
+                &label(c),
+                bits_differ(&dl(&g, &got, rows * qw), &dl(&g, &want, rows * qw)),
+            );
+            // The graph's form through the table: the kernel appends each row's
+            // own k, v (NaN in the paged cache until then) into its page.
+            let (mut ka, mut va) = (kp.clone(), vp.clone());
+            for (i, &l) in lens.iter().enumerate() {
+                let t = l - 1;
+                let at = (table[slots[i] * stride + t / pr] as usize * pr + t % pr) * kvw;
+                ka[at..at + kvw].fill(f32::NAN);
+                va[at..at + kvw].fill(f32::NAN);
+            }
+            let (mut ka16, mut va16) = (
+                g.zeros::<u16>(npages * pr * kvw).unwrap(),
+                g.zeros::<u16>(npages * pr * kvw).unwrap(),
+            );
+            flash::flash_scatter_rows(&g, &mut ka16, kvw, &every, &up(&g, &ka)).unwrap();
+            flash::flash_scatter_rows(&g, &mut va16, kvw, &every, &up(&g, &va)).unwrap();
+            let kv0: Vec<i32> = slots.iter().map(|&s| (s * stride) as i32).collect();
+            let len: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+            let (kv0, len) = (g.upload(&kv0).unwrap(), g.upload(&len).unwrap());
+            let at = flash::KvAt {
+                kv0: &kv0,
+                len: &len,
+                pages: Some(&tdev),
+            };
+            let oa = flash::flash_append_decode_dev(
+                &g,
+                &qd,
+                (&up(&g, &k), &up(&g, &v)),
+                (&mut ka16, &mut va16),
+                at,
+                rows,
+                sh,
+            )
+            .unwrap();
+            let cached = |a: &cudarc::driver::CudaSlice<u16>,
+                          b: &cudarc::driver::CudaSlice<u16>| {
+                let (a, b) = (g.download(a).unwrap(), g.download(b).unwrap());
+                a.iter().zip(&b).filter(|(x, y)| x != y).count()
+            };
+            report_exact(
+                "paged append+decode == forward row, its cache == the scattered one",
+                &label(c),
+                bits_differ(&dl(&g, &oa, rows * qw), &out)
+                    + cached(&ka16, &kp16)
+                    + cached(&va16, &vp16),
+            );
+        }
         // The graph's form: each row's own key and value (decoded row i is row i of
         // k, v) not yet in the caches, NaN there; the kernel writes and reads them.
         for (i, &l) in lens.iter().enumerate() {

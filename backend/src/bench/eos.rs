@@ -3,8 +3,11 @@
 //! synchronisations, so the decode phase's own rate can be told from the
 //! rollout's), and ends each sequence at its length: gen_len, or with
 //! `--eos-random` one drawn uniformly from 1..=gen_len (random weights do not
-//! choose when to stop), as RL responses end at very different lengths.
+//! choose when to stop), as RL responses end at very different lengths. A
+//! sequence the engine preempts (a bounded KV cache) keeps its drawn length and
+//! count when it is prefilled again.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use jet_kernels::cuda::CudaError;
@@ -46,6 +49,12 @@ pub struct EosAt<'d> {
     /// Waits for the device's queued work (the bench's GPU); None: prefills are
     /// not timed.
     sync: Option<&'d dyn Fn() -> Result<(), CudaError>>,
+    /// Per slot: the sequence so far (prompt and drawn tokens).
+    seqs: Vec<Vec<u32>>,
+    /// Preempted sequences by their content: their drawn length and count.
+    waiting: HashMap<Vec<u32>, (usize, usize)>,
+    /// Sequences released before their drawn length (preempted).
+    pub preempted: usize,
 }
 
 impl<'d> EosAt<'d> {
@@ -66,6 +75,9 @@ impl<'d> EosAt<'d> {
             decode_kv_rows: 0,
             prefill_s: 0.0,
             sync: None,
+            seqs: Vec::new(),
+            waiting: HashMap::new(),
+            preempted: 0,
         }
     }
 
@@ -83,16 +95,20 @@ impl Decoder for EosAt<'_> {
         self.target = vec![0; slots];
         self.count = vec![0; slots];
         self.rows = vec![0; slots];
+        self.seqs = vec![Vec::new(); slots];
         self.inner.reserve(slots, max_len)
     }
     fn prefill(&mut self, slots: &[usize], seqs: &[&[u32]]) -> Result<(), CudaError> {
         for (&s, q) in slots.iter().zip(seqs) {
-            self.target[s] = match self.lengths.as_mut() {
-                Some(r) => r.random_range(1..=self.gen_len),
-                None => self.gen_len,
+            (self.target[s], self.count[s]) = match self.waiting.remove(*q) {
+                Some(kept) => kept,
+                None => match self.lengths.as_mut() {
+                    Some(r) => (r.random_range(1..=self.gen_len), 0),
+                    None => (self.gen_len, 0),
+                },
             };
-            self.count[s] = 0;
             self.rows[s] = q.len();
+            self.seqs[s] = q.to_vec();
             self.pending.push((s, false));
         }
         self.steps += 1;
@@ -128,6 +144,7 @@ impl Decoder for EosAt<'_> {
                 (false, true) => EOS + 1,
                 (false, false) => o.0,
             };
+            self.seqs[s].push(o.0);
         }
         Ok(out)
     }
@@ -141,7 +158,19 @@ impl Decoder for EosAt<'_> {
         self.inner.ending(&rows)
     }
     fn release(&mut self, slot: usize) {
+        if self.count[slot] < self.target[slot] {
+            let seq = std::mem::take(&mut self.seqs[slot]);
+            self.waiting
+                .insert(seq, (self.target[slot], self.count[slot]));
+            self.preempted += 1;
+        }
         self.inner.release(slot)
+    }
+    fn room(&mut self, seqs: &[&[u32]]) -> usize {
+        self.inner.room(seqs)
+    }
+    fn shortfall(&mut self, slots: &[usize]) -> usize {
+        self.inner.shortfall(slots)
     }
     fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<(), CudaError> {
         for &s in slots {

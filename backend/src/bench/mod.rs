@@ -52,6 +52,16 @@ pub struct BenchArgs {
     /// `rollout.max_batch`); 0: all of --batch.
     #[arg(long, default_value_t = 0)]
     pub max_batch: usize,
+    /// Samples per rollout prompt, as a GRPO group: --batch / G distinct
+    /// prompts, each drawn G times (the trainer's rollouts); a repeated prompt is
+    /// prefilled once and its full KV pages shared.
+    #[arg(long, default_value_t = 1)]
+    pub group_size: usize,
+    /// GiB the rollout's KV cache may take (as `rollout.kv_cache_gib`); 0: room
+    /// for every live sequence at full length. Under it sequences wait for room
+    /// or are preempted and prefilled again.
+    #[arg(long, default_value_t = 0.0)]
+    pub kv_cache_gib: f64,
     /// Rollout draws keep the k most likely tokens (as `rollout.top_k`; 0: all).
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
@@ -174,6 +184,19 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     }
     if a.batch.is_empty() || a.batch.contains(&0) || a.gen_len == 0 || a.prompt_len == 0 {
         bail!("--batch, --prompt-len and --gen-len must be positive");
+    }
+    if a.group_size == 0 || a.batch.iter().any(|b| b % a.group_size != 0) {
+        bail!(
+            "--group-size {}: must be positive and divide every --batch ({:?})",
+            a.group_size,
+            a.batch
+        );
+    }
+    if !(a.kv_cache_gib.is_finite() && a.kv_cache_gib >= 0.0) {
+        bail!(
+            "--kv-cache-gib {}: must be a finite number >= 0",
+            a.kv_cache_gib
+        );
     }
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         bail!("--top-p {}: must be in (0, 1]", a.top_p);
@@ -314,6 +337,20 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             a.top_k, a.top_p
         );
     }
+    if a.group_size > 1 || a.kv_cache_gib > 0.0 {
+        let _ = writeln!(
+            s,
+            "rollout: {} samples a prompt; KV cache {}",
+            a.group_size,
+            match a.kv_cache_gib > 0.0 {
+                true => format!(
+                    "bounded to {} GiB (paged, preempting where full)",
+                    a.kv_cache_gib
+                ),
+                false => "with room for every live sequence at full length".to_string(),
+            }
+        );
+    }
     if a.eos_random || a.max_batch > 0 {
         let _ = writeln!(
             s,
@@ -399,6 +436,24 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             x.prefill_s,
             x.decode_tokens_per_s,
             pct(x.decode_of_floor),
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nKV cache           batch   pages peak / pool   GiB peak   prompt rows computed / asked   preempted"
+    );
+    for x in &r.rollout {
+        let _ = writeln!(
+            s,
+            "{:<18} {:>5} {:>10} / {:<8} {:>8.2} {:>16} / {:<12} {:>9}",
+            x.flow,
+            x.batch,
+            x.kv_pages_peak,
+            x.kv_pages,
+            x.kv_pages_peak as f64 * x.kv_page_bytes as f64 / (1u64 << 30) as f64,
+            x.prefill_rows,
+            x.prefill_rows_asked,
+            x.preempted,
         );
     }
     for x in &r.rollout {

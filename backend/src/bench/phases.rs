@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use super::eos::{EosAt, EOS};
 use super::{mem_used_gib, BenchArgs, Report};
+use crate::gpu::decode::GpuKvCache;
 use crate::gpu::{
     run_pass_gpu, GpuAdam, GpuDecoder, GpuGrads, GpuModel, GpuWeights, PreparedParts,
 };
@@ -74,6 +75,20 @@ pub struct RolloutRow {
     /// issue's "decode tokens/s against the step floor". None as floor_s.
     pub decode_floor_s: Option<f64>,
     pub decode_of_floor: Option<f64>,
+    /// Samples a prompt (`--group-size`) and the KV cache's bound (0: room for
+    /// every live sequence at full length).
+    pub group_size: usize,
+    pub kv_cache_gib: f64,
+    /// The paged cache: most pages in use, pages in the pool (the scratch page
+    /// aside), and a page's bytes over every layer's k and v.
+    pub kv_pages_peak: usize,
+    pub kv_pages: usize,
+    pub kv_page_bytes: usize,
+    /// Prompt rows the prefills computed (a repeated prompt's once) and asked for.
+    pub prefill_rows: usize,
+    pub prefill_rows_asked: usize,
+    /// Sequences preempted (prefilled again later) for want of pages.
+    pub preempted: usize,
 }
 
 #[derive(Serialize)]
@@ -231,9 +246,18 @@ pub struct RolloutCounts {
     pub prefill_s: f64,
     pub decode_tokens: usize,
     pub decode_kv_rows: usize,
+    /// The paged cache's most pages in use and its pool, a page's bytes, the
+    /// prompt rows computed and asked for, and the sequences preempted.
+    pub kv_pages_peak: usize,
+    pub kv_pages: usize,
+    pub kv_page_bytes: usize,
+    pub prefill_rows: usize,
+    pub prefill_rows_asked: usize,
+    pub preempted: usize,
 }
 
-/// Generate up to `gen_len` tokens for each prompt, timed: `--max-batch` bounds
+/// Generate up to `gen_len` tokens for each prompt (`--group-size` samples of
+/// each), timed: `--max-batch` bounds
 /// the live sequences, `--eos-random` ends each at a random length.
 fn rollout(
     model: &GpuModel,
@@ -253,7 +277,10 @@ fn rollout(
         stop_strings: vec![],
         max_batch: a.max_batch,
     };
-    let mut dec = GpuDecoder::new(model).with_graphs(!a.no_cuda_graphs);
+    let bytes = (a.kv_cache_gib > 0.0).then_some((a.kv_cache_gib * (1u64 << 30) as f64) as usize);
+    let mut dec = GpuDecoder::new(model)
+        .with_graphs(!a.no_cuda_graphs)
+        .with_kv_cache_bytes(bytes);
     let sync = || model.gpu.sync();
     let mut eos = EosAt::new(&mut dec, gen_len, a.eos_random.then_some(gen_len as u64))
         .timing_prefills(&sync);
@@ -262,13 +289,14 @@ fn rollout(
         &mut eos,
         model.cfg.max_position_embeddings,
         prompts,
-        1,
+        a.group_size,
         &gen,
         &|_| String::new(),
         rng,
     )?;
     model.gpu.sync()?;
-    let counts = RolloutCounts {
+    let seconds = t.elapsed().as_secs_f64();
+    let mut counts = RolloutCounts {
         steps: eos.steps,
         tokens: eos.tokens,
         kv_rows: eos.kv_rows,
@@ -276,8 +304,15 @@ fn rollout(
         prefill_s: eos.prefill_s,
         decode_tokens: eos.decode_tokens,
         decode_kv_rows: eos.decode_kv_rows,
+        preempted: eos.preempted,
+        kv_page_bytes: GpuKvCache::page_bytes(model),
+        ..Default::default()
     };
-    Ok((s, t.elapsed().as_secs_f64(), counts))
+    if let Some(u) = dec.kv_use() {
+        (counts.kv_pages_peak, counts.kv_pages) = (u.pages_peak, u.pages);
+        (counts.prefill_rows, counts.prefill_rows_asked) = (u.prefill_rows, u.prefill_rows_asked);
+    }
+    Ok((s, seconds, counts))
 }
 
 /// One update over `seqs` (forward, a loss of -mean logp, backward, AdamW), timed;
@@ -405,7 +440,7 @@ pub fn run(
         let model = var.model(g, cfg, &w, &rope)?;
         for &b in &a.batch {
             say(&format!("  rollout {} batch {b}", var.name()));
-            let ps = prompts(cfg, b, a.prompt_len, b as u64);
+            let ps = prompts(cfg, b / a.group_size, a.prompt_len, b as u64);
             // Warm-up at this batch size: cuBLASLt picks its algorithms for these
             // shapes and the allocator grows to them (behind a 2-prompt warm-up the
             // first flow measured, bf16 at batch 64, once read 6,795 tokens/s
@@ -450,6 +485,14 @@ pub fn run(
                 decode_kv_rows: counts.decode_kv_rows,
                 decode_floor_s: None,
                 decode_of_floor: None,
+                group_size: a.group_size,
+                kv_cache_gib: a.kv_cache_gib,
+                kv_pages_peak: counts.kv_pages_peak,
+                kv_pages: counts.kv_pages,
+                kv_page_bytes: counts.kv_page_bytes,
+                prefill_rows: counts.prefill_rows,
+                prefill_rows_asked: counts.prefill_rows_asked,
+                preempted: counts.preempted,
             });
         }
     }
@@ -561,7 +604,7 @@ pub fn run(
     for &var in flows {
         let flow = var.flow;
         say(&format!("  step {}", var.name()));
-        let ps = prompts(cfg, b, a.prompt_len, 5);
+        let ps = prompts(cfg, b / a.group_size, a.prompt_len, 5);
         let t0 = Instant::now();
         let model = var.model(g, cfg, &w, &rope)?;
         let (samples, roll_s, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;

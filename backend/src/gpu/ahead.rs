@@ -97,7 +97,7 @@ impl GpuDecoder<'_, '_> {
         let vocab = model.cfg.vocab_size;
         let rows = slots.len();
         self.grow_stage(rows)?;
-        let (Some(stage), Some(cache)) = (self.stage.as_mut(), self.cache.as_ref()) else {
+        let (Some(stage), Some(cache)) = (self.stage.as_mut(), self.cache.as_mut()) else {
             return Err(CudaError::Invalid("decode step before reserve".into()));
         };
 
@@ -142,7 +142,7 @@ impl GpuDecoder<'_, '_> {
         let drawn = draw_tempered(g, &sg.logits, rows, vocab, p, dseeds)?;
         stage.lane.download(g, drawn.buffer(), &mut stage.out)?;
         let fed = match (launch, self.graphs.get_mut(&nb)) {
-            (true, Some(sg)) => sg.step_drawn(g, &drawn, &feed),
+            (true, Some(sg)) => sg.step_drawn(g, cache, &drawn, &feed),
             _ => Ok(()),
         };
         // The copy back must be over before `drawn` is freed, even on an error.

@@ -1,22 +1,25 @@
 //! The KV cache on the GPU and the rollout's prefill and decode steps.
 //!
-//! One slot per sequence, `capacity` rows each: per layer k and v
-//! `[slots, capacity, nkv*hd]`, in BF16 for the tensor-core attention (the values
-//! its training forward rounds k, v to) and in f32 for the per-row kernels of the
-//! f32 flow. Prefill writes a prompt's rows, each decode step one row per
-//! unfinished sequence; finished sequences are not stepped, and their slots take
-//! the step's next prompts (continuous batching, `prefill_into`).
+//! A pool of pages of `PAGE_ROWS` rows ([`KvPages`]): per layer k and v
+//! `[pages * PAGE_ROWS, nkv*hd]`, in BF16 for the tensor-core attention (the
+//! values its training forward rounds k, v to) and in f32 for the per-row kernels
+//! of the f32 flow. A sequence slot holds up to `capacity` rows in the pages it
+//! took; prefill writes a prompt's rows (a repeated prompt's once, its full pages
+//! shared), each decode step one row per unfinished sequence, taking a page when
+//! the row opens one; finished sequences give their pages back and their slots
+//! take the step's next prompts (continuous batching, `prefill_into`).
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
-use jet_kernels::cuda::attention::attention_decode_at;
+use jet_kernels::cuda::attention::attention_decode_paged;
 use jet_kernels::cuda::flash::{
-    flash_decode_at, flash_scatter_kv16, flash_scatter_rows_dev, CacheRows,
+    flash_decode_paged, flash_scatter_kv16, flash_scatter_rows_dev, CacheRows, PAGE_ROWS,
 };
 use jet_kernels::cuda::tensor::{gather_rows, scatter_rows_dev};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
 
 use super::forward::{pack, KvRows, PackedCausal};
+use super::kv_pages::{KvPages, Shared};
 use super::layers::{head, run_layers, AttnSaved, GpuAttention, RowsIn};
 use super::model::GpuModel;
 
@@ -65,10 +68,8 @@ impl KvLayers {
             }
             (KvLayers::Bf16(l), KvRows::F32(k, v)) => {
                 let (kc, vc) = &mut l[layer];
-                dev.fits("k", kc, kvd)?;
-                dev.fits("v", vc, kvd)?;
-                flash_scatter_rows_dev(g, kc, kvd, dev.idx(), dev.len(), k)?;
-                flash_scatter_rows_dev(g, vc, kvd, dev.idx(), dev.len(), v)
+                flash_scatter_rows_dev(g, kc, kvd, dev, k)?;
+                flash_scatter_rows_dev(g, vc, kvd, dev, v)
             }
             (KvLayers::Bf16(l), KvRows::Bf16(k, v)) => {
                 let (kc, vc) = &mut l[layer];
@@ -81,42 +82,84 @@ impl KvLayers {
     }
 }
 
-/// `slots` sequences of `capacity` rows, and one scratch slot after them (the
-/// padding rows of a captured decode step write and read only that one).
+/// A cache's pages in use now, at most so far and in the pool (the scratch page
+/// aside), and the prompt rows its prefills computed (a repeated prompt's once)
+/// and were asked for.
+#[derive(Clone, Copy, Debug)]
+pub struct KvUse {
+    pub pages_in_use: usize,
+    pub pages_peak: usize,
+    pub pages: usize,
+    pub prefill_rows: usize,
+    pub prefill_rows_asked: usize,
+}
+
+/// `slots` sequences of up to `capacity` rows each in a pool of pages
+/// ([`KvPages`]; the scratch page is what a captured step's padding rows write
+/// and read).
 pub struct GpuKvCache {
     pub(super) capacity: usize,
     pub(super) kvd: usize,
     pub(super) layers: KvLayers,
     /// Rows held per sequence slot (the scratch slot is not counted).
     pub(super) lens: Vec<usize>,
-}
-
-/// Cache rows of `(slot, position)` pairs: `slot * capacity + position`.
-fn cache_rows(capacity: usize, it: impl Iterator<Item = (usize, usize)>) -> Vec<usize> {
-    it.map(|(s, p)| s * capacity + p).collect()
+    /// Which pages each sequence holds, and the device's copy of the table.
+    pub(super) pages: KvPages,
+    pub(super) table: CudaSlice<i32>,
+    /// Prompt rows the prefills computed, and those they were asked for (the
+    /// difference: the rows of repeated prompts, computed once).
+    pub(super) prefilled_rows: (usize, usize),
 }
 
 impl GpuKvCache {
-    /// A zeroed cache of `slots` sequences of `capacity` rows each (and the
-    /// scratch slot).
-    pub fn new(model: &GpuModel, slots: usize, capacity: usize) -> Result<GpuKvCache> {
+    /// A zeroed cache of `slots` sequences of `capacity` rows each, in `pages`
+    /// pages (None: enough for every slot at full length, so that no sequence
+    /// ever waits for a page).
+    pub fn new(
+        model: &GpuModel,
+        slots: usize,
+        capacity: usize,
+        pages: Option<usize>,
+    ) -> Result<GpuKvCache> {
         let cfg = model.cfg;
+        let n = pages.unwrap_or_else(|| KvPages::worst_case(slots, capacity));
+        let pages = KvPages::new(slots, capacity, n)?;
+        let table = model.gpu.upload(pages.table())?;
         Ok(GpuKvCache {
             capacity,
             kvd: cfg.num_key_value_heads * cfg.head_dim,
-            layers: KvLayers::new(model, (slots + 1) * capacity)?,
+            layers: KvLayers::new(model, n * PAGE_ROWS)?,
             lens: vec![0; slots],
+            pages,
+            table,
+            prefilled_rows: (0, 0),
         })
     }
 
-    /// Rows of each layer's k (and v) cache: every slot's and the scratch slot's.
+    /// Bytes of one page over every layer's k and v.
+    pub fn page_bytes(model: &GpuModel) -> usize {
+        let cfg = model.cfg;
+        let elem = if model.flash_attention() { 2 } else { 4 };
+        PAGE_ROWS * cfg.num_key_value_heads * cfg.head_dim * elem * 2 * cfg.num_hidden_layers
+    }
+
+    /// Rows of each layer's k (and v) cache.
     fn rows_held(&self) -> usize {
-        (self.lens.len() + 1) * self.capacity
+        self.pages.pages() * PAGE_ROWS
     }
 
     /// The scratch slot's index.
     pub(super) fn scratch(&self) -> usize {
         self.lens.len()
+    }
+
+    /// The device's page table, brought up to date with the host's (stream-ordered:
+    /// work queued before reads the table as it was).
+    pub(super) fn sync_table(&mut self, g: &Gpu) -> Result<()> {
+        if self.pages.take_dirty() {
+            g.write(&mut self.table, self.pages.table())?;
+        }
+        Ok(())
     }
 
     /// Check that `slots` can each take one more row of `tokens` (as many).
@@ -145,10 +188,52 @@ impl GpuKvCache {
         }
     }
 
-    /// The sequence in `slot` finished: the slot holds nothing.
+    /// The page each of `slots` writes its next row into, taken now where that
+    /// row opens a page.
+    pub(super) fn grow(&mut self, slots: &[usize]) -> Result<Vec<u32>> {
+        self.check_slots(slots)?;
+        slots
+            .iter()
+            .map(|&s| self.pages.grow(s, self.lens[s]))
+            .collect()
+    }
+
+    /// Pages a step of `slots` must take beyond the free ones (0: it fits).
+    pub fn shortfall(&self, slots: &[usize]) -> usize {
+        let need = slots
+            .iter()
+            .filter(|&&s| s < self.lens.len() && self.pages.opens_page(s, self.lens[s]))
+            .count();
+        need.saturating_sub(self.pages.free())
+    }
+
+    /// How many of `seqs` (in order) a prefill can take now beside the
+    /// sequences held ([`KvPages::admissible`]).
+    pub fn room(&self, seqs: &[&[u32]]) -> usize {
+        let live: Vec<(usize, usize)> = (0..self.lens.len())
+            .filter(|&s| self.lens[s] > 0)
+            .map(|s| (s, self.lens[s]))
+            .collect();
+        self.pages.admissible(&live, seqs)
+    }
+
+    /// What the cache holds and held.
+    pub fn kv_use(&self) -> KvUse {
+        KvUse {
+            pages_in_use: self.pages.in_use(),
+            pages_peak: self.pages.peak(),
+            pages: self.pages.pages() - 1,
+            prefill_rows: self.prefilled_rows.0,
+            prefill_rows_asked: self.prefilled_rows.1,
+        }
+    }
+
+    /// The sequence in `slot` finished: the slot holds nothing and its pages go
+    /// back to the pool (once no other sample of its prompt holds them).
     pub fn forget(&mut self, slot: usize) {
         if let Some(l) = self.lens.get_mut(slot) {
             *l = 0;
+            self.pages.release(slot);
         }
     }
 }
@@ -162,7 +247,7 @@ pub fn prefill(
     capacity: usize,
     role: GemmRole,
 ) -> Result<(GpuKvCache, CudaSlice<f32>)> {
-    let mut cache = GpuKvCache::new(model, prompts.len(), capacity)?;
+    let mut cache = GpuKvCache::new(model, prompts.len(), capacity, None)?;
     let slots: Vec<usize> = (0..prompts.len()).collect();
     let logits = prefill_into(model, &mut cache, &slots, prompts, role)?;
     Ok((cache, logits))
@@ -170,7 +255,11 @@ pub fn prefill(
 
 /// Run the prompts through the model into cache slots `slots` (replacing what
 /// they held: a finished sequence's slot takes a new one) and return the logits
-/// of each prompt's last position `[B, vocab]`.
+/// of each prompt's last position `[B, vocab]`. Equal prompts (a GRPO group's
+/// samples) run once: their slots share the prompt's full pages and each takes
+/// its own copy of a partly filled last one, and their logits rows are that
+/// run's (the same bits: each row of the packed forward depends on its own
+/// sequence alone).
 pub fn prefill_into(
     model: &GpuModel,
     cache: &mut GpuKvCache,
@@ -187,44 +276,98 @@ pub fn prefill_into(
             p.len()
         )));
     }
-    if slots.len() != prompts.len() || slots.iter().any(|&s| s >= cache.lens.len()) {
+    let distinct: std::collections::HashSet<&usize> = slots.iter().collect();
+    if slots.len() != prompts.len()
+        || distinct.len() != slots.len()
+        || slots.iter().any(|&s| s >= cache.lens.len())
+    {
         return Err(CudaError::Invalid(format!(
             "prefill: {} prompts for slots {slots:?} of a cache of {} slots",
             prompts.len(),
             cache.lens.len()
         )));
     }
+    for &s in slots {
+        cache.forget(s);
+    }
     let n = prompts.len();
-    let (tokens, seq_lens, positions) = pack(prompts);
-    let rows = cache_rows(
-        capacity,
-        seq_lens
-            .iter()
-            .zip(slots)
-            .flat_map(|(&l, &s)| (0..l).map(move |p| (s, p))),
-    );
+    let shared = Shared::of(prompts);
+    let firsts: Vec<&[u32]> = shared.groups.iter().map(|grp| prompts[grp[0]]).collect();
+    // Pages: each distinct prompt's in its first slot, shared by the others,
+    // which take their own copy of a partly filled last page. On a full pool
+    // nothing is left half taken.
+    let taken = (|| -> Result<()> {
+        for grp in &shared.groups {
+            let (s0, len) = (slots[grp[0]], prompts[grp[0]].len());
+            for pos in (0..len).step_by(PAGE_ROWS) {
+                cache.pages.grow(s0, pos)?;
+            }
+            let full = len / PAGE_ROWS;
+            for &i in &grp[1..] {
+                cache.pages.share(s0, slots[i], full)?;
+                if len % PAGE_ROWS != 0 {
+                    cache.pages.grow(slots[i], full * PAGE_ROWS)?;
+                }
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = taken {
+        for &s in slots {
+            cache.forget(s);
+        }
+        return Err(e);
+    }
+    let (tokens, seq_lens, positions) = pack(&firsts);
+    // Each computed row to its first slot's cache row, and the rows of a partly
+    // filled last page to each further slot's own copy.
+    let (mut dst, mut src) = (Vec::new(), Vec::new());
+    let mut start = 0;
+    for (grp, &len) in shared.groups.iter().zip(&seq_lens) {
+        let full = len / PAGE_ROWS * PAGE_ROWS;
+        for (k, &i) in grp.iter().enumerate() {
+            let from = if k == 0 { 0 } else { full };
+            for p in from..len {
+                let row = cache.pages.row(slots[i], p).ok_or_else(|| {
+                    CudaError::Invalid(format!("prefill: slot {} holds no row {p}", slots[i]))
+                })?;
+                dst.push(row);
+                src.push(start + p);
+            }
+        }
+        start += len;
+    }
+    cache.prefilled_rows.0 += start;
+    cache.prefilled_rows.1 += prompts.iter().map(|p| p.len()).sum::<usize>();
     let kvd = cache.kvd;
     // Checked and uploaded once for every layer.
-    let dev = CacheRows::new(g, &rows, cache.rows_held())?;
+    let dev = match shared.groups.len() == n {
+        true => CacheRows::new(g, &dst, cache.rows_held())?,
+        false => CacheRows::gathered(g, &dst, &src, cache.rows_held())?,
+    };
+    cache.sync_table(g)?;
     let layers = &mut cache.layers;
     let mut keep =
         |layer: usize, kv: KvRows<'_>| -> Result<()> { layers.write(model, layer, kvd, &dev, kv) };
     let rows_in = RowsIn::upload(model, &tokens, &positions)?;
     let mut attn = PackedCausal::new(model, &seq_lens, false, Some(&mut keep))?;
     let h = run_layers(model, &rows_in, role, &mut attn, None)?;
-    // Only each prompt's last row goes through the head.
-    let mut last = Vec::with_capacity(n);
+    // Only each prompt's last row goes through the head, once a distinct prompt.
+    let mut last = Vec::with_capacity(firsts.len());
     let mut start = 0;
     for &l in &seq_lens {
         last.push(start + l - 1);
         start += l;
     }
     let h_last = gather_rows(g, &h, cfg.hidden_size, &last)?;
-    let logits = head(model, &h_last, n, role)?.2;
-    for (&s, &l) in slots.iter().zip(&seq_lens) {
-        cache.lens[s] = l;
+    let logits = head(model, &h_last, firsts.len(), role)?.2;
+    for (&s, p) in slots.iter().zip(prompts) {
+        cache.lens[s] = p.len();
     }
-    Ok(logits)
+    match firsts.len() == n {
+        true => Ok(logits),
+        false => gather_rows(g, &logits, cfg.vocab_size, &shared.of),
+    }
 }
 
 struct Decode<'a> {
@@ -250,14 +393,27 @@ impl GpuAttention for Decode<'_> {
         c.layers
             .write(self.model, layer, c.kvd, &self.rows, KvRows::F32(k, v))?;
         // The same kernel family as the training forward (see GpuModel::flash_attention).
-        let (cap, shape) = (c.capacity, self.model.attn_shape());
+        let (shape, stride) = (self.model.attn_shape(), c.pages.max_pages());
+        let table = (&c.table, stride);
         let o = match &c.layers {
-            KvLayers::Bf16(l) => {
-                flash_decode_at(g, q, &l[layer].0, &l[layer].1, cap, self.slots, lens, shape)?
-            }
-            KvLayers::F32(l) => {
-                attention_decode_at(g, q, &l[layer].0, &l[layer].1, cap, self.slots, lens, shape)?
-            }
+            KvLayers::Bf16(l) => flash_decode_paged(
+                g,
+                q,
+                (&l[layer].0, &l[layer].1),
+                table,
+                self.slots,
+                lens,
+                shape,
+            )?,
+            KvLayers::F32(l) => attention_decode_paged(
+                g,
+                q,
+                (&l[layer].0, &l[layer].1),
+                table,
+                self.slots,
+                lens,
+                shape,
+            )?,
         };
         Ok((o, None))
     }
@@ -274,11 +430,19 @@ pub fn decode_step(
 ) -> Result<CudaSlice<f32>> {
     cache.check_step(slots, tokens)?;
     let positions: Vec<usize> = slots.iter().map(|&s| cache.lens[s]).collect();
-    let rows = cache_rows(
-        cache.capacity,
-        slots.iter().zip(&positions).map(|(&s, &p)| (s, p)),
-    );
+    cache.grow(slots)?;
+    let rows = slots
+        .iter()
+        .zip(&positions)
+        .map(|(&s, &p)| {
+            cache
+                .pages
+                .row(s, p)
+                .ok_or_else(|| CudaError::Invalid(format!("decode: slot {s} holds no row {p}")))
+        })
+        .collect::<Result<Vec<usize>>>()?;
     let dev = CacheRows::new(&model.gpu, &rows, cache.rows_held())?;
+    cache.sync_table(&model.gpu)?;
     let mut attn = Decode {
         lens: positions.iter().map(|p| p + 1).collect(),
         cache,

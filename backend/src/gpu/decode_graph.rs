@@ -10,16 +10,17 @@
 //! so the padding changes no bit of the real rows. (With `batch_invariant` off,
 //! cuBLASLt's order may depend on the bucket, as it depends on the batch.)
 //!
-//! Per step the host writes four `[bucket]` inputs (tokens, positions, each
-//! row's first cache row and its length) into the graph's buffers and launches
-//! it; the logits land in the graph's `[bucket, vocab]` buffer. The tokens may
+//! Per step the host writes five `[bucket]` inputs (tokens, positions, each
+//! row's offset into the cache's page table, its length, and the page its new
+//! row goes to, which the step writes into the table) into the graph's buffers
+//! and launches it; the logits land in the graph's `[bucket, vocab]` buffer. The tokens may
 //! instead come from the last draw on the device ([`StepGraph::step_drawn`]):
 //! the rollout launches the next step before the host has read this one's.
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::flash::{
     decode_operand_fits, flash_append_decode_dev, flash_append_decode_operand_dev,
-    flash_qkv_append_decode_operand_dev,
+    flash_qkv_append_decode_operand_dev, KvAt, PAGE_ROWS,
 };
 use jet_kernels::cuda::graph::Graph;
 use jet_kernels::cuda::linear::{QkvPartials, XOperand};
@@ -47,13 +48,14 @@ pub fn bucket_of(b: usize) -> usize {
 
 /// The per-step inputs of a captured decode step, `[bucket]` each: rows
 /// `0..B` the step's sequences, the rest padding (token 0 at position 0 of the
-/// cache's scratch slot). All four are staged in one pinned copy, `[4][bucket]`,
+/// cache's scratch slot, its page the scratch page). All five are staged in one
+/// pinned copy, `[5][bucket]`,
 /// then copied in by `feed_step` (which may take the tokens from the last
 /// draw on the device): one upload a step, enqueued without waiting.
 struct StepInputs {
     rows: RowsIn,
-    /// Each row's first cache row (`slot * capacity`) and length after the step:
-    /// the row's own k and v go to cache row `kv0 + len - 1`.
+    /// Each row's offset into the page table (`slot * max_pages`) and length
+    /// after the step: the row's own k and v go to the row of key `len - 1`.
     kv0: CudaSlice<i32>,
     len: CudaSlice<i32>,
     /// Two staged copies taken in turn: one is written (on the compute
@@ -76,9 +78,9 @@ impl StepInputs {
     /// right length (page-locked memory is slow to allocate and to free: a
     /// rollout's graphs hand theirs to the next rollout's, [`StepGraph::into_stage`]).
     fn new(g: &Gpu, bucket: usize, spare: &mut Vec<PinnedIn<i32>>) -> Result<StepInputs> {
-        let staged_in = match spare.iter().position(|p| p.len() == 4 * bucket) {
+        let staged_in = match spare.iter().position(|p| p.len() == 5 * bucket) {
             Some(i) => spare.swap_remove(i),
-            None => PinnedIn::new(g, 4 * bucket)?,
+            None => PinnedIn::new(g, 5 * bucket)?,
         };
         Ok(StepInputs {
             rows: RowsIn {
@@ -88,20 +90,21 @@ impl StepInputs {
             },
             kv0: g.zeros(bucket)?,
             len: g.zeros(bucket)?,
-            staged: [g.zeros(4 * bucket)?, g.zeros(4 * bucket)?],
+            staged: [g.zeros(5 * bucket)?, g.zeros(5 * bucket)?],
             staged_in,
             turn: 0,
             lane_ready: false,
         })
     }
 
-    /// `[4][bucket]`: `first` (tokens or draw rows, padded with `pad`) then
-    /// each of `slots`' position, first cache row and length after the step
-    /// (checked against the cache and the RoPE table), padded.
+    /// `[5][bucket]`: `first` (tokens or draw rows, padded with `pad`) then
+    /// each of `slots`' position, page-table offset, length after the step and
+    /// the page of its new row (checked against the cache and the RoPE table;
+    /// taken now where the row opens a page), padded.
     fn staged_values(
         &self,
         model: &GpuModel,
-        cache: &GpuKvCache,
+        cache: &mut GpuKvCache,
         slots: &[usize],
         first: Vec<i32>,
         pad: i32,
@@ -117,18 +120,22 @@ impl StepInputs {
         cache.check_slots(slots)?;
         let positions: Vec<usize> = slots.iter().map(|&s| cache.lens[s]).collect();
         check_positions(&positions, &model.rope)?;
-        let (cap, scratch) = (cache.capacity, cache.scratch() * cache.capacity);
+        let pages = cache.grow(slots)?;
+        let stride = cache.pages.max_pages();
+        let scratch = cache.pages.offset(cache.scratch());
         let padded = |v: Vec<i32>, with: i32| {
             let n = v.len();
             v.into_iter().chain(std::iter::repeat_n(with, bucket - n))
         };
         let pos = positions.iter().map(|&p| p as i32).collect();
-        let kv0 = slots.iter().map(|&s| (s * cap) as i32).collect();
+        let kv0 = slots.iter().map(|&s| (s * stride) as i32).collect();
         let len = positions.iter().map(|&p| p as i32 + 1).collect();
+        let page = pages.iter().map(|&p| p as i32).collect();
         Ok(padded(first, pad)
             .chain(padded(pos, 0))
             .chain(padded(kv0, scratch as i32))
             .chain(padded(len, 1))
+            .chain(padded(page, 0))
             .collect())
     }
 
@@ -137,7 +144,7 @@ impl StepInputs {
     fn write(
         &mut self,
         model: &GpuModel,
-        cache: &GpuKvCache,
+        cache: &mut GpuKvCache,
         slots: &[usize],
         tokens: &[u32],
     ) -> Result<()> {
@@ -149,7 +156,7 @@ impl StepInputs {
         self.turn ^= 1;
         let staged = &mut self.staged[self.turn];
         self.staged_in.upload(g.stream(), &all, 0, staged)?;
-        self.feed(g, None)
+        self.feed(g, None, cache)
     }
 
     /// Stage on `lane` the step that appends to sequence `slots[i]` the token
@@ -157,7 +164,7 @@ impl StepInputs {
     fn stage_drawn(
         &mut self,
         model: &GpuModel,
-        cache: &GpuKvCache,
+        cache: &mut GpuKvCache,
         slots: &[usize],
         keep: &[usize],
         lane: &CopyLane,
@@ -174,13 +181,31 @@ impl StepInputs {
 
     /// Copy the staged step in, its tokens from `drawn` (rows `keep`, as
     /// staged: the compute stream has joined the lane since) or as staged.
-    fn feed(&mut self, g: &Gpu, drawn: Option<(&GpuSampled, &[usize])>) -> Result<()> {
+    fn feed(
+        &mut self,
+        g: &Gpu,
+        drawn: Option<(&GpuSampled, &[usize])>,
+        cache: &mut GpuKvCache,
+    ) -> Result<()> {
         let r = &mut self.rows;
         let staged = &self.staged[self.turn];
         let (tok, pos) = (&mut r.tokens, &mut r.positions);
-        feed_step(g, drawn, staged, tok, pos, &mut self.kv0, &mut self.len)
+        let pages = (&mut cache.table, PAGE_ROWS);
+        feed_step(
+            g,
+            drawn,
+            staged,
+            tok,
+            pos,
+            &mut self.kv0,
+            &mut self.len,
+            pages,
+        )
     }
 }
+
+/// A layer's k and v caches.
+type Caches<'a> = (&'a mut CudaSlice<u16>, &'a mut CudaSlice<u16>);
 
 /// One captured decode step of `bucket` rows and the buffers it reads and writes.
 pub struct StepGraph {
@@ -200,14 +225,22 @@ struct DecodeDev<'a> {
 
 impl DecodeDev<'_> {
     /// Layer `layer`'s BF16 k and v caches.
-    fn caches(&mut self, layer: usize) -> Result<(&mut CudaSlice<u16>, &mut CudaSlice<u16>)> {
-        let KvLayers::Bf16(l) = &mut self.cache.layers else {
+    /// Layer `layer`'s BF16 k and v caches, and where the step's rows' keys lie
+    /// in them (their page-table offsets and lengths, and the table).
+    fn caches(&mut self, layer: usize) -> Result<(Caches<'_>, KvAt<'_>)> {
+        let GpuKvCache { layers, table, .. } = &mut *self.cache;
+        let KvLayers::Bf16(l) = layers else {
             return Err(CudaError::Invalid(
                 "a captured decode step needs the BF16 cache of the tensor-core attention".into(),
             ));
         };
         let (kc, vc) = &mut l[layer];
-        Ok((kc, vc))
+        let at = KvAt {
+            kv0: &self.inputs.kv0,
+            len: &self.inputs.len,
+            pages: Some(&*table),
+        };
+        Ok(((kc, vc), at))
     }
 
     /// `Some(fp8)` where the attention at `prec` makes the o projection's operand
@@ -239,12 +272,12 @@ impl GpuAttention for DecodeDev<'_> {
         v: &CudaSlice<f32>,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>)> {
         let (g, model, x) = (&*self.model.gpu, self.model, self.inputs);
-        // The kernel writes each row's k and v to cache row kv0 + len - 1 itself;
-        // padding rows all write the scratch slot's row 0 with
-        // equal values, and each block reads its own copy of that row.
-        let (b, shape, lens) = (x.rows.m, model.attn_shape(), (&x.kv0, &x.len));
-        let cache = self.caches(layer)?;
-        let o = flash_append_decode_dev(g, q, (k, v), cache, lens, b, shape)?;
+        // The kernel writes each row's k and v to the row of key len - 1 itself;
+        // padding rows all write the scratch page's row 0 with equal values, and
+        // each block reads its own copy of that row.
+        let (b, shape) = (x.rows.m, model.attn_shape());
+        let (cache, at) = self.caches(layer)?;
+        let o = flash_append_decode_dev(g, q, (k, v), cache, at, b, shape)?;
         Ok((o, None))
     }
 
@@ -260,9 +293,9 @@ impl GpuAttention for DecodeDev<'_> {
             return Ok((o, saved, XOperand::default()));
         };
         let (g, model, x) = (&*self.model.gpu, self.model, self.inputs);
-        let (b, shape, lens) = (x.rows.m, model.attn_shape(), (&x.kv0, &x.len));
-        let cache = self.caches(layer)?;
-        let out = flash_append_decode_operand_dev(g, q, (k, v), cache, lens, b, shape, fp8)?;
+        let (b, shape) = (x.rows.m, model.attn_shape());
+        let (cache, at) = self.caches(layer)?;
+        let out = flash_append_decode_operand_dev(g, q, (k, v), cache, at, b, shape, fp8)?;
         Ok(self.with_operand(out))
     }
 
@@ -278,9 +311,9 @@ impl GpuAttention for DecodeDev<'_> {
             return Ok(None);
         };
         let (g, model, x) = (&*self.model.gpu, self.model, self.inputs);
-        let (b, shape, lens) = (x.rows.m, model.attn_shape(), (&x.kv0, &x.len));
-        let cache = self.caches(layer)?;
-        let out = flash_qkv_append_decode_operand_dev(g, qkv, cache, lens, b, shape, fp8)?;
+        let (b, shape) = (x.rows.m, model.attn_shape());
+        let (cache, at) = self.caches(layer)?;
+        let out = flash_qkv_append_decode_operand_dev(g, qkv, cache, at, b, shape, fp8)?;
         Ok(Some(self.with_operand(out)))
     }
 }
@@ -348,7 +381,7 @@ impl StepGraph {
     pub fn stage_drawn(
         &mut self,
         model: &GpuModel,
-        cache: &GpuKvCache,
+        cache: &mut GpuKvCache,
         slots: &[usize],
         keep: &[usize],
         lane: &CopyLane,
@@ -361,8 +394,14 @@ impl StepGraph {
     /// one past each sequence's length, where nothing reads them until
     /// [`StepGraph::commit`] counts them (a step the host then does not want is
     /// dropped, and the next write of those rows wins).
-    pub fn step_drawn(&mut self, g: &Gpu, drawn: &GpuSampled, keep: &[usize]) -> Result<()> {
-        self.inputs.feed(g, Some((drawn, keep)))?;
+    pub fn step_drawn(
+        &mut self,
+        g: &Gpu,
+        cache: &mut GpuKvCache,
+        drawn: &GpuSampled,
+        keep: &[usize],
+    ) -> Result<()> {
+        self.inputs.feed(g, Some((drawn, keep)), cache)?;
         self.graph.launch(g)
     }
 

@@ -34,7 +34,7 @@ use rand::RngCore;
 use std::collections::HashMap;
 
 use super::ahead::{Ahead, DrawStage};
-use super::decode::{decode_step, prefill_into, GpuKvCache};
+use super::decode::{decode_step, prefill_into, GpuKvCache, KvUse};
 use super::decode_graph::{bucket_of, StepGraph};
 use super::model::GpuModel;
 use crate::rollout::engine::Decoder;
@@ -106,6 +106,10 @@ pub struct GpuDecoder<'m, 'w> {
     pub(super) kept_ahead: usize,
     /// Input staging of the last rollout's graphs, for this one's.
     spare: Vec<PinnedIn<i32>>,
+    /// Bytes the KV cache may take (None: room for every slot at full length).
+    kv_bytes: Option<usize>,
+    /// Steps that found too few free pages (the engine preempted for them).
+    short_steps: usize,
 }
 
 impl<'m, 'w> GpuDecoder<'m, 'w> {
@@ -126,7 +130,29 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
             ending: Vec::new(),
             kept_ahead: 0,
             spare,
+            kv_bytes: None,
+            short_steps: 0,
         }
+    }
+
+    /// Steps that found too few free pages, so that sequences were preempted.
+    pub fn steps_short(&self) -> usize {
+        self.short_steps
+    }
+
+    /// Bound the KV cache to `bytes` (`rollout.kv_cache_gib`; None or 0: room
+    /// for every slot at full length). Under it sequences take pages as they
+    /// grow; where a step finds none free, the engine preempts the youngest
+    /// sequences and prefills them again later (prompt and response so far: the
+    /// same bits as the steps they missed).
+    pub fn with_kv_cache_bytes(mut self, bytes: Option<usize>) -> Self {
+        self.kv_bytes = bytes.filter(|&b| b > 0);
+        self
+    }
+
+    /// What the cache holds and held (None before `reserve`).
+    pub fn kv_use(&self) -> Option<KvUse> {
+        self.cache.as_ref().map(|c| c.kv_use())
     }
 
     /// Decode steps that ran ahead of the host and were kept (for tests and
@@ -178,7 +204,10 @@ impl Decoder for GpuDecoder<'_, '_> {
         let spare = &mut self.spare;
         spare.extend(self.graphs.drain().map(|(_, sg)| sg.into_stage()));
         self.launched.clear();
-        self.cache = Some(GpuKvCache::new(self.model, slots, max_len)?);
+        let pages = self
+            .kv_bytes
+            .map(|b| b / GpuKvCache::page_bytes(self.model).max(1));
+        self.cache = Some(GpuKvCache::new(self.model, slots, max_len, pages)?);
         if self.graphs_apply() && self.run_ahead {
             self.grow_stage(bucket_of(slots))?;
         }
@@ -252,11 +281,21 @@ impl Decoder for GpuDecoder<'_, '_> {
     }
 
     fn release(&mut self, slot: usize) {
-        // The rows stay (the next prefill into the slot overwrites them); the
-        // length goes, so a stray step of a free slot reads nothing stale.
+        // The pages go back to the pool (a step run ahead that wrote past the
+        // sequence's end was queued before any later owner's writes).
         if let Some(c) = self.cache.as_mut() {
             c.forget(slot);
         }
+    }
+
+    fn room(&mut self, seqs: &[&[u32]]) -> usize {
+        self.cache.as_ref().map_or(seqs.len(), |c| c.room(seqs))
+    }
+
+    fn shortfall(&mut self, slots: &[usize]) -> usize {
+        let short = self.cache.as_ref().map_or(0, |c| c.shortfall(slots));
+        self.short_steps += usize::from(short > 0);
+        short
     }
 
     fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<()> {

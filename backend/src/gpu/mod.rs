@@ -15,6 +15,7 @@ pub mod decode_graph;
 pub mod forward;
 pub mod generate;
 pub mod grads;
+pub mod kv_pages;
 pub mod layers;
 pub mod model;
 pub mod optim;

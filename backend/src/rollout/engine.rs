@@ -8,9 +8,19 @@
 //! lengths, and the cache holds `max_batch` sequences, not all of them).
 //! Sampling draws from one seeded RNG in a fixed order (the rows stepped, then
 //! the rows just prefilled), so a step's rollouts are a function of (weights,
-//! seed, max_batch). The device does prefill, decode and sampling behind
-//! [`Decoder`]; this loop owns the stop conditions and the slots (the only things
-//! that need the tokens on the host).
+//! seed, max_batch). A decoder whose cache is smaller than max_batch full-length
+//! sequences ([`Decoder::room`], [`Decoder::shortfall`]: the GPU's paged cache
+//! under `rollout.kv_cache_gib`) admits only what fits and, where a step would
+//! not fit, the youngest sequences are preempted: they give their cache back and
+//! are prefilled again later, prompt and response so far, ahead of new samples.
+//! Each token's logits are the same bits either way (a prefill's rows and a
+//! decode step's are the training forward's); the order of the draws, so the
+//! samples drawn, then also depend on the cache's size. The device does prefill,
+//! decode and sampling behind [`Decoder`]; this loop owns the stop conditions and
+//! the slots (the only things that need the tokens on the host).
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
 
 use jet_kernels::cuda::CudaError;
 use jet_kernels::GemmRole;
@@ -70,8 +80,20 @@ pub trait Decoder {
     /// `sample`. A decoder that launches the next step before the host reads
     /// the draw leaves these rows out of it.
     fn ending(&mut self, _rows: &[bool]) {}
-    /// The sequence in `slot` finished: its cache may go.
+    /// The sequence in `slot` finished (or was preempted): its cache may go.
     fn release(&mut self, slot: usize);
+    /// How many of `seqs` (the next sequences to prefill, in order) the cache
+    /// can take now beside what it holds; the others wait for room. A decoder
+    /// whose cache holds every slot at full length takes all (the default).
+    fn room(&mut self, seqs: &[&[u32]]) -> usize {
+        seqs.len()
+    }
+    /// Cache pages a step of the sequences in `slots` would need beyond the
+    /// free ones: the engine preempts the youngest sequences until it is 0
+    /// (the default: never short).
+    fn shortfall(&mut self, _slots: &[usize]) -> usize {
+        0
+    }
     /// Append `tokens[i]` to the sequence in slot `slots[i]`.
     fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<(), CudaError>;
 }
@@ -198,6 +220,9 @@ pub fn generate_with(
         free: (0..slots).rev().collect(),
         next: 0,
         slot_of: vec![usize::MAX; total],
+        waiting: VecDeque::new(),
+        admitted: vec![0; total],
+        serial: 0,
     };
     // The samples whose next token is pending, in the decoder's row order.
     let mut rows = Vec::new();
@@ -246,6 +271,7 @@ pub fn generate_with(
             sl.free.push(sl.slot_of[s]);
         }
         if !next_rows.is_empty() {
+            sl.make_room(dec, &mut next_rows, &mut next_tokens)?;
             let at: Vec<usize> = next_rows.iter().map(|&s| sl.slot_of[s]).collect();
             dec.step(&at, &next_tokens)?;
         }
@@ -257,6 +283,12 @@ pub fn generate_with(
             sl.admit(dec, prompts, &samples, &mut rows)?;
         }
         if rows.is_empty() {
+            if !sl.waiting.is_empty() || sl.next < total {
+                return Err(CudaError::Invalid(format!(
+                    "generation: {} samples wait and the KV cache takes none of them",
+                    sl.waiting.len() + total - sl.next
+                )));
+            }
             return Ok(samples);
         }
     }
@@ -271,10 +303,17 @@ struct Slots {
     next: usize,
     /// Each admitted sample's slot.
     slot_of: Vec<usize>,
+    /// Preempted samples waiting to be prefilled again (prompt and response so
+    /// far), oldest admission first; they go before new samples.
+    waiting: VecDeque<usize>,
+    /// Each sample's admission number (the youngest is preempted first).
+    admitted: Vec<u64>,
+    serial: u64,
 }
 
 impl Slots {
-    /// Prefill the next samples into the free slots; their rows join `rows`.
+    /// Prefill the waiting samples, then the next ones, into the free slots, as
+    /// many as the cache has room for; their rows join `rows`.
     fn admit(
         &mut self,
         dec: &mut dyn Decoder,
@@ -282,23 +321,81 @@ impl Slots {
         samples: &[Sample],
         rows: &mut Vec<usize>,
     ) -> Result<(), CudaError> {
-        let mut new = Vec::new();
-        while self.next < samples.len() {
-            let Some(slot) = self.free.pop() else { break };
-            self.slot_of[self.next] = slot;
-            new.push(self.next);
-            self.next += 1;
-        }
-        if new.is_empty() {
+        let n = self.free.len();
+        let mut cand: Vec<usize> = self.waiting.iter().take(n).copied().collect();
+        cand.extend((self.next..samples.len()).take(n - cand.len()));
+        if cand.is_empty() {
             return Ok(());
         }
-        let seqs: Vec<&[u32]> = new
+        // A preempted sample runs its prompt and response so far: the same
+        // rows (each row of a prefill depends on its own sequence alone), and
+        // its next draw reads the logits of its last token.
+        let seqs: Vec<Cow<[u32]>> = cand
             .iter()
-            .map(|&s| prompts[samples[s].prompt_index].as_slice())
+            .map(|&s| {
+                let (p, t) = (&prompts[samples[s].prompt_index], &samples[s].tokens);
+                match t.is_empty() {
+                    true => Cow::Borrowed(p.as_slice()),
+                    false => Cow::Owned(p.iter().chain(t).copied().collect()),
+                }
+            })
             .collect();
-        let at: Vec<usize> = new.iter().map(|&s| self.slot_of[s]).collect();
-        dec.prefill(&at, &seqs)?;
-        rows.extend(new);
+        let seqs: Vec<&[u32]> = seqs.iter().map(|c| c.as_ref()).collect();
+        let k = dec.room(&seqs).min(cand.len());
+        if k == 0 {
+            return Ok(());
+        }
+        let mut at = Vec::with_capacity(k);
+        for &s in &cand[..k] {
+            // A preempted sample keeps its first admission's place: it is the
+            // older for it, so the newer go first if the cache runs short again.
+            match self.waiting.front() == Some(&s) {
+                true => drop(self.waiting.pop_front()),
+                false => {
+                    self.next += 1;
+                    self.admitted[s] = self.serial;
+                    self.serial += 1;
+                }
+            }
+            let slot = self.free.pop().expect("a free slot for each candidate");
+            self.slot_of[s] = slot;
+            at.push(slot);
+        }
+        dec.prefill(&at, &seqs[..k])?;
+        rows.extend_from_slice(&cand[..k]);
         Ok(())
+    }
+
+    /// Preempt the youngest of `rows` (with their `tokens`) until the cache
+    /// holds the step of the others: each goes back to its slot's pool and
+    /// waits, its last draw kept (the re-prefill runs it).
+    fn make_room(
+        &mut self,
+        dec: &mut dyn Decoder,
+        rows: &mut Vec<usize>,
+        tokens: &mut Vec<u32>,
+    ) -> Result<(), CudaError> {
+        loop {
+            let at: Vec<usize> = rows.iter().map(|&s| self.slot_of[s]).collect();
+            if dec.shortfall(&at) == 0 {
+                return Ok(());
+            }
+            if rows.len() <= 1 {
+                return Err(CudaError::Invalid(
+                    "generation: the KV cache cannot hold the step of one sequence".into(),
+                ));
+            }
+            let j = (0..rows.len())
+                .max_by_key(|&j| self.admitted[rows[j]])
+                .expect("rows is not empty");
+            let s = rows.remove(j);
+            tokens.remove(j);
+            dec.release(self.slot_of[s]);
+            self.free.push(self.slot_of[s]);
+            let pos = self
+                .waiting
+                .partition_point(|&w| self.admitted[w] < self.admitted[s]);
+            self.waiting.insert(pos, s);
+        }
     }
 }

@@ -9,8 +9,11 @@ use jet_kernels::Flow;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use jet_kernels::cuda::flash::PAGE_ROWS;
+
 use super::engine::{generate_with, CpuDecoder, Decoder, Finish, GenConfig, Sample};
 use super::sampler::SamplingParams;
+use crate::gpu::kv_pages::KvPages;
 use crate::model::Arch;
 use crate::transformer::tests::{tiny_config, weights};
 use crate::transformer::PreparedModel;
@@ -229,5 +232,131 @@ fn slots_are_bounded_and_reused_only_when_free() {
         let limited = out.iter().filter(|s| at_limit(s)).count();
         assert!(limited > 0, "some samples should reach the length limit");
         assert_eq!(dec.flagged, limited, "max_batch {b}: flagged draws");
+    }
+}
+
+/// The CPU decoder under a page budget, as the GPU's paged cache keeps it
+/// (`KvPages`: pages taken as sequences grow, admissions and steps bounded by
+/// the free pages): what the engine's admission and preemption see.
+struct Paged<'m, 'w> {
+    inner: CpuDecoder<'m, 'w>,
+    pages: usize,
+    pool: Option<KvPages>,
+    lens: Vec<usize>,
+    preempted: usize,
+    released: usize,
+    most_in_use: usize,
+}
+
+impl Decoder for Paged<'_, '_> {
+    fn reserve(&mut self, slots: usize, max_len: usize) -> Result<(), CudaError> {
+        self.pool = Some(KvPages::new(slots, max_len, self.pages)?);
+        self.lens = vec![0; slots];
+        self.inner.reserve(slots, max_len)
+    }
+    fn prefill(&mut self, slots: &[usize], seqs: &[&[u32]]) -> Result<(), CudaError> {
+        let pool = self.pool.as_mut().unwrap();
+        for (&s, q) in slots.iter().zip(seqs) {
+            assert_eq!(self.lens[s], 0, "prefill into busy slot {s}");
+            for pos in (0..q.len()).step_by(PAGE_ROWS) {
+                pool.grow(s, pos)?;
+            }
+            self.lens[s] = q.len();
+        }
+        self.most_in_use = self.most_in_use.max(pool.in_use());
+        self.inner.prefill(slots, seqs)
+    }
+    fn sample(
+        &mut self,
+        p: &SamplingParams,
+        rng: &mut dyn RngCore,
+    ) -> Result<Vec<(u32, f32)>, CudaError> {
+        self.inner.sample(p, rng)
+    }
+    fn release(&mut self, slot: usize) {
+        self.pool.as_mut().unwrap().release(slot);
+        self.lens[slot] = 0;
+        self.released += 1;
+        self.inner.release(slot)
+    }
+    fn room(&mut self, seqs: &[&[u32]]) -> usize {
+        let live: Vec<(usize, usize)> = (0..self.lens.len())
+            .filter(|&s| self.lens[s] > 0)
+            .map(|s| (s, self.lens[s]))
+            .collect();
+        self.pool.as_ref().unwrap().admissible(&live, seqs)
+    }
+    fn shortfall(&mut self, slots: &[usize]) -> usize {
+        let pool = self.pool.as_ref().unwrap();
+        let need = slots
+            .iter()
+            .filter(|&&s| pool.opens_page(s, self.lens[s]))
+            .count();
+        let short = need.saturating_sub(pool.free());
+        self.preempted += usize::from(short > 0);
+        short
+    }
+    fn step(&mut self, slots: &[usize], tokens: &[u32]) -> Result<(), CudaError> {
+        let pool = self.pool.as_mut().unwrap();
+        for &s in slots {
+            pool.grow(s, self.lens[s])?;
+            self.lens[s] += 1;
+        }
+        self.most_in_use = self.most_in_use.max(pool.in_use());
+        self.inner.step(slots, tokens)
+    }
+}
+
+/// With a cache too small for the batch at full length, sequences wait for
+/// room and the youngest are preempted and prefilled again later; every greedy
+/// sample keeps its tokens and logprobs bit for bit, and the pool is never
+/// overdrawn.
+#[test]
+fn preempted_greedy_samples_keep_their_bits() {
+    let mut cfg = tiny_config(Arch::Qwen3, false);
+    cfg.max_position_embeddings = 256;
+    let w = weights(&cfg, 5);
+    let ps = prompts();
+    let gen = GenConfig {
+        max_new_tokens: 150,
+        stop_token_ids: vec![],
+        ..gen(6, 0.0)
+    };
+    for flow in [Flow::F32, Flow::Fp8] {
+        let model = PreparedModel::new(&cfg, &w, flow);
+        let run = |pages: Option<usize>| {
+            let mut rng = ChaCha8Rng::seed_from_u64(3);
+            let mut plain = CpuDecoder::new(&model);
+            let mut paged = pages.map(|pages| Paged {
+                inner: CpuDecoder::new(&model),
+                pages,
+                pool: None,
+                lens: vec![],
+                preempted: 0,
+                released: 0,
+                most_in_use: 0,
+            });
+            let dec: &mut dyn Decoder = match paged.as_mut() {
+                Some(p) => p,
+                None => &mut plain,
+            };
+            let out = generate_with(dec, 256, &ps, 2, &gen, &|_| String::new(), &mut rng);
+            (
+                bits(&out.unwrap()),
+                paged.map(|p| (p.preempted, p.released, p.most_in_use)),
+            )
+        };
+        let (all, _) = run(None);
+        assert!(all.iter().all(|s| s.1.len() == 150));
+        // 6 sequences of up to 155 rows take 3 pages each at full length (18);
+        // 8 pages hold two at full length and the scratch page.
+        for pages in [8, 11] {
+            let (got, stats) = run(Some(pages));
+            let (preempted, released, most) = stats.unwrap();
+            assert!(preempted > 0, "{flow}: {pages} pages should preempt");
+            assert_eq!(released, ps.len() * 2 + preempted, "{flow}: releases");
+            assert!(most < pages, "{flow}: {most} pages in use of {pages}");
+            assert_eq!(got, all, "{flow}: a preempted greedy sample changed");
+        }
     }
 }

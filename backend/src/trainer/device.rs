@@ -67,7 +67,11 @@ impl Trainer {
                     &d.weights,
                     (self.flow, self.cfg.run.batch_invariant),
                 )?;
-                let out = run(&mut GpuDecoder::new(&model).with_graphs(self.cfg.run.cuda_graphs));
+                let mut dec = GpuDecoder::new(&model)
+                    .with_graphs(self.cfg.run.cuda_graphs)
+                    .with_kv_cache_bytes(self.cfg.rollout.kv_cache_bytes());
+                let out = run(&mut dec);
+                drop(dec);
                 keep_model(&d.prepared, Slot::Policy, d.version, model);
                 Ok(out?)
             }

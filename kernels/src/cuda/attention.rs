@@ -10,6 +10,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, ATTENTION};
+use super::flash::PAGE_ROWS;
 use super::{check_len, ensure, Gpu, Result};
 use crate::ops::attention::AttnShape;
 
@@ -87,6 +88,7 @@ fn fwd(
     shape: AttnShape,
     out: &CudaSlice<f32>,
     probs: u64,
+    pages: u64,
 ) -> Result<()> {
     let hd = shape.head_dim;
     gpu.launch(
@@ -100,6 +102,8 @@ fn fwd(
             Arg::P(gpu.ptr(k)),
             Arg::P(gpu.ptr(v)),
             Arg::P(gpu.ptr(&rows.kv0)),
+            Arg::P(pages),
+            Arg::I(PAGE_ROWS as i32),
             Arg::P(gpu.ptr(&rows.len)),
             Arg::P(gpu.ptr(&rows.poff)),
             Arg::P(gpu.ptr(&rows.pstride)),
@@ -143,7 +147,7 @@ pub fn attention_forward(
     )?;
     let out = gpu.uninit::<f32>(rows.n * qw)?;
     let probs = gpu.zeros::<f32>(rows.probs_len.max(1))?;
-    fwd(gpu, q, k, v, &rows, shape, &out, gpu.ptr(&probs))?;
+    fwd(gpu, q, k, v, &rows, shape, &out, gpu.ptr(&probs), 0)?;
     Ok((out, probs))
 }
 
@@ -300,18 +304,85 @@ pub fn attention_decode_at(
         },
     )?;
     let kv0: Vec<i32> = slots.iter().map(|&s| (s * capacity) as i32).collect();
+    decode_rows(gpu, q, (k_cache, v_cache), &kv0, lens, shape, 0)
+}
+
+/// [`attention_decode_at`] against a paged cache (`flash::PAGE_ROWS` rows a page):
+/// key j of row b is cache row `pages[slots[b] * stride + j / PAGE_ROWS] *
+/// PAGE_ROWS + j % PAGE_ROWS` of `k_cache, v_cache [*, nkv*hd]`. The caller's
+/// table names pages inside the caches.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_paged(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    (k_cache, v_cache): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (pages, stride): (&CudaSlice<i32>, usize),
+    slots: &[usize],
+    lens: &[usize],
+    shape: AttnShape,
+) -> Result<CudaSlice<f32>> {
+    check_shape(shape)?;
+    let b = lens.len();
+    let kvw = shape.n_kv_heads * shape.head_dim;
+    ensure(slots.len() == b, || {
+        format!("decode: {} slots for {b} rows", slots.len())
+    })?;
+    let n_slots = slots.iter().map(|&s| s + 1).max().unwrap_or(0);
+    ensure(pages.len() >= n_slots * stride, || {
+        format!(
+            "decode: a page table of {} entries for slot {} of {stride} pages each",
+            pages.len(),
+            n_slots.saturating_sub(1)
+        )
+    })?;
+    ensure(
+        k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(PAGE_ROWS * kvw),
+        || {
+            format!("decode: k, v caches of {} and {} values are not whole pages of {PAGE_ROWS} x {kvw}", k_cache.len(), v_cache.len())
+        },
+    )?;
+    let limit = (stride * PAGE_ROWS).min(MAX_ATTN_LEN);
+    ensure(lens.iter().all(|&l| l >= 1 && l <= limit), || {
+        format!("decode: lengths {lens:?} must lie in 1..={limit}")
+    })?;
+    let kv0: Vec<i32> = slots.iter().map(|&s| (s * stride) as i32).collect();
+    decode_rows(
+        gpu,
+        q,
+        (k_cache, v_cache),
+        &kv0,
+        lens,
+        shape,
+        gpu.ptr(pages),
+    )
+}
+
+/// The decode rows' launch: row b's keys from `kv0[b]` (a first row, or with
+/// `pages` an offset into that table) for `lens[b]` keys.
+fn decode_rows(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    (k_cache, v_cache): (&CudaSlice<f32>, &CudaSlice<f32>),
+    kv0: &[i32],
+    lens: &[usize],
+    shape: AttnShape,
+    pages: u64,
+) -> Result<CudaSlice<f32>> {
+    let b = lens.len();
+    let qw = shape.n_heads * shape.head_dim;
+    check_len("decode q", q, b * qw, format!("[{b}, {qw}]"))?;
     let len: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
     let rows = Rows {
         n: b,
         max_len: lens.iter().copied().max().unwrap_or(0),
         probs_len: 0,
-        kv0: gpu.upload(&kv0)?,
+        kv0: gpu.upload(kv0)?,
         len: gpu.upload(&len)?,
         poff: gpu.upload(&vec![0i64; b])?,
         pstride: gpu.upload(&vec![0i32; b])?,
         end: gpu.upload(&vec![0i32; b])?,
     };
     let out = gpu.uninit::<f32>(b * qw)?;
-    fwd(gpu, q, k_cache, v_cache, &rows, shape, &out, 0)?;
+    fwd(gpu, q, k_cache, v_cache, &rows, shape, &out, 0, pages)?;
     Ok(out)
 }

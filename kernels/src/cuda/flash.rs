@@ -610,19 +610,58 @@ pub fn flash_scatter_rows(
         format!("cache rows of {cols} values (needs an even count)")
     })?;
     let rows = CacheRows::new(gpu, rows, dst.len() / cols)?;
-    flash_scatter_rows_dev(gpu, dst, cols, &rows.idx, rows.n, src)
+    flash_scatter_rows_dev(gpu, dst, cols, &rows, src)
 }
 
-/// The cache rows a prefill writes, `[n]` i64 on the device: checked once (in a
-/// cache of `have` rows, each at most once) and uploaded once for every layer.
+/// The cache rows a prefill writes, `[n]` i64 on the device, and where each one's
+/// values come from: row j of the source (`CacheRows::new`), or source row
+/// `src[j]` (`CacheRows::gathered`: a shared prompt's last, partly filled page
+/// copied into each of its samples' own pages). Checked once (in a cache of
+/// `have` rows, each written at most once) and uploaded once for every layer.
 pub struct CacheRows {
     idx: CudaSlice<i64>,
+    src: Option<CudaSlice<i64>>,
     n: usize,
+    /// Source rows read: n, or one past the largest of `src`.
+    nsrc: usize,
     have: usize,
 }
 
 impl CacheRows {
     pub fn new(gpu: &Gpu, rows: &[usize], have: usize) -> Result<CacheRows> {
+        Self::check(rows, have)?;
+        let idx = gpu.upload(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())?;
+        Ok(CacheRows {
+            idx,
+            src: None,
+            n: rows.len(),
+            nsrc: rows.len(),
+            have,
+        })
+    }
+
+    /// Cache rows `rows[j]` taking source row `src[j]` (a source row may go to
+    /// several cache rows).
+    pub fn gathered(gpu: &Gpu, rows: &[usize], src: &[usize], have: usize) -> Result<CacheRows> {
+        ensure(rows.len() == src.len(), || {
+            format!(
+                "cache scatter: {} cache rows for {} source rows",
+                rows.len(),
+                src.len()
+            )
+        })?;
+        Self::check(rows, have)?;
+        let up = |v: &[usize]| gpu.upload(&v.iter().map(|&r| r as i64).collect::<Vec<_>>());
+        Ok(CacheRows {
+            idx: up(rows)?,
+            src: Some(up(src)?),
+            n: rows.len(),
+            nsrc: src.iter().map(|&r| r + 1).max().unwrap_or(0),
+            have,
+        })
+    }
+
+    fn check(rows: &[usize], have: usize) -> Result<()> {
         if let Some(&r) = rows.iter().find(|&&r| r >= have) {
             return Err(super::CudaError::Invalid(format!(
                 "cache scatter: row {r} outside a cache of {have} rows"
@@ -634,12 +673,7 @@ impl CacheRows {
                 "cache scatter: row {r} appears more than once"
             )));
         }
-        let idx = gpu.upload(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())?;
-        Ok(CacheRows {
-            idx,
-            n: rows.len(),
-            have,
-        })
+        Ok(())
     }
 
     /// Whether a cache `c` of rows of `cols` values holds every row these were
@@ -654,10 +688,31 @@ impl CacheRows {
         })
     }
 
-    /// The rows on the device, for [`flash_scatter_rows_dev`] and
+    /// Whether a source `src` of rows of `cols` values holds the rows read
+    /// (exactly `len()` of them without a source map).
+    pub fn source_fits<T>(&self, what: &str, src: &CudaSlice<T>, cols: usize) -> Result<()> {
+        let ok = match self.src {
+            None => src.len() == self.n * cols,
+            Some(_) => src.len() >= self.nsrc * cols,
+        };
+        ensure(ok, || {
+            format!(
+                "{what}: {} values for {} source rows of {cols}",
+                src.len(),
+                self.nsrc
+            )
+        })
+    }
+
+    /// The cache rows on the device, for [`flash_scatter_rows_dev`] and
     /// [`super::tensor::scatter_rows_dev`].
     pub fn idx(&self) -> &CudaSlice<i64> {
         &self.idx
+    }
+
+    /// The source map's device pointer (0: row j from source row j).
+    pub fn src_ptr(&self, gpu: &Gpu) -> u64 {
+        self.src.as_ref().map_or(0, |s| gpu.ptr(s))
     }
 
     pub fn len(&self) -> usize {
@@ -669,9 +724,10 @@ impl CacheRows {
     }
 }
 
-/// Write k, v `[n, cols]` (BF16 values: the bits [`flash_scatter_rows`] makes of
-/// their f32 values) into cache rows `rows` of `k_cache` and `v_cache`, one launch
-/// for both (`fa_scatter_kv16`); `cols` a multiple of 8 (heads of 64 or 128).
+/// Write k, v (BF16 values: the bits [`flash_scatter_rows`] makes of their f32
+/// values; `[n, cols]`, or the rows `rows`' source map reads) into cache rows
+/// `rows` of `k_cache` and `v_cache`, one launch for both (`fa_scatter_kv16`);
+/// `cols` a multiple of 8 (heads of 64 or 128).
 pub fn flash_scatter_kv16(
     gpu: &Gpu,
     (k_cache, v_cache): (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
@@ -685,18 +741,8 @@ pub fn flash_scatter_kv16(
     })?;
     rows.fits("k", k_cache, cols)?;
     rows.fits("v", v_cache, cols)?;
-    check_len(
-        "cache scatter k (BF16)",
-        k,
-        n * cols,
-        format!("[{n}, {cols}]"),
-    )?;
-    check_len(
-        "cache scatter v (BF16)",
-        v,
-        n * cols,
-        format!("[{n}, {cols}]"),
-    )?;
+    rows.source_fits("cache scatter k (BF16)", k, cols)?;
+    rows.source_fits("cache scatter v (BF16)", v, cols)?;
     if n == 0 {
         return Ok(());
     }
@@ -710,6 +756,7 @@ pub fn flash_scatter_kv16(
             Arg::P(gpu.ptr(k_cache)),
             Arg::P(gpu.ptr(v_cache)),
             Arg::P(gpu.ptr(&rows.idx)),
+            Arg::P(rows.src_ptr(gpu)),
             Arg::L(cols as i64),
             Arg::P(gpu.ptr(k)),
             Arg::P(gpu.ptr(v)),
@@ -717,22 +764,25 @@ pub fn flash_scatter_kv16(
     )
 }
 
-/// [`flash_scatter_rows`] with the `n` cache rows `[n]` (i64) already on the
-/// device, as a CUDA graph replays it. The caller checks them (in the cache, and
-/// distinct unless the rows written are equal).
+/// [`flash_scatter_rows`] into cache rows checked and uploaded once
+/// ([`CacheRows`], their sources too): a prefill writes the same rows into every
+/// layer's k and v caches.
 pub fn flash_scatter_rows_dev(
     gpu: &Gpu,
     dst: &mut CudaSlice<u16>,
     cols: usize,
-    idx: &CudaSlice<i64>,
-    n: usize,
+    rows: &CacheRows,
     src: &CudaSlice<f32>,
 ) -> Result<()> {
     ensure(cols > 0 && cols.is_multiple_of(2), || {
         format!("cache rows of {cols} values (needs an even count)")
     })?;
-    check_len("cache scatter src", src, n * cols, format!("[{n}, {cols}]"))?;
-    check_len("cache scatter rows", idx, n, format!("[{n}]"))?;
+    rows.fits("BF16", dst, cols)?;
+    rows.source_fits("cache scatter src", src, cols)?;
+    let n = rows.n;
+    if n == 0 {
+        return Ok(());
+    }
     let pairs = (n * cols / 2) as u32;
     gpu.launch(
         &FLASH,
@@ -742,12 +792,41 @@ pub fn flash_scatter_rows_dev(
         0,
         &[
             Arg::P(gpu.ptr(dst)),
-            Arg::P(gpu.ptr(idx)),
+            Arg::P(gpu.ptr(&rows.idx)),
+            Arg::P(rows.src_ptr(gpu)),
             Arg::L(n as i64),
             Arg::L(cols as i64),
             Arg::P(gpu.ptr(src)),
         ],
     )
+}
+
+/// Rows of a key tile, and of a page of a paged KV cache (`FA_BC` in flash.cu):
+/// each decode tile is one page, so paging changes where a tile is read from, not
+/// what is read or in which order.
+pub const PAGE_ROWS: usize = 64;
+
+/// Where each decode row's keys and values lie in the caches, on the device:
+/// `kv0 [b]` and `len [b]` (i32). Without `pages`, key j of row b is cache row
+/// `kv0[b] + j`; with `pages` (a paged cache's table), cache row
+/// `pages[kv0[b] + j / PAGE_ROWS] * PAGE_ROWS + j % PAGE_ROWS`. The caller checks
+/// both against the caches (the grid does not depend on them).
+#[derive(Clone, Copy)]
+pub struct KvAt<'a> {
+    pub kv0: &'a CudaSlice<i32>,
+    pub len: &'a CudaSlice<i32>,
+    pub pages: Option<&'a CudaSlice<i32>>,
+}
+
+impl<'a> From<(&'a CudaSlice<i32>, &'a CudaSlice<i32>)> for KvAt<'a> {
+    /// Contiguous rows from each row's `kv0`.
+    fn from((kv0, len): (&'a CudaSlice<i32>, &'a CudaSlice<i32>)) -> Self {
+        KvAt {
+            kv0,
+            len,
+            pages: None,
+        }
+    }
 }
 
 /// Decode: query row b `q [B, nh*hd]` at position `lens[b] - 1` against rows
@@ -788,15 +867,69 @@ pub fn flash_decode_at(
     flash_decode_dev(gpu, q, (k_cache, v_cache), (&kv0, &len), b, shape)
 }
 
-/// [`flash_decode_at`] with each row's first cache row `kv0 [b]` (slot x
-/// capacity) and length `len [b]` (i32) already on the device, as a CUDA graph
-/// replays it. The caller checks them against the caches (the grid does not
-/// depend on them: one block per row and KV head).
-pub fn flash_decode_dev(
+/// [`flash_decode_at`] against a paged cache: key j of row b lies in cache row
+/// `pages[slots[b] * stride + j / PAGE_ROWS] * PAGE_ROWS + j % PAGE_ROWS` of
+/// `k_cache, v_cache [*, nkv*hd]` (whole pages). The same bits as the contiguous
+/// cache holding the same rows: only where each tile is read from moves.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_decode_paged(
     gpu: &Gpu,
     q: &CudaSlice<f32>,
     (k_cache, v_cache): (&CudaSlice<u16>, &CudaSlice<u16>),
-    (kv0, len): (&CudaSlice<i32>, &CudaSlice<i32>),
+    (pages, stride): (&CudaSlice<i32>, usize),
+    slots: &[usize],
+    lens: &[usize],
+    shape: AttnShape,
+) -> Result<CudaSlice<f32>> {
+    check(shape)?;
+    let (hd, nkv, b) = (shape.head_dim, shape.n_kv_heads, lens.len());
+    let kvw = nkv * hd;
+    ensure(slots.len() == b, || {
+        format!("decode: {} slots for {b} rows", slots.len())
+    })?;
+    let limit = stride * PAGE_ROWS;
+    ensure(lens.iter().all(|&l| l >= 1 && l <= limit), || {
+        format!("decode: lengths {lens:?} must lie in 1..={limit}")
+    })?;
+    let n_slots = slots.iter().map(|&s| s + 1).max().unwrap_or(0);
+    ensure(pages.len() >= n_slots * stride, || {
+        format!(
+            "decode: a page table of {} entries for slot {} of {stride} pages each",
+            pages.len(),
+            n_slots.saturating_sub(1)
+        )
+    })?;
+    for (what, c) in [("k cache", k_cache), ("v cache", v_cache)] {
+        ensure(
+            !c.is_empty() && c.len().is_multiple_of(PAGE_ROWS * kvw),
+            || {
+                format!(
+                    "decode: the {what} of {} values is not whole pages of {PAGE_ROWS} x {kvw}",
+                    c.len()
+                )
+            },
+        )?;
+    }
+    let kv0: Vec<i32> = slots.iter().map(|&s| (s * stride) as i32).collect();
+    let len: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+    let (kv0, len) = (gpu.upload(&kv0)?, gpu.upload(&len)?);
+    let at = KvAt {
+        kv0: &kv0,
+        len: &len,
+        pages: Some(pages),
+    };
+    flash_decode_dev(gpu, q, (k_cache, v_cache), at, b, shape)
+}
+
+/// [`flash_decode_at`] with each row's keys `at` (first cache row, or page-table
+/// offset with a paged cache, and length) already on the device, as a CUDA graph
+/// replays it. The caller checks them against the caches (the grid does not
+/// depend on them: one block per row and KV head).
+pub fn flash_decode_dev<'a>(
+    gpu: &Gpu,
+    q: &CudaSlice<f32>,
+    (k_cache, v_cache): (&CudaSlice<u16>, &CudaSlice<u16>),
+    at: impl Into<KvAt<'a>>,
     b: usize,
     shape: AttnShape,
 ) -> Result<CudaSlice<f32>> {
@@ -805,7 +938,7 @@ pub fn flash_decode_dev(
         gpu,
         DecIn::Rows(q, (0, 0)),
         caches,
-        (kv0, len),
+        at.into(),
         b,
         shape,
         None,
@@ -813,21 +946,21 @@ pub fn flash_decode_dev(
 }
 
 /// [`flash_decode_dev`] for rows whose own key and value, `k_new, v_new [b,
-/// nkv*hd]` (f32), are not in the caches yet: the kernel writes them to cache row
-/// `kv0[b] + len[b] - 1` (as [`flash_scatter_rows_dev`] would, the same bits) and
+/// nkv*hd]` (f32), are not in the caches yet: the kernel writes them to the cache
+/// row of key `len[b] - 1` (as [`flash_scatter_rows_dev`] would, the same bits) and
 /// attends to them, in one launch instead of three.
-pub fn flash_append_decode_dev(
+pub fn flash_append_decode_dev<'a>(
     gpu: &Gpu,
     q: &CudaSlice<f32>,
     (k_new, v_new): (&CudaSlice<f32>, &CudaSlice<f32>),
     (k_cache, v_cache): (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
-    (kv0, len): (&CudaSlice<i32>, &CudaSlice<i32>),
+    at: impl Into<KvAt<'a>>,
     b: usize,
     shape: AttnShape,
 ) -> Result<CudaSlice<f32>> {
     let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
     let new = append_rows(gpu, (k_new, v_new), b, shape)?;
-    decode_launch(gpu, DecIn::Rows(q, new), caches, (kv0, len), b, shape, None)
+    decode_launch(gpu, DecIn::Rows(q, new), caches, at.into(), b, shape, None)
 }
 
 /// [`flash_append_decode_dev`] also making the o projection's operand of its
@@ -835,19 +968,19 @@ pub fn flash_append_decode_dev(
 /// `quantize_row1x128`; else its BF16 copy, as `to_bf16_padded`; the same
 /// bits). FP8 needs heads of a multiple of 128 values ([`decode_operand_fits`]).
 #[allow(clippy::too_many_arguments)]
-pub fn flash_append_decode_operand_dev(
+pub fn flash_append_decode_operand_dev<'a>(
     gpu: &Gpu,
     q: &CudaSlice<f32>,
     (k_new, v_new): (&CudaSlice<f32>, &CudaSlice<f32>),
     (k_cache, v_cache): (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
-    (kv0, len): (&CudaSlice<i32>, &CudaSlice<i32>),
+    at: impl Into<KvAt<'a>>,
     b: usize,
     shape: AttnShape,
     fp8: bool,
 ) -> Result<(CudaSlice<f32>, FusedOperand)> {
     let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
     let new = append_rows(gpu, (k_new, v_new), b, shape)?;
-    decode_operand_launch(gpu, DecIn::Rows(q, new), caches, (kv0, len), b, shape, fp8)
+    decode_operand_launch(gpu, DecIn::Rows(q, new), caches, at.into(), b, shape, fp8)
 }
 
 /// [`decode_launch`] making the o projection's operand of its output too.
@@ -855,7 +988,7 @@ fn decode_operand_launch(
     gpu: &Gpu,
     input: DecIn,
     caches: (u64, u64),
-    lens: (&CudaSlice<i32>, &CudaSlice<i32>),
+    at: KvAt,
     b: usize,
     shape: AttnShape,
     fp8: bool,
@@ -867,7 +1000,7 @@ fn decode_operand_launch(
         )
     })?;
     let op = FusedOperand::alloc(gpu, b, shape.n_heads * shape.head_dim, fp8)?;
-    let out = decode_launch(gpu, input, caches, lens, b, shape, Some(&op))?;
+    let out = decode_launch(gpu, input, caches, at, b, shape, Some(&op))?;
     Ok((out, op))
 }
 
@@ -877,11 +1010,11 @@ fn decode_operand_launch(
 /// each block its own q heads and k, v row, the same bits) in place of a launch
 /// of their own; with `JET_DEC_QKV=0`, the two launches (for A/B runs).
 #[allow(clippy::too_many_arguments)]
-pub fn flash_qkv_append_decode_operand_dev(
+pub fn flash_qkv_append_decode_operand_dev<'a>(
     gpu: &Gpu,
     qkv: &QkvPartials,
     (k_cache, v_cache): (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
-    (kv0, len): (&CudaSlice<i32>, &CudaSlice<i32>),
+    at: impl Into<KvAt<'a>>,
     b: usize,
     shape: AttnShape,
     fp8: bool,
@@ -893,7 +1026,7 @@ pub fn flash_qkv_append_decode_operand_dev(
             &q,
             (&k, &v),
             (k_cache, v_cache),
-            (kv0, len),
+            at,
             b,
             shape,
             fp8,
@@ -909,7 +1042,7 @@ pub fn flash_qkv_append_decode_operand_dev(
         },
     )?;
     let caches = (gpu.ptr(k_cache), gpu.ptr(v_cache));
-    decode_operand_launch(gpu, DecIn::Qkv(qkv), caches, (kv0, len), b, shape, fp8)
+    decode_operand_launch(gpu, DecIn::Qkv(qkv), caches, at.into(), b, shape, fp8)
 }
 
 /// Whether the decode attention can make its output's operand: the BF16 copy
@@ -939,7 +1072,7 @@ fn decode_launch(
     gpu: &Gpu,
     input: DecIn,
     (k_cache, v_cache): (u64, u64),
-    (kv0, len): (&CudaSlice<i32>, &CudaSlice<i32>),
+    at: KvAt,
     b: usize,
     shape: AttnShape,
     op: Option<&FusedOperand>,
@@ -949,8 +1082,8 @@ fn decode_launch(
     if let DecIn::Rows(q, _) = input {
         check_rows("decode q", q, b, nh * hd)?;
     }
-    check_len("decode kv0", kv0, b, format!("[{b}]"))?;
-    check_len("decode lengths", len, b, format!("[{b}]"))?;
+    check_len("decode kv0", at.kv0, b, format!("[{b}]"))?;
+    check_len("decode lengths", at.len, b, format!("[{b}]"))?;
     let out = gpu.uninit::<f32>(b * nh * hd)?;
     // DecOperand (flash.cu): rows, rows_pad, cols_pad, a pad, codes, scales, yb.
     let mut d = CStruct::default();
@@ -1008,8 +1141,9 @@ fn decode_launch(
             &[
                 Arg::P(k_cache),
                 Arg::P(v_cache),
-                Arg::P(gpu.ptr(kv0)),
-                Arg::P(gpu.ptr(len)),
+                Arg::P(gpu.ptr(at.kv0)),
+                Arg::P(at.pages.map_or(0, |p| gpu.ptr(p))),
+                Arg::P(gpu.ptr(at.len)),
                 Arg::I(nh as i32),
                 Arg::I(nkv as i32),
                 Arg::F(scales(hd).1),

@@ -335,10 +335,12 @@ pub fn sample_logits_seeded(
 }
 
 /// A decode step's inputs `[n]` each (`tokens`, `positions`, `kv0`, `len`)
-/// from one staged copy `staged [4][n]` (on the device): each row's token,
-/// position, first cache row and length. With `drawn`, the tokens come from
-/// the last draw with no trip through the host: the first quarter holds each
-/// row's draw row instead (`keep`, then -1 for padding; checked here).
+/// from one staged copy `staged [5][n]` (on the device): each row's token,
+/// position, offset into the page table `pages`, length, and the page holding
+/// its new row, written into `pages` at the row's offset plus `(len - 1) /
+/// page_rows`. With `drawn`, the tokens come from the last draw with no trip
+/// through the host: the first fifth holds each row's draw row instead (`keep`,
+/// then -1 for padding; checked here).
 #[allow(clippy::too_many_arguments)]
 pub fn feed_step(
     gpu: &Gpu,
@@ -348,10 +350,12 @@ pub fn feed_step(
     positions: &mut CudaSlice<i32>,
     kv0: &mut CudaSlice<i32>,
     len: &mut CudaSlice<i32>,
+    (pages, page_rows): (&mut CudaSlice<i32>, usize),
 ) -> Result<()> {
     let n = tokens.len();
+    ensure(page_rows > 0, || "feed_step: pages of 0 rows".to_string())?;
     ensure(
-        staged.len() == 4 * n && [positions.len(), kv0.len(), len.len()] == [n; 3],
+        staged.len() == 5 * n && [positions.len(), kv0.len(), len.len()] == [n; 3],
         || {
             format!(
                 "feed_step: inputs of {n} rows, {} staged values",
@@ -384,6 +388,8 @@ pub fn feed_step(
             Arg::P(gpu.ptr(positions)),
             Arg::P(gpu.ptr(kv0)),
             Arg::P(gpu.ptr(len)),
+            Arg::P(gpu.ptr(pages)),
+            Arg::I(page_rows as i32),
         ],
     )
 }

@@ -150,7 +150,8 @@ pub fn scatter_rows(
     scatter_rows_dev(gpu, dst, cols, &rows, src)
 }
 
-/// [`scatter_rows`] to rows checked and uploaded once ([`CacheRows`]): a prefill
+/// [`scatter_rows`] to rows checked and uploaded once ([`CacheRows`], with their
+/// sources): a prefill
 /// writes the same rows into every layer's k and v caches.
 pub fn scatter_rows_dev(
     gpu: &Gpu,
@@ -161,7 +162,10 @@ pub fn scatter_rows_dev(
 ) -> Result<()> {
     rows.fits("scatter_rows", dst, cols)?;
     let n = rows.len();
-    check_len("scatter_rows src", src, n * cols, format!("[{n}, {cols}]"))?;
+    rows.source_fits("scatter_rows src", src, cols)?;
+    if n == 0 {
+        return Ok(());
+    }
     gpu.launch(
         &TENSOR,
         "scatter_rows",
@@ -171,6 +175,7 @@ pub fn scatter_rows_dev(
         &[
             Arg::P(gpu.ptr(dst)),
             Arg::P(gpu.ptr(rows.idx())),
+            Arg::P(rows.src_ptr(gpu)),
             Arg::L(n as i64),
             Arg::L(cols as i64),
             Arg::P(gpu.ptr(src)),

@@ -4,14 +4,16 @@
 // each row says where its keys start and how many it sees, so a row's result
 // depends on nothing else in the batch.
 //
-// Per row r: keys/values are rows kv0[r] .. kv0[r] + len[r] of k, v [*, nkv*hd];
+// Per row r: keys/values are rows kv0[r] .. kv0[r] + len[r] of k, v [*, nkv*hd], or
+// (pt not null: a paged KV cache) key j is row pt[kv0[r] + j / pg] * pg + j % pg;
 // probs (optional) of head h are written at poff[r] + h * pstride[r] + j.
 // q, out: [rows, nh*hd]. Dot products run over d in order, and out_d over j in
 // order, as attend_row does; only the softmax sum is a tree.
 
 extern "C" __global__ void attn_fwd(const float* q, const float* k, const float* v, const int* kv0,
-                                    const int* len, const long long* poff, const int* pstride, int nh,
-                                    int nkv, int hd, float scale, float* out, float* probs) {
+                                    const int* pt, int pg, const int* len, const long long* poff,
+                                    const int* pstride, int nh, int nkv, int hd, float scale, float* out,
+                                    float* probs) {
     pdl_entry();
     extern __shared__ float sm[];  // [hd] q, then [len] scores
     __shared__ float red[32];
@@ -20,12 +22,18 @@ extern "C" __global__ void attn_fwd(const float* q, const float* k, const float*
     float* qs = sm;
     float* s = sm + hd;
     const float* qh = q + (long)r * qw + (long)h * hd;
-    long kvoff = (long)kv0[r] * kvw + (long)(h / (nh / nkv)) * hd;
+    const int k0 = kv0[r];
+    const long hoff = (long)(h / (nh / nkv)) * hd;
+    // Key j's cache row times the row width (plus the head's offset).
+    auto at = [&](int j) -> long {
+        const long row = pt ? (long)pt[k0 + j / pg] * pg + j % pg : (long)k0 + j;
+        return row * kvw + hoff;
+    };
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qh[d];
     __syncthreads();
     float m = -__uint_as_float(0x7f800000u);
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const float* kj = k + kvoff + (long)j * kvw;
+        const float* kj = k + at(j);
         float dot = 0.0f;
         for (int d = 0; d < hd; d++) dot += qs[d] * kj[d];
         s[j] = dot * scale;
@@ -47,7 +55,7 @@ extern "C" __global__ void attn_fwd(const float* q, const float* k, const float*
     }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.0f;
-        for (int j = 0; j < n; j++) o += s[j] * v[kvoff + (long)j * kvw + d];
+        for (int j = 0; j < n; j++) o += s[j] * v[at(j) + d];
         out[(long)r * qw + (long)h * hd + d] = o;
     }
 }

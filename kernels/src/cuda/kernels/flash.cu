@@ -427,7 +427,10 @@ __device__ __forceinline__ void fa_dec_operand_pad(const DecOperand& op, int b, 
 }
 
 // Decode: query row b's `group` heads of kv head kvh at position len[b] - 1 against
-// cache rows kv0[b] .. kv0[b] + len[b] of the BF16 caches k_cache, v_cache [*, nkv*D]
+// the row's len[b] keys in the BF16 caches k_cache, v_cache [*, nkv*D]: cache rows
+// kv0[b] .. kv0[b] + len[b], or (pt not null: a paged cache) key j in cache row
+// pt[kv0[b] + j / FA_BC] * FA_BC + j % FA_BC, a page being one key tile, so each
+// tile is one page and the tiles, their order and every value read are the same
 // (fa_scatter_bf16 or fa_scatter_kv16 wrote them with the rounding of fa_to_bf16_x3). q, out [B, nh*D]
 // f32. Block b * nkv + kvh, two warps: the (row, kv head)'s chain of key tiles in
 // the forward's order (fa_tile's two halves), one buffer each for K and V, the next
@@ -441,7 +444,7 @@ __device__ __forceinline__ void fa_dec_operand_pad(const DecOperand& op, int b, 
 // one-warp kernel it replaced, whose chain was latency-bound: ncu, s27, 0.65 waves,
 // 6% occupancy, 55% of DRAM bandwidth at batch 64).
 // Append (kn, vn [B, nkv*D] f32 not null): the row's own key and value are not in
-// the caches yet; the block writes its head's slice to cache row kv0[b] + len[b] - 1
+// the caches yet; the block writes its head's slice to the row of key len[b] - 1
 // (fuses fa_scatter_bf16 of k and v: the same pack_bf16x2 rounding) and puts the
 // same bits into the last tile's shared copy, whatever the tile's copy read there.
 // op (codes or yb not null): the o projection's operand of out, made here too
@@ -498,8 +501,9 @@ __device__ __forceinline__ void fa_dec_qkv(const DecQkv& z, bf16_t* z16, int b, 
 // flight, into DecX's pa (free until the first tile's P) where they fit, else
 // after DecX ((group + 2) * D BF16 values: decode_launch adds the bytes).
 template <int D, bool QKV>
-__device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,
-                        float sl2, float* out, const float* kn, const float* vn, DecOperand op, const DecQkv& z) {
+__device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* pt, const int* len, int nh,
+                        int nkv, float sl2, float* out, const float* kn, const float* vn, DecOperand op,
+                        const DecQkv& z) {
     static_assert(D == 64 || D == 128, "fa_dec2: head_dim 64 or 128");
     extern __shared__ __align__(16) unsigned char fa_sm[];
     constexpr int T = FA_BC * (D + 8), HD = D / 16;  // HD: a warp's blocks of 8 output columns
@@ -512,13 +516,16 @@ __device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, 
         if (w == 0) fa_dec_operand_pad<D>(op, b, kvh * group, group, lane);
         return;
     }
-    const int n = len[b];
+    const int n = len[b], k0 = kv0[b];
     const long qw = (long)nh * D, kvw = (long)nkv * D;
-    bf16_t* kb = kc + (long)kv0[b] * kvw + kvh * D;
-    bf16_t* vb = vc + (long)kv0[b] * kvw + kvh * D;
-    stage16<D, FA_BC, 64>(sK, kb, kvw, min(FA_BC, n));
+    // Key tile j's first cache row: contiguous from kv0[b], or its page.
+    auto tile_row = [&](int j) -> long { return pt ? (long)pt[k0 + j] * FA_BC : (long)k0 + (long)j * FA_BC; };
+    bf16_t* kb = kc + kvh * D;
+    bf16_t* vb = vc + kvh * D;
+    const long row0 = tile_row(0) * kvw;
+    stage16<D, FA_BC, 64>(sK, kb + row0, kvw, min(FA_BC, n));
     cp_commit();
-    stage16<D, FA_BC, 64>(sV, vb, kvw, min(FA_BC, n));
+    stage16<D, FA_BC, 64>(sV, vb + row0, kvw, min(FA_BC, n));
     cp_commit();
     // The row's q heads and new k, v rows: f32 in global memory, rounded here, or
     // made here as BF16 (z16).
@@ -534,7 +541,7 @@ __device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, 
     const bool append = QKV || kn != nullptr;
     u32 kp[D / 64], vp[D / 64];
     if (append && w == 0) {
-        const long src = (long)b * kvw + kvh * D, dst = (long)(n - 1) * kvw;
+        const long src = (long)b * kvw + kvh * D, dst = (tile_row((n - 1) / FA_BC) + (n - 1) % FA_BC) * kvw;
 #pragma unroll
         for (int i = 0; i < D / 64; i++) {
             const int c = 2 * lane + 64 * i;
@@ -581,6 +588,8 @@ __device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, 
         // patch: the new row over the last tile's copy, once every thread's copies of
         // the tile have landed (the row's copy is another warp's).
         const bool patch = append && j + 1 == ntiles, more = j + 1 < ntiles;
+        // The next tile's page, read now (used after this tile's scores).
+        const int pnext = pt && more ? pt[k0 + j + 1] : 0;
         cp_wait<1>();  // this thread's share of K tile j
         __syncthreads();  // K tile j whole
         if (patch) {
@@ -624,8 +633,8 @@ __device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, 
             x.mx[w][r0 + 8] = mx[1];
         }
         __syncthreads();  // both warps' maxima; both done with K tile j
-        const long off = (long)(j + 1) * FA_BC * kvw;
         const int nk = min(FA_BC, n - (j + 1) * FA_BC);
+        const long off = (pt ? (long)pnext * FA_BC : (long)k0 + (long)(j + 1) * FA_BC) * kvw;
         if (more) {
             stage16<D, FA_BC, 64>(sK, kb + off, kvw, nk);
             cp_commit();
@@ -768,27 +777,31 @@ __device__ void fa_dec2(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, 
     }
 }
 
-// dst[rows[j]] = BF16(src[j]) for rows of `cols` values (even): new rows of a
-// BF16 KV cache, rounded as fa_to_bf16_x3 rounds the training forward's k, v.
-extern "C" __global__ void fa_scatter_bf16(bf16_t* dst, const long* rows, long nrows, long cols,
+// dst[rows[j]] = BF16(src[srows[j]]) (srows null: src[j]) for rows of `cols`
+// values (even): new rows of a BF16 KV cache, rounded as fa_to_bf16_x3 rounds the
+// training forward's k, v (srows: a source row may go to several cache rows, a
+// shared prompt's last page into each sample's own copy).
+extern "C" __global__ void fa_scatter_bf16(bf16_t* dst, const long* rows, const long* srows, long nrows, long cols,
                                            const float* src) {
     pdl_entry();
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 2;
     if (i >= nrows * cols) return;
     long j = i / cols, c = i % cols;
-    *(u32*)(dst + rows[j] * cols + c) = pack_bf16x2(src[i], src[i + 1]);
+    const float* s = src + (srows ? srows[j] : j) * cols + c;
+    *(u32*)(dst + rows[j] * cols + c) = pack_bf16x2(s[0], s[1]);
 }
 
-// dk[rows[j]] = sk[j] and dv[rows[j]] = sv[j] for rows of `cols` BF16 values (a
-// multiple of 8) already rounded by their producers (a prefill's k from
-// qk_norm_rope_bf16, v from its rows GEMM: the bits fa_scatter_bf16 makes of
-// their f32 values). Grid (rows, 2): block (j, 0) copies k's row j, (j, 1) v's,
-// 16 bytes a thread; no index division (fa_scatter_bf16 divides per pair).
-extern "C" __global__ void fa_scatter_kv16(bf16_t* dk, bf16_t* dv, const long* rows, long cols, const bf16_t* sk,
-                                           const bf16_t* sv) {
+// dk[rows[j]] = sk[srows[j]] and dv[rows[j]] = sv[srows[j]] (srows null: row j)
+// for rows of `cols` BF16 values (a multiple of 8) already rounded by their
+// producers (a prefill's k from qk_norm_rope_bf16, v from its rows GEMM: the bits
+// fa_scatter_bf16 makes of their f32 values). Grid (rows, 2): block (j, 0) copies
+// k's row, (j, 1) v's, 16 bytes a thread; no index division (fa_scatter_bf16
+// divides per pair).
+extern "C" __global__ void fa_scatter_kv16(bf16_t* dk, bf16_t* dv, const long* rows, const long* srows, long cols,
+                                           const bf16_t* sk, const bf16_t* sv) {
     pdl_entry();
-    const long j = blockIdx.x;
-    const uint4* src = reinterpret_cast<const uint4*>((blockIdx.y ? sv : sk) + j * cols);
+    const long j = blockIdx.x, js = srows ? srows[j] : j;
+    const uint4* src = reinterpret_cast<const uint4*>((blockIdx.y ? sv : sk) + js * cols);
     uint4* dst = reinterpret_cast<uint4*>((blockIdx.y ? dv : dk) + rows[j] * cols);
     for (long c = threadIdx.x; c < cols / 8; c += blockDim.x) dst[c] = src[c];
 }
@@ -1033,18 +1046,19 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
         fa_fwd<D>(q, k, v, tiles, nh, nkv, sl2, out, lse, o16);                                            \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(64)                                                        \
-        fa_dec2_##D(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* len, int nh, int nkv,   \
-                    float sl2, float* out, const float* kn, const float* vn, DecOperand op) { pdl_entry();      \
-        fa_dec2<D, false>(q, kc, vc, kv0, len, nh, nkv, sl2, out, kn, vn, op, DecQkv{});                    \
+        fa_dec2_##D(const float* q, bf16_t* kc, bf16_t* vc, const int* kv0, const int* pt, const int* len,    \
+                    int nh, int nkv, float sl2, float* out, const float* kn, const float* vn, DecOperand op) {  \
+        pdl_entry();                                                                                        \
+        fa_dec2<D, false>(q, kc, vc, kv0, pt, len, nh, nkv, sl2, out, kn, vn, op, DecQkv{});                \
     }                                                                                                       \
     /* fa_dec2 making its q heads and new k, v rows from the projections' partials. */                     \
     extern "C" __global__ void __launch_bounds__(64)                                                        \
         fa_dec2_qkv_##D(SkIn qi, SkIn ki, SkIn vi, const float* qw, const float* kw, float eps,              \
                         const int* pos, const float* cos_t, const float* sin_t, bf16_t* kc, bf16_t* vc,      \
-                        const int* kv0, const int* len, int nh, int nkv, float sl2, float* out,             \
-                        DecOperand op) { pdl_entry();                                                       \
+                        const int* kv0, const int* pt, const int* len, int nh, int nkv, float sl2,          \
+                        float* out, DecOperand op) { pdl_entry();                                           \
         const DecQkv z{qi, ki, vi, qw, kw, eps, pos, cos_t, sin_t};                                          \
-        fa_dec2<D, true>(nullptr, kc, vc, kv0, len, nh, nkv, sl2, out, nullptr, nullptr, op, z);             \
+        fa_dec2<D, true>(nullptr, kc, vc, kv0, pt, len, nh, nkv, sl2, out, nullptr, nullptr, op, z);         \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_kv_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse, \

@@ -221,19 +221,24 @@ extern "C" __global__ void sample_pick(const float* z, const float* m, const flo
     }
 }
 
-// A decode step's inputs (decode_graph.rs) from one staged copy, staged [4][n]: each row's
-// token, position, first cache row and length. Fed from the last draw (drawn not null:
-// the engine's rule, a row that goes on appends the token it drew), the first quarter
+// A decode step's inputs (decode_graph.rs) from one staged copy, staged [5][n]: each row's
+// token, position, offset into the page table, length, and the page that holds its new
+// row, which goes into the table (pt [*], pages of pg rows) at the row's offset plus
+// (length - 1) / pg: the host picks the page when it stages the step, so a step run
+// ahead of the host needs no copy of the table. Fed from the last draw (drawn not null:
+// the engine's rule, a row that goes on appends the token it drew), the first fifth
 // holds each row's draw row instead (-1: padding, token 0), checked on the host (below
 // the draw's rows), and the tokens never travel through the host.
 extern "C" __global__ void feed_step(const int* drawn, const int* staged, int n, int* tokens, int* positions,
-                                     int* kv0, int* len) {
+                                     int* kv0, int* len, int* pt, int pg) {
     pdl_entry();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int r = staged[i];
     tokens[i] = drawn == nullptr ? r : r >= 0 ? drawn[r] : 0;
     positions[i] = staged[n + i];
-    kv0[i] = staged[2 * n + i];
-    len[i] = staged[3 * n + i];
+    const int k0 = staged[2 * n + i], l = staged[3 * n + i];
+    kv0[i] = k0;
+    len[i] = l;
+    pt[k0 + (l - 1) / pg] = staged[4 * n + i];
 }

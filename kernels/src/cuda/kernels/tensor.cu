@@ -40,13 +40,14 @@ extern "C" __global__ void gather_rows(const float* x, const long* rows, long nr
     long j = i / cols, c = i % cols;
     out[i] = x[rows[j] * cols + c];
 }
-// dst rows at rows[j] = src [nrows, cols] row j (indices distinct, checked on the host).
-extern "C" __global__ void scatter_rows(float* dst, const long* rows, long nrows, long cols, const float* src) {
+// dst rows at rows[j] = src row srows[j] (srows null: row j) (rows distinct, checked on the host).
+extern "C" __global__ void scatter_rows(float* dst, const long* rows, const long* srows, long nrows, long cols,
+                                        const float* src) {
     pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nrows * cols) return;
     long j = i / cols, c = i % cols;
-    dst[rows[j] * cols + c] = src[i];
+    dst[rows[j] * cols + c] = src[(srows ? srows[j] : j) * cols + c];
 }
 
 // ---- sum of squares in f64, fixed order --------------------------------------------

@@ -10,7 +10,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, ATTENTION};
-use super::flash::PAGE_ROWS;
+use super::flash::{paged_rows, PAGE_ROWS};
 use super::{check_len, ensure, Gpu, Result};
 use crate::ops::attention::AttnShape;
 
@@ -322,30 +322,17 @@ pub fn attention_decode_paged(
     shape: AttnShape,
 ) -> Result<CudaSlice<f32>> {
     check_shape(shape)?;
-    let b = lens.len();
-    let kvw = shape.n_kv_heads * shape.head_dim;
-    ensure(slots.len() == b, || {
-        format!("decode: {} slots for {b} rows", slots.len())
-    })?;
-    let n_slots = slots.iter().map(|&s| s + 1).max().unwrap_or(0);
-    ensure(pages.len() >= n_slots * stride, || {
-        format!(
-            "decode: a page table of {} entries for slot {} of {stride} pages each",
-            pages.len(),
-            n_slots.saturating_sub(1)
-        )
-    })?;
-    ensure(
-        k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(PAGE_ROWS * kvw),
-        || {
-            format!("decode: k, v caches of {} and {} values are not whole pages of {PAGE_ROWS} x {kvw}", k_cache.len(), v_cache.len())
-        },
+    let kv0 = paged_rows(
+        (
+            k_cache.len(),
+            v_cache.len(),
+            shape.n_kv_heads * shape.head_dim,
+        ),
+        (pages, stride),
+        slots,
+        lens,
+        (stride * PAGE_ROWS).min(MAX_ATTN_LEN),
     )?;
-    let limit = (stride * PAGE_ROWS).min(MAX_ATTN_LEN);
-    ensure(lens.iter().all(|&l| l >= 1 && l <= limit), || {
-        format!("decode: lengths {lens:?} must lie in 1..={limit}")
-    })?;
-    let kv0: Vec<i32> = slots.iter().map(|&s| (s * stride) as i32).collect();
     decode_rows(
         gpu,
         q,

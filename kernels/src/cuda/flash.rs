@@ -829,6 +829,38 @@ impl<'a> From<(&'a CudaSlice<i32>, &'a CudaSlice<i32>)> for KvAt<'a> {
     }
 }
 
+/// Check a paged decode's rows against its table and caches (`k`, `v` values,
+/// rows of `kvw`; lengths at most `limit`) and return each row's table offset.
+pub(crate) fn paged_rows(
+    (k, v, kvw): (usize, usize, usize),
+    (pages, stride): (&CudaSlice<i32>, usize),
+    slots: &[usize],
+    lens: &[usize],
+    limit: usize,
+) -> Result<Vec<i32>> {
+    let b = lens.len();
+    ensure(slots.len() == b, || {
+        format!("decode: {} slots for {b} rows", slots.len())
+    })?;
+    ensure(lens.iter().all(|&l| l >= 1 && l <= limit), || {
+        format!("decode: lengths {lens:?} must lie in 1..={limit}")
+    })?;
+    let n_slots = slots.iter().map(|&s| s + 1).max().unwrap_or(0);
+    ensure(pages.len() >= n_slots * stride, || {
+        format!(
+            "decode: a page table of {} entries for slot {} of {stride} pages each",
+            pages.len(),
+            n_slots.saturating_sub(1)
+        )
+    })?;
+    ensure(k == v && k > 0 && k.is_multiple_of(PAGE_ROWS * kvw), || {
+        format!(
+            "decode: k, v caches of {k} and {v} values are not whole pages of {PAGE_ROWS} x {kvw}"
+        )
+    })?;
+    Ok(slots.iter().map(|&s| (s * stride) as i32).collect())
+}
+
 /// Decode: query row b `q [B, nh*hd]` at position `lens[b] - 1` against rows
 /// `0..lens[b]` of cache slot `slots[b]` of the BF16 caches
 /// `k_cache, v_cache [S, capacity, nkv*hd]` (written by [`flash_scatter_rows`] or
@@ -882,35 +914,15 @@ pub fn flash_decode_paged(
     shape: AttnShape,
 ) -> Result<CudaSlice<f32>> {
     check(shape)?;
-    let (hd, nkv, b) = (shape.head_dim, shape.n_kv_heads, lens.len());
-    let kvw = nkv * hd;
-    ensure(slots.len() == b, || {
-        format!("decode: {} slots for {b} rows", slots.len())
-    })?;
-    let limit = stride * PAGE_ROWS;
-    ensure(lens.iter().all(|&l| l >= 1 && l <= limit), || {
-        format!("decode: lengths {lens:?} must lie in 1..={limit}")
-    })?;
-    let n_slots = slots.iter().map(|&s| s + 1).max().unwrap_or(0);
-    ensure(pages.len() >= n_slots * stride, || {
-        format!(
-            "decode: a page table of {} entries for slot {} of {stride} pages each",
-            pages.len(),
-            n_slots.saturating_sub(1)
-        )
-    })?;
-    for (what, c) in [("k cache", k_cache), ("v cache", v_cache)] {
-        ensure(
-            !c.is_empty() && c.len().is_multiple_of(PAGE_ROWS * kvw),
-            || {
-                format!(
-                    "decode: the {what} of {} values is not whole pages of {PAGE_ROWS} x {kvw}",
-                    c.len()
-                )
-            },
-        )?;
-    }
-    let kv0: Vec<i32> = slots.iter().map(|&s| (s * stride) as i32).collect();
+    let kvw = shape.n_kv_heads * shape.head_dim;
+    let kv0 = paged_rows(
+        (k_cache.len(), v_cache.len(), kvw),
+        (pages, stride),
+        slots,
+        lens,
+        stride * PAGE_ROWS,
+    )?;
+    let b = lens.len();
     let len: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
     let (kv0, len) = (gpu.upload(&kv0)?, gpu.upload(&len)?);
     let at = KvAt {

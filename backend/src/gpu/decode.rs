@@ -109,6 +109,8 @@ pub struct GpuKvCache {
     /// Prompt rows the prefills computed, and those they were asked for (the
     /// difference: the rows of repeated prompts, computed once).
     pub(super) prefilled_rows: (usize, usize),
+    /// Whether the pool is smaller than every slot at full length.
+    bounded: bool,
 }
 
 impl GpuKvCache {
@@ -122,7 +124,8 @@ impl GpuKvCache {
         pages: Option<usize>,
     ) -> Result<GpuKvCache> {
         let cfg = model.cfg;
-        let n = pages.unwrap_or_else(|| KvPages::worst_case(slots, capacity));
+        let worst = KvPages::worst_case(slots, capacity);
+        let n = pages.map_or(worst, |p| p.min(worst));
         let pages = KvPages::new(slots, capacity, n)?;
         let table = model.gpu.upload(pages.table())?;
         Ok(GpuKvCache {
@@ -133,6 +136,7 @@ impl GpuKvCache {
             pages,
             table,
             prefilled_rows: (0, 0),
+            bounded: n < worst,
         })
     }
 
@@ -208,8 +212,12 @@ impl GpuKvCache {
     }
 
     /// How many of `seqs` (in order) a prefill can take now beside the
-    /// sequences held ([`KvPages::admissible`]).
+    /// sequences held ([`KvPages::admissible`]; all of them where the pool holds
+    /// every slot at full length).
     pub fn room(&self, seqs: &[&[u32]]) -> usize {
+        if !self.bounded {
+            return seqs.len();
+        }
         let live: Vec<(usize, usize)> = (0..self.lens.len())
             .filter(|&s| self.lens[s] > 0)
             .map(|s| (s, self.lens[s]))

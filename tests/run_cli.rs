@@ -98,6 +98,11 @@ fn bad_configs_name_the_field() {
             "at least 1",
         ),
         (
+            BASE.replace("group_size = 8", "group_size = 8\nkv_cache_gib = -1"),
+            "rollout.kv_cache_gib",
+            "finite number >= 0",
+        ),
+        (
             BASE.replace("clip_low = 0.2", "clip_low = \"big\""),
             "train.clip_low",
             "invalid type",

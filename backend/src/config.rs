@@ -206,7 +206,9 @@ pub struct RolloutSection {
 impl RolloutSection {
     /// The KV cache's bound in bytes (None: room for max_batch full-length sequences).
     pub fn kv_cache_bytes(&self) -> Option<usize> {
-        (self.kv_cache_gib > 0.0).then_some((self.kv_cache_gib * (1u64 << 30) as f64) as usize)
+        // A bound too small for one page stays a bound (an error at the rollout).
+        (self.kv_cache_gib > 0.0)
+            .then_some(((self.kv_cache_gib * (1u64 << 30) as f64) as usize).max(1))
     }
 
     pub fn sampling(&self) -> SamplingParams {

@@ -1008,7 +1008,7 @@ fn paged_cache_under_a_budget_keeps_samples_bitwise() {
             let rows = (u.prefill_rows, u.prefill_rows_asked);
             (
                 out,
-                dec.steps_short(),
+                dec.preemptions(),
                 u.pages_peak,
                 u.pages,
                 rows.0,
@@ -1031,7 +1031,7 @@ fn paged_cache_under_a_budget_keeps_samples_bitwise() {
                 .filter(|(a, b)| a != b)
                 .count();
             println!(
-                "PAGED | {:<5} | max_batch {max_batch} | {pages} pages | {short} steps preempted | peak {peak} of {pool} pages | {differ} of {} samples differ",
+                "PAGED | {:<5} | max_batch {max_batch} | {pages} pages | {short} preempted | peak {peak} of {pool} pages | {differ} of {} samples differ",
                 flow.name(),
                 got.len()
             );

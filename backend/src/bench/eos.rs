@@ -52,7 +52,8 @@ pub struct EosAt<'d> {
     /// Per slot: the sequence so far (prompt and drawn tokens).
     seqs: Vec<Vec<u32>>,
     /// Preempted sequences by their content: their drawn length and count.
-    waiting: HashMap<Vec<u32>, (usize, usize)>,
+    /// (Equal sequences, e.g. a group's greedy samples, each keep their own.)
+    waiting: HashMap<Vec<u32>, Vec<(usize, usize)>>,
     /// Sequences released before their drawn length (preempted).
     pub preempted: usize,
 }
@@ -100,7 +101,7 @@ impl Decoder for EosAt<'_> {
     }
     fn prefill(&mut self, slots: &[usize], seqs: &[&[u32]]) -> Result<(), CudaError> {
         for (&s, q) in slots.iter().zip(seqs) {
-            (self.target[s], self.count[s]) = match self.waiting.remove(*q) {
+            (self.target[s], self.count[s]) = match self.waiting.get_mut(*q).and_then(|v| v.pop()) {
                 Some(kept) => kept,
                 None => match self.lengths.as_mut() {
                     Some(r) => (r.random_range(1..=self.gen_len), 0),
@@ -160,8 +161,8 @@ impl Decoder for EosAt<'_> {
     fn release(&mut self, slot: usize) {
         if self.count[slot] < self.target[slot] {
             let seq = std::mem::take(&mut self.seqs[slot]);
-            self.waiting
-                .insert(seq, (self.target[slot], self.count[slot]));
+            let kept = (self.target[slot], self.count[slot]);
+            self.waiting.entry(seq).or_default().push(kept);
             self.preempted += 1;
         }
         self.inner.release(slot)

@@ -277,7 +277,8 @@ fn rollout(
         stop_strings: vec![],
         max_batch: a.max_batch,
     };
-    let bytes = (a.kv_cache_gib > 0.0).then_some((a.kv_cache_gib * (1u64 << 30) as f64) as usize);
+    let bytes =
+        (a.kv_cache_gib > 0.0).then_some(((a.kv_cache_gib * (1u64 << 30) as f64) as usize).max(1));
     let mut dec = GpuDecoder::new(model)
         .with_graphs(!a.no_cuda_graphs)
         .with_kv_cache_bytes(bytes);

@@ -22,6 +22,7 @@
 //! (`JET_DECODE_AHEAD=0` turns it off).
 
 use cudarc::driver::CudaSlice;
+use jet_kernels::cuda::flash::PAGE_ROWS;
 use jet_kernels::cuda::logsoftmax::log_softmax_rows;
 use jet_kernels::cuda::pinned::PinnedIn;
 use jet_kernels::cuda::sample::{sample_logits_seeded, GpuSampled};
@@ -108,8 +109,8 @@ pub struct GpuDecoder<'m, 'w> {
     spare: Vec<PinnedIn<i32>>,
     /// Bytes the KV cache may take (None: room for every slot at full length).
     kv_bytes: Option<usize>,
-    /// Steps that found too few free pages (the engine preempted for them).
-    short_steps: usize,
+    /// Sequences the engine preempted (each `shortfall` above 0 is one).
+    preempted: usize,
 }
 
 impl<'m, 'w> GpuDecoder<'m, 'w> {
@@ -131,22 +132,24 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
             kept_ahead: 0,
             spare,
             kv_bytes: None,
-            short_steps: 0,
+            preempted: 0,
         }
     }
 
-    /// Steps that found too few free pages, so that sequences were preempted.
-    pub fn steps_short(&self) -> usize {
-        self.short_steps
+    /// Sequences preempted for want of free pages (the engine preempts one for
+    /// each `shortfall` answer above 0).
+    pub fn preemptions(&self) -> usize {
+        self.preempted
     }
 
-    /// Bound the KV cache to `bytes` (`rollout.kv_cache_gib`; None or 0: room
-    /// for every slot at full length). Under it sequences take pages as they
+    /// Bound the KV cache to `bytes` (`rollout.kv_cache_gib`; None: room for
+    /// every slot at full length; too few bytes for one sequence is an error at
+    /// the first rollout, naming the setting). Under it sequences take pages as they
     /// grow; where a step finds none free, the engine preempts the youngest
     /// sequences and prefills them again later (prompt and response so far: the
     /// same bits as the steps they missed).
     pub fn with_kv_cache_bytes(mut self, bytes: Option<usize>) -> Self {
-        self.kv_bytes = bytes.filter(|&b| b > 0);
+        self.kv_bytes = bytes;
         self
     }
 
@@ -204,10 +207,19 @@ impl Decoder for GpuDecoder<'_, '_> {
         let spare = &mut self.spare;
         spare.extend(self.graphs.drain().map(|(_, sg)| sg.into_stage()));
         self.launched.clear();
-        let pages = self
-            .kv_bytes
-            .map(|b| b / GpuKvCache::page_bytes(self.model).max(1));
-        self.cache = Some(GpuKvCache::new(self.model, slots, max_len, pages)?);
+        let page = GpuKvCache::page_bytes(self.model).max(1);
+        let pages = self.kv_bytes.map(|b| b / page);
+        let cache = GpuKvCache::new(self.model, slots, max_len, pages).map_err(|e| match self.kv_bytes {
+            Some(b) => CudaError::Invalid(format!(
+                "rollout.kv_cache_gib = {:.3} ({} pages of {page} bytes): {e}; one sequence of {max_len} \
+                 rows needs at least {:.3} GiB",
+                b as f64 / (1u64 << 30) as f64,
+                b / page,
+                ((max_len.div_ceil(PAGE_ROWS) + 1) * page) as f64 / (1u64 << 30) as f64
+            )),
+            None => e,
+        })?;
+        self.cache = Some(cache);
         if self.graphs_apply() && self.run_ahead {
             self.grow_stage(bucket_of(slots))?;
         }
@@ -294,7 +306,7 @@ impl Decoder for GpuDecoder<'_, '_> {
 
     fn shortfall(&mut self, slots: &[usize]) -> usize {
         let short = self.cache.as_ref().map_or(0, |c| c.shortfall(slots));
-        self.short_steps += usize::from(short > 0);
+        self.preempted += usize::from(short > 0);
         short
     }
 

@@ -49,11 +49,18 @@ impl KvPages {
     /// of up to `max_len` rows; it must hold one such sequence.
     pub fn new(slots: usize, max_len: usize, pages: usize) -> Result<KvPages> {
         let max_pages = pages_of(max_len).max(1);
-        if pages < max_pages + 1 || pages > i32::MAX as usize / PAGE_ROWS {
+        // Cache rows and table entries are i32 on the device.
+        let entries = (slots + 1).checked_mul(max_pages);
+        if pages > i32::MAX as usize / PAGE_ROWS || entries.is_none_or(|e| e > i32::MAX as usize) {
+            return Err(CudaError::Invalid(format!(
+                "KV cache: {pages} pages for {slots} sequences of {max_len} rows is past the \
+                 kernels' 32-bit row and table indices"
+            )));
+        }
+        if pages < max_pages + 1 {
             return Err(CudaError::Invalid(format!(
                 "KV cache: {pages} pages of {PAGE_ROWS} rows cannot hold one sequence of {max_len} \
-                 rows (it needs {} and the scratch page)",
-                max_pages
+                 rows (it needs {max_pages} and the scratch page)"
             )));
         }
         Ok(KvPages {
@@ -202,7 +209,8 @@ impl KvPages {
     }
 
     /// How many of `seqs` (in order) a prefill can take now beside the live
-    /// sequences `(slot, length)`: each distinct prompt's pages once and each
+    /// sequences `(slot, length)` (the table's rows, `max_pages * PAGE_ROWS`, are
+    /// the most a sequence holds): each distinct prompt's pages once and each
     /// further copy's own partly filled last page, leaving a page for every
     /// sequence whose next row opens one and a sixteenth of the pool spare (so
     /// that an admission does not preempt at once what it admitted). With
@@ -226,7 +234,11 @@ impl KvPages {
             k += 1;
         }
         match (k, seqs.first()) {
-            (0, Some(q)) if live.is_empty() => usize::from(pages_of(q.len() + 1) <= free),
+            // Its next row only where it may have one.
+            (0, Some(q)) if live.is_empty() => {
+                let rows = (q.len() + 1).min(self.max_pages * PAGE_ROWS);
+                usize::from(pages_of(rows) <= free)
+            }
             _ => k,
         }
     }
@@ -389,5 +401,15 @@ mod tests {
         let long: Vec<u32> = (0..1000).collect();
         assert_eq!(p.admissible(&[], &[&long]), 1);
         assert_eq!(p.admissible(&[(0, 5)], &[&long]), 0);
+        // A prompt as long as a sequence may be (it takes no next row) fits the
+        // smallest pool.
+        let p = KvPages::new(1, 128, 3).unwrap();
+        let full: Vec<u32> = (0..128).collect();
+        assert_eq!(p.admissible(&[], &[&full]), 1);
+        let e = KvPages::new(1 << 20, 1 << 20, 1 << 20)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("32-bit"), "{e}");
     }
 }

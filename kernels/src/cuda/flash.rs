@@ -805,6 +805,7 @@ pub fn flash_scatter_rows_dev(
 /// each decode tile is one page, so paging changes where a tile is read from, not
 /// what is read or in which order.
 pub const PAGE_ROWS: usize = 64;
+const _: () = assert!(PAGE_ROWS == TILE, "a page is one decode key tile (FA_BC)");
 
 /// Where each decode row's keys and values lie in the caches, on the device:
 /// `kv0 [b]` and `len [b]` (i32). Without `pages`, key j of row b is cache row

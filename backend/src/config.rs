@@ -203,12 +203,16 @@ pub struct RolloutSection {
     pub kv_cache_gib: f64,
 }
 
+/// `gib` GiB in bytes, None for 0 (no bound); a positive value under one byte
+/// stays a bound (too small: an error at the rollout, naming the setting).
+pub fn gib_bytes(gib: f64) -> Option<usize> {
+    (gib > 0.0).then_some(((gib * (1u64 << 30) as f64) as usize).max(1))
+}
+
 impl RolloutSection {
     /// The KV cache's bound in bytes (None: room for max_batch full-length sequences).
     pub fn kv_cache_bytes(&self) -> Option<usize> {
-        // A bound too small for one page stays a bound (an error at the rollout).
-        (self.kv_cache_gib > 0.0)
-            .then_some(((self.kv_cache_gib * (1u64 << 30) as f64) as usize).max(1))
+        gib_bytes(self.kv_cache_gib)
     }
 
     pub fn sampling(&self) -> SamplingParams {

@@ -448,12 +448,12 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             "{:<18} {:>5} {:>10} / {:<8} {:>8.2} {:>16} / {:<12} {:>9}",
             x.flow,
             x.batch,
-            x.kv_pages_peak,
-            x.kv_pages,
-            x.kv_pages_peak as f64 * x.kv_page_bytes as f64 / (1u64 << 30) as f64,
-            x.prefill_rows,
-            x.prefill_rows_asked,
-            x.preempted,
+            x.kv.kv_pages_peak,
+            x.kv.kv_pages,
+            x.kv.kv_pages_peak as f64 * x.kv.kv_page_bytes as f64 / (1u64 << 30) as f64,
+            x.kv.prefill_rows,
+            x.kv.prefill_rows_asked,
+            x.kv.preempted,
         );
     }
     for x in &r.rollout {

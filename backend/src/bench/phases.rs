@@ -79,8 +79,15 @@ pub struct RolloutRow {
     /// every live sequence at full length).
     pub group_size: usize,
     pub kv_cache_gib: f64,
-    /// The paged cache: most pages in use, pages in the pool (the scratch page
-    /// aside), and a page's bytes over every layer's k and v.
+    #[serde(flatten)]
+    pub kv: KvCounts,
+}
+
+/// The paged KV cache over a rollout.
+#[derive(Clone, Copy, Default, Serialize)]
+pub struct KvCounts {
+    /// Most pages in use, pages in the pool (the scratch page aside), and a
+    /// page's bytes over every layer's k and v.
     pub kv_pages_peak: usize,
     pub kv_pages: usize,
     pub kv_page_bytes: usize,
@@ -246,14 +253,7 @@ pub struct RolloutCounts {
     pub prefill_s: f64,
     pub decode_tokens: usize,
     pub decode_kv_rows: usize,
-    /// The paged cache's most pages in use and its pool, a page's bytes, the
-    /// prompt rows computed and asked for, and the sequences preempted.
-    pub kv_pages_peak: usize,
-    pub kv_pages: usize,
-    pub kv_page_bytes: usize,
-    pub prefill_rows: usize,
-    pub prefill_rows_asked: usize,
-    pub preempted: usize,
+    pub kv: KvCounts,
 }
 
 /// Generate up to `gen_len` tokens for each prompt (`--group-size` samples of
@@ -277,8 +277,7 @@ fn rollout(
         stop_strings: vec![],
         max_batch: a.max_batch,
     };
-    let bytes =
-        (a.kv_cache_gib > 0.0).then_some(((a.kv_cache_gib * (1u64 << 30) as f64) as usize).max(1));
+    let bytes = crate::config::gib_bytes(a.kv_cache_gib);
     let mut dec = GpuDecoder::new(model)
         .with_graphs(!a.no_cuda_graphs)
         .with_kv_cache_bytes(bytes);
@@ -305,13 +304,16 @@ fn rollout(
         prefill_s: eos.prefill_s,
         decode_tokens: eos.decode_tokens,
         decode_kv_rows: eos.decode_kv_rows,
-        preempted: eos.preempted,
-        kv_page_bytes: GpuKvCache::page_bytes(model),
-        ..Default::default()
+        kv: KvCounts {
+            preempted: eos.preempted,
+            kv_page_bytes: GpuKvCache::page_bytes(model),
+            ..Default::default()
+        },
     };
     if let Some(u) = dec.kv_use() {
-        (counts.kv_pages_peak, counts.kv_pages) = (u.pages_peak, u.pages);
-        (counts.prefill_rows, counts.prefill_rows_asked) = (u.prefill_rows, u.prefill_rows_asked);
+        let kv = &mut counts.kv;
+        (kv.kv_pages_peak, kv.kv_pages) = (u.pages_peak, u.pages);
+        (kv.prefill_rows, kv.prefill_rows_asked) = (u.prefill_rows, u.prefill_rows_asked);
     }
     Ok((s, seconds, counts))
 }
@@ -488,12 +490,7 @@ pub fn run(
                 decode_of_floor: None,
                 group_size: a.group_size,
                 kv_cache_gib: a.kv_cache_gib,
-                kv_pages_peak: counts.kv_pages_peak,
-                kv_pages: counts.kv_pages,
-                kv_page_bytes: counts.kv_page_bytes,
-                prefill_rows: counts.prefill_rows,
-                prefill_rows_asked: counts.prefill_rows_asked,
-                preempted: counts.preempted,
+                kv: counts.kv,
             });
         }
     }

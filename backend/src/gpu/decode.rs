@@ -82,12 +82,11 @@ impl KvLayers {
     }
 }
 
-/// A cache's pages in use now, at most so far and in the pool (the scratch page
+/// A cache's pages in use at most so far and in the pool (the scratch page
 /// aside), and the prompt rows its prefills computed (a repeated prompt's once)
 /// and were asked for.
 #[derive(Clone, Copy, Debug)]
 pub struct KvUse {
-    pub pages_in_use: usize,
     pub pages_peak: usize,
     pub pages: usize,
     pub prefill_rows: usize,
@@ -204,11 +203,8 @@ impl GpuKvCache {
 
     /// Pages a step of `slots` must take beyond the free ones (0: it fits).
     pub fn shortfall(&self, slots: &[usize]) -> usize {
-        let need = slots
-            .iter()
-            .filter(|&&s| s < self.lens.len() && self.pages.opens_page(s, self.lens[s]))
-            .count();
-        need.saturating_sub(self.pages.free())
+        let rows = slots.iter().filter_map(|&s| Some((s, *self.lens.get(s)?)));
+        self.pages.shortfall(rows)
     }
 
     /// How many of `seqs` (in order) a prefill can take now beside the
@@ -228,7 +224,6 @@ impl GpuKvCache {
     /// What the cache holds and held.
     pub fn kv_use(&self) -> KvUse {
         KvUse {
-            pages_in_use: self.pages.in_use(),
             pages_peak: self.pages.peak(),
             pages: self.pages.pages() - 1,
             prefill_rows: self.prefilled_rows.0,
@@ -336,10 +331,7 @@ pub fn prefill_into(
         for (k, &i) in grp.iter().enumerate() {
             let from = if k == 0 { 0 } else { full };
             for p in from..len {
-                let row = cache.pages.row(slots[i], p).ok_or_else(|| {
-                    CudaError::Invalid(format!("prefill: slot {} holds no row {p}", slots[i]))
-                })?;
-                dst.push(row);
+                dst.push(cache.pages.cache_row(slots[i], p)?);
                 src.push(start + p);
             }
         }
@@ -442,12 +434,7 @@ pub fn decode_step(
     let rows = slots
         .iter()
         .zip(&positions)
-        .map(|(&s, &p)| {
-            cache
-                .pages
-                .row(s, p)
-                .ok_or_else(|| CudaError::Invalid(format!("decode: slot {s} holds no row {p}")))
-        })
+        .map(|(&s, &p)| cache.pages.cache_row(s, p))
         .collect::<Result<Vec<usize>>>()?;
     let dev = CacheRows::new(&model.gpu, &rows, cache.rows_held())?;
     cache.sync_table(&model.gpu)?;

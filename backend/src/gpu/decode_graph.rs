@@ -224,7 +224,6 @@ struct DecodeDev<'a> {
 }
 
 impl DecodeDev<'_> {
-    /// Layer `layer`'s BF16 k and v caches.
     /// Layer `layer`'s BF16 k and v caches, and where the step's rows' keys lie
     /// in them (their page-table offsets and lengths, and the table).
     fn caches(&mut self, layer: usize) -> Result<(Caches<'_>, KvAt<'_>)> {

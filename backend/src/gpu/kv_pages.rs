@@ -117,9 +117,25 @@ impl KvPages {
         Some(page as usize * PAGE_ROWS + pos % PAGE_ROWS)
     }
 
+    /// [`KvPages::row`], or an error naming the slot where it holds no such row.
+    pub fn cache_row(&self, slot: usize, pos: usize) -> Result<usize> {
+        self.row(slot, pos)
+            .ok_or_else(|| CudaError::Invalid(format!("KV cache: slot {slot} holds no row {pos}")))
+    }
+
     /// Whether writing position `pos` of `slot` takes a new page.
     pub fn opens_page(&self, slot: usize, pos: usize) -> bool {
         pos >= self.rows_held(slot)
+    }
+
+    /// Pages a step of the sequences `(slot, length)` must take beyond the free
+    /// ones (0: it fits): one for each whose next row opens a page.
+    pub fn shortfall(&self, rows: impl IntoIterator<Item = (usize, usize)>) -> usize {
+        let need = rows
+            .into_iter()
+            .filter(|&(s, l)| self.opens_page(s, l))
+            .count();
+        need.saturating_sub(self.free())
     }
 
     /// The page that holds position `pos` of `slot`, taking a new one when `pos`

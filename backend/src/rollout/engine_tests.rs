@@ -288,11 +288,7 @@ impl Decoder for Paged<'_, '_> {
     }
     fn shortfall(&mut self, slots: &[usize]) -> usize {
         let pool = self.pool.as_ref().unwrap();
-        let need = slots
-            .iter()
-            .filter(|&&s| pool.opens_page(s, self.lens[s]))
-            .count();
-        let short = need.saturating_sub(pool.free());
+        let short = pool.shortfall(slots.iter().map(|&s| (s, self.lens[s])));
         self.preempted += usize::from(short > 0);
         short
     }

@@ -630,9 +630,8 @@ pub struct CacheRows {
 impl CacheRows {
     pub fn new(gpu: &Gpu, rows: &[usize], have: usize) -> Result<CacheRows> {
         Self::check(rows, have)?;
-        let idx = gpu.upload(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())?;
         Ok(CacheRows {
-            idx,
+            idx: Self::upload(gpu, rows)?,
             src: None,
             n: rows.len(),
             nsrc: rows.len(),
@@ -651,14 +650,18 @@ impl CacheRows {
             )
         })?;
         Self::check(rows, have)?;
-        let up = |v: &[usize]| gpu.upload(&v.iter().map(|&r| r as i64).collect::<Vec<_>>());
         Ok(CacheRows {
-            idx: up(rows)?,
-            src: Some(up(src)?),
+            idx: Self::upload(gpu, rows)?,
+            src: Some(Self::upload(gpu, src)?),
             n: rows.len(),
             nsrc: src.iter().map(|&r| r + 1).max().unwrap_or(0),
             have,
         })
+    }
+
+    /// Row indices as the kernels take them (i64).
+    fn upload(gpu: &Gpu, rows: &[usize]) -> Result<CudaSlice<i64>> {
+        gpu.upload(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>())
     }
 
     fn check(rows: &[usize], have: usize) -> Result<()> {

@@ -124,9 +124,34 @@ impl Health {
     }
 }
 
+/// The warning a step's KV-cache preemptions earn (None: none preempted, or
+/// not a GPU rollout). Not an alarm: the bits are the same, only slower.
+pub fn preemption_warning(m: &StepMetrics) -> Option<String> {
+    let n = m.rollout_preemptions.filter(|&n| n > 0)?;
+    Some(format!(
+        "step {}: the KV cache ({:.2} GiB, rollout.kv_cache_gib) ran out of pages; {n} \
+         sequences were preempted and prefilled again (the same bits, more time); a larger \
+         rollout.kv_cache_gib avoids it",
+        m.step,
+        m.kv_pool_gib.unwrap_or(0.0)
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn preemptions_warn_naming_the_setting() {
+        let mut s = m(4, 0.5, 1.0, 1.0);
+        assert_eq!(preemption_warning(&s), None);
+        s.rollout_preemptions = Some(0);
+        assert_eq!(preemption_warning(&s), None);
+        (s.rollout_preemptions, s.kv_pool_gib) = (Some(7), Some(6.0));
+        let w = preemption_warning(&s).unwrap();
+        assert!(w.starts_with("step 4: the KV cache (6.00 GiB"), "{w}");
+        assert!(w.contains("7 sequences were preempted") && w.contains("rollout.kv_cache_gib"));
+    }
 
     fn m(step: u64, reward: f64, entropy: f64, grad: f64) -> StepMetrics {
         StepMetrics {

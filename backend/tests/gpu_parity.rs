@@ -663,6 +663,15 @@ fn trainer_runs_on_gpu() {
     );
     let m = last.unwrap();
     assert!(m.mismatch_kl.unwrap().is_finite() && m.heldout_accuracy.is_some());
+    // The rollout's paged cache: pages in use at peak, within the pool (room
+    // for every sequence: nothing preempted).
+    let (peak, pool) = (m.kv_peak_gib.unwrap(), m.kv_pool_gib.unwrap());
+    println!("TRAINER | KV {peak:.3e} of {pool:.3e} GiB at peak");
+    assert!(
+        peak > 0.0 && peak <= pool,
+        "KV peak {peak} GiB, pool {pool} GiB"
+    );
+    assert_eq!(m.rollout_preemptions, Some(0));
     // Host copies follow the device on demand.
     t.sync_host().unwrap();
     assert!(t

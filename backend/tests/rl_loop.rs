@@ -127,6 +127,10 @@ fn metrics_carry_the_design_fields() {
         }
         assert_eq!(v["phase"], "rl");
         assert_eq!(v["flow"], "fp8");
+        // The KV-cache fields are the GPU's paged cache's: absent on the CPU.
+        for f in ["kv_peak_gib", "kv_pool_gib", "rollout_preemptions"] {
+            assert!(v.get(f).is_none(), "step {} has {f} on the CPU", m.step);
+        }
         // The per-length buckets partition the step's responses.
         let b = &m.mismatch_by_length;
         let responses: u64 = b.iter().map(|b| b.responses).sum();

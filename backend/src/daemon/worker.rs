@@ -13,7 +13,7 @@ use super::lineage;
 use super::shared::{Ack, Control, Reply, Shared, Slot};
 use crate::checkpoint;
 use crate::config::{Remedy, RunConfig};
-use crate::health::Health;
+use crate::health::{preemption_warning, Health};
 use crate::store::{now_ms, CheckpointRecord, RestorePlan, RunRecord};
 use crate::trainer::Trainer;
 
@@ -141,6 +141,9 @@ struct Active<'a> {
     rec: RunRecord,
     t: Trainer,
     health: Health,
+    /// Whether this turn has warned of KV-cache preemptions (once a turn: a
+    /// bound too small for the rollout preempts at most steps).
+    warned_preempt: bool,
     /// Pause and stop requests, answered once the run has ended its turn.
     pending: Vec<Ack>,
 }
@@ -571,6 +574,10 @@ impl Active<'_> {
             if m.heldout_accuracy.is_some() {
                 self.rec.last_heldout = m.heldout_accuracy;
             }
+            if let Some(msg) = preemption_warning(&m).filter(|_| !self.warned_preempt) {
+                self.warned_preempt = true;
+                self.event("warn", "rollout.preempted", msg, Some(m.step));
+            }
             let alarms = self.health.check(&self.t.cfg.health, &m);
             let mut collapse = false;
             for a in &alarms {
@@ -654,6 +661,7 @@ fn run_one(sh: &Shared, id: &str, gpu: Option<&ServedGpu>) -> Result<Vec<(Ack, R
         rec,
         t,
         health: Health::default(),
+        warned_preempt: false,
         pending: vec![],
     };
     if let Some(g) = gpu {

@@ -5,6 +5,7 @@
 use jet_kernels::cuda::CudaError;
 use rand::RngCore;
 
+use crate::gpu::decode::GpuKvCache;
 use crate::gpu::{
     cached_model, keep_model, keep_parts, run_pass_gpu, take_parts, GpuDecoder, GpuState,
     GpuWeights, Slot,
@@ -31,6 +32,18 @@ pub(super) enum Which {
     Reference,
 }
 
+/// What a GPU rollout's paged KV cache held: the step metrics'
+/// `kv_peak_gib`, `kv_pool_gib` and `rollout_preemptions`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct RolloutKv {
+    /// Bytes of the pages in use at most during the rollout.
+    pub peak_bytes: usize,
+    /// Bytes of the pool (`rollout.kv_cache_gib`, or room for every sequence).
+    pub pool_bytes: usize,
+    /// Sequences preempted for want of a free page (prefilled again later).
+    pub preemptions: usize,
+}
+
 /// Gradients of one update: on the host, or in the GPU state's buffer.
 pub(super) enum Grads {
     Host(ModelWeights),
@@ -38,14 +51,15 @@ pub(super) enum Grads {
 }
 
 impl Trainer {
-    /// Generate `n` samples per prompt with the current weights.
+    /// Generate `n` samples per prompt with the current weights; on the GPU,
+    /// also what its KV cache held.
     pub(super) fn rollout(
         &self,
         prompts: &[Vec<u32>],
         n: usize,
         gen: &GenConfig,
         rng: &mut dyn RngCore,
-    ) -> Result<Vec<Sample>, SetupError> {
+    ) -> Result<(Vec<Sample>, Option<RolloutKv>), SetupError> {
         let decode = |t: &[u32]| self.tokenizer.decode(t, true).unwrap_or_default();
         let max_pos = self.model_cfg.max_position_embeddings;
         let mut run =
@@ -53,7 +67,7 @@ impl Trainer {
         match &self.device {
             None => {
                 let model = PreparedModel::new(&self.model_cfg, &self.weights, self.flow);
-                Ok(run(&mut CpuDecoder::new(&model))?)
+                Ok((run(&mut CpuDecoder::new(&model))?, None))
             }
             Some(d) => {
                 // The passes until the next update reuse these copies (and, where
@@ -71,9 +85,15 @@ impl Trainer {
                     .with_graphs(self.cfg.run.cuda_graphs)
                     .with_kv_cache_bytes(self.cfg.rollout.kv_cache_bytes());
                 let out = run(&mut dec);
+                let page = GpuKvCache::page_bytes(&model);
+                let kv = dec.kv_use().map(|u| RolloutKv {
+                    peak_bytes: u.pages_peak * page,
+                    pool_bytes: u.pages * page,
+                    preemptions: dec.preemptions(),
+                });
                 drop(dec);
                 keep_model(&d.prepared, Slot::Policy, d.version, model);
-                Ok(out?)
+                Ok((out?, kv))
             }
         }
     }

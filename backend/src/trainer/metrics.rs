@@ -73,6 +73,19 @@ pub struct StepMetrics {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub rollout_tokens_per_s: Option<f64>,
     pub train_tokens_per_s: f64,
+    /// GiB of KV-cache pages in use at most during the step's rollout (GPU
+    /// runs: the paged cache; absent on the CPU).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kv_peak_gib: Option<f64>,
+    /// GiB of the KV cache's page pool (`rollout.kv_cache_gib`, or room for
+    /// every sequence at full length).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kv_pool_gib: Option<f64>,
+    /// Sequences the rollout preempted for want of a free page (each prefilled
+    /// again later, its bits unchanged): above 0, a larger
+    /// `rollout.kv_cache_gib` would speed the rollout.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rollout_preemptions: Option<u64>,
 }
 
 impl StepMetrics {
@@ -105,8 +118,12 @@ impl StepMetrics {
                 self.step_s
             );
         }
+        let preempted = match self.rollout_preemptions {
+            Some(n @ 1..) => format!(", {n} preempted"),
+            _ => String::new(),
+        };
         format!(
-            "rl  {:>4}/{total} reward {} acc {} heldout {} len {:5.2} ent {} kl_mis {} clip {} {:6.2}s (rollout {:.2}s, train {:.2}s)",
+            "rl  {:>4}/{total} reward {} acc {} heldout {} len {:5.2} ent {} kl_mis {} clip {} {:6.2}s (rollout {:.2}s{preempted}, train {:.2}s)",
             self.step + 1,
             f(self.reward_mean),
             f(self.accuracy),

@@ -72,7 +72,7 @@ impl Trainer {
         let mut rng = stream(self.cfg.run.seed, 99, 0);
         for start in (0..n).step_by(64) {
             let (problems, prompts) = self.heldout_batch(start..(start + 64).min(n))?;
-            let samples = self.rollout(&prompts, 1, &gen, &mut rng)?;
+            let (samples, _) = self.rollout(&prompts, 1, &gen, &mut rng)?;
             let mut texts = vec![String::new(); problems.len()];
             for s in &samples {
                 texts[s.prompt_index] = self.response_text(&s.tokens);
@@ -111,7 +111,7 @@ impl Trainer {
         let per = (64 / k).max(1);
         for start in (0..n).step_by(per) {
             let (problems, prompts) = self.heldout_batch(start..(start + per).min(n))?;
-            let samples = self.rollout(&prompts, k, &gen, &mut rng)?;
+            let (samples, _) = self.rollout(&prompts, k, &gen, &mut rng)?;
             let mut any = vec![false; problems.len()];
             for s in &samples {
                 let v = self
@@ -144,7 +144,7 @@ impl Trainer {
             .map(|p| self.prompt_tokens(p))
             .collect::<Result<Vec<_>, _>>()?;
         let mut rng = stream(self.cfg.run.seed, ROLLOUT_STREAM, pos);
-        let samples = self.rollout(
+        let (samples, kv) = self.rollout(
             &prompts,
             g,
             &self.gen_config(self.cfg.rollout.sampling()),
@@ -295,6 +295,14 @@ impl Trainer {
             step_s,
             rollout_tokens_per_s: Some(gen_tokens as f64 / rollout_s.max(1e-9)),
             train_tokens_per_s: total_tokens as f64 / train_s.max(1e-9),
+            kv_peak_gib: kv.map(|k| gib(k.peak_bytes)),
+            kv_pool_gib: kv.map(|k| gib(k.pool_bytes)),
+            rollout_preemptions: kv.map(|k| k.preemptions as u64),
         })
     }
+}
+
+/// Bytes as GiB.
+fn gib(bytes: usize) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
 }

@@ -225,6 +225,7 @@ fn timing(f: &mut Frame, area: Rect, app: &App) {
             Span::raw(secs(other)),
         ]),
     ];
+    lines.extend(kv_line(lastm));
     let rows = (inner.height as usize).saturating_sub(lines.len());
     let shown = &steps[steps.len().saturating_sub(rows)..];
     let max = shown
@@ -249,6 +250,22 @@ fn timing(f: &mut Frame, area: Rect, app: &App) {
         ]));
     }
     f.render_widget(Paragraph::new(lines), inner);
+}
+
+/// The rollout's KV cache (GPU runs): GiB of pages at peak over the pool, and
+/// the sequences preempted for want of a page (yellow: a larger
+/// `rollout.kv_cache_gib` would speed the rollout).
+fn kv_line(m: &serde_json::Value) -> Option<Line<'static>> {
+    let (peak, pool) = (num(m, "kv_peak_gib")?, num(m, "kv_pool_gib")?);
+    let mut spans = vec![Span::raw(format!("  KV {peak:.1}/{pool:.1} GiB"))];
+    match num(m, "rollout_preemptions") {
+        Some(n) if n > 0.0 => spans.push(Span::styled(
+            format!("  {n:.0} preempted"),
+            Style::new().fg(Color::Yellow),
+        )),
+        _ => spans.push(Span::raw("  none preempted").dim()),
+    }
+    Some(Line::from(spans))
 }
 
 fn gpu_height(app: &App, wide: bool) -> u16 {

@@ -237,7 +237,10 @@ pub const NORM_OPERAND_MAX_DIM: usize = 32 * 8 * GROUP;
 /// output that the next GEMM reads (`fp8`: 1x128 groups, else the BF16 copy):
 /// `(y [rows, dim], rstd [rows], operand)`. The output's bits are those of this
 /// kernel's own sum order (not `ops::rmsnorm_forward`'s); the operand's are those
-/// of the quantizer or the BF16 copy of that output.
+/// of the quantizer or the BF16 copy of that output. Rows of at most eight groups
+/// (dim <= 1,024) run a warp a row (`rmsnorm_operand_rows`), repeating the
+/// block-a-row launch's sums: the same bits as it and as the decode step's
+/// `rmsnorm_sk_operand` (`cuda_invariant`).
 pub fn rmsnorm_operand(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
@@ -252,6 +255,14 @@ pub fn rmsnorm_operand(
             "rmsnorm with operand: the output was asked for".into(),
         )),
     }
+}
+
+/// Whether the norm with its operand runs a warp a row where its rows allow it
+/// (`rmsnorm_operand_rows`; the same bits as a block a row): on unless
+/// `JET_NORM_WARP_ROWS=0` (read once), for measuring what it saves.
+fn norm_warp_rows() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("JET_NORM_WARP_ROWS").map_or(true, |v| v.trim() != "0"))
 }
 
 /// [`rmsnorm_operand`], the f32 output written only when `keep_y` (the operand
@@ -275,12 +286,18 @@ pub fn rmsnorm_operand_opt(
     let rstd = gpu.uninit::<f32>(rows)?;
     let op = FusedOperand::alloc(gpu, rows, dim, fp8)?;
     let rp = op.rows_pad(rows);
+    // Rows of at most eight groups: a warp a row, eight a block (the same bits).
+    let groups = dim.div_ceil(GROUP);
+    let (name, grid, threads) = match groups <= 8 && norm_warp_rows() {
+        true => ("rmsnorm_operand_rows", rp.div_ceil(8), 256),
+        false => ("rmsnorm_operand", rp, 32 * groups.min(32)),
+    };
     if rp > 0 {
         gpu.launch(
             &QUANTIZE,
-            "rmsnorm_operand",
-            (rp as u32, 1, 1),
-            ((32 * dim.div_ceil(GROUP).min(32)) as u32, 1, 1),
+            name,
+            (grid as u32, 1, 1),
+            (threads as u32, 1, 1),
             0,
             &[
                 &[

@@ -510,6 +510,55 @@ extern "C" __global__ void __launch_bounds__(1024)
     rmsnorm_operand_at<RN_G>(load, w, rows, dim, eps, y, rstd, rows_pad, cols_pad, codes, scales, yb);
 }
 
+// rmsnorm_operand with a warp a row, eight rows a block, for rows of at most eight
+// groups (dim <= 1,024): the block-a-row launch holds one row of 4 KB in flight per
+// 256 threads, so its SMs wait on memory with little in flight. Lane l holds what
+// thread 32w + l of the block-a-row launch (nw = L warps) holds, for each w < L, and
+// repeats its sums: each w's squares in column order from 0, each w's butterfly,
+// then the butterfly of the L warp sums with zeros past them (block_sum's second
+// stage): the same rstd, so the same y and operand, bit for bit. Grid
+// ceil(rows_pad / 8), block 256.
+extern "C" __global__ void __launch_bounds__(256)
+    rmsnorm_operand_rows(const float* x, const float* w, int rows, int dim, float eps, float* y, float* rstd,
+                         int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
+    pdl_entry();
+    const int lane = threadIdx.x & 31, r = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (r >= rows_pad) return;  // warp-uniform; no block barrier follows
+    const int L = (dim + 127) / 128;
+    if (L > 8) __trap();  // a launcher's bug
+    const bool real = r < rows;
+    const bool vec = (dim & 3) == 0 && (((u64)y | (u64)w) & 15) == 0;
+    float v[8][4];
+    float tot = 0.0f;
+#pragma unroll
+    for (int g = 0; g < 8; g++) {
+        const int c = g * 128 + lane * 4;
+        for (int j = 0; j < 4; j++) v[g][j] = 0.0f;
+        if (real && g < L) load4(x + (long)r * dim, c, dim, (dim & 3) == 0, v[g]);
+    }
+#pragma unroll
+    for (int g = 0; g < 8; g++) {
+        if (g >= L) break;
+        float ss = 0.0f;
+        for (int j = 0; j < 4; j++) ss += v[g][j] * v[g][j];
+        ss = warp_sum(ss);
+        if (lane == g) tot = ss;
+    }
+    const float ss = warp_sum(tot);
+    const float rs = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+    for (int g = 0; g < 8; g++) {
+        if (g >= L) break;
+        const int c = g * 128 + lane * 4;
+        float wv[4];
+        load4(w, c, dim, vec, wv);
+        for (int j = 0; j < 4; j++) v[g][j] = real && c + j < dim ? wv[j] * (v[g][j] * rs) : 0.0f;
+        if (real && y) store4(y + (long)r * dim, c, dim, vec, v[g]);
+        store_operand4(v[g], r, g, c, lane, rows_pad, cols_pad, codes, scales, yb);
+    }
+    if (lane == 0 && real) rstd[r] = rs;
+}
+
 // rmsnorm_operand of a split-K GEMM's output plus the residual (fuses
 // linear_epilogue with res, writing the residual stream `x.out`, and
 // rmsnorm_operand; the same block layout and sum order). Two groups a warp (dim

@@ -1045,6 +1045,38 @@ fn rmsnorm_with_operand_matches_cpu_and_the_unfused_operand() {
     done();
 }
 
+/// Rows of at most eight groups take the norm with its operand a warp a row,
+/// repeating the block-a-row kernel's sums: y, rstd and the operand bit for bit
+/// that kernel's (one group, a part group, eight; rows in part and whole blocks of
+/// eight warps; signed zeros and a zero row).
+#[test]
+fn rmsnorm_operand_a_warp_a_row_equals_a_block_a_row() {
+    let Some(g) = gpu() else { return };
+    for (rows, dim) in [(1, 128), (7, 90), (130, 896), (64, 1024), (9, 1000)] {
+        let shape = format!("[{rows}, {dim}]");
+        let mut x = rnd(rows * dim, 30, 2.0);
+        x[..dim].iter_mut().for_each(|v| *v = 0.0);
+        x[dim / 2..dim].iter_mut().for_each(|v| *v = -0.0);
+        let (dx, dw) = (up(&g, &x), up(&g, &rnd(dim, 31, 1.0)));
+        for fp8 in [true, false] {
+            let (y, rs, op) = gq::rmsnorm_operand(&g, &dx, &dw, (rows, dim), 1e-6, fp8).unwrap();
+            let (by, brs, _) =
+                gq::rmsnorm_operand_block_rows(&g, &dx, &dw, (rows, dim), 1e-6, fp8).unwrap();
+            report_exact(
+                &format!(
+                    "rmsnorm+{} a warp a row == a block a row",
+                    ["bf16", "fp8"][fp8 as usize]
+                ),
+                &shape,
+                bits_differ(&dl(&g, &y, rows * dim), &dl(&g, &by, rows * dim))
+                    + bits_differ(&dl(&g, &rs, rows), &dl(&g, &brs, rows))
+                    + operand_differs(&g, op, &by, rows, dim),
+            );
+        }
+    }
+    done();
+}
+
 /// Values in which a fused producer's GEMM operand differs from the quantizer's
 /// (codes and scales) or the BF16 copy's of its output `y [rows, cols]`.
 fn operand_differs(

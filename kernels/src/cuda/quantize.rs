@@ -272,10 +272,41 @@ pub fn rmsnorm_operand_opt(
     gpu: &Gpu,
     x: &CudaSlice<f32>,
     w: &CudaSlice<f32>,
+    shape: (usize, usize),
+    eps: f64,
+    fp8: bool,
+    keep_y: bool,
+) -> Result<(Option<CudaSlice<f32>>, CudaSlice<f32>, FusedOperand)> {
+    norm_operand(gpu, (x, w), shape, eps, fp8, keep_y, norm_warp_rows())
+}
+
+/// [`rmsnorm_operand`] by a block a row whatever the width (the check that the
+/// warp-a-row kernel gives the same bits).
+#[doc(hidden)]
+pub fn rmsnorm_operand_block_rows(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    w: &CudaSlice<f32>,
+    shape: (usize, usize),
+    eps: f64,
+    fp8: bool,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, FusedOperand)> {
+    match norm_operand(gpu, (x, w), shape, eps, fp8, true, false)? {
+        (Some(y), rstd, op) => Ok((y, rstd, op)),
+        (None, ..) => unreachable!("the output is kept"),
+    }
+}
+
+/// The two above: a warp a row where `warp` and the rows allow it.
+#[allow(clippy::type_complexity)]
+fn norm_operand(
+    gpu: &Gpu,
+    (x, w): (&CudaSlice<f32>, &CudaSlice<f32>),
     (rows, dim): (usize, usize),
     eps: f64,
     fp8: bool,
     keep_y: bool,
+    warp: bool,
 ) -> Result<(Option<CudaSlice<f32>>, CudaSlice<f32>, FusedOperand)> {
     check_shape("rmsnorm x", x, rows, dim)?;
     check_len("rmsnorm w", w, dim, format!("[{dim}]"))?;
@@ -288,7 +319,7 @@ pub fn rmsnorm_operand_opt(
     let rp = op.rows_pad(rows);
     // Rows of at most eight groups: a warp a row, eight a block (the same bits).
     let groups = dim.div_ceil(GROUP);
-    let (name, grid, threads) = match groups <= 8 && norm_warp_rows() {
+    let (name, grid, threads) = match groups <= 8 && warp {
         true => ("rmsnorm_operand_rows", rp.div_ceil(8), 256),
         false => ("rmsnorm_operand", rp, 32 * groups.min(32)),
     };

@@ -8,8 +8,9 @@
 
 use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::{
-    self, adamw as gadam, attention as gatt, gemm, gemv, linear as glin, logsoftmax as glsm,
-    ops as gops, quantize as gq, sample as gsam, sample_top as gtop, tensor as gten,
+    self, adamw as gadam, attention as gatt, draw as gdraw, gemm, gemv, linear as glin,
+    logsoftmax as glsm, ops as gops, quantize as gq, sample as gsam, sample_top as gtop,
+    tensor as gten,
 };
 use jet_kernels::fp8::{decode, fp8_gemm, Fp8Matrix, Fp8Operand, Grouping};
 use jet_kernels::ops::{attention, embedding, linear, logsoftmax, rmsnorm, rope, swiglu};
@@ -2639,8 +2640,10 @@ fn rows_vs_reference(
 /// Special values: NaN and -inf never win (a row of nothing else draws token 0), +inf
 /// entries tie and the lowest index wins, a row mixing NaN, -inf and +inf with finite
 /// values, and greedy ties at a low and a high index. The device's tokens are the
-/// reference's (with logp bits), drawn from logp rows, and from logits through their
-/// row stats (the same tokens as from those rows' log-softmax).
+/// reference's (with logp bits), drawn from logp rows; greedy from logits through their
+/// row stats (the same tokens as from those rows' log-softmax); sampled from logits,
+/// the inverse-CDF draw's reference (NaN and -inf never drawn, +inf entries sharing
+/// the mass).
 #[test]
 fn sample_rows_special_values() {
     let Some(g) = gpu() else { return };
@@ -2676,24 +2679,95 @@ fn sample_rows_special_values() {
         let what = if greedy { "greedy" } else { "gumbel" };
         let what_rows = format!("sample_rows {what}, special values");
         rows_vs_reference(&g, (&dlp, &lp), (n, vocab), greedy, &seeds, &what_rows);
-        // From logits: the tokens of sample_rows over their log-softmax rows.
-        let rows_lp = glsm::log_softmax_rows(&g, &dlp, n, vocab).unwrap();
-        let from_rows = gsam::sample_rows(&g, &rows_lp, n, vocab, greedy, &seeds).unwrap();
-        let from_rows = from_rows.download(&g).unwrap();
-        let fused = gsam::sample_logits(&g, &dlp, n, vocab, greedy, &seeds).unwrap();
-        let fused = fused.download(&g).unwrap();
-        let bad = (0..n).filter(|&i| fused[i].0 != from_rows[i].0).count();
-        report_exact(
-            &format!("sample_logits {what}, special values"),
-            &format!("[{n}, {vocab}]"),
-            bad,
-        );
+    }
+    // From logits: greedy, the tokens of sample_rows over their log-softmax rows.
+    let rows_lp = glsm::log_softmax_rows(&g, &dlp, n, vocab).unwrap();
+    let from_rows = gsam::sample_rows(&g, &rows_lp, n, vocab, true, &[]).unwrap();
+    let from_rows = from_rows.download(&g).unwrap();
+    let fused = gsam::sample_logits(&g, &dlp, n, vocab, true, &seeds).unwrap();
+    let fused = fused.download(&g).unwrap();
+    let bad = (0..n).filter(|&i| fused[i].0 != from_rows[i].0).count();
+    report_exact(
+        "sample_logits greedy, special values",
+        &format!("[{n}, {vocab}]"),
+        bad,
+    );
+    // Sampling from logits: the inverse-CDF draw's reference.
+    logits_draw_vs_reference(&g, (&dlp, &lp), (n, vocab), &seeds, "special values");
+    done();
+}
+
+/// `sample_logits` with seeds (the inverse-CDF draw, `draw_logits`) of tempered
+/// logits `z` (on the device as `dz`) against `draw_reference`'s tokens, each with
+/// the log-softmax entry of its token (`log_softmax_rows`, bit for bit).
+fn logits_draw_vs_reference(
+    g: &cuda::Gpu,
+    (dz, z): (&cudarc::driver::CudaSlice<f32>, &[f32]),
+    (rows, vocab): (usize, usize),
+    seeds: &[u64],
+    what: &str,
+) {
+    let got = gsam::sample_logits(g, dz, rows, vocab, false, seeds).unwrap();
+    let got = got.download(g).unwrap();
+    let want = gdraw::draw_reference(z, vocab, seeds);
+    let lp = glsm::log_softmax_rows(g, dz, rows, vocab).unwrap();
+    let lp = dl(g, &lp, rows * vocab);
+    let bad = (0..rows)
+        .filter(|&r| {
+            let t = want[r] as usize;
+            got[r].0 != want[r] || got[r].1.to_bits() != lp[r * vocab + t].to_bits()
+        })
+        .count();
+    report_exact(
+        &format!("sample_logits draw, {what} (token+logp)"),
+        &format!("[{rows}, {vocab}]"),
+        bad,
+    );
+}
+
+/// The inverse-CDF draw on the device picks `draw_reference`'s tokens, with the
+/// row's log-softmax entry as its logprob: random logits at three scales (at 40 most
+/// entries of a chunk weigh nothing), BF16-rounded logits (equal masses), a peaked
+/// row, rows of -inf but for a few entries in different chunks, a row whose chunks
+/// all but one are -inf, a vocabulary of 17 and one just past three chunks.
+#[test]
+fn draw_logits_matches_reference() {
+    let Some(g) = gpu() else { return };
+    for (rows, vocab) in [(37, 151_936), (300, 17), (9, 3 * 8192 + 5)] {
+        let mut z = rnd(rows * vocab, 97 + vocab as u64, 6.0);
+        for r in 0..rows {
+            let row = &mut z[r * vocab..(r + 1) * vocab];
+            match r % 6 {
+                1 => row.iter_mut().for_each(|v| *v = bf16::round(*v)),
+                2 => row[(7 * r) % vocab] += 30.0,
+                3 => row.iter_mut().for_each(|v| *v *= 40.0 / 6.0),
+                4 => {
+                    let keep = [r % vocab, (vocab / 2 + r) % vocab, vocab - 1];
+                    for (j, v) in row.iter_mut().enumerate() {
+                        if !keep.contains(&j) {
+                            *v = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                5 => row[..vocab - vocab.min(40)]
+                    .iter_mut()
+                    .for_each(|v| *v = f32::NEG_INFINITY),
+                _ => {}
+            }
+        }
+        let dz = up(&g, &z);
+        let seeds: Vec<u64> = (0..rows as u64).map(|r| 0xd4a3 ^ (r << 21)).collect();
+        logits_draw_vs_reference(&g, (&dz, &z), (rows, vocab), &seeds, "random rows");
+        // Another seed a row: other tokens, still the reference's.
+        let seeds: Vec<u64> = seeds.iter().map(|s| s.wrapping_mul(31) + 5).collect();
+        logits_draw_vs_reference(&g, (&dz, &z), (rows, vocab), &seeds, "other seeds");
     }
     done();
 }
 
 /// Sampling on the device picks the reference's tokens and returns the stored logp;
-/// sampling straight from the logits picks the same.
+/// greedy draws straight from the logits pick the same, and sampling from the logits
+/// picks the inverse-CDF draw's reference tokens.
 #[test]
 fn sample_rows_matches_reference() {
     let Some(g) = gpu() else { return };
@@ -2707,11 +2781,15 @@ fn sample_rows_matches_reference() {
             let what = if greedy { "greedy" } else { "gumbel" };
             let what_rows = format!("sample_rows {what} (token+logp)");
             let got = rows_vs_reference(&g, (&dlp, &lp), (rows, vocab), greedy, &seeds, &what_rows);
-            // From the logits, chunked over blocks: the same tokens and logp bits.
+            if !greedy {
+                logits_draw_vs_reference(&g, (&dz, &z), (rows, vocab), &seeds, "random logits");
+                continue;
+            }
+            // Greedy from the logits, chunked over blocks: the same tokens and logp bits.
             let fused = gsam::sample_logits(&g, &dz, rows, vocab, greedy, &seeds).unwrap();
             let fused = fused.download(&g).unwrap();
             report_exact(
-                &format!("sample_logits {what} == sample_rows"),
+                "sample_logits greedy == sample_rows",
                 &format!("[{rows}, {vocab}]"),
                 draws_differ(&fused, &got),
             );

@@ -7,10 +7,12 @@
 //! captured at its third step (`JET_EAGER_STEPS` sets how many run launched
 //! first). Per decode
 //! step only the sampled tokens and their logprobs come back to the host (the
-//! stop conditions need them). Sampling runs on the device: Gumbel-max from one
-//! u64 seed per row drawn from the run's RNG stream, so a step's rollouts stay a
-//! function of (weights, seed); with top-k or top-p, over each row's kept set
-//! (`sample_top`, after the log-softmax rows).
+//! stop conditions need them). Sampling runs on the device from one u64 seed per
+//! row drawn from the run's RNG stream, so a step's rollouts stay a function of
+//! (weights, seed): plain draws by inverse CDF over fixed-point masses
+//! (`draw_logits`, the masses summed in the log-softmax stats pass); with top-k or
+//! top-p, Gumbel-max over each row's kept set (`sample_top`, after the log-softmax
+//! rows).
 //!
 //! While the host reads a step's draw, the next step already runs (`ahead`;
 //! plain, greedy and top-k / top-p draws alike): the graph takes each row's
@@ -418,8 +420,8 @@ pub(super) fn sample_block(
 }
 
 /// The draws of tempered `logits [rows, vocab]` with one seed a row already on
-/// the device (`seeds [>= rows]`; `None` only for greedy draws): the Gumbel-max
-/// (`sample_logits_seeded`), or with top-k / top-p each log-softmax row's kept
+/// the device (`seeds [>= rows]`; `None` only for greedy draws): the inverse-CDF
+/// draw (`sample_logits_seeded`), or with top-k / top-p each log-softmax row's kept
 /// set and its draw (`sample_top_seeded`). [`sample_block`] and the steps run
 /// ahead of the host (`ahead.rs`) both draw through it.
 pub(super) fn draw_tempered(

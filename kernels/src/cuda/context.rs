@@ -61,7 +61,11 @@ pub(crate) const ATTENTION: Source = Source {
 };
 pub(crate) const LOGSOFTMAX: Source = Source {
     name: "logsoftmax",
-    code: include_str!("kernels/logsoftmax.cu"),
+    code: concat!(
+        include_str!("kernels/mass.cuh"),
+        include_str!("kernels/logsoftmax.cu"),
+        include_str!("kernels/draw.cu")
+    ),
 };
 pub(crate) const TENSOR: Source = Source {
     name: "tensor",
@@ -77,6 +81,7 @@ pub(crate) const ADAMW: Source = Source {
 pub(crate) const SAMPLE: Source = Source {
     name: "sample",
     code: concat!(
+        include_str!("kernels/mass.cuh"),
         include_str!("kernels/sample.cu"),
         include_str!("kernels/sample_top.cu")
     ),

@@ -10,10 +10,11 @@ use super::{check_len, ensure, pad16, Gpu, Result};
 use crate::GemmPrecision;
 
 /// Entries of a row a `softmax_chunk_stats` block reduces (`LS_CHUNK` in
-/// `logsoftmax.cu`): fixed, so every caller's max and `ln S` are the same bits.
-const LS_CHUNK: usize = 8192;
+/// `logsoftmax.cu`): fixed, so every caller's max and `ln S` are the same bits
+/// (and the plain draw's chunks, [`super::draw`]).
+pub(super) const LS_CHUNK: usize = 8192;
 /// Its block size (`LS_THREADS`).
-const LS_THREADS: u32 = 256;
+pub(super) const LS_THREADS: u32 = 256;
 
 /// Per-row results, each `[rows]` on the device.
 pub struct GpuTokenLogprobs {
@@ -196,6 +197,41 @@ fn chunk_stats(
         ],
     )?;
     Ok(st)
+}
+
+/// [`chunk_stats`] of every row of tempered `logits [rows, vocab]` (f32) with each
+/// chunk's integer mass for the plain draw (`softmax_chunk_stats_mass`): the stats
+/// `[rows][chunks]` (four f32 each, the same bits as `chunk_stats`') and the masses
+/// `[rows][chunks]`.
+pub(super) fn mass_stats(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    rows: usize,
+    vocab: usize,
+) -> Result<(CudaSlice<f32>, CudaSlice<u64>)> {
+    check_logits(logits, rows, vocab)?;
+    super::ensure(vocab > 0 && vocab <= i32::MAX as usize - LS_CHUNK, || {
+        format!("a draw over a vocabulary of {vocab}")
+    })?;
+    let chunks = vocab.div_ceil(LS_CHUNK);
+    let st = gpu.uninit::<f32>(rows * chunks * 4)?;
+    let mass = gpu.uninit::<u64>(rows * chunks)?;
+    if rows > 0 {
+        gpu.launch(
+            &LOGSOFTMAX,
+            "softmax_chunk_stats_mass",
+            (rows as u32, chunks as u32, 1),
+            (LS_THREADS, 1, 1),
+            0,
+            &[
+                Arg::P(gpu.ptr(logits)),
+                Arg::I(vocab as i32),
+                Arg::P(gpu.ptr(&st)),
+                Arg::P(gpu.ptr(&mass)),
+            ],
+        )?;
+    }
+    Ok((st, mass))
 }
 
 /// The logits, their scored rows (`None`: every row) and the targets.

@@ -22,7 +22,8 @@
 //! - [`tensor`]: element-wise glue, row gather/scatter, deterministic sum of squares.
 //! - [`adamw`]: the AdamW step, bit-exact with [`adamw::adamw_reference`].
 //! - [`grad`]: a gradient accumulator whose last BF16 WGrad output its readers add.
-//! - [`sample`]: greedy and Gumbel-max token sampling, as [`sample::sample_reference`].
+//! - [`sample`]: greedy and Gumbel-max token sampling, as [`sample::sample_reference`];
+//!   [`draw`]: the plain tempered draw by inverse CDF, as [`draw::draw_reference`].
 //! - [`graph`]: CUDA graphs (the decode step captured once, replayed per token).
 //! - [`pinned`]: page-locked host buffers for the decode loop's copies, which the
 //!   host enqueues without waiting for the stream.
@@ -31,6 +32,7 @@ pub mod act;
 pub mod adamw;
 pub mod attention;
 mod context;
+pub mod draw;
 pub mod flash;
 pub mod gemm;
 pub mod gemv;

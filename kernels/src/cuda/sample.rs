@@ -64,7 +64,7 @@ impl GpuSampled {
 }
 
 /// The splitmix64 finalizer.
-fn mix64(mut z: u64) -> u64 {
+pub(super) fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
@@ -233,12 +233,13 @@ pub fn sample_rows(
 /// Resident `sample_chunks` blocks an SM (40 registers, 256 threads).
 const SAMPLE_BLOCKS_PER_SM: usize = 6;
 
-/// [`sample_rows`] over [`log_softmax_rows`](super::logsoftmax::log_softmax_rows)`(logits)`,
-/// the same tokens and logprobs bit for bit, without writing the log-probability
-/// rows: each row's max and `ln S` (as training's logprobs: chunks of the row
-/// reduced side by side, then merged), then the row scored in chunks by several
-/// blocks (one block a row kept 64 SMs busy and 68 idle at a decode batch of 64),
-/// then the best chunk. `logits [rows, vocab]` already tempered.
+/// A draw from tempered `logits [rows, vocab]`: greedy (the same tokens and logprobs
+/// bit for bit as [`sample_rows`] over
+/// [`log_softmax_rows`](super::logsoftmax::log_softmax_rows)`(logits)`, without writing
+/// the log-probability rows: each row's max and `ln S` as training's logprobs, then the
+/// row scored in chunks by several blocks, one block a row having kept 64 SMs busy and
+/// 68 idle at a decode batch of 64, then the best chunk), or untruncated sampling
+/// with `seeds [rows]`: [`super::draw::draw_logits`], by inverse CDF.
 pub fn sample_logits(
     gpu: &Gpu,
     logits: &CudaSlice<f32>,
@@ -258,7 +259,9 @@ pub fn sample_logits(
 
 /// [`sample_logits`] with the seeds already on the device (`seeds [>= rows]`,
 /// `None`: greedy), for a caller that stages them without waiting for the
-/// stream (the decode loop's pinned uploads).
+/// stream (the decode loop's pinned uploads). Sampling runs
+/// [`super::draw::draw_logits`]; the Gumbel-max below remains for greedy draws
+/// (its scores are the logp values alone) and for [`sample_rows`]' callers.
 pub fn sample_logits_seeded(
     gpu: &Gpu,
     logits: &CudaSlice<f32>,
@@ -266,12 +269,9 @@ pub fn sample_logits_seeded(
     vocab: usize,
     seeds: Option<&CudaSlice<u64>>,
 ) -> Result<GpuSampled> {
-    let greedy = seeds.is_none();
     check_draw("sample_logits", rows, vocab, true, &[])?;
     if let Some(s) = seeds {
-        ensure(s.len() >= rows, || {
-            format!("sample_logits: {} seeds for {rows} rows", s.len())
-        })?;
+        return super::draw::draw_logits(gpu, logits, rows, vocab, s);
     }
     let (m, lns) = row_stats(gpu, logits, rows, vocab)?;
     let out = GpuSampled::new(gpu, rows)?;
@@ -304,8 +304,8 @@ pub fn sample_logits_seeded(
                 Arg::I(rows as i32),
                 Arg::I(vocab as i32),
                 Arg::I(len as i32),
-                Arg::I(greedy as i32),
-                Arg::P(seeds.map_or(0, |d| gpu.ptr(d))),
+                Arg::I(1), // greedy
+                Arg::P(0), // no seeds
                 Arg::P(gpu.ptr(&cs)),
                 Arg::P(gpu.ptr(&ci)),
             ],

@@ -46,7 +46,7 @@ pub fn top_units(top_p: f64) -> u64 {
 /// polynomial of degree 7 in Horner form (truncation under 1e-8 relative), and
 /// `exp(r) 2^(n + 40)` is exact in f32 before the truncation. Within ~2^-22 of
 /// the true `exp`; `x` not NaN.
-fn entry_units(x: f32) -> u64 {
+pub(super) fn entry_units(x: f32) -> u64 {
     const L2E: f32 = f32::from_bits(0x3fb8_aa3b);
     const LN2_HI: f32 = f32::from_bits(0x3f31_7200); // 16 bits: n LN2_HI is exact
     const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);

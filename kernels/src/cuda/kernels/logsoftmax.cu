@@ -32,10 +32,14 @@ __device__ __forceinline__ void z_at4(const bf16_t* z, long i, float v[4]) {
 // logits row src[r] (src null: row r), so scored rows are read in place from the
 // LM head's full output. st [rows][chunks] = (m_c, s_c, t_c, 0); a chunk with no
 // finite max (every entry -inf) has s_c = t_c = 0. Thread t adds its entries in u
-// order, then block_sum's fixed tree.
-template <typename Z>
-__device__ __forceinline__ void softmax_chunk_stats_at(const Z* z, int vocab, const int* src, float4* st) {
+// order, then block_sum's fixed tree. MASS (the plain draw, draw.cu): also the
+// chunk's integer mass, mass [rows][chunks] = sum_j draw_units(z_j, m_c) (exact in
+// any order; 0 for a chunk with no finite max).
+template <typename Z, bool MASS>
+__device__ __forceinline__ void softmax_chunk_stats_at(const Z* z, int vocab, const int* src, float4* st,
+                                                       u64* mass) {
     __shared__ float sh[32];
+    __shared__ u64 shu[32];
     const int r = blockIdx.x, c = blockIdx.y;
     const Z* zr = z + (long)(src ? src[r] : r) * vocab;
     const float ninf = -__uint_as_float(0x7f800000u);
@@ -51,6 +55,7 @@ __device__ __forceinline__ void softmax_chunk_stats_at(const Z* z, int vocab, co
     for (int u = 0; u < LS_PER; u++) m = fmaxf(m, v[u]);
     m = block_max(m, sh);
     float s = 0.0f, t = 0.0f;
+    u64 units = 0;
     if (m != ninf) {
 #pragma unroll
         for (int u = 0; u < LS_PER; u++) {
@@ -59,37 +64,40 @@ __device__ __forceinline__ void softmax_chunk_stats_at(const Z* z, int vocab, co
             const float e = expf(d);
             s += e;
             t += e * d;
+            if (MASS) units += draw_units(v[u], m);
         }
     }
     s = block_sum(s, sh);
     t = block_sum(t, sh);
-    if (threadIdx.x == 0) st[(long)r * gridDim.y + c] = make_float4(m, s, t, 0.0f);
+    if (MASS) units = block_sum_u64(units, shu);
+    if (threadIdx.x == 0) {
+        st[(long)r * gridDim.y + c] = make_float4(m, s, t, 0.0f);
+        if (MASS) mass[(long)r * gridDim.y + c] = units;
+    }
 }
 extern "C" __global__ void softmax_chunk_stats(const float* z, int vocab, const int* src, float4* st) {
     pdl_entry();
-    softmax_chunk_stats_at(z, vocab, src, st);
+    softmax_chunk_stats_at<float, false>(z, vocab, src, st, nullptr);
 }
 extern "C" __global__ void softmax_chunk_stats_z16(const bf16_t* z, int vocab, const int* src, float4* st) {
     pdl_entry();
-    softmax_chunk_stats_at(z, vocab, src, st);
+    softmax_chunk_stats_at<bf16_t, false>(z, vocab, src, st, nullptr);
+}
+extern "C" __global__ void softmax_chunk_stats_mass(const float* z, int vocab, float4* st, u64* mass) {
+    pdl_entry();
+    softmax_chunk_stats_at<float, true>(z, vocab, nullptr, st, mass);
 }
 
-// One thread a row r < rows: m = max m_c, S = sum_c s_c exp(m_c - m) and
-// T = sum_c exp(m_c - m) (t_c + (m_c - m) s_c) (= S sum_j p_j (z_j - m)) in chunk
-// order; ln S; optional outputs: m_out, lns_out (sampling), and for the target
-// tgt[r] of logits row src[r] (src null: r): logp = (z_t - m) - ln S, entropy =
-// ln S - T / S, lse = m + ln S. Products and sums rounded one by one (no fused
-// multiply-add): the merge's bits are written out here, not left to contraction.
-template <typename Z>
-__device__ __forceinline__ void softmax_row_finish_at(const float4* st, int rows, int chunks, const Z* z, int vocab,
-                                                      const int* src, const int* tgt, float* m_out, float* lns_out,
-                                                      float* logp, float* entropy, float* lse) {
-    const int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
-    const float4* sr = st + (long)r * chunks;
-    float m = -__uint_as_float(0x7f800000u);
+// A row's chunk stats sr [chunks] merged in chunk order: m = max m_c, S = sum_c s_c
+// exp(m_c - m), T = sum_c exp(m_c - m) (t_c + (m_c - m) s_c) (= S sum_j p_j (z_j -
+// m)). Products and sums rounded one by one (no fused multiply-add): the merge's bits
+// are written out here, not left to contraction. Every m and ln S the draws and the
+// scored rows use comes from here (softmax_row_finish, draw_pick).
+__device__ __forceinline__ void row_merge(const float4* sr, int chunks, float& m, float& S, float& T) {
+    m = -__uint_as_float(0x7f800000u);
     for (int c = 0; c < chunks; c++) m = fmaxf(m, sr[c].x);
-    float S = 0.0f, T = 0.0f;
+    S = 0.0f;
+    T = 0.0f;
     for (int c = 0; c < chunks; c++) {
         const float4 q = sr[c];
         if (!(q.y > 0.0f)) continue;  // an all -inf chunk adds nothing
@@ -98,6 +106,19 @@ __device__ __forceinline__ void softmax_row_finish_at(const float4* st, int rows
         S = __fadd_rn(S, __fmul_rn(q.y, e));
         T = __fadd_rn(T, __fmul_rn(e, __fadd_rn(q.z, __fmul_rn(dm, q.y))));
     }
+}
+
+// One thread a row r < rows: row_merge's m, S and T; ln S; optional outputs: m_out,
+// lns_out (sampling), and for the target tgt[r] of logits row src[r] (src null: r):
+// logp = (z_t - m) - ln S, entropy = ln S - T / S, lse = m + ln S.
+template <typename Z>
+__device__ __forceinline__ void softmax_row_finish_at(const float4* st, int rows, int chunks, const Z* z, int vocab,
+                                                      const int* src, const int* tgt, float* m_out, float* lns_out,
+                                                      float* logp, float* entropy, float* lse) {
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    float m, S, T;
+    row_merge(st + (long)r * chunks, chunks, m, S, T);
     const float lns = logf(S);
     if (m_out) m_out[r] = m;
     if (lns_out) lns_out[r] = lns;

@@ -4,13 +4,6 @@
 // and f64 noise exactly as sample_reference; lowest index wins exact ties; NaN and
 // -inf never win (a row with nothing else gives token 0).
 
-__device__ __forceinline__ u64 mix64(u64 z) {  // the splitmix64 finalizer
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-#define GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
-#define SEED_SALT 0x6a09e667f3bcc909ull
 // -inf in f64: the score that never wins (the start of every best, a skipped entry's).
 #define NEG_INF (-__longlong_as_double(0x7ff0000000000000ll))
 

@@ -2639,7 +2639,8 @@ fn rows_vs_reference(
 
 /// Special values: NaN and -inf never win (a row of nothing else draws token 0), +inf
 /// entries tie and the lowest index wins, a row mixing NaN, -inf and +inf with finite
-/// values, and greedy ties at a low and a high index. The device's tokens are the
+/// values, greedy ties at a low and a high index, and signed zeros as the maxima. The
+/// device's tokens are the
 /// reference's (with logp bits), drawn from logp rows; greedy from logits through their
 /// row stats (the same tokens as from those rows' log-softmax); sampled from logits,
 /// the inverse-CDF draw's reference (NaN and -inf never drawn, +inf entries sharing
@@ -2670,6 +2671,12 @@ fn sample_rows_special_values() {
     let mut r = base.clone();
     r[100_000] = 9.0;
     r[3] = 9.0;
+    rows.push(r);
+    // Signed zeros as the row's (and chunks') max, beside negative entries.
+    let mut r: Vec<f32> = base.iter().map(|v| -1.0 - v.abs()).collect();
+    for j in (7..vocab).step_by(9_000) {
+        r[j] = if j % 2 == 0 { 0.0 } else { -0.0 };
+    }
     rows.push(r);
     let n = rows.len();
     let lp: Vec<f32> = rows.concat();
@@ -2729,11 +2736,19 @@ fn logits_draw_vs_reference(
 /// row's log-softmax entry as its logprob: random logits at three scales (at 40 most
 /// entries of a chunk weigh nothing), BF16-rounded logits (equal masses), a peaked
 /// row, rows of -inf but for a few entries in different chunks, a row whose chunks
-/// all but one are -inf, a vocabulary of 17 and one just past three chunks.
+/// all but one are -inf, a vocabulary of 17, one just past three chunks, one of 8,212
+/// and one past 32 chunks (the chunk search in two groups of lanes).
 #[test]
 fn draw_logits_matches_reference() {
     let Some(g) = gpu() else { return };
-    for (rows, vocab) in [(37, 151_936), (300, 17), (9, 3 * 8192 + 5)] {
+    // 33 chunks and a few entries: the chunk search's second group of 32 lanes.
+    for (rows, vocab) in [
+        (37, 151_936),
+        (300, 17),
+        (9, 3 * 8192 + 5),
+        (5, 8192 + 20), // a multiple of 4 whose last span is partial: the scalar path
+        (7, 33 * 8192 + 3),
+    ] {
         let mut z = rnd(rows * vocab, 97 + vocab as u64, 6.0);
         for r in 0..rows {
             let row = &mut z[r * vocab..(r + 1) * vocab];

@@ -168,6 +168,14 @@ pub(crate) fn row_stats(
     Ok((m, lns))
 }
 
+/// The chunks of a row of `vocab` entries, whose indices the kernels keep in i32.
+fn stat_chunks(vocab: usize) -> Result<usize> {
+    super::ensure(vocab > 0 && vocab <= i32::MAX as usize - LS_CHUNK, || {
+        format!("log-softmax over a vocabulary of {vocab}")
+    })?;
+    Ok(vocab.div_ceil(LS_CHUNK))
+}
+
 /// `softmax_chunk_stats`: `[rows][chunks]` of (max, sum of exp, sum of exp times
 /// the shifted logit, 0) over chunks of [`LS_CHUNK`] entries of each scored row
 /// (row `src[r]` of `logits`, or row `r`), as f32 quadruples.
@@ -178,10 +186,7 @@ fn chunk_stats(
     rows: usize,
     vocab: usize,
 ) -> Result<CudaSlice<f32>> {
-    super::ensure(vocab > 0 && vocab <= i32::MAX as usize - LS_CHUNK, || {
-        format!("log-softmax over a vocabulary of {vocab}")
-    })?;
-    let chunks = vocab.div_ceil(LS_CHUNK);
+    let chunks = stat_chunks(vocab)?;
     let st = gpu.uninit::<f32>(rows * chunks * 4)?;
     gpu.launch(
         &LOGSOFTMAX,
@@ -210,10 +215,7 @@ pub(super) fn mass_stats(
     vocab: usize,
 ) -> Result<(CudaSlice<f32>, CudaSlice<u64>)> {
     check_logits(logits, rows, vocab)?;
-    super::ensure(vocab > 0 && vocab <= i32::MAX as usize - LS_CHUNK, || {
-        format!("a draw over a vocabulary of {vocab}")
-    })?;
-    let chunks = vocab.div_ceil(LS_CHUNK);
+    let chunks = stat_chunks(vocab)?;
     let st = gpu.uninit::<f32>(rows * chunks * 4)?;
     let mass = gpu.uninit::<u64>(rows * chunks)?;
     if rows > 0 {

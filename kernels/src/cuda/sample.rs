@@ -1,7 +1,10 @@
-//! Token sampling on the device (`sample.cu`) from log-probability rows or straight
-//! from logits, and its CPU specification [`sample_reference`].
+//! Token sampling on the device (`sample.cu`) from log-probability rows, greedy
+//! draws straight from logits, and its CPU specification [`sample_reference`].
+//! Seeded draws from logits go to [`super::draw::draw_logits`] (an inverse CDF);
+//! the Gumbel-max here is [`sample_rows`]' and the final draw over the kept set of
+//! top-k / top-p ([`super::sample_top`]).
 //!
-//! Sampling is Gumbel-max: the token is `argmax_j (logp_j + G_j)` with standard
+//! Sampling here is Gumbel-max: the token is `argmax_j (logp_j + G_j)` with standard
 //! Gumbel noise `G_j = -ln(-ln u_j)`, which draws `j` with probability
 //! `softmax(logp)_j` exactly. `u_j` comes from a counter-based hash of
 //! `(seeds[row], j)` (splitmix64), so a row's draw depends on its seed alone, not on
@@ -260,8 +263,9 @@ pub fn sample_logits(
 /// [`sample_logits`] with the seeds already on the device (`seeds [>= rows]`,
 /// `None`: greedy), for a caller that stages them without waiting for the
 /// stream (the decode loop's pinned uploads). Sampling runs
-/// [`super::draw::draw_logits`]; the Gumbel-max below remains for greedy draws
-/// (its scores are the logp values alone) and for [`sample_rows`]' callers.
+/// [`super::draw::draw_logits`]; greedy draws run `sample_chunks` below as a chunked
+/// argmax of the logp values (its seeded Gumbel-max branch is [`sample_rows`]' scoring,
+/// shared through `score_entries`, and no longer launched from here).
 pub fn sample_logits_seeded(
     gpu: &Gpu,
     logits: &CudaSlice<f32>,

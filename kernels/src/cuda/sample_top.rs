@@ -36,7 +36,7 @@ pub fn top_units(top_p: f64) -> u64 {
     }
 }
 
-/// Entry `x`'s mass in units of 2^-40 (`top_units` in `sample_top.cu`): about
+/// Entry `x`'s mass in units of 2^-40 (`mass_units` in `mass.cuh`): about
 /// `min(exp(x), 1) 2^40`, truncated, by a fixed sequence of correctly rounded f32
 /// operations that the kernel repeats one for one, so both sides weigh every entry
 /// the same by construction (a library `exp` may differ in its last bit between

@@ -1,7 +1,7 @@
 // Log-softmax over logits z [rows, vocab] (ops/logsoftmax.rs). Every function takes
 // a row's max m and ln S (S = sum_j exp(z_j - m)) from the same two kernels, so the
 // logp of a token is the same bits in training (token_logprobs_fwd), in sampling
-// (row_stats, sample.cu) and in log_softmax_rows, as on the CPU.
+// (row_stats, sample.cu; draw_pick, draw.cu) and in log_softmax_rows, as on the CPU.
 //
 // The row is cut into chunks of LS_CHUNK entries, a fixed length (not the batch's
 // or the GPU's), so every caller adds the same terms in the same order:

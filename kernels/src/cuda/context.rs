@@ -633,7 +633,7 @@ impl Gpu {
             }
         }
         if self.pdl || cluster > 1 || args.iter().any(|a| matches!(a, Arg::T(_) | Arg::S(_))) {
-            return self.span(super::profile::category(src.name), name, || {
+            return self.span(super::profile::category(src.name, name), name, || {
                 self.launch_ex(&f, (grid, block, smem), cluster, args)
                     .ctx(&format!("launching {name}"))
             });
@@ -656,7 +656,7 @@ impl Gpu {
         };
         // SAFETY: each caller passes the arguments its kernel declares, with buffer
         // lengths checked against the shapes first.
-        self.span(super::profile::category(src.name), name, || {
+        self.span(super::profile::category(src.name, name), name, || {
             unsafe { b.launch(cfg) }
                 .map(|_| ())
                 .ctx(&format!("launching {name}"))

@@ -60,12 +60,14 @@ fn add_to(v: &mut Vec<(String, f64, usize)>, name: &str, ms: f64) {
 /// Per-category device time of one profile, in milliseconds, largest first.
 pub type Profile = Vec<(String, f64)>;
 
-/// The category of a kernel by its source module.
-pub(crate) fn category(module: &str) -> &'static str {
+/// The category of a kernel by its source module (and, in the log-softmax module, by
+/// name: the plain draw's two kernels live there but are sampling).
+pub(crate) fn category(module: &str, kernel: &str) -> &'static str {
     match module {
         "flash" | "flash_wg" | "attention" => "attention",
         "gemv_fp8" | "gemm_rows" | "gemm_wg" => "gemm",
         "quantize" => "quantize",
+        "logsoftmax" if matches!(kernel, "softmax_chunk_stats_mass" | "draw_pick") => "sampling",
         "logsoftmax" => "loss",
         "adamw" => "optimizer",
         "sample" => "sampling",
@@ -206,5 +208,24 @@ impl Gpu {
             .record(&self.stream)
             .ctx("recording a profile event")?;
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::category;
+
+    /// The plain draw's kernels count as sampling though the log-softmax module holds
+    /// them; that module's other kernels stay the loss's.
+    #[test]
+    fn the_draw_is_sampling() {
+        assert_eq!(category("logsoftmax", "draw_pick"), "sampling");
+        assert_eq!(
+            category("logsoftmax", "softmax_chunk_stats_mass"),
+            "sampling"
+        );
+        assert_eq!(category("logsoftmax", "softmax_chunk_stats"), "loss");
+        assert_eq!(category("sample", "sample_top"), "sampling");
+        assert_eq!(category("ops", "rmsnorm_fwd"), "elementwise");
     }
 }

@@ -1,24 +1,30 @@
 #!/bin/bash
-# Session 38, call 2: the draw tests with a 33-chunk vocabulary, the 0.6B rollout's
-# floor shares (full `jetd bench`, both builds), 8 samples a prompt at 8B-4l and 0.6B
-# (both builds interleaved), and the whole RL loop on the GPU with each build; first
-# all five GPU test binaries of the final build (the review's mends: a vocabulary
-# of 8,212 and signed-zero maxima added to the draw's tests).
+# Session 38, call 2 (stages in order of need; the logs are packed after each, so a
+# call cut short still brings back what ran): all five GPU test binaries of the final
+# build (the review's mends: vocabularies of 8,212 and 33 chunks, signed-zero maxima
+# in the draw's tests); 8 samples a prompt at 8B-4l and 0.6B, both builds interleaved;
+# the 0.6B rollout's floor shares (full `jetd bench`, both builds); the whole RL loop
+# on the GPU with each build.
 mkdir -p .carry && tar xJf .carryz/c.tar.xz -C .carry
 R=$OUT; export OUT=/tmp/g; mkdir -p $OUT; export JET_KERNEL_CACHE_DIR=/tmp/jetk
-nvidia-smi --query-gpu=name --format=csv,noheader
+pack() { tar czf $R/logs.tgz -C /tmp g; }
+nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
 bash bench/gpu_check.sh tests > $OUT/tests.txt 2>&1
 grep -E '^test ' $OUT/tests.txt
 grep -hE 'draw|special values' $OUT/cuda_parity.log | cut -c1-150
+pack
+JET_BENCH_ARGS="--train-steps 0 --batch 64,256 --group-size 8" bash bench/gpu_check.sh compare qwen3-8b:4,qwen3-0.6b 2 jetd-prev,jetd > $OUT/main.log 2>&1
+cat $OUT/compare.txt
+pack
 for b in jetd-prev jetd; do
   .carry/$b bench --device cuda --preset qwen3-0.6b --train-steps 0 --json > $OUT/full-$b.json 2> $OUT/full-$b.err
 done
-JET_BENCH_ARGS="--train-steps 0 --batch 64,256 --group-size 8" bash bench/gpu_check.sh compare qwen3-8b:4,qwen3-0.6b 2 jetd-prev,jetd > $OUT/main.log 2>&1
+pack
 for b in jetd-prev jetd; do
   timeout 150 .carry/$b run configs/qwen3-0.6b-arith.toml --device cuda --data-dir /tmp/d-$b --metrics-out $OUT/run-$b.jsonl > $OUT/run-$b.txt 2>&1
   echo "rc $?" >> $OUT/run-$b.txt
 done
-tar czf $R/logs.tgz -C /tmp g
+pack
 python3 - <<'P'
 import json, glob
 for f in sorted(glob.glob('/tmp/g/full-*.json')):
@@ -36,4 +42,3 @@ for b in ['jetd-prev', 'jetd']:
     print(b, 'RL steps', len(rl), 'max mismatch_kl', max((m.get('mismatch_kl') or 0) for m in rl) if rl else None)
 P
 tail -2 /tmp/g/run-*.txt
-cat /tmp/g/compare.txt

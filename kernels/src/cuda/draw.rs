@@ -70,10 +70,7 @@ fn draw_row(row: &[f32], seed: u64) -> u32 {
         .collect();
     let m = max(&maxes);
     let scale_of = |c: usize| draw_units(maxes[c], m) as u128;
-    let weight = |c: usize| match mass[c] {
-        0 => 0,
-        n => n as u128 * scale_of(c),
-    };
+    let weight = |c: usize| mass[c] as u128 * scale_of(c);
     let total: u128 = (0..chunks.len()).map(weight).sum();
     let t = scale(row_draw(seed), total);
     let mut before = 0u128;
@@ -149,6 +146,7 @@ pub fn draw_logits(
 
 #[cfg(test)]
 mod tests {
+    use super::super::sample::tests::chi2;
     use super::*;
 
     /// `floor(r t / 2^64)` against the 192-bit product, at the extremes.
@@ -181,21 +179,6 @@ mod tests {
             c[k.unwrap_or_else(|| panic!("drew {t}, outside {at:?}"))] += 1;
         }
         c
-    }
-
-    /// Chi-square of counts against probabilities `p`, each bin within 4 sigma.
-    fn chi2(count: &[usize], p: &[f64]) -> f64 {
-        let n: usize = count.iter().sum();
-        let mut chi2 = 0.0;
-        for (&c, &pi) in count.iter().zip(p) {
-            let (e, sd) = (n as f64 * pi, (n as f64 * pi * (1.0 - pi)).sqrt());
-            assert!(
-                (c as f64 - e).abs() <= 4.0 * sd,
-                "counts {count:?}, p {p:?}"
-            );
-            chi2 += (c as f64 - e).powi(2) / e;
-        }
-        chi2
     }
 
     /// The draw samples softmax: within one chunk (five entries), and over entries in

@@ -446,6 +446,22 @@ pub(crate) mod tests {
         z.iter().map(|v| (v - lse) as f32).collect()
     }
 
+    /// Chi-square of `count` against probabilities `p`, after asserting each bin
+    /// within 4 sigma of its expectation.
+    pub(crate) fn chi2(count: &[usize], p: &[f64]) -> f64 {
+        let n: usize = count.iter().sum();
+        let mut chi2 = 0.0;
+        for (&c, &pi) in count.iter().zip(p) {
+            let (e, sd) = (n as f64 * pi, (n as f64 * pi * (1.0 - pi)).sqrt());
+            assert!(
+                (c as f64 - e).abs() <= 4.0 * sd,
+                "counts {count:?} for p {p:?}"
+            );
+            chi2 += (c as f64 - e).powi(2) / e;
+        }
+        chi2
+    }
+
     /// Gumbel-max over 20000 rows with consecutive seeds draws from softmax: every
     /// bin within 4 sigma, chi-square (4 dof) below 25 (p ~ 5e-5), and the pairs of
     /// rows (2k, 2k+1) independent (chi-square over 25 cells, 24 dof, below 55).
@@ -462,16 +478,8 @@ pub(crate) mod tests {
             count[t as usize] += 1;
             assert_eq!(l.to_bits(), lp[t as usize].to_bits());
         }
-        let mut chi2 = 0.0;
-        for (c, &pi) in count.iter().zip(&p) {
-            let (e, sd) = (n as f64 * pi, (n as f64 * pi * (1.0 - pi)).sqrt());
-            assert!(
-                (*c as f64 - e).abs() <= 4.0 * sd,
-                "counts {count:?} for p {p:?}"
-            );
-            chi2 += (*c as f64 - e).powi(2) / e;
-        }
-        assert!(chi2 < 25.0, "chi-square {chi2} for counts {count:?}");
+        let x = chi2(&count, &p);
+        assert!(x < 25.0, "chi-square {x} for counts {count:?}");
         let mut pairs = [[0usize; 5]; 5];
         for k in 0..n / 2 {
             pairs[got[2 * k].0 as usize][got[2 * k + 1].0 as usize] += 1;

@@ -18,7 +18,7 @@ use jet_kernels::cuda::ops::{
     swiglu_backward, swiglu_backward_bf16, QkNormGrad, SwigluDh,
 };
 use jet_kernels::cuda::quantize::{quantize_dual_multi, swiglu_backward_fp8, DualFp8, DualIn};
-use jet_kernels::cuda::tensor::round_bf16;
+use jet_kernels::cuda::tensor::{round_bf16, scatter_rows};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
 
@@ -150,8 +150,10 @@ pub(super) fn operand_dy(model: &GpuModel) -> Option<GemmPrecision> {
     }
 }
 
-/// Add the gradients of all weights, given `dlogits [M, vocab]` for a forward
-/// kept with `keep_acts`, into `grads` (tied: the LM head's into the embedding's).
+/// Add the gradients of all weights, given `dlogits` for a forward kept with
+/// `keep_acts` (`[R, vocab]` for its `head_rows`, every other row's logits having
+/// no gradient, or `[M, vocab]`), into `grads` (tied: the LM head's into the
+/// embedding's).
 pub fn backward(
     model: &GpuModel,
     acts: &mut GpuActivations,
@@ -164,10 +166,24 @@ pub fn backward(
     let m = acts.tokens.len();
     let cx = Ctx { model, g, m };
 
-    // Head: logits = normed lm_head^T; normed = rmsnorm(h_final).
+    // Head: logits = normed[head_rows] lm_head^T; normed = rmsnorm(h_final). The
+    // head's GEMMs run over its R rows; dn is 0 on the rows it did not read.
     let head_ix = w.ix.lm_head.unwrap_or(w.ix.embed);
     let normed = (&acts.normed, &mut XOperand::default());
-    let dn = cx.linear(dlogits, normed, &model.lm_head, grads, head_ix, None)?;
+    let hx = Ctx {
+        model,
+        g,
+        m: acts.head_rows.as_ref().map_or(m, Vec::len),
+    };
+    let dn = hx.linear(dlogits, normed, &model.lm_head, grads, head_ix, None)?;
+    let dn = match &acts.head_rows {
+        Some(rows) => {
+            let mut full = g.zeros::<f32>(m * h)?;
+            scatter_rows(g, &mut full, h, rows, &dn)?;
+            full
+        }
+        None => dn,
+    };
     let hs = &acts.h_final;
     let rs = (cx.round(), None);
     let fin = (&dn, hs, w.t(w.ix.norm), &acts.rstd_final);

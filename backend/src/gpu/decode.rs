@@ -360,7 +360,7 @@ pub fn prefill_into(
         start += l;
     }
     let h_last = gather_rows(g, &h, cfg.hidden_size, &last)?;
-    let logits = head(model, &h_last, firsts.len(), role)?.2;
+    let logits = head(model, &h_last, firsts.len(), role, None)?.2;
     for (&s, p) in slots.iter().zip(prompts) {
         cache.lens[s] = p.len();
     }
@@ -450,5 +450,5 @@ pub fn decode_step(
     for &s in slots {
         cache.lens[s] += 1;
     }
-    Ok(head(model, &h, tokens.len(), role)?.2)
+    Ok(head(model, &h, tokens.len(), role, None)?.2)
 }

@@ -23,15 +23,19 @@ pub struct GpuActivations {
     pub layers: Vec<GpuLayerActs>,
     /// The tensor-core attention's tiles of this batch (None: per-row kernels).
     pub flash: Option<FlashPlan>,
-    /// Residual entering the final norm `[M, hidden]`, the normed rows and rstd.
+    /// Residual entering the final norm `[M, hidden]` and its rstd `[M]`.
     pub h_final: CudaSlice<f32>,
-    pub normed: CudaSlice<f32>,
     pub rstd_final: CudaSlice<f32>,
+    /// The LM head's input: the normed rows at `head_rows` `[R, hidden]`, or all
+    /// `M` of them when `head_rows` is None.
+    pub normed: CudaSlice<f32>,
+    pub head_rows: Option<Vec<usize>>,
 }
 
 pub struct GpuForwardOut {
-    /// `[M, vocab]`, sequence after sequence: f32, or their BF16 values when asked
-    /// for and the LM head's rows GEMM writes them.
+    /// `[R, vocab]` for the rows asked for (`head_rows`), else `[M, vocab]`,
+    /// sequence after sequence: f32, or their BF16 values when asked for and the
+    /// LM head's rows GEMM writes them.
     pub logits: Act,
     pub acts: Option<GpuActivations>,
 }
@@ -202,6 +206,20 @@ pub fn forward(
     keep_acts: bool,
     bf16_logits: bool,
 ) -> Result<GpuForwardOut> {
+    forward_rows(model, seqs, role, (keep_acts, bf16_logits), None)
+}
+
+/// [`forward`] with the LM head over the packed rows `head_rows` only (the rows
+/// whose logits are read: a trainer's scored rows), in that order; every row
+/// still runs through the layers and the final norm. A row's logits are the same
+/// bits either way ([`head`]).
+pub fn forward_rows(
+    model: &GpuModel,
+    seqs: &[&[u32]],
+    role: GemmRole,
+    (keep_acts, bf16_logits): (bool, bool),
+    head_rows: Option<&[usize]>,
+) -> Result<GpuForwardOut> {
     let (tokens, seq_lens, positions) = pack(seqs);
     let rows = RowsIn::upload(model, &tokens, &positions)?;
     let mut attn = PackedCausal::new(model, &seq_lens, keep_acts, None)?;
@@ -213,10 +231,11 @@ pub fn forward(
         &mut attn,
         keep_acts.then_some(&mut layers),
     )?;
+    let m = tokens.len();
     let (normed, rstd_final, logits) = match bf16_logits {
-        true => head_act(model, &h, tokens.len(), role)?,
+        true => head_act(model, &h, m, role, head_rows)?,
         false => {
-            let (n, r, l) = head(model, &h, tokens.len(), role)?;
+            let (n, r, l) = head(model, &h, m, role, head_rows)?;
             (n, r, Act::F32(l))
         }
     };
@@ -228,8 +247,9 @@ pub fn forward(
         layers,
         flash,
         h_final: h,
-        normed,
         rstd_final,
+        normed,
+        head_rows: head_rows.map(<[usize]>::to_vec),
     });
     Ok(GpuForwardOut { logits, acts })
 }

@@ -15,6 +15,7 @@ use jet_kernels::cuda::ops::{
     embedding_forward_dev, qk_norm_rope, qk_norm_rope_bf16, qk_norm_rope_fits, rmsnorm_forward,
     rope_forward_dev, upload_positions, upload_tokens,
 };
+use jet_kernels::cuda::tensor::gather_rows;
 use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
 
@@ -448,22 +449,20 @@ fn kept() -> CudaError {
     CudaError::Invalid("gate and up were fused away in a pass that keeps activations".into())
 }
 
-/// Final norm and LM head: `h [M, hidden]` -> (normed, rstd `[M]`, logits `[M, vocab]`).
+/// Final norm and LM head: `h [M, hidden]` -> (the head's input, rstd `[M]`,
+/// logits): over every row (normed `[M, hidden]`, logits `[M, vocab]`), or over the
+/// normed rows `rows` alone (`[R, hidden]`, `[R, vocab]`: a row's logits are the
+/// same bits either way, the norm and the head's GEMM working row by row).
 pub fn head(
     model: &GpuModel,
     h: &CudaSlice<f32>,
     m: usize,
     role: GemmRole,
+    rows: Option<&[usize]>,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
-    let (n, rstd) = final_norm(model, h, m)?;
-    let logits = linear_forward(
-        &model.gpu,
-        &n,
-        m,
-        &model.lm_head,
-        None,
-        model.flow.precision(role),
-    )?;
+    let (n, r, rstd) = head_input(model, h, m, rows)?;
+    let prec = model.flow.precision(role);
+    let logits = linear_forward(&model.gpu, &n, r, &model.lm_head, None, prec)?;
     Ok((n, rstd, logits))
 }
 
@@ -483,17 +482,36 @@ pub fn head_into(
 
 /// [`head`] with the logits kept as their BF16 values where the LM head's rows GEMM
 /// writes them (the low-precision flows round them so): half of the largest
-/// tensor of a training step (`[M, vocab]`), read twice by the log-prob kernels.
+/// tensor of a training step (`[R, vocab]`), read twice by the log-prob kernels.
 pub fn head_act(
     model: &GpuModel,
     h: &CudaSlice<f32>,
     m: usize,
     role: GemmRole,
+    rows: Option<&[usize]>,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, Act)> {
-    let (n, rstd) = final_norm(model, h, m)?;
+    let (n, r, rstd) = head_input(model, h, m, rows)?;
     let prec = model.flow.precision(role);
-    let logits = linear_forward_act(&model.gpu, &n, m, &model.lm_head, None, prec)?;
+    let logits = linear_forward_act(&model.gpu, &n, r, &model.lm_head, None, prec)?;
     Ok((n, rstd, logits))
+}
+
+/// The final norm of `h [m, hidden]` and the head's input: every normed row, or
+/// the rows `rows` of them gathered (`[R, hidden]`); with its row count and rstd `[m]`.
+fn head_input(
+    model: &GpuModel,
+    h: &CudaSlice<f32>,
+    m: usize,
+    rows: Option<&[usize]>,
+) -> Result<(CudaSlice<f32>, usize, CudaSlice<f32>)> {
+    let (n, rstd) = final_norm(model, h, m)?;
+    match rows {
+        Some(rows) => {
+            let x = gather_rows(&model.gpu, &n, model.cfg.hidden_size, rows)?;
+            Ok((x, rows.len(), rstd))
+        }
+        None => Ok((n, m, rstd)),
+    }
 }
 
 fn final_norm(

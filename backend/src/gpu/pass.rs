@@ -17,10 +17,10 @@ use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::GemmRole;
 
 use super::backward::{backward, operand_dy};
-use super::forward::forward;
+use super::forward::forward_rows;
 use super::grads::GpuGrads;
 use super::model::GpuModel;
-use crate::trainer::pass::{Scored, TokenGrad, TrainSeq};
+use crate::trainer::pass::{scored_rows, Scored, TokenGrad, TrainSeq};
 
 /// Run `seqs` through the model in micro-batches of `micro` sequences. When
 /// `grad` is given it is called for every response token as
@@ -40,36 +40,22 @@ pub fn run_pass_gpu(
     let micro = micro.max(1);
     for (mb, chunk) in seqs.chunks(micro).enumerate() {
         let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
-        // The logits stay BF16 values (half the bytes of the step's largest tensor)
-        // unless a temperature divides them in place.
-        let mut fwd = forward(
-            model,
-            &refs,
-            GemmRole::TrainForward,
-            grad.is_some(),
-            !tempered,
-        )?;
-        let m: usize = refs.iter().map(|s| s.len()).sum();
-        // Row prompt_len-1+t predicts token prompt_len+t.
-        let mut rows = Vec::new();
-        let mut targets = Vec::new();
-        let mut start = 0;
-        for s in chunk {
-            for t in 0..s.response_len() {
-                rows.push(start + s.prompt_len - 1 + t);
-                targets.push(s.tokens[s.prompt_len + t]);
-            }
-            start += s.tokens.len();
-        }
+        // The scored rows (row prompt_len-1+t predicts token prompt_len+t) are the
+        // only ones the LM head runs over: logits [r, vocab], row j for rows[j].
+        let (rows, targets) = scored_rows(chunk);
         let r = rows.len();
         if r == 0 {
             scored.logp.extend(chunk.iter().map(|_| Vec::new()));
             scored.entropy.extend(chunk.iter().map(|_| Vec::new()));
             continue;
         }
-        // The scored rows are read in place from the logits [m, vocab] (no
-        // gathered copy); a temperature divides all of them first, as the
-        // CPU divides the gathered rows (the same bits).
+        // The logits stay BF16 values (half the bytes of the step's largest tensor)
+        // unless a temperature divides them in place.
+        let keep = (grad.is_some(), !tempered);
+        let mut fwd = forward_rows(model, &refs, GemmRole::TrainForward, keep, Some(&rows))?;
+        let all: Vec<usize> = (0..r).collect();
+        // A temperature divides the logits in place, as the CPU divides its rows
+        // (the same bits).
         let mut logits = fwd.logits;
         if tempered {
             let Act::F32(l) = &mut logits else {
@@ -77,13 +63,13 @@ pub fn run_pass_gpu(
                     "tempered logits must be f32 (divided in place)".into(),
                 ));
             };
-            div_scalar(g, l, m * vocab, temperature as f32)?;
+            div_scalar(g, l, r * vocab, temperature as f32)?;
         }
-        let tl = token_logprobs_forward_at(g, logits.view(), m, vocab, &rows, &targets)?;
+        let tl = token_logprobs_forward_at(g, logits.view(), r, vocab, &all, &targets)?;
         // dlogits' buffers now, while the forward runs: the download below waits for
         // it anyway, and after it the stream would wait for the allocation.
         let out = match grad {
-            Some(_) => Some(ScoredOut::alloc(g, operand_dy(model), m, vocab)?),
+            Some(_) => Some(ScoredOut::alloc(g, operand_dy(model), r, vocab)?),
             None => None,
         };
         let logp = g.download_n(&tl.logp, r)?;
@@ -117,17 +103,16 @@ pub fn run_pass_gpu(
             dlogp: &dl,
             dentropy: Some(&de),
         };
-        // Each scored row's gradient in place, every other row 0, times 1/T
-        // when tempered (fuses the scatter into zeros and the 1/T scale). Where the
+        // Each scored row's gradient in place, times 1/T when tempered. Where the
         // LM head's DGrad and WGrad are BF16 or FP8, dlogits leaves the kernel as
-        // their operands (no f32 copy of [m, vocab] written, copied or quantized);
+        // their operands (no f32 copy of [r, vocab] written, copied or quantized);
         // otherwise it overwrites the logits.
         let scale = if tempered {
             (1.0 / temperature) as f32
         } else {
             1.0
         };
-        let dz = token_logprobs_backward_at(g, logits, (m, vocab), &rows, &d, scale, dst)?;
+        let dz = token_logprobs_backward_at(g, logits, (r, vocab), &all, &d, scale, dst)?;
         let dlogits = match &dz {
             ScoredDz::F32(x) => Dy::F32(x),
             ScoredDz::Bf16(x) => Dy::Bf16(x),

@@ -8,7 +8,7 @@ use jet_kernels::GemmRole;
 use crate::model::ModelWeights;
 use crate::rollout::engine::Sample;
 use crate::rollout::sampler::temper;
-use crate::transformer::{backward, forward, PreparedModel};
+use crate::transformer::{backward, forward_rows, PreparedModel};
 
 /// A sequence as the trainer sees it.
 #[derive(Clone, Debug)]
@@ -46,6 +46,23 @@ pub struct Scored {
 /// Per response token: d loss / d logp and d loss / d entropy.
 pub type TokenGrad<'a> = &'a mut dyn FnMut(usize, usize, f64, f64) -> (f64, f64);
 
+/// The packed rows of `seqs` whose logits score a response token (row
+/// `prompt_len - 1 + t` of a sequence predicts its token `prompt_len + t`) and those
+/// tokens, sequence after sequence.
+pub fn scored_rows(seqs: &[TrainSeq]) -> (Vec<usize>, Vec<u32>) {
+    let mut rows = Vec::new();
+    let mut targets = Vec::new();
+    let mut start = 0;
+    for s in seqs {
+        for t in 0..s.response_len() {
+            rows.push(start + s.prompt_len - 1 + t);
+            targets.push(s.tokens[s.prompt_len + t]);
+        }
+        start += s.tokens.len();
+    }
+    (rows, targets)
+}
+
 /// Run `seqs` through the model in micro-batches of `micro` sequences. When
 /// `grad` is given it is called for every response token as
 /// `(sequence, position, logp, entropy) -> (dloss/dlogp, dloss/dentropy)`, and
@@ -67,26 +84,23 @@ pub fn run_pass(
     let mut grads: Option<ModelWeights> = None;
     for (mb, chunk) in seqs.chunks(micro.max(1)).enumerate() {
         let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
-        let out = forward(model, &refs, GemmRole::TrainForward, grad.is_some(), false);
-        // Rows that predict response tokens: position prompt_len-1+t predicts token prompt_len+t.
-        let mut rows = Vec::new();
-        let mut targets = Vec::new();
-        let mut start = 0;
-        for s in chunk {
-            for t in 0..s.response_len() {
-                rows.push(start + s.prompt_len - 1 + t);
-                targets.push(s.tokens[s.prompt_len + t]);
-            }
-            start += s.tokens.len();
+        // Rows that predict response tokens: position prompt_len-1+t predicts token
+        // prompt_len+t. Only they go through the LM head.
+        let (rows, targets) = scored_rows(chunk);
+        if rows.is_empty() {
+            // Nothing to score: no logprobs, no gradient.
+            scored.logp.extend(chunk.iter().map(|_| Vec::new()));
+            scored.entropy.extend(chunk.iter().map(|_| Vec::new()));
+            continue;
         }
-        let mut gathered = Vec::with_capacity(rows.len() * vocab);
-        for &r in &rows {
-            gathered.extend_from_slice(&temper(
-                &out.logits[r * vocab..(r + 1) * vocab],
-                temperature,
-            ));
-        }
-        let tl = token_logprobs_forward(&gathered, rows.len(), vocab, &targets);
+        let keep = (grad.is_some(), false);
+        let out = forward_rows(model, &refs, GemmRole::TrainForward, keep, Some(&rows));
+        let tempered: Vec<f32> = out
+            .logits
+            .chunks(vocab)
+            .flat_map(|row| temper(row, temperature))
+            .collect();
+        let tl = token_logprobs_forward(&tempered, rows.len(), vocab, &targets);
         let mut k = 0;
         let (mut dlogp, mut dent) = (vec![0.0f32; rows.len()], vec![0.0f32; rows.len()]);
         for (i, s) in chunk.iter().enumerate() {
@@ -110,7 +124,7 @@ pub fn run_pass(
             continue;
         }
         let dg = token_logprobs_backward(
-            &gathered,
+            &tempered,
             rows.len(),
             vocab,
             &targets,
@@ -118,15 +132,8 @@ pub fn run_pass(
             &dlogp,
             Some(&dent),
         );
-        let mut dlogits = vec![0.0f32; out.logits.len()];
-        for (j, &r) in rows.iter().enumerate() {
-            for (d, &g) in dlogits[r * vocab..(r + 1) * vocab]
-                .iter_mut()
-                .zip(&dg[j * vocab..(j + 1) * vocab])
-            {
-                *d = g * inv_t as f32;
-            }
-        }
+        // d loss / d logits of the head's rows: the tempered rows' gradient times 1/T.
+        let dlogits: Vec<f32> = dg.iter().map(|&g| g * inv_t as f32).collect();
         let g = backward(
             model,
             out.acts.as_ref().expect("kept activations"),
@@ -142,6 +149,9 @@ pub fn run_pass(
                 }
             }
         }
+    }
+    if grad.is_some() && grads.is_none() {
+        grads = Some(ModelWeights::zeros(model.cfg));
     }
     (scored, grads)
 }

@@ -61,9 +61,10 @@ fn add_into(acc: &mut [f32], x: &[f32]) {
     }
 }
 
-/// Gradients of all weights given `dlogits [M, vocab]` for a forward kept with
-/// `keep_acts`. The result has the layout of the weights (tied: the LM head's
-/// gradient is added to the embedding's).
+/// Gradients of all weights given `dlogits` for a forward kept with `keep_acts`:
+/// `[R, vocab]` for the forward's `head_rows` (every other row's logits have no
+/// gradient), or `[M, vocab]`. The result has the layout of the weights (tied: the
+/// LM head's gradient is added to the embedding's).
 pub fn backward(model: &PreparedModel, acts: &Activations, dlogits: &[f32]) -> ModelWeights {
     let cfg = model.cfg;
     let (h, hd) = (cfg.hidden_size, cfg.head_dim);
@@ -73,9 +74,24 @@ pub fn backward(model: &PreparedModel, acts: &Activations, dlogits: &[f32]) -> M
     let mut g = ModelWeights::zeros(cfg);
     let w = model.w;
 
-    // Head: logits = normed lm_head^T; normed = rmsnorm(h_final).
+    // Head: logits = normed[head_rows] lm_head^T; normed = rmsnorm(h_final). The
+    // head's GEMMs run over its R rows; dn is 0 on the rows it did not read.
     let mut d_head = vec![0.0f32; cfg.vocab_size * h];
-    let dn = cx.linear(dlogits, &acts.normed, &model.lm_head, &mut d_head, None);
+    let hx = Ctx {
+        model,
+        m: acts.normed.len() / h,
+    };
+    let dn = hx.linear(dlogits, &acts.normed, &model.lm_head, &mut d_head, None);
+    let dn = match &acts.head_rows {
+        Some(rows) => {
+            let mut full = vec![0.0f32; m * h];
+            for (j, &r) in rows.iter().enumerate() {
+                full[r * h..(r + 1) * h].copy_from_slice(&dn[j * h..(j + 1) * h]);
+            }
+            full
+        }
+        None => dn,
+    };
     match g.lm_head.as_mut() {
         Some(l) => add_into(l, &d_head),
         None => add_into(&mut g.embed_tokens, &d_head),

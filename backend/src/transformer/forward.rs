@@ -13,14 +13,18 @@ pub struct Activations {
     pub spans: Vec<(usize, usize)>,
     pub positions: Vec<usize>,
     pub layers: Vec<LayerActs>,
-    /// Residual stream entering the final norm, the normed rows and their rstd.
+    /// Residual stream entering the final norm `[M, hidden]` and its rstd `[M]`.
     pub h_final: Vec<f32>,
-    pub normed: Vec<f32>,
     pub rstd_final: Vec<f32>,
+    /// The LM head's input: the normed rows at `head_rows` `[R, hidden]`, or all
+    /// `M` of them when `head_rows` is None.
+    pub normed: Vec<f32>,
+    pub head_rows: Option<Vec<usize>>,
 }
 
 pub struct ForwardOut {
-    /// `[total tokens, vocab]`, sequence after sequence.
+    /// `[R, vocab]`: the logits of the rows asked for (`head_rows`), or of every
+    /// row `[total tokens, vocab]`, sequence after sequence.
     pub logits: Vec<f32>,
     pub acts: Option<Activations>,
     /// Per layer, (k, v) after RoPE `[total tokens, kv*hd]`: what a KV cache holds.
@@ -74,6 +78,20 @@ pub fn forward(
     keep_acts: bool,
     keep_kv: bool,
 ) -> ForwardOut {
+    forward_rows(model, seqs, role, (keep_acts, keep_kv), None)
+}
+
+/// [`forward`] with the LM head over the packed rows `head_rows` only (the rows
+/// whose logits are read: a trainer's scored rows), in that order; every row
+/// still runs through the layers and the final norm. A row's logits are the same
+/// bits either way (the head's GEMM and the norm work row by row).
+pub fn forward_rows(
+    model: &PreparedModel,
+    seqs: &[&[u32]],
+    role: GemmRole,
+    (keep_acts, keep_kv): (bool, bool),
+    head_rows: Option<&[usize]>,
+) -> ForwardOut {
     let mut tokens = Vec::new();
     let mut positions = Vec::new();
     let mut spans = Vec::new();
@@ -97,7 +115,7 @@ pub fn forward(
         &mut attn,
         keep_acts.then_some(&mut layers),
     );
-    let (normed, rstd_final, logits) = head(model, &h, role);
+    let (normed, rstd_final, logits) = head(model, &h, role, head_rows);
     let kv = std::mem::take(&mut attn.kv);
     let acts = keep_acts.then_some(Activations {
         tokens,
@@ -105,8 +123,9 @@ pub fn forward(
         positions,
         layers,
         h_final: h,
-        normed,
         rstd_final,
+        normed,
+        head_rows: head_rows.map(<[usize]>::to_vec),
     });
     ForwardOut { logits, acts, kv }
 }

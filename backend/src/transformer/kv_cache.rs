@@ -139,5 +139,5 @@ pub fn decode_step(
         shape,
     };
     let h = run_layers(model, tokens, &positions, role, &mut attn, None);
-    head(model, &h, role).2
+    head(model, &h, role, None).2
 }

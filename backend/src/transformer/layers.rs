@@ -125,11 +125,33 @@ pub fn run_layers(
     x
 }
 
-/// Final norm and LM head: `h [M, hidden]` -> (normed `[M, hidden]`, rstd `[M]`, logits `[M, vocab]`).
-pub fn head(model: &PreparedModel, h: &[f32], role: GemmRole) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+/// Final norm and LM head: `h [M, hidden]` -> (the head's input, rstd `[M]`,
+/// logits): over every row (normed `[M, hidden]`, logits `[M, vocab]`), or over the
+/// normed rows `rows` alone (`[R, hidden]`, `[R, vocab]`).
+pub fn head(
+    model: &PreparedModel,
+    h: &[f32],
+    role: GemmRole,
+    rows: Option<&[usize]>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let cfg = model.cfg;
-    let m = h.len() / cfg.hidden_size;
-    let (n, rstd) = rmsnorm_forward(h, &model.w.norm, m, cfg.hidden_size, cfg.rms_norm_eps);
-    let logits = linear_forward(&n, m, &model.lm_head, None, model.flow.precision(role));
+    let hs = cfg.hidden_size;
+    let m = h.len() / hs;
+    let (n, rstd) = rmsnorm_forward(h, &model.w.norm, m, hs, cfg.rms_norm_eps);
+    let n = match rows {
+        Some(rows) => rows
+            .iter()
+            .flat_map(|&r| &n[r * hs..(r + 1) * hs])
+            .copied()
+            .collect(),
+        None => n,
+    };
+    let logits = linear_forward(
+        &n,
+        n.len() / hs,
+        &model.lm_head,
+        None,
+        model.flow.precision(role),
+    );
     (n, rstd, logits)
 }

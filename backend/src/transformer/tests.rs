@@ -200,3 +200,63 @@ fn backward_matches_finite_differences() {
         }
     }
 }
+
+#[test]
+fn head_rows_give_those_rows_logits_and_the_same_gradients() {
+    // The LM head over some rows only (a trainer's scored rows): each row's logits
+    // are the bits of the full forward's row in every flow, and the gradients are
+    // those of the full backward with zero dlogits on the other rows (to f32
+    // rounding: the head's WGrad sums fewer rows, so in another order).
+    let seqs: [&[u32]; 3] = [&[1, 5, 9, 2, 7], &[3, 3, 8], &[4, 6, 10, 12]];
+    let rows = [2usize, 3, 5, 6, 9, 10];
+    for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3] {
+        let cfg = tiny_config(arch, arch == Arch::Llama);
+        let v = cfg.vocab_size;
+        let w = weights(&cfg, 5);
+        for flow in [Flow::F32, Flow::Bf16, Flow::Fp8] {
+            let model = PreparedModel::new(&cfg, &w, flow);
+            let full = forward(&model, &seqs, GemmRole::TrainForward, true, false);
+            let part = forward_rows(
+                &model,
+                &seqs,
+                GemmRole::TrainForward,
+                (true, false),
+                Some(&rows),
+            );
+            assert_eq!(part.logits.len(), rows.len() * v);
+            for (j, &r) in rows.iter().enumerate() {
+                assert_eq!(
+                    bits(&part.logits[j * v..(j + 1) * v]),
+                    bits(&full.logits[r * v..(r + 1) * v]),
+                    "{arch:?} {flow}: logits of row {r}"
+                );
+            }
+            if flow == Flow::Fp8 {
+                // Its head WGrad quantizes dlogits in groups along the rows it reads,
+                // so fewer rows regroup them: not comparable at f32 rounding.
+                continue;
+            }
+            let dpart: Vec<f32> = (0..rows.len() * v)
+                .map(|i| ((i * 7919 % 103) as f32 - 51.0) / 50.0)
+                .collect();
+            let mut dfull = vec![0.0f32; full.logits.len()];
+            for (j, &r) in rows.iter().enumerate() {
+                dfull[r * v..(r + 1) * v].copy_from_slice(&dpart[j * v..(j + 1) * v]);
+            }
+            let gp = backward(&model, part.acts.as_ref().unwrap(), &dpart);
+            let gf = backward(&model, full.acts.as_ref().unwrap(), &dfull);
+            for ((name, a), (_, b)) in gp.tensors().into_iter().zip(gf.tensors()) {
+                let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-6);
+                let worst = a
+                    .iter()
+                    .zip(b.iter())
+                    .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+                let tol = if flow == Flow::F32 { 1e-5 } else { 1e-2 };
+                assert!(
+                    worst <= tol * scale,
+                    "{arch:?} {flow} {name}: differs by {worst} (largest {scale})"
+                );
+            }
+        }
+    }
+}

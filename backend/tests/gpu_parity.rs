@@ -1078,3 +1078,110 @@ fn paged_cache_under_a_budget_keeps_samples_bitwise() {
         }
     }
 }
+
+/// A GRPO group's prompt run once in training (`gpu::share`): the training pass
+/// with the sequences' shared prompt rows kept once gives the unshared pass's
+/// logprobs and entropies bit for bit (the forward's rows are the same bits, so
+/// rollout == training holds either way) and its gradients to rounding (the
+/// shared rows' dk, dv summed before their backward, FP8's WGrad groups formed
+/// over fewer rows), for the three layer layouts (q/k norms; none; q, k, v
+/// biases), head_dim 64 and 128, a prompt longer than an attention tile and a
+/// group split over two micro-batches.
+#[test]
+fn shared_prompt_rows_give_the_unshared_pass() {
+    use jet_backend::gpu::pass::run_pass_gpu_with;
+    let Some(g) = gpu() else { return };
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(17);
+    let mut tok = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| rand::Rng::random_range(&mut r, 1..61u32))
+            .collect()
+    };
+    // Three prompts (70, 5 and 2 tokens) with 3, 3 and 2 samples of 1 to 40 tokens,
+    // in groups, then one sequence of its own.
+    let mut seqs = Vec::new();
+    for (p, lens) in [
+        (70usize, [1usize, 17, 40]),
+        (5, [9, 30, 2]),
+        (2, [12, 3, 0]),
+    ] {
+        let prompt = tok(p);
+        for &n in lens.iter().filter(|&&n| n > 0) {
+            seqs.push(TrainSeq {
+                tokens: [prompt.clone(), tok(n)].concat(),
+                prompt_len: p,
+            });
+        }
+    }
+    seqs.push(TrainSeq {
+        tokens: tok(20),
+        prompt_len: 6,
+    });
+    let adv: Vec<f64> = (0..seqs.len()).map(|i| 1.0 - 0.3 * i as f64).collect();
+    let layouts = [
+        ("qwen3 hd64", tiny()),
+        ("qwen3 0.6B widths", qwen3_widths()),
+        (
+            "llama",
+            ModelConfig {
+                arch: Arch::Llama,
+                qk_norm: false,
+                ..tiny()
+            },
+        ),
+        (
+            "qwen2",
+            ModelConfig {
+                arch: Arch::Qwen2,
+                qk_norm: false,
+                attention_bias: true,
+                ..tiny()
+            },
+        ),
+    ];
+    for (name, cfg) in layouts {
+        let cfg = ModelConfig {
+            vocab_size: 61,
+            max_position_embeddings: 128,
+            ..cfg
+        };
+        let w0 = init_random(&cfg, 8);
+        for (flow, bound) in [(Flow::Bf16, 2e-2), (Flow::Fp8, 5e-2)] {
+            let dw = GpuWeights::upload(&g, &w0).unwrap();
+            let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
+            // Micro-batches of 4: the first group whole plus one of the second, ...
+            let pass = |share: bool| {
+                let mut dg = GpuGrads::zeros_like(&g, &dw).unwrap();
+                let mut gf =
+                    |i: usize, t: usize, _lp: f64, _e: f64| (-adv[i] / (1 + t) as f64, 0.01);
+                let sc =
+                    run_pass_gpu_with(&model, &seqs, (1.0, 4), Some((&mut gf, &mut dg)), share)
+                        .unwrap();
+                let mut grads = ModelWeights::zeros(&cfg);
+                dg.download_into(&g, &mut grads).unwrap();
+                (sc, grads)
+            };
+            let (s0, g0) = pass(false);
+            let (s1, g1) = pass(true);
+            let bits = |v: &[Vec<f64>]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&s1.logp), bits(&s0.logp), "{name} {flow}: logprobs");
+            assert_eq!(
+                bits(&s1.entropy),
+                bits(&s0.entropy),
+                "{name} {flow}: entropies"
+            );
+            let mut worst = (0.0, String::new());
+            for ((n, a), (_, b)) in g1.tensors().into_iter().zip(g0.tensors()) {
+                let e = rel(a, b);
+                if e > worst.0 {
+                    worst = (e, n);
+                }
+            }
+            report(
+                &format!("{name} {flow}: shared vs unshared ({})", worst.1),
+                worst.0,
+                bound,
+            );
+        }
+    }
+}

@@ -9,8 +9,8 @@
 use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::{
     self, adamw as gadam, attention as gatt, draw as gdraw, gemm, gemv, linear as glin,
-    logsoftmax as glsm, ops as gops, quantize as gq, sample as gsam, sample_top as gtop,
-    tensor as gten,
+    logsoftmax as glsm, ops as gops, quantize as gq, row_map as grm, sample as gsam,
+    sample_top as gtop, tensor as gten,
 };
 use jet_kernels::fp8::{decode, fp8_gemm, Fp8Matrix, Fp8Operand, Grouping};
 use jet_kernels::ops::{attention, embedding, linear, logsoftmax, rmsnorm, rope, swiglu};
@@ -1829,6 +1829,80 @@ fn bits_differ(a: &[f32], b: &[f32]) -> usize {
 
 /// Element-wise ops, gather/scatter: bit-exact with the Rust expressions; the f64
 /// sum of squares within 1e-12 of a compensated f64 sum and the same bits twice.
+/// The row maps of a shared prompt's rows (`row_map.rs`): gathers are copies (f32
+/// and BF16 rows, zero rows where asked), sums add each row's sources in the order
+/// given, one f32 addition at a time (rounded to BF16 values when asked), as the
+/// CPU loops below do.
+#[test]
+fn row_maps_copy_and_sum_rows() {
+    let Some(g) = gpu() else { return };
+    let (rows, cols) = (300, 136);
+    let src = rnd(rows * cols, 91, 3.0);
+    let ds = up(&g, &src);
+    let map: Vec<Option<usize>> = (0..211)
+        .map(|j| (j % 5 != 3).then_some((j * 131 + 7) % rows))
+        .collect();
+    let m = grm::RowMap::new(&g, &map, rows).unwrap();
+    let got = m.gather(&g, &ds, cols).unwrap();
+    let want: Vec<f32> = map
+        .iter()
+        .flat_map(|r| match r {
+            Some(r) => src[r * cols..(r + 1) * cols].to_vec(),
+            None => vec![0.0; cols],
+        })
+        .collect();
+    let shape = format!("211 of [{rows}, {cols}], every fifth zero");
+    report_exact(
+        "row map gather (f32)",
+        &shape,
+        bits_differ(&dl(&g, &got, want.len()), &want),
+    );
+    let src16: Vec<u16> = src.iter().map(|&x| (x.to_bits() >> 16) as u16).collect();
+    let ds16 = g.upload(&src16).unwrap();
+    let got16 = m.gather(&g, &ds16, cols).unwrap();
+    let want16: Vec<u16> = map
+        .iter()
+        .flat_map(|r| match r {
+            Some(r) => src16[r * cols..(r + 1) * cols].to_vec(),
+            None => vec![0; cols],
+        })
+        .collect();
+    let got16 = g.download_n(&got16, want16.len()).unwrap();
+    let differ = got16.iter().zip(&want16).filter(|(a, b)| a != b).count();
+    report_exact("row map gather (BF16)", &shape, differ);
+    assert!(grm::RowMap::new(&g, &[Some(rows)], rows).is_err());
+    assert!(
+        m.gather(&g, &ds16, 3).is_err(),
+        "3 BF16 values are not whole words"
+    );
+
+    // Groups of 1 to 9 rows, with repeats, summed in the order given.
+    let groups: Vec<Vec<usize>> = (0..97)
+        .map(|j| (0..1 + j % 9).map(|t| (j * 37 + t * 101) % rows).collect())
+        .collect();
+    let sums = grm::RowSums::new(&g, &groups, rows).unwrap();
+    for round in [false, true] {
+        let got = sums.sum(&g, &ds, cols, round).unwrap();
+        let mut want = Vec::with_capacity(groups.len() * cols);
+        for gr in &groups {
+            for c in 0..cols {
+                let mut s = src[gr[0] * cols + c];
+                for &r in &gr[1..] {
+                    s += src[r * cols + c];
+                }
+                want.push(if round { bf16::round(s) } else { s });
+            }
+        }
+        report_exact(
+            &format!("row sums (round {round})"),
+            &format!("97 groups of 1-9 of [{rows}, {cols}]"),
+            bits_differ(&dl(&g, &got, want.len()), &want),
+        );
+    }
+    assert!(grm::RowSums::new(&g, &[vec![]], rows).is_err());
+    assert!(grm::RowSums::new(&g, &[vec![rows]], rows).is_err());
+}
+
 #[test]
 fn tensor_ops_match_cpu() {
     let Some(g) = gpu() else { return };

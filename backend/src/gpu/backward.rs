@@ -310,6 +310,12 @@ pub fn backward(
         let no_bias = biases.iter().all(Option::is_none);
         let mut dv16 = None;
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
+            (AttnSaved::Flash(saved), Some(plan)) if acts.share.is_some() => {
+                // Shared prompt rows: the backward on the expanded sequences, dq, dk
+                // and dv brought back to the rows (dv rounded where the flow rounds).
+                let sh = acts.share.as_ref().expect("checked");
+                sh.backward(g, plan, (dout, &a.attn), saved, shape, cx.round())?
+            }
             (AttnSaved::Flash(saved), Some(plan)) if dy16 && no_bias => {
                 // dv leaves the kernel rounded, and as the v projection's BF16 dy.
                 let outs = (dout, &a.attn);

@@ -13,6 +13,7 @@ use jet_kernels::{GemmPrecision, GemmRole};
 
 use super::layers::{head, head_act, run_layers, AttnSaved, GpuAttention, GpuLayerActs, RowsIn};
 use super::model::GpuModel;
+use super::share::{PromptShare, SharedRows};
 
 /// Everything the backward needs, sequences packed one after another.
 pub struct GpuActivations {
@@ -21,8 +22,12 @@ pub struct GpuActivations {
     /// The rows' tokens and positions on the device (RoPE's backward reads them).
     pub rows: RowsIn,
     pub layers: Vec<GpuLayerActs>,
-    /// The tensor-core attention's tiles of this batch (None: per-row kernels).
+    /// The tensor-core attention's tiles of this batch (None: per-row kernels);
+    /// of the expanded layout where prompts are shared.
     pub flash: Option<FlashPlan>,
+    /// Where sequences share their prompt's rows ([`super::share`]): the maps
+    /// between the rows (compact) and the attention's sequences (expanded).
+    pub share: Option<SharedRows>,
     /// Residual entering the final norm `[M, hidden]` and its rstd `[M]`.
     pub h_final: CudaSlice<f32>,
     pub rstd_final: CudaSlice<f32>,
@@ -61,6 +66,9 @@ pub(super) struct PackedCausal<'a> {
     pub keep_kv: Option<&'a mut KeepKv<'a>>,
     /// Set when the model runs the tensor-core attention (one plan for all layers).
     pub flash: Option<FlashPlan>,
+    /// Set where sequences share their prompt's rows: `seq_lens` and `flash` are
+    /// then the expanded layout's, q, k, v and the output the compact rows.
+    pub share: Option<SharedRows>,
 }
 
 impl<'a> PackedCausal<'a> {
@@ -83,6 +91,7 @@ impl<'a> PackedCausal<'a> {
             keep_probs: keep,
             keep_kv,
             flash,
+            share: None,
         })
     }
 }
@@ -105,27 +114,64 @@ impl PackedCausal<'_> {
             let (o, p) = attention_forward(self.gpu, q, k, v, self.seq_lens, self.shape)?;
             return Ok((o, keep.then_some(AttnSaved::Probs(p)), XOperand::default()));
         };
+        let (g, s) = (self.gpu, self.shape);
+        let (qe, ke, ve);
+        let (q, k, v) = match &self.share {
+            Some(sh) => {
+                let (qd, kvd) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+                qe = sh.expand(g, q, qd)?;
+                ke = sh.expand(g, k, kvd)?;
+                ve = sh.expand(g, v, kvd)?;
+                (&qe, &ke, &ve)
+            }
+            None => (q, k, v),
+        };
         let (o, saved, b) = if o16 {
-            let (o, saved, b) = flash_forward_operand(self.gpu, plan, (q, k, v), self.shape)?;
+            let (o, saved, b) = flash_forward_operand(g, plan, (q, k, v), s)?;
             (o, saved, Some(b))
         } else {
-            let (o, saved) = flash_forward(self.gpu, plan, q, k, v, self.shape)?;
+            let (o, saved) = flash_forward(g, plan, q, k, v, s)?;
             (o, saved, None)
         };
+        let (o, b) = self.compact(o, b)?;
         Ok((
             o,
             keep.then_some(AttnSaved::Flash(saved)),
-            self.o_operand(plan, b),
+            self.o_operand(b),
         ))
+    }
+
+    /// The attention's output and its BF16 copy on the rows: as the kernel wrote
+    /// them, or each row's first copy where prompts are shared.
+    fn compact(
+        &self,
+        o: CudaSlice<f32>,
+        o16: Option<CudaSlice<u16>>,
+    ) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+        let Some(sh) = &self.share else {
+            return Ok((o, o16));
+        };
+        let qd = self.shape.n_heads * self.shape.head_dim;
+        let o16 = o16.map(|b| sh.compact(self.gpu, &b, qd)).transpose()?;
+        Ok((sh.compact(self.gpu, &o, qd)?, o16))
+    }
+
+    /// Rows of q, k, v and the output.
+    fn rows(&self) -> usize {
+        match (&self.share, &self.flash) {
+            (Some(sh), _) => sh.rows(),
+            (None, Some(plan)) => plan.rows(),
+            (None, None) => self.seq_lens.iter().sum(),
+        }
     }
 
     /// The o projection's operand of the tensor-core attention's output: its BF16
     /// copy where the kernel wrote one, else empty (made by the projection).
-    fn o_operand(&self, plan: &FlashPlan, o16: Option<CudaSlice<u16>>) -> XOperand {
+    fn o_operand(&self, o16: Option<CudaSlice<u16>>) -> XOperand {
         match o16 {
             Some(b) => {
                 let width = self.shape.n_heads * self.shape.head_dim;
-                XOperand::fused(plan.rows(), width, FusedOperand::Bf16(b))
+                XOperand::fused(self.rows(), width, FusedOperand::Bf16(b))
             }
             None => XOperand::default(),
         }
@@ -176,9 +222,23 @@ impl GpuAttention for PackedCausal<'_> {
         if let Some(keep) = self.keep_kv.as_mut() {
             keep(layer, KvRows::Bf16(&qkv16[1], &qkv16[2]))?;
         }
+        let (g, s) = (self.gpu, self.shape);
+        let qkv16 = match &self.share {
+            Some(sh) => {
+                let (qd, kvd) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
+                let [q, k, v] = &qkv16;
+                [
+                    sh.expand(g, q, qd)?,
+                    sh.expand(g, k, kvd)?,
+                    sh.expand(g, v, kvd)?,
+                ]
+            }
+            None => qkv16,
+        };
         let o16 = prec == GemmPrecision::Bf16;
-        let (o, saved, b) = flash_forward_operand_bf16(self.gpu, plan, qkv16, self.shape, o16)?;
-        let op = self.o_operand(plan, b);
+        let (o, saved, b) = flash_forward_operand_bf16(g, plan, qkv16, s, o16)?;
+        let (o, b) = self.compact(o, b)?;
+        let op = self.o_operand(b);
         Ok((o, self.keep_probs.then_some(AttnSaved::Flash(saved)), op))
     }
 }
@@ -221,8 +281,53 @@ pub fn forward_rows(
     head_rows: Option<&[usize]>,
 ) -> Result<GpuForwardOut> {
     let (tokens, seq_lens, positions) = pack(seqs);
+    forward_from(
+        model,
+        (tokens, positions, seq_lens, None),
+        role,
+        (keep_acts, bf16_logits),
+        head_rows,
+    )
+}
+
+/// [`forward_rows`] of the sequences `share` laid out with their shared prompts'
+/// rows once ([`super::share`]); `head_rows` are rows of its compact layout
+/// ([`PromptShare::scored_rows`]). Each row's logits are those of the unshared
+/// forward, bit for bit. Needs the tensor-core attention.
+pub fn forward_shared(
+    model: &GpuModel,
+    share: &PromptShare,
+    role: GemmRole,
+    flags: (bool, bool),
+    head_rows: Option<&[usize]>,
+) -> Result<GpuForwardOut> {
+    if !model.flash_attention() {
+        return Err(CudaError::Invalid(
+            "shared prompt rows need the tensor-core attention".into(),
+        ));
+    }
+    let dev = SharedRows::upload(&model.gpu, share)?;
+    let packed = (
+        share.tokens.clone(),
+        share.positions.clone(),
+        share.seq_lens.clone(),
+        Some(dev),
+    );
+    forward_from(model, packed, role, flags, head_rows)
+}
+
+/// The forward over rows `tokens` at `positions`, the attention over sequences of
+/// `seq_lens` (the expanded layout where `share` maps the rows to them).
+fn forward_from(
+    model: &GpuModel,
+    (tokens, positions, seq_lens, share): (Vec<u32>, Vec<usize>, Vec<usize>, Option<SharedRows>),
+    role: GemmRole,
+    (keep_acts, bf16_logits): (bool, bool),
+    head_rows: Option<&[usize]>,
+) -> Result<GpuForwardOut> {
     let rows = RowsIn::upload(model, &tokens, &positions)?;
     let mut attn = PackedCausal::new(model, &seq_lens, keep_acts, None)?;
+    attn.share = share;
     let mut layers = Vec::new();
     let h = run_layers(
         model,
@@ -239,13 +344,14 @@ pub fn forward_rows(
             (n, r, Act::F32(l))
         }
     };
-    let flash = attn.flash.take();
+    let (flash, share) = (attn.flash.take(), attn.share.take());
     let acts = keep_acts.then_some(GpuActivations {
         tokens,
         seq_lens,
         rows,
         layers,
         flash,
+        share,
         h_final: h,
         rstd_final,
         normed,

@@ -20,6 +20,7 @@ pub mod layers;
 pub mod model;
 pub mod optim;
 pub mod pass;
+pub mod share;
 pub mod weights;
 
 use std::path::PathBuf;

@@ -17,9 +17,10 @@ use jet_kernels::cuda::{CudaError, Result};
 use jet_kernels::GemmRole;
 
 use super::backward::{backward, operand_dy};
-use super::forward::forward_rows;
+use super::forward::{forward_rows, forward_shared};
 use super::grads::GpuGrads;
 use super::model::GpuModel;
+use super::share::PromptShare;
 use crate::trainer::pass::{scored_rows, Scored, TokenGrad, TrainSeq};
 
 /// Run `seqs` through the model in micro-batches of `micro` sequences. When
@@ -31,7 +32,22 @@ pub fn run_pass_gpu(
     seqs: &[TrainSeq],
     temperature: f64,
     micro: usize,
+    grad: Option<(TokenGrad, &mut GpuGrads)>,
+) -> Result<Scored> {
+    let share = std::env::var("JET_SHARE_PROMPTS").map_or(true, |v| v != "0");
+    run_pass_gpu_with(model, seqs, (temperature, micro), grad, share)
+}
+
+/// [`run_pass_gpu`] with the sharing of prompts' rows chosen: on, the sequences of a
+/// micro-batch that begin with the same prompt run its rows once
+/// ([`super::share`]; the same logprobs, bit for bit, and the same gradients to
+/// rounding); `run_pass_gpu` shares unless `JET_SHARE_PROMPTS=0`.
+pub fn run_pass_gpu_with(
+    model: &GpuModel,
+    seqs: &[TrainSeq],
+    (temperature, micro): (f64, usize),
     mut grad: Option<(TokenGrad, &mut GpuGrads)>,
+    share: bool,
 ) -> Result<Scored> {
     let g = &*model.gpu;
     let vocab = model.cfg.vocab_size;
@@ -40,9 +56,18 @@ pub fn run_pass_gpu(
     let micro = micro.max(1);
     for (mb, chunk) in seqs.chunks(micro).enumerate() {
         let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
+        // Sequences that share a prompt keep its rows once (`share`), where the
+        // tensor-core attention runs.
+        let share = match share && model.flash_attention() {
+            true => PromptShare::plan(chunk),
+            false => None,
+        };
         // The scored rows (row prompt_len-1+t predicts token prompt_len+t) are the
         // only ones the LM head runs over: logits [r, vocab], row j for rows[j].
-        let (rows, targets) = scored_rows(chunk);
+        let (rows, targets) = match &share {
+            Some(p) => p.scored_rows(chunk),
+            None => scored_rows(chunk),
+        };
         let r = rows.len();
         if r == 0 {
             scored.logp.extend(chunk.iter().map(|_| Vec::new()));
@@ -52,7 +77,11 @@ pub fn run_pass_gpu(
         // The logits stay BF16 values (half the bytes of the step's largest tensor)
         // unless a temperature divides them in place.
         let keep = (grad.is_some(), !tempered);
-        let mut fwd = forward_rows(model, &refs, GemmRole::TrainForward, keep, Some(&rows))?;
+        let role = GemmRole::TrainForward;
+        let mut fwd = match &share {
+            Some(p) => forward_shared(model, p, role, keep, Some(&rows))?,
+            None => forward_rows(model, &refs, role, keep, Some(&rows))?,
+        };
         let all: Vec<usize> = (0..r).collect();
         // A temperature divides the logits in place, as the CPU divides its rows
         // (the same bits).

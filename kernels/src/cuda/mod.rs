@@ -45,6 +45,7 @@ pub mod ops;
 pub mod pinned;
 pub mod profile;
 pub mod quantize;
+pub mod row_map;
 pub mod sample;
 pub mod sample_top;
 pub mod tensor;

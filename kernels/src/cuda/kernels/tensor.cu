@@ -50,6 +50,32 @@ extern "C" __global__ void scatter_rows(float* dst, const long* rows, const long
     dst[rows[j] * cols + c] = src[(srows ? srows[j] : j) * cols + c];
 }
 
+// ---- row maps (row_map.rs; indices checked on the host) ---------------------------
+// out row j = x row idx[j] as 32-bit words (f32 values, or BF16 values in pairs),
+// a zero row where idx[j] < 0. A copy: the bits are x's.
+extern "C" __global__ void gather_words(const unsigned* x, const long* idx, long nrows, long words,
+                                        unsigned* out) {
+    pdl_entry();
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nrows * words) return;
+    long j = i / words, c = i % words;
+    long r = idx[j];
+    out[i] = r < 0 ? 0u : x[r * words + c];
+}
+// out row j = x rows idx[off[j]], idx[off[j] + 1], ..., idx[off[j + 1] - 1] added in
+// that order (one __fadd_rn each, as Rust's `a + b`), rounded to BF16 when `round`.
+extern "C" __global__ void gather_sum_rows(const float* x, const long* off, const long* idx, long nrows,
+                                           long cols, int round, float* out) {
+    pdl_entry();
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nrows * cols) return;
+    long j = i / cols, c = i % cols;
+    long a = off[j], b = off[j + 1];
+    float s = x[idx[a] * cols + c];
+    for (long t = a + 1; t < b; ++t) s = __fadd_rn(s, x[idx[t] * cols + c]);
+    out[i] = round ? round_bf16(s) : s;
+}
+
 // ---- sum of squares in f64, fixed order --------------------------------------------
 // Pass 1: block b of a grid of `blocks` (a function of n only) sums x[i]^2 over
 // i = b*256 + t + k*blocks*256 per thread, then a fixed tree over the block, into

@@ -1,0 +1,281 @@
+//! A GRPO group's prompt through the training pass once.
+//!
+//! The G samples of a prompt begin with the same prompt tokens, and every op of
+//! the forward but the attention works row by row (the GEMMs are batch-invariant),
+//! so a prompt's rows are the same bits in each sample's sequence. The sequences of
+//! a micro-batch that share a prompt keep one copy of its rows, all but its last
+//! token (the *compact* layout: the GEMMs, norms, RoPE and SwiGLU run over it).
+//! The attention runs on every sequence whole (the *expanded* layout): its q, k, v
+//! rows are copied out of the compact rows and its output copied back from each
+//! row's first copy, so every row's attention output has the bits of the unshared
+//! forward and rollout == training stays exact. In the backward a shared row's dq
+//! is its first copy's (the other copies' outputs are not read, so their dO is
+//! zero and so is their dq), its dk and dv the sum of its copies' in sequence order.
+//! The prompt's last token stays with each sequence: its row scores the first
+//! response token.
+//!
+//! A prompt of P tokens shared by G sequences of P + R tokens saves (G - 1)(P - 1)
+//! of the G (P + R) rows of everything but the attention.
+
+use std::collections::HashMap;
+
+use cudarc::driver::{CudaSlice, DeviceRepr};
+use jet_kernels::cuda::flash::{flash_backward, Dout, FlashPlan, FlashSaved};
+use jet_kernels::cuda::row_map::{RowMap, RowSums};
+use jet_kernels::cuda::{Gpu, Result};
+use jet_kernels::ops::attention::AttnShape;
+
+use crate::trainer::pass::TrainSeq;
+
+/// The compact layout of a micro-batch whose sequences share prompts, and the maps
+/// between it and the expanded one (each sequence whole, in order).
+#[derive(Debug)]
+pub struct PromptShare {
+    /// The compact rows' tokens and positions.
+    pub tokens: Vec<u32>,
+    pub positions: Vec<usize>,
+    /// Each sequence's length: the expanded layout packs them whole, in order.
+    pub seq_lens: Vec<usize>,
+    /// Expanded row -> the compact row it copies.
+    pub expand: Vec<usize>,
+    /// Compact row -> its expanded copies, in order (the first one first).
+    pub copies: Vec<Vec<usize>>,
+    /// Per sequence: the first position it holds rows of its own, and the compact
+    /// row of that position.
+    own: Vec<(usize, usize)>,
+}
+
+impl PromptShare {
+    /// The compact layout of `seqs`, or None where no two of them share a prompt of
+    /// two or more tokens (nothing to save).
+    pub fn plan(seqs: &[TrainSeq]) -> Option<PromptShare> {
+        fn prompt(s: &TrainSeq) -> &[u32] {
+            &s.tokens[..s.prompt_len.min(s.tokens.len())]
+        }
+        let mut count: HashMap<&[u32], usize> = HashMap::new();
+        for s in seqs.iter().filter(|s| s.prompt_len >= 2) {
+            *count.entry(prompt(s)).or_default() += 1;
+        }
+        let shared = |s: &TrainSeq| s.prompt_len >= 2 && count.get(prompt(s)) > Some(&1);
+        if !seqs.iter().any(shared) {
+            return None;
+        }
+        let mut p = PromptShare {
+            tokens: Vec::new(),
+            positions: Vec::new(),
+            seq_lens: Vec::with_capacity(seqs.len()),
+            expand: Vec::new(),
+            copies: Vec::new(),
+            own: Vec::with_capacity(seqs.len()),
+        };
+        // The compact row of each shared prompt's first row.
+        let mut prefix: HashMap<&[u32], usize> = HashMap::new();
+        for s in seqs {
+            let len = s.tokens.len();
+            let from = match shared(s) {
+                true => s.prompt_len - 1,
+                false => 0,
+            };
+            if from > 0 {
+                let start = *prefix.entry(prompt(s)).or_insert_with(|| {
+                    let start = p.tokens.len();
+                    p.tokens.extend_from_slice(&s.tokens[..from]);
+                    p.positions.extend(0..from);
+                    start
+                });
+                p.expand.extend(start..start + from);
+            }
+            let start = p.tokens.len();
+            p.own.push((from, start));
+            p.tokens.extend_from_slice(&s.tokens[from..]);
+            p.positions.extend(from..len);
+            p.expand.extend(start..start + len - from);
+            p.seq_lens.push(len);
+        }
+        p.copies = vec![Vec::new(); p.tokens.len()];
+        for (e, &c) in p.expand.iter().enumerate() {
+            p.copies[c].push(e);
+        }
+        Some(p)
+    }
+
+    /// Rows of the compact layout.
+    pub fn rows(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The compact rows that score a response token (sequence after sequence, as
+    /// `trainer::pass::scored_rows` lists them) and those tokens: all of them rows
+    /// of their own sequence, since its rows start at the prompt's last token.
+    pub fn scored_rows(&self, seqs: &[TrainSeq]) -> (Vec<usize>, Vec<u32>) {
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        for (s, &(from, start)) in seqs.iter().zip(&self.own) {
+            for t in 0..s.response_len() {
+                rows.push(start + s.prompt_len - 1 + t - from);
+                targets.push(s.tokens[s.prompt_len + t]);
+            }
+        }
+        (rows, targets)
+    }
+}
+
+/// [`PromptShare`]'s maps on the device, uploaded once for every layer.
+pub struct SharedRows {
+    /// Expanded <- compact (the attention's inputs).
+    expand: RowMap,
+    /// Compact <- each row's first copy (the attention's output, dq).
+    first: RowMap,
+    /// Expanded <- compact at each row's first copy, zero at the others (dO).
+    dout: RowMap,
+    /// Compact <- the sum of each row's copies (dk, dv).
+    sums: RowSums,
+}
+
+impl SharedRows {
+    pub fn upload(gpu: &Gpu, p: &PromptShare) -> Result<SharedRows> {
+        let (c, e) = (p.rows(), p.expand.len());
+        let expand: Vec<Option<usize>> = p.expand.iter().map(|&r| Some(r)).collect();
+        let first: Vec<Option<usize>> = p.copies.iter().map(|x| x.first().copied()).collect();
+        let dout: Vec<Option<usize>> = (0..e)
+            .map(|r| Some(p.expand[r]).filter(|&c| p.copies[c][0] == r))
+            .collect();
+        Ok(SharedRows {
+            expand: RowMap::new(gpu, &expand, c)?,
+            first: RowMap::new(gpu, &first, e)?,
+            dout: RowMap::new(gpu, &dout, c)?,
+            sums: RowSums::new(gpu, &p.copies, e)?,
+        })
+    }
+
+    /// Rows of the compact layout.
+    pub fn rows(&self) -> usize {
+        self.first.len()
+    }
+
+    /// Compact rows `x [rows, cols]` copied out to the expanded layout.
+    pub fn expand<T: DeviceRepr>(
+        &self,
+        gpu: &Gpu,
+        x: &CudaSlice<T>,
+        cols: usize,
+    ) -> Result<CudaSlice<T>> {
+        self.expand.gather(gpu, x, cols)
+    }
+
+    /// Expanded rows `x` brought back: each compact row its first copy's.
+    pub fn compact<T: DeviceRepr>(
+        &self,
+        gpu: &Gpu,
+        x: &CudaSlice<T>,
+        cols: usize,
+    ) -> Result<CudaSlice<T>> {
+        self.first.gather(gpu, x, cols)
+    }
+
+    /// The attention's backward for compact `dout` and output `out`, on the
+    /// expanded layout of `plan` and `saved` (`flash_backward`): dq each row's
+    /// first copy's, dk and dv the sums of the copies' (dv rounded to BF16 values
+    /// when `round`, as the kernel rounds it).
+    #[allow(clippy::type_complexity)]
+    pub fn backward(
+        &self,
+        gpu: &Gpu,
+        plan: &FlashPlan,
+        (dout, out): (Dout, &CudaSlice<f32>),
+        saved: &FlashSaved,
+        shape: AttnShape,
+        round: bool,
+    ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+        let (qd, kvd) = (
+            shape.n_heads * shape.head_dim,
+            shape.n_kv_heads * shape.head_dim,
+        );
+        let (d16, d32);
+        let dout = match dout {
+            Dout::Bf16(d) => {
+                d16 = self.dout.gather(gpu, d, qd)?;
+                Dout::Bf16(&d16)
+            }
+            Dout::F32(d) => {
+                d32 = self.dout.gather(gpu, d, qd)?;
+                Dout::F32(&d32)
+            }
+        };
+        // Every copy's output (a zero dO makes its row's terms zero whatever it is).
+        let out = self.expand.gather(gpu, out, qd)?;
+        let (dq, dk, dv) = flash_backward(gpu, plan, dout, &out, saved, shape, round)?;
+        Ok((
+            self.first.gather(gpu, &dq, qd)?,
+            self.sums.sum(gpu, &dk, kvd, false)?,
+            self.sums.sum(gpu, &dv, kvd, round)?,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(tokens: &[u32], prompt_len: usize) -> TrainSeq {
+        TrainSeq {
+            tokens: tokens.to_vec(),
+            prompt_len,
+        }
+    }
+
+    #[test]
+    fn a_shared_prompt_is_kept_once_and_every_sequence_expands_whole() {
+        // Two samples of prompt [1 2 3], one of [7 8], one more of [1 2 3].
+        let seqs = [
+            seq(&[1, 2, 3, 10, 11], 3),
+            seq(&[1, 2, 3, 12], 3),
+            seq(&[7, 8, 13], 2),
+            seq(&[1, 2, 3, 14, 15, 16], 3),
+        ];
+        let p = PromptShare::plan(&seqs).expect("shared");
+        // [1 2] once, then each sequence from its prompt's last token.
+        assert_eq!(p.tokens, [1, 2, 3, 10, 11, 3, 12, 7, 8, 13, 3, 14, 15, 16]);
+        assert_eq!(p.positions, [0, 1, 2, 3, 4, 2, 3, 0, 1, 2, 2, 3, 4, 5]);
+        assert_eq!(p.seq_lens, [5, 4, 3, 6]);
+        // Expanding gives back every sequence's tokens and positions.
+        let mut start = 0;
+        for s in &seqs {
+            let rows = &p.expand[start..start + s.tokens.len()];
+            let toks: Vec<u32> = rows.iter().map(|&r| p.tokens[r]).collect();
+            let pos: Vec<usize> = rows.iter().map(|&r| p.positions[r]).collect();
+            assert_eq!(toks, s.tokens);
+            assert_eq!(pos, (0..s.tokens.len()).collect::<Vec<_>>());
+            start += s.tokens.len();
+        }
+        assert_eq!(start, p.expand.len());
+        // The shared rows have three copies, in order; the others one.
+        assert_eq!(p.copies[0], [0, 5, 12]);
+        assert_eq!(p.copies[1], [1, 6, 13]);
+        assert!(p.copies[2..].iter().all(|c| c.len() == 1));
+        // Scored rows: the same tokens, at compact rows of the same positions.
+        let (rows, targets) = p.scored_rows(&seqs);
+        let (_, want) = crate::trainer::pass::scored_rows(&seqs);
+        assert_eq!(targets, want);
+        let mut k = 0;
+        for s in &seqs {
+            for t in 0..s.response_len() {
+                assert_eq!(p.positions[rows[k]], s.prompt_len - 1 + t);
+                assert_eq!(p.tokens[rows[k]], s.tokens[s.prompt_len - 1 + t]);
+                k += 1;
+            }
+        }
+        let mut distinct = rows.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), rows.len());
+    }
+
+    #[test]
+    fn nothing_shared_means_no_plan() {
+        // Distinct prompts, and one-token prompts (no row to share before the last).
+        assert!(PromptShare::plan(&[seq(&[1, 2, 3], 2), seq(&[1, 3, 3], 2)]).is_none());
+        assert!(PromptShare::plan(&[seq(&[1, 2], 1), seq(&[1, 3], 1)]).is_none());
+        assert!(PromptShare::plan(&[]).is_none());
+    }
+}

@@ -22,7 +22,7 @@ use jet_backend::rl::mismatch::mismatch;
 use jet_backend::rl::optim::{global_norm, AdamW, OptimConfig, Schedule};
 use jet_backend::rollout::engine::{generate_with, GenConfig};
 use jet_backend::rollout::sampler::SamplingParams;
-use jet_backend::trainer::pass::{run_pass, TrainSeq};
+use jet_backend::trainer::pass::{run_pass, TokenGrad, TrainSeq};
 use jet_backend::trainer::Trainer;
 use jet_backend::transformer::PreparedModel;
 use jet_kernels::cuda::Gpu;
@@ -1150,31 +1150,31 @@ fn shared_prompt_rows_give_the_unshared_pass() {
             let dw = GpuWeights::upload(&g, &w0).unwrap();
             let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
             // Micro-batches of 4: the first group whole plus one of the second, ...
-            let pass = |share: bool| {
+            // At temperature 1 (the logits kept as BF16 values) and 0.8 (f32, divided
+            // in place), with gradients and without (no activations kept).
+            let pass = |share: bool, t: f64, with_grad: bool| {
                 let mut dg = GpuGrads::zeros_like(&g, &dw).unwrap();
                 let mut gf =
                     |i: usize, t: usize, _lp: f64, _e: f64| (-adv[i] / (1 + t) as f64, 0.01);
-                let sc =
-                    run_pass_gpu_with(&model, &seqs, (1.0, 4), Some((&mut gf, &mut dg)), share)
-                        .unwrap();
+                let grad = with_grad.then_some((&mut gf as TokenGrad, &mut dg));
+                let sc = run_pass_gpu_with(&model, &seqs, (t, 4), grad, share).unwrap();
                 let mut grads = ModelWeights::zeros(&cfg);
                 dg.download_into(&g, &mut grads).unwrap();
                 (sc, grads)
             };
-            let (s0, g0) = pass(false);
-            let (s1, g1) = pass(true);
             let bits = |v: &[Vec<f64>]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&s1.logp), bits(&s0.logp), "{name} {flow}: logprobs");
-            assert_eq!(
-                bits(&s1.entropy),
-                bits(&s0.entropy),
-                "{name} {flow}: entropies"
-            );
             let mut worst = (0.0, String::new());
-            for ((n, a), (_, b)) in g1.tensors().into_iter().zip(g0.tensors()) {
-                let e = rel(a, b);
-                if e > worst.0 {
-                    worst = (e, n);
+            for (t, with_grad) in [(1.0, true), (0.8, true), (1.0, false)] {
+                let (s0, g0) = pass(false, t, with_grad);
+                let (s1, g1) = pass(true, t, with_grad);
+                let what = format!("{name} {flow} T {t} grad {with_grad}");
+                assert_eq!(bits(&s1.logp), bits(&s0.logp), "{what}: logprobs");
+                assert_eq!(bits(&s1.entropy), bits(&s0.entropy), "{what}: entropies");
+                for ((n, a), (_, b)) in g1.tensors().into_iter().zip(g0.tensors()) {
+                    let e = if with_grad { rel(a, b) } else { 0.0 };
+                    if e > worst.0 {
+                        worst = (e, format!("T {t}, {n}"));
+                    }
                 }
             }
             report(

@@ -1827,8 +1827,6 @@ fn bits_differ(a: &[f32], b: &[f32]) -> usize {
         .count()
 }
 
-/// Element-wise ops, gather/scatter: bit-exact with the Rust expressions; the f64
-/// sum of squares within 1e-12 of a compensated f64 sum and the same bits twice.
 /// The row maps of a shared prompt's rows (`row_map.rs`): gathers are copies (f32
 /// and BF16 rows, zero rows where asked), sums add each row's sources in the order
 /// given, one f32 addition at a time (rounded to BF16 values when asked), as the
@@ -1903,6 +1901,8 @@ fn row_maps_copy_and_sum_rows() {
     assert!(grm::RowSums::new(&g, &[vec![rows]], rows).is_err());
 }
 
+/// Element-wise ops, gather/scatter: bit-exact with the Rust expressions; the f64
+/// sum of squares within 1e-12 of a compensated f64 sum and the same bits twice.
 #[test]
 fn tensor_ops_match_cpu() {
     let Some(g) = gpu() else { return };

@@ -15,7 +15,9 @@ use super::layers::{head, head_act, run_layers, AttnSaved, GpuAttention, GpuLaye
 use super::model::GpuModel;
 use super::share::{PromptShare, SharedRows};
 
-/// Everything the backward needs, sequences packed one after another.
+/// Everything the backward needs, sequences packed one after another (where
+/// prompts are shared, `tokens` and `rows` are the compact layout's rows and
+/// `seq_lens` the expanded layout's sequences: [`super::share`]).
 pub struct GpuActivations {
     pub tokens: Vec<u32>,
     pub seq_lens: Vec<usize>,
@@ -38,9 +40,9 @@ pub struct GpuActivations {
 }
 
 pub struct GpuForwardOut {
-    /// `[R, vocab]` for the rows asked for (`head_rows`), else `[M, vocab]`,
-    /// sequence after sequence: f32, or their BF16 values when asked for and the
-    /// LM head's rows GEMM writes them.
+    /// `[R, vocab]` for the rows asked for (`head_rows`, in that order), else
+    /// `[M, vocab]` sequence after sequence: f32, or their BF16 values when asked
+    /// for and the LM head's rows GEMM writes them.
     pub logits: Act,
     pub acts: Option<GpuActivations>,
 }
@@ -106,6 +108,7 @@ impl PackedCausal<'_> {
         (q, k, v): (&CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
         o16: bool,
     ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
+        self.check_share()?;
         if let Some(keep) = self.keep_kv.as_mut() {
             keep(layer, KvRows::F32(k, v))?;
         }
@@ -115,14 +118,11 @@ impl PackedCausal<'_> {
             return Ok((o, keep.then_some(AttnSaved::Probs(p)), XOperand::default()));
         };
         let (g, s) = (self.gpu, self.shape);
-        let (qe, ke, ve);
+        let qkv;
         let (q, k, v) = match &self.share {
             Some(sh) => {
-                let (qd, kvd) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
-                qe = sh.expand(g, q, qd)?;
-                ke = sh.expand(g, k, kvd)?;
-                ve = sh.expand(g, v, kvd)?;
-                (&qe, &ke, &ve)
+                qkv = sh.expand_qkv(g, s, [q, k, v])?;
+                (&qkv[0], &qkv[1], &qkv[2])
             }
             None => (q, k, v),
         };
@@ -154,6 +154,21 @@ impl PackedCausal<'_> {
         let qd = self.shape.n_heads * self.shape.head_dim;
         let o16 = o16.map(|b| sh.compact(self.gpu, &b, qd)).transpose()?;
         Ok((sh.compact(self.gpu, &o, qd)?, o16))
+    }
+
+    /// Shared rows need the tensor-core attention (the per-row kernels would read
+    /// the compact rows as whole sequences) and no KV cache (its rows are a
+    /// sequence's own).
+    fn check_share(&self) -> Result<()> {
+        match (&self.share, &self.flash, &self.keep_kv) {
+            (Some(_), None, _) => Err(CudaError::Invalid(
+                "shared prompt rows need the tensor-core attention".into(),
+            )),
+            (Some(_), _, Some(_)) => Err(CudaError::Invalid(
+                "shared prompt rows cannot fill a KV cache".into(),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Rows of q, k, v and the output.
@@ -219,20 +234,13 @@ impl GpuAttention for PackedCausal<'_> {
                 "BF16 q, k, v: the attention needs its tensor-core kernels".into(),
             ));
         };
+        self.check_share()?;
         if let Some(keep) = self.keep_kv.as_mut() {
             keep(layer, KvRows::Bf16(&qkv16[1], &qkv16[2]))?;
         }
         let (g, s) = (self.gpu, self.shape);
         let qkv16 = match &self.share {
-            Some(sh) => {
-                let (qd, kvd) = (s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim);
-                let [q, k, v] = &qkv16;
-                [
-                    sh.expand(g, q, qd)?,
-                    sh.expand(g, k, kvd)?,
-                    sh.expand(g, v, kvd)?,
-                ]
-            }
+            Some(sh) => sh.expand_qkv(g, s, [&qkv16[0], &qkv16[1], &qkv16[2]])?,
             None => qkv16,
         };
         let o16 = prec == GemmPrecision::Bf16;
@@ -241,6 +249,28 @@ impl GpuAttention for PackedCausal<'_> {
         let op = self.o_operand(b);
         Ok((o, self.keep_probs.then_some(AttnSaved::Flash(saved)), op))
     }
+}
+
+/// The LM head's rows: distinct rows of the `m` packed rows (their gradients are
+/// scattered back into place).
+fn check_head_rows(rows: &[usize], m: usize) -> Result<()> {
+    let mut seen = vec![false; m];
+    for (j, &r) in rows.iter().enumerate() {
+        match seen.get_mut(r) {
+            None => {
+                return Err(CudaError::Invalid(format!(
+                    "LM head rows: entry {j} is row {r} of a batch of {m}"
+                )))
+            }
+            Some(true) => {
+                return Err(CudaError::Invalid(format!(
+                    "LM head rows: row {r} appears more than once (entry {j})"
+                )))
+            }
+            Some(x) => *x = true,
+        }
+    }
+    Ok(())
 }
 
 /// Pack `seqs` (each from position 0): tokens, lengths, positions.
@@ -269,10 +299,10 @@ pub fn forward(
     forward_rows(model, seqs, role, (keep_acts, bf16_logits), None)
 }
 
-/// [`forward`] with the LM head over the packed rows `head_rows` only (the rows
-/// whose logits are read: a trainer's scored rows), in that order; every row
-/// still runs through the layers and the final norm. A row's logits are the same
-/// bits either way ([`head`]).
+/// [`forward`] with the LM head over the packed rows `head_rows` only (distinct
+/// rows whose logits are read: a trainer's scored rows), in that order; every row
+/// still runs through the layers and the final norm. With batch-invariant GEMMs (the
+/// BF16 and FP8 flows' default) a row's logits are the same bits either way ([`head`]).
 pub fn forward_rows(
     model: &GpuModel,
     seqs: &[&[u32]],
@@ -292,8 +322,8 @@ pub fn forward_rows(
 
 /// [`forward_rows`] of the sequences `share` laid out with their shared prompts'
 /// rows once ([`super::share`]); `head_rows` are rows of its compact layout
-/// ([`PromptShare::scored_rows`]). Each row's logits are those of the unshared
-/// forward, bit for bit. Needs the tensor-core attention.
+/// ([`PromptShare::scored_rows`]). With batch-invariant GEMMs each row's logits are
+/// those of the unshared forward, bit for bit. Needs the tensor-core attention.
 pub fn forward_shared(
     model: &GpuModel,
     share: &PromptShare,
@@ -325,6 +355,9 @@ fn forward_from(
     (keep_acts, bf16_logits): (bool, bool),
     head_rows: Option<&[usize]>,
 ) -> Result<GpuForwardOut> {
+    if let Some(rows) = head_rows {
+        check_head_rows(rows, tokens.len())?;
+    }
     let rows = RowsIn::upload(model, &tokens, &positions)?;
     let mut attn = PackedCausal::new(model, &seq_lens, keep_acts, None)?;
     attn.share = share;

@@ -451,8 +451,9 @@ fn kept() -> CudaError {
 
 /// Final norm and LM head: `h [M, hidden]` -> (the head's input, rstd `[M]`,
 /// logits): over every row (normed `[M, hidden]`, logits `[M, vocab]`), or over the
-/// normed rows `rows` alone (`[R, hidden]`, `[R, vocab]`: a row's logits are the
-/// same bits either way, the norm and the head's GEMM working row by row).
+/// normed rows `rows` alone (`[R, hidden]`, `[R, vocab]`: with batch-invariant
+/// GEMMs, the BF16 and FP8 flows' default, a row's logits are the same bits either
+/// way, the norm and the head's GEMM working row by row).
 pub fn head(
     model: &GpuModel,
     h: &CudaSlice<f32>,

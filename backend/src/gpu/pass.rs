@@ -21,7 +21,7 @@ use super::forward::{forward_rows, forward_shared};
 use super::grads::GpuGrads;
 use super::model::GpuModel;
 use super::share::PromptShare;
-use crate::trainer::pass::{scored_rows, Scored, TokenGrad, TrainSeq};
+use crate::trainer::pass::{check_seqs, scored_rows, Scored, TokenGrad, TrainSeq};
 
 /// Run `seqs` through the model in micro-batches of `micro` sequences. When
 /// `grad` is given it is called for every response token as
@@ -34,14 +34,19 @@ pub fn run_pass_gpu(
     micro: usize,
     grad: Option<(TokenGrad, &mut GpuGrads)>,
 ) -> Result<Scored> {
-    let share = std::env::var("JET_SHARE_PROMPTS").map_or(true, |v| v != "0");
+    let share = std::env::var("JET_SHARE_PROMPTS").map_or(true, |v| {
+        !matches!(
+            v.to_ascii_lowercase().as_str(),
+            "0" | "false" | "off" | "no"
+        )
+    });
     run_pass_gpu_with(model, seqs, (temperature, micro), grad, share)
 }
 
 /// [`run_pass_gpu`] with the sharing of prompts' rows chosen: on, the sequences of a
 /// micro-batch that begin with the same prompt run its rows once
 /// ([`super::share`]; the same logprobs, bit for bit, and the same gradients to
-/// rounding); `run_pass_gpu` shares unless `JET_SHARE_PROMPTS=0`.
+/// rounding); `run_pass_gpu` shares unless `JET_SHARE_PROMPTS` is 0, false, off or no.
 pub fn run_pass_gpu_with(
     model: &GpuModel,
     seqs: &[TrainSeq],
@@ -49,6 +54,7 @@ pub fn run_pass_gpu_with(
     mut grad: Option<(TokenGrad, &mut GpuGrads)>,
     share: bool,
 ) -> Result<Scored> {
+    check_seqs(seqs).map_err(CudaError::Invalid)?;
     let g = &*model.gpu;
     let vocab = model.cfg.vocab_size;
     let tempered = temperature > 0.0 && temperature != 1.0;

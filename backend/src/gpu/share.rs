@@ -1,8 +1,9 @@
 //! A GRPO group's prompt through the training pass once.
 //!
 //! The G samples of a prompt begin with the same prompt tokens, and every op of
-//! the forward but the attention works row by row (the GEMMs are batch-invariant),
-//! so a prompt's rows are the same bits in each sample's sequence. The sequences of
+//! the forward but the attention works row by row (with batch-invariant GEMMs, the
+//! BF16 and FP8 flows' default), so a prompt's rows are the same bits in each
+//! sample's sequence. The sequences of
 //! a micro-batch that share a prompt keep one copy of its rows, all but its last
 //! token (the *compact* layout: the GEMMs, norms, RoPE and SwiGLU run over it).
 //! The attention runs on every sequence whole (the *expanded* layout): its q, k, v
@@ -20,12 +21,14 @@
 use std::collections::HashMap;
 
 use cudarc::driver::{CudaSlice, DeviceRepr};
-use jet_kernels::cuda::flash::{flash_backward, Dout, FlashPlan, FlashSaved};
+use jet_kernels::cuda::flash::{
+    flash_backward_kernels, flash_backward_prep, BwdKernel, Dout, FlashPlan, FlashSaved,
+};
 use jet_kernels::cuda::row_map::{RowMap, RowSums};
 use jet_kernels::cuda::{Gpu, Result};
 use jet_kernels::ops::attention::AttnShape;
 
-use crate::trainer::pass::TrainSeq;
+use crate::trainer::pass::{scored_rows_at, TrainSeq};
 
 /// The compact layout of a micro-batch whose sequences share prompts, and the maps
 /// between it and the expanded one (each sequence whole, in order).
@@ -108,15 +111,7 @@ impl PromptShare {
     /// `trainer::pass::scored_rows` lists them) and those tokens: all of them rows
     /// of their own sequence, since its rows start at the prompt's last token.
     pub fn scored_rows(&self, seqs: &[TrainSeq]) -> (Vec<usize>, Vec<u32>) {
-        let mut rows = Vec::new();
-        let mut targets = Vec::new();
-        for (s, &(from, start)) in seqs.iter().zip(&self.own) {
-            for t in 0..s.response_len() {
-                rows.push(start + s.prompt_len - 1 + t - from);
-                targets.push(s.tokens[s.prompt_len + t]);
-            }
-        }
-        (rows, targets)
+        scored_rows_at(seqs, &self.own)
     }
 }
 
@@ -136,7 +131,7 @@ impl SharedRows {
     pub fn upload(gpu: &Gpu, p: &PromptShare) -> Result<SharedRows> {
         let (c, e) = (p.rows(), p.expand.len());
         let expand: Vec<Option<usize>> = p.expand.iter().map(|&r| Some(r)).collect();
-        let first: Vec<Option<usize>> = p.copies.iter().map(|x| x.first().copied()).collect();
+        let first: Vec<Option<usize>> = p.copies.iter().map(|x| Some(x[0])).collect();
         let dout: Vec<Option<usize>> = (0..e)
             .map(|r| Some(p.expand[r]).filter(|&c| p.copies[c][0] == r))
             .collect();
@@ -163,6 +158,25 @@ impl SharedRows {
         self.expand.gather(gpu, x, cols)
     }
 
+    /// The attention's q, k, v (`[rows, nh * hd]`, `[rows, nkv * hd]` twice)
+    /// copied out to the expanded layout.
+    pub fn expand_qkv<T: DeviceRepr>(
+        &self,
+        gpu: &Gpu,
+        shape: AttnShape,
+        [q, k, v]: [&CudaSlice<T>; 3],
+    ) -> Result<[CudaSlice<T>; 3]> {
+        let (qd, kvd) = (
+            shape.n_heads * shape.head_dim,
+            shape.n_kv_heads * shape.head_dim,
+        );
+        Ok([
+            self.expand(gpu, q, qd)?,
+            self.expand(gpu, k, kvd)?,
+            self.expand(gpu, v, kvd)?,
+        ])
+    }
+
     /// Expanded rows `x` brought back: each compact row its first copy's.
     pub fn compact<T: DeviceRepr>(
         &self,
@@ -174,9 +188,13 @@ impl SharedRows {
     }
 
     /// The attention's backward for compact `dout` and output `out`, on the
-    /// expanded layout of `plan` and `saved` (`flash_backward`): dq each row's
-    /// first copy's, dk and dv the sums of the copies' (dv rounded to BF16 values
-    /// when `round`, as the kernel rounds it).
+    /// expanded layout of `plan` and `saved`: dO's BF16 values and each row's delta
+    /// made on the compact rows (`flash_backward_prep`: row by row, so the bits
+    /// the expanded rows would give) and copied to each row's first copy, zeros at
+    /// the others (a zero dO row has a zero delta and gives zero dq); then the
+    /// kernels on the expanded layout, dq each row's first copy's, dk and dv the
+    /// sums of the copies' (dv rounded to BF16 values when `round`, as the kernel
+    /// rounds it).
     #[allow(clippy::type_complexity)]
     pub fn backward(
         &self,
@@ -187,24 +205,14 @@ impl SharedRows {
         shape: AttnShape,
         round: bool,
     ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
-        let (qd, kvd) = (
-            shape.n_heads * shape.head_dim,
-            shape.n_kv_heads * shape.head_dim,
-        );
-        let (d16, d32);
-        let dout = match dout {
-            Dout::Bf16(d) => {
-                d16 = self.dout.gather(gpu, d, qd)?;
-                Dout::Bf16(&d16)
-            }
-            Dout::F32(d) => {
-                d32 = self.dout.gather(gpu, d, qd)?;
-                Dout::F32(&d32)
-            }
-        };
-        // Every copy's output (a zero dO makes its row's terms zero whatever it is).
-        let out = self.expand.gather(gpu, out, qd)?;
-        let (dq, dk, dv) = flash_backward(gpu, plan, dout, &out, saved, shape, round)?;
+        let (nh, hd, nkv) = (shape.n_heads, shape.head_dim, shape.n_kv_heads);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let prep = flash_backward_prep(gpu, (dout, out), self.rows(), shape)?;
+        let dout16 = self.dout.gather(gpu, prep.dout16(dout)?, qd)?;
+        let delta = self.dout.gather(gpu, &prep.delta, nh)?;
+        let opts = (BwdKernel::default_for(gpu), round, None);
+        let (dq, dk, dv) =
+            flash_backward_kernels(gpu, plan, (&dout16, &delta), saved, shape, opts)?;
         Ok((
             self.first.gather(gpu, &dq, qd)?,
             self.sums.sum(gpu, &dk, kvd, false)?,

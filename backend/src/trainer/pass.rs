@@ -50,17 +50,47 @@ pub type TokenGrad<'a> = &'a mut dyn FnMut(usize, usize, f64, f64) -> (f64, f64)
 /// `prompt_len - 1 + t` of a sequence predicts its token `prompt_len + t`) and those
 /// tokens, sequence after sequence.
 pub fn scored_rows(seqs: &[TrainSeq]) -> (Vec<usize>, Vec<u32>) {
+    let mut start = 0;
+    let at: Vec<(usize, usize)> = seqs
+        .iter()
+        .map(|s| {
+            start += s.tokens.len();
+            (0, start - s.tokens.len())
+        })
+        .collect();
+    scored_rows_at(seqs, &at)
+}
+
+/// [`scored_rows`] where sequence i's rows from position `at[i].0` on sit at packed
+/// rows from `at[i].1` on (a layout that keeps a shared prompt's rows once: the
+/// scored positions are at least `prompt_len - 1 >= at[i].0`).
+pub fn scored_rows_at(seqs: &[TrainSeq], at: &[(usize, usize)]) -> (Vec<usize>, Vec<u32>) {
+    assert_eq!(seqs.len(), at.len(), "one row offset a sequence");
     let mut rows = Vec::new();
     let mut targets = Vec::new();
-    let mut start = 0;
-    for s in seqs {
+    for (s, &(from, start)) in seqs.iter().zip(at) {
         for t in 0..s.response_len() {
-            rows.push(start + s.prompt_len - 1 + t);
+            rows.push(start + s.prompt_len - 1 + t - from);
             targets.push(s.tokens[s.prompt_len + t]);
         }
-        start += s.tokens.len();
     }
     (rows, targets)
+}
+
+/// Every sequence has a prompt of at least one token (its last row predicts the
+/// first response token) and no more tokens of prompt than it has.
+pub fn check_seqs(seqs: &[TrainSeq]) -> Result<(), String> {
+    match seqs
+        .iter()
+        .position(|s| s.prompt_len == 0 || s.prompt_len > s.tokens.len())
+    {
+        Some(i) => Err(format!(
+            "training sequence {i}: prompt of {} tokens in a sequence of {} (needs 1 to all)",
+            seqs[i].prompt_len,
+            seqs[i].tokens.len()
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Run `seqs` through the model in micro-batches of `micro` sequences. When
@@ -80,9 +110,13 @@ pub fn run_pass(
     } else {
         1.0
     };
+    if let Err(e) = check_seqs(seqs) {
+        panic!("{e}");
+    }
     let mut scored = Scored::default();
     let mut grads: Option<ModelWeights> = None;
-    for (mb, chunk) in seqs.chunks(micro.max(1)).enumerate() {
+    let micro = micro.max(1);
+    for (mb, chunk) in seqs.chunks(micro).enumerate() {
         let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
         // Rows that predict response tokens: position prompt_len-1+t predicts token
         // prompt_len+t. Only they go through the LM head.

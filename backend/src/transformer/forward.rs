@@ -81,7 +81,7 @@ pub fn forward(
     forward_rows(model, seqs, role, (keep_acts, keep_kv), None)
 }
 
-/// [`forward`] with the LM head over the packed rows `head_rows` only (the rows
+/// [`forward`] with the LM head over the packed rows `head_rows` only (distinct rows
 /// whose logits are read: a trainer's scored rows), in that order; every row
 /// still runs through the layers and the final norm. A row's logits are the same
 /// bits either way (the head's GEMM and the norm work row by row).
@@ -115,6 +115,16 @@ pub fn forward_rows(
         &mut attn,
         keep_acts.then_some(&mut layers),
     );
+    if let Some(rows) = head_rows {
+        let mut seen = vec![false; tokens.len()];
+        for &r in rows {
+            assert!(
+                r < seen.len() && !std::mem::replace(&mut seen[r], true),
+                "LM head rows: row {r} is outside the batch of {} or repeated",
+                seen.len()
+            );
+        }
+    }
     let (normed, rstd_final, logits) = head(model, &h, role, head_rows);
     let kv = std::mem::take(&mut attn.kv);
     let acts = keep_acts.then_some(Activations {

@@ -498,18 +498,109 @@ fn flash_backward_opts(
     shape: AttnShape,
     (which, round_dv, dv16): (BwdKernel, bool, Option<&CudaSlice<u16>>),
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+    let prep = flash_backward_prep(gpu, (dout, out), plan.rows, shape)?;
+    let dout16 = prep.dout16(dout)?;
+    flash_backward_kernels(
+        gpu,
+        plan,
+        (dout16, &prep.delta),
+        saved,
+        shape,
+        (which, round_dv, dv16),
+    )
+}
+
+/// What the backward's kernels read of dO besides the saved state, from
+/// `fa_bwd_prep`: each row's softmax-backward term `delta [rows, nh]`
+/// (rowsum(dO o O) per head) and dO's BF16 copy where dO came as f32.
+pub struct BwdPrep {
+    pub delta: CudaSlice<f32>,
+    own16: Option<CudaSlice<u16>>,
+}
+
+impl BwdPrep {
+    /// dO's BF16 values: the copy made, or the BF16 dO given (the `dout` this
+    /// prep was made from).
+    pub fn dout16<'a>(&'a self, dout: Dout<'a>) -> Result<&'a CudaSlice<u16>> {
+        match (&self.own16, dout) {
+            (Some(b), _) => Ok(b),
+            (None, Dout::Bf16(d)) => Ok(d),
+            (None, Dout::F32(_)) => Err(super::CudaError::Invalid(
+                "attention backward: an f32 dO without the BF16 copy its prep makes".into(),
+            )),
+        }
+    }
+}
+
+/// `fa_bwd_prep` over `rows` rows of `dout` and the forward's output `out`
+/// (`[rows, nh * hd]`): a row's delta and BF16 dO depend on that row alone.
+pub fn flash_backward_prep(
+    gpu: &Gpu,
+    (dout, out): (Dout, &CudaSlice<f32>),
+    n: usize,
+    shape: AttnShape,
+) -> Result<BwdPrep> {
+    check(shape)?;
+    let (hd, nh) = (shape.head_dim, shape.n_heads);
+    check_rows("out", out, n, nh * hd)?;
+    match dout {
+        Dout::F32(d) => check_rows("dout", d, n, nh * hd)?,
+        Dout::Bf16(d) => check_len("dout (BF16)", d, n * nh * hd, format!("[{n}, {}]", nh * hd))?,
+    }
+    // dO's BF16 copy made by fa_bwd_prep, or the BF16 dO given (read there).
+    let (dout_f32, own16) = match dout {
+        Dout::F32(d) => (gpu.ptr(d), Some(gpu.uninit::<u16>(n * nh * hd)?)),
+        Dout::Bf16(_) => (0, None),
+    };
+    let prep = BwdPrep {
+        delta: gpu.uninit::<f32>(n * nh)?,
+        own16,
+    };
+    let dout16 = prep.dout16(dout)?;
+    if n > 0 {
+        gpu.launch(
+            &FLASH,
+            "fa_bwd_prep",
+            (n as u32, 1, 1),
+            (128, 1, 1),
+            0,
+            &[
+                Arg::P(dout_f32),
+                Arg::P(gpu.ptr(out)),
+                Arg::I(nh as i32),
+                Arg::I(hd as i32),
+                Arg::P(gpu.ptr(dout16)),
+                Arg::P(gpu.ptr(&prep.delta)),
+            ],
+        )?;
+    }
+    Ok(prep)
+}
+
+/// The backward's dK/dV and dQ kernels over `plan` from dO's BF16 values and the
+/// rows' delta ([`flash_backward_prep`]'s, or copied from it), with
+/// [`flash_backward_opts`]'s options: `(dq, dk, dv)`.
+pub fn flash_backward_kernels(
+    gpu: &Gpu,
+    plan: &FlashPlan,
+    (dout16, delta): (&CudaSlice<u16>, &CudaSlice<f32>),
+    saved: &FlashSaved,
+    shape: AttnShape,
+    (which, round_dv, dv16): (BwdKernel, bool, Option<&CudaSlice<u16>>),
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
     check(shape)?;
     ensure(which == BwdKernel::MmaSync || gpu.wgmma(), || {
         "attention backward: the wgmma kernels need an sm_90 GPU (and JET_WGMMA not 0)".into()
     })?;
     let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
-    for (what, b, w) in [("out", out, nh * hd), ("lse", &saved.lse, nh)] {
-        check_rows(what, b, n, w)?;
-    }
-    match dout {
-        Dout::F32(d) => check_rows("dout", d, n, nh * hd)?,
-        Dout::Bf16(d) => check_len("dout (BF16)", d, n * nh * hd, format!("[{n}, {}]", nh * hd))?,
-    }
+    check_rows("lse", &saved.lse, n, nh)?;
+    check_rows("delta", delta, n, nh)?;
+    check_len(
+        "dout (BF16)",
+        dout16,
+        n * nh * hd,
+        format!("[{n}, {}]", nh * hd),
+    )?;
     for (what, b, w) in [
         ("q", &saved.q16, nh * hd),
         ("k", &saved.k16, nkv * hd),
@@ -522,31 +613,9 @@ fn flash_backward_opts(
             format!("[{n}, {w}]"),
         )?;
     }
-    // dO's BF16 copy made by fa_bwd_prep, or the BF16 dO given (read there).
-    let own16;
-    let (dout_f32, dout16) = match dout {
-        Dout::F32(d) => {
-            own16 = gpu.uninit::<u16>(n * nh * hd)?;
-            (gpu.ptr(d), &own16)
-        }
-        Dout::Bf16(d) => (0, d),
-    };
-    let delta = gpu.uninit::<f32>(n * nh)?;
-    gpu.launch(
-        &FLASH,
-        "fa_bwd_prep",
-        (n as u32, 1, 1),
-        (128, 1, 1),
-        0,
-        &[
-            Arg::P(dout_f32),
-            Arg::P(gpu.ptr(out)),
-            Arg::I(nh as i32),
-            Arg::I(hd as i32),
-            Arg::P(gpu.ptr(dout16)),
-            Arg::P(gpu.ptr(&delta)),
-        ],
-    )?;
+    if let Some(b) = dv16 {
+        check_len("dv (BF16)", b, n * nkv * hd, format!("[{n}, {}]", nkv * hd))?;
+    }
     let dq = gpu.uninit::<f32>(n * nh * hd)?;
     let dk = gpu.uninit::<f32>(n * nkv * hd)?;
     let dv = gpu.uninit::<f32>(n * nkv * hd)?;
@@ -558,7 +627,7 @@ fn flash_backward_opts(
             Arg::P(gpu.ptr(&saved.k16)),
             Arg::P(gpu.ptr(&saved.v16)),
             Arg::P(gpu.ptr(&saved.lse)),
-            Arg::P(gpu.ptr(&delta)),
+            Arg::P(gpu.ptr(delta)),
             Arg::P(gpu.ptr(tiles)),
             Arg::I(nh as i32),
             Arg::I(nkv as i32),

@@ -10,12 +10,16 @@
 use cudarc::driver::{CudaSlice, DeviceRepr};
 
 use super::context::{Arg, TENSOR};
-use super::{check_len, ensure, Gpu, Result};
+use super::tensor::BLOCK;
+use super::{check_len, ensure, CudaError, Gpu, Result};
 
-const BLOCK: u32 = 256;
-
-fn grid(n: usize) -> (u32, u32, u32) {
-    (n.div_ceil(BLOCK as usize) as u32, 1, 1)
+/// One thread a value: `n` values in blocks of 256, refused past a grid's limit.
+fn grid(what: &str, n: usize) -> Result<(u32, u32, u32)> {
+    let blocks = n.div_ceil(BLOCK as usize);
+    ensure(blocks <= i32::MAX as usize, || {
+        format!("{what}: {n} values are too many for one launch")
+    })?;
+    Ok(super::tensor::grid(n))
 }
 
 /// Output row j reads input row `rows[j]`, or is zero where `rows[j]` is None; the
@@ -33,7 +37,7 @@ impl RowMap {
             .enumerate()
             .find_map(|(j, r)| r.filter(|&r| r >= have).map(|r| (j, r)))
         {
-            return Err(super::CudaError::Invalid(format!(
+            return Err(CudaError::Invalid(format!(
                 "row map: entry {j} reads row {r} of {have}"
             )));
         }
@@ -54,8 +58,9 @@ impl RowMap {
         self.n == 0
     }
 
-    /// `out [len, cols]`: row j a copy of `x`'s row `rows[j]` (`x [have, cols]`,
-    /// f32 or BF16 values), or zeros. A row must be a whole number of 4-byte words.
+    /// `out [len, cols]`: row j a copy of `x`'s row `rows[j]` (`x [have, cols]`
+    /// dense, row stride `cols`; f32 or BF16 values), or zeros. A row must be a whole
+    /// number of 4-byte words.
     pub fn gather<T: DeviceRepr>(
         &self,
         gpu: &Gpu,
@@ -74,7 +79,7 @@ impl RowMap {
             gpu.launch(
                 &TENSOR,
                 "gather_words",
-                grid(self.n * words),
+                grid("row map", self.n * words)?,
                 (BLOCK, 1, 1),
                 0,
                 &[
@@ -109,7 +114,7 @@ impl RowSums {
                 format!("row sums: output row {j} has no rows")
             })?;
             if let Some(&r) = g.iter().find(|&&r| r >= have) {
-                return Err(super::CudaError::Invalid(format!(
+                return Err(CudaError::Invalid(format!(
                     "row sums: output row {j} reads row {r} of {have}"
                 )));
             }
@@ -145,7 +150,7 @@ impl RowSums {
             gpu.launch(
                 &TENSOR,
                 "gather_sum_rows",
-                grid(self.n * cols),
+                grid("row sums", self.n * cols)?,
                 (BLOCK, 1, 1),
                 0,
                 &[

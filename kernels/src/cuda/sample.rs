@@ -233,8 +233,8 @@ pub fn sample_rows(
     Ok(out)
 }
 
-/// Resident `sample_chunks` blocks an SM (40 registers, 256 threads).
-const SAMPLE_BLOCKS_PER_SM: usize = 6;
+/// Resident `sample_chunks` blocks an SM (32 registers, 256 threads).
+const SAMPLE_BLOCKS_PER_SM: usize = 8;
 
 /// A draw from tempered `logits [rows, vocab]`: greedy (the same tokens and logprobs
 /// bit for bit as [`sample_rows`] over
@@ -264,8 +264,7 @@ pub fn sample_logits(
 /// `None`: greedy), for a caller that stages them without waiting for the
 /// stream (the decode loop's pinned uploads). Sampling runs
 /// [`super::draw::draw_logits`]; greedy draws run `sample_chunks` below as a chunked
-/// argmax of the logp values (its seeded Gumbel-max branch is [`sample_rows`]' scoring,
-/// shared through `score_entries`, and no longer launched from here).
+/// argmax of the logp values (`score_entries` of [`sample_rows`], greedy).
 pub fn sample_logits_seeded(
     gpu: &Gpu,
     logits: &CudaSlice<f32>,
@@ -282,8 +281,8 @@ pub fn sample_logits_seeded(
     if rows == 0 {
         return Ok(out);
     }
-    // One wave: six blocks of 256 threads fit an SM (40 registers), so rows *
-    // chunks stays at most six an SM; chunks of at least 1,024 entries.
+    // One wave: eight blocks of 256 threads fit an SM (32 registers), so rows *
+    // chunks stays at most eight an SM; chunks of at least 1,024 entries.
     let chunks = (SAMPLE_BLOCKS_PER_SM * gpu.sm_count() / rows).clamp(1, vocab.div_ceil(1024));
     let len = vocab.div_ceil(chunks);
     let chunks = vocab.div_ceil(len);
@@ -308,8 +307,6 @@ pub fn sample_logits_seeded(
                 Arg::I(rows as i32),
                 Arg::I(vocab as i32),
                 Arg::I(len as i32),
-                Arg::I(1), // greedy
-                Arg::P(0), // no seeds
                 Arg::P(gpu.ptr(&cs)),
                 Arg::P(gpu.ptr(&ci)),
             ],

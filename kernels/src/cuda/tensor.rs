@@ -1,6 +1,6 @@
 //! Plain f32 tensor ops on device buffers (`tensor.cu`), the glue of a GPU training
 //! step: gradient accumulation, scaling, BF16 rounding, row gather/scatter (KV cache
-//! writes, dlogits placement) and the f64 sum of squares behind the global gradient
+//! writes, the LM head's rows and their gradient's placement) and the f64 sum of squares behind the global gradient
 //! norm. Element-wise ops are bit-exact with the Rust expression they name; the sum
 //! of squares is deterministic (fixed-order tree, no atomics).
 //!
@@ -13,9 +13,9 @@ use super::flash::CacheRows;
 use super::grad::GradSrc;
 use super::{check_len, ensure, CudaError, Gpu, Result};
 
-const BLOCK: u32 = 256;
+pub(crate) const BLOCK: u32 = 256;
 
-fn grid(n: usize) -> (u32, u32, u32) {
+pub(crate) fn grid(n: usize) -> (u32, u32, u32) {
     (n.div_ceil(BLOCK as usize) as u32, 1, 1)
 }
 
@@ -134,7 +134,7 @@ pub fn gather_rows(
 
 /// `dst[rows[j]] = src[j]` (whole rows of `cols`), `src [rows.len(), cols]`, `dst`
 /// seen as `[dst.len() / cols, cols]`: new K/V rows into a cache `[B * capacity,
-/// kvd]`, dlogits rows into place. Indices must be in range and distinct (a repeat
+/// kvd]`, the LM head's dn rows into place. Indices must be in range and distinct (a repeat
 /// would make the result depend on thread order), checked here.
 pub fn scatter_rows(
     gpu: &Gpu,

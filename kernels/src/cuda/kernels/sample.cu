@@ -163,25 +163,25 @@ extern "C" __global__ void sample_rows(const float* logp, int rows, int vocab, i
     }
 }
 
-// sample_rows over log_softmax_rows(z) without the log-probability rows (fuses
+// Greedy sample_rows over log_softmax_rows(z) without the log-probability rows (fuses
 // log_softmax_rows' entry (z_j - m) - ln S, with m and ln S from row_stats, into the
 // scoring). Grid (rows, chunks), block 256: block (r, c) scores the entries
 // [c * len, (c + 1) * len) of row r and writes its best (score, index) to cs, ci
 // [rows][chunks]; sample_pick takes the best of a row's chunks. Lowest index on
 // exact ties, as sample_rows, so the chunking changes no token.
 extern "C" __global__ void sample_chunks(const float* z, const float* m, const float* lns, int rows, int vocab,
-                                         int len, int greedy, const u64* seeds, double* cs, int* ci) {
+                                         int len, double* cs, int* ci) {
     pdl_entry();
     __shared__ double sh_s[32];
     __shared__ int sh_i[32];
     int r = blockIdx.x, c = blockIdx.y, chunks = gridDim.y;
     const float* zr = z + (long)r * vocab;
     const float mr = m[r], lr = lns[r];
-    u64 key = greedy ? 0ull : mix64(seeds[r] ^ SEED_SALT);
     double bs = NEG_INF;
     int bi = NO_INDEX;
     const int j1 = min(vocab, (c + 1) * len);
-    score_entries(c * len + threadIdx.x, j1, blockDim.x, [&](int j) { return (zr[j] - mr) - lr; }, greedy, key, bs,
+    // Greedy: the scores are the logp values alone (no key, no noise).
+    score_entries(c * len + threadIdx.x, j1, blockDim.x, [&](int j) { return (zr[j] - mr) - lr; }, true, 0ull, bs,
                   bi);
     block_argmax(bs, bi, sh_s, sh_i);
     if (threadIdx.x == 0) {

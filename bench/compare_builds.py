@@ -9,8 +9,10 @@ has it (`decode_tokens_per_s`, twenty-ninth session on) and the GPU's mean idle
 before a replay (`idle_before` "decode step": the host's turn between steps); a
 rollout that captured no
 step (every step launched) shows "-" for the step and its tokens/s still; training
-rows give the step in ms. The last column is the first build's mean step over the
-last build's (> 1: the last is faster).
+rows give the step in ms; the GRPO-shaped step's rows (`step`: one rollout, training
+over its samples, one AdamW step) give its training phase and its whole in ms. The
+last column is the first build's mean over the last build's (> 1: the last is
+faster).
 
     python3 bench/compare_builds.py DIR [BUILD ...]   # builds in column order
 """
@@ -34,6 +36,9 @@ def rows(report):
         yield ("rollout", r["flow"], r["batch"], ms, r["tokens_per_s"], r.get("decode_tokens_per_s"), idle_us)
     for t in report.get("train", []):
         yield ("train", t["flow"], "", 1e3 * t["step_s"], t["tokens_per_s"], None, None)
+    for s in report.get("step", []):
+        yield ("step training", s["flow"], s["batch"], 1e3 * s["train_s"], None, None, None)
+        yield ("step whole", s["flow"], s["batch"], 1e3 * s["total_s"], None, None, None)
 
 
 def mean(xs):
@@ -81,7 +86,8 @@ def main(argv):
                 means.append(None)
                 continue
             ms, tps, dtps, idle = (mean([r[i] for r in runs]) for i in range(4))
-            rate = f"{tps:,.0f}" + (f"; decode {dtps:,.0f}" if dtps is not None else "")
+            rate = f"{tps:,.0f}" if tps is not None else "-"
+            rate += f"; decode {dtps:,.0f}" if dtps is not None else ""
             rate += f"; idle {idle:.0f} us" if idle is not None else ""
             if ms is None:
                 cells.append(f"- ({rate})")

@@ -280,6 +280,59 @@ mod tests {
     }
 
     #[test]
+    fn random_batches_expand_to_their_sequences_and_save_the_shared_rows() {
+        // Groups of 1 to 4 samples of prompts of 1 to 9 tokens (some prompts twice,
+        // in separate groups), interleaved: every expanded sequence is the sequence,
+        // every compact row is read by its copies, and the rows saved are
+        // (copies - 1) for each shared row.
+        let mut s = 7u64;
+        let mut rnd = |n: u64| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) % n
+        };
+        for _ in 0..200 {
+            let prompts: Vec<Vec<u32>> = (0..1 + rnd(4))
+                .map(|_| (0..1 + rnd(9)).map(|_| rnd(3) as u32).collect())
+                .collect();
+            let seqs: Vec<TrainSeq> = (0..1 + rnd(10))
+                .map(|_| {
+                    let p = &prompts[rnd(prompts.len() as u64) as usize];
+                    let resp: Vec<u32> = (0..rnd(6)).map(|_| 10 + rnd(5) as u32).collect();
+                    seq(&[p.as_slice(), &resp].concat(), p.len())
+                })
+                .collect();
+            let Some(p) = PromptShare::plan(&seqs) else {
+                // Nothing shared: no two sequences with one prompt of 2+ tokens.
+                for (i, a) in seqs.iter().enumerate() {
+                    for b in &seqs[i + 1..] {
+                        let same = a.tokens[..a.prompt_len] == b.tokens[..b.prompt_len];
+                        assert!(!(same && a.prompt_len >= 2));
+                    }
+                }
+                continue;
+            };
+            let mut start = 0;
+            for sq in &seqs {
+                let rows = &p.expand[start..start + sq.tokens.len()];
+                let toks: Vec<u32> = rows.iter().map(|&r| p.tokens[r]).collect();
+                assert_eq!(toks, sq.tokens);
+                assert!(rows.iter().enumerate().all(|(i, &r)| p.positions[r] == i));
+                start += sq.tokens.len();
+            }
+            assert_eq!(start, p.expand.len());
+            assert!(p.copies.iter().all(|c| !c.is_empty()));
+            let saved: usize = p.copies.iter().map(|c| c.len() - 1).sum();
+            assert_eq!(p.rows() + saved, p.expand.len());
+            let (rows, targets) = p.scored_rows(&seqs);
+            assert_eq!(targets, crate::trainer::pass::scored_rows(&seqs).1);
+            // Scored rows are rows no other sequence reads.
+            assert!(rows.iter().all(|&r| p.copies[r].len() == 1));
+        }
+    }
+
+    #[test]
     fn nothing_shared_means_no_plan() {
         // Distinct prompts, and one-token prompts (no row to share before the last).
         assert!(PromptShare::plan(&[seq(&[1, 2, 3], 2), seq(&[1, 3, 3], 2)]).is_none());

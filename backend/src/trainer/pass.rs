@@ -189,3 +189,55 @@ pub fn run_pass(
     }
     (scored, grads)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequences_without_a_prompt_row_are_refused_by_index() {
+        let ok = TrainSeq {
+            tokens: vec![1, 2, 3],
+            prompt_len: 1,
+        };
+        let empty = TrainSeq {
+            tokens: vec![1, 2, 3],
+            prompt_len: 0,
+        };
+        let long = TrainSeq {
+            tokens: vec![1, 2],
+            prompt_len: 3,
+        };
+        assert!(check_seqs(&[ok.clone(), ok.clone()]).is_ok());
+        let e = check_seqs(&[ok.clone(), empty]).unwrap_err();
+        assert!(
+            e.contains("training sequence 1") && e.contains("prompt of 0"),
+            "{e}"
+        );
+        let e = check_seqs(&[long, ok]).unwrap_err();
+        assert!(
+            e.contains("training sequence 0") && e.contains("of 2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn scored_rows_follow_the_packing() {
+        let seqs = [
+            TrainSeq {
+                tokens: vec![5, 6, 7, 8],
+                prompt_len: 2,
+            },
+            TrainSeq {
+                tokens: vec![9, 10, 11],
+                prompt_len: 3,
+            },
+            TrainSeq {
+                tokens: vec![12, 13],
+                prompt_len: 1,
+            },
+        ];
+        // Rows 1, 2 predict 7, 8; the second scores nothing; row 7 predicts 13.
+        assert_eq!(scored_rows(&seqs), (vec![1, 2, 7], vec![7, 8, 13]));
+    }
+}

@@ -262,6 +262,10 @@ pub struct TrainSection {
     pub scale_adv_by_std: bool,
     /// Sequences per forward/backward pass (bounds memory).
     pub micro_batch: usize,
+    /// Tokens per forward/backward pass at most (0: no bound but `micro_batch`): a
+    /// step's sequences of very different lengths packed into micro-batches of
+    /// about one size (a longer sequence runs alone).
+    pub micro_batch_tokens: usize,
     /// Optimizer steps per RL step (the batch is split into this many parts).
     pub mini_batches: usize,
 }
@@ -285,6 +289,7 @@ impl Default for TrainSection {
             entropy_coef: 0.0,
             scale_adv_by_std: true,
             micro_batch: 64,
+            micro_batch_tokens: 0,
             mini_batches: 1,
         }
     }

@@ -1086,7 +1086,7 @@ fn paged_cache_under_a_budget_keeps_samples_bitwise() {
 /// shared rows' dk, dv summed before their backward, FP8's WGrad groups formed
 /// over fewer rows), for the three layer layouts (q/k norms; none; q, k, v
 /// biases), head_dim 64 and 128, a prompt longer than an attention tile and a
-/// group split over two micro-batches.
+/// group split over two micro-batches (where it is larger than one).
 #[test]
 fn shared_prompt_rows_give_the_unshared_pass() {
     use jet_backend::gpu::pass::run_pass_gpu_with;
@@ -1149,25 +1149,26 @@ fn shared_prompt_rows_give_the_unshared_pass() {
         for (flow, bound) in [(Flow::Bf16, 2e-2), (Flow::Fp8, 5e-2)] {
             let dw = GpuWeights::upload(&g, &w0).unwrap();
             let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
-            // Micro-batches of 4: the first group whole plus one of the second, ...
-            // At temperature 1 (the logits kept as BF16 values) and 0.8 (f32, divided
-            // in place), with gradients and without (no activations kept).
-            let pass = |share: bool, t: f64, with_grad: bool| {
+            // Micro-batches of 4 (each group whole) and of 2 (the first group split
+            // over two), at temperature 1 (the logits kept as BF16 values) and 0.8
+            // (f32, divided in place), with gradients and without (no activations
+            // kept).
+            let pass = |share: bool, t: f64, with_grad: bool, micro: usize| {
                 let mut dg = GpuGrads::zeros_like(&g, &dw).unwrap();
                 let mut gf =
                     |i: usize, t: usize, _lp: f64, _e: f64| (-adv[i] / (1 + t) as f64, 0.01);
                 let grad = with_grad.then_some((&mut gf as TokenGrad, &mut dg));
-                let sc = run_pass_gpu_with(&model, &seqs, (t, 4), grad, share).unwrap();
+                let sc = run_pass_gpu_with(&model, &seqs, (t, micro.into()), grad, share).unwrap();
                 let mut grads = ModelWeights::zeros(&cfg);
                 dg.download_into(&g, &mut grads).unwrap();
                 (sc, grads)
             };
             let bits = |v: &[Vec<f64>]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
             let mut worst = (0.0, String::new());
-            for (t, with_grad) in [(1.0, true), (0.8, true), (1.0, false)] {
-                let (s0, g0) = pass(false, t, with_grad);
-                let (s1, g1) = pass(true, t, with_grad);
-                let what = format!("{name} {flow} T {t} grad {with_grad}");
+            for (t, with_grad, micro) in [(1.0, true, 4), (0.8, true, 2), (1.0, false, 4)] {
+                let (s0, g0) = pass(false, t, with_grad, micro);
+                let (s1, g1) = pass(true, t, with_grad, micro);
+                let what = format!("{name} {flow} T {t} grad {with_grad} micro {micro}");
                 assert_eq!(bits(&s1.logp), bits(&s0.logp), "{what}: logprobs");
                 assert_eq!(bits(&s1.entropy), bits(&s0.entropy), "{what}: entropies");
                 for ((n, a), (_, b)) in g1.tensors().into_iter().zip(g0.tensors()) {

@@ -78,6 +78,10 @@ pub struct BenchArgs {
     /// micro-batch).
     #[arg(long = "train-micro-batches", default_value_t = 1)]
     pub train_micro: usize,
+    /// Tokens per training micro-batch at most (as `train.micro_batch_tokens`;
+    /// 0: --train-seqs sequences alone bound it).
+    #[arg(long, default_value_t = 0)]
+    pub train_tokens: usize,
     /// Tokens per training sequence.
     #[arg(long, default_value_t = 512)]
     pub train_len: usize,

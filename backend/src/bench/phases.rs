@@ -22,7 +22,7 @@ use crate::model::ModelConfig;
 use crate::rl::optim::{OptimConfig, Schedule};
 use crate::rollout::engine::{generate_with, GenConfig, Sample};
 use crate::rollout::sampler::SamplingParams;
-use crate::trainer::pass::TrainSeq;
+use crate::trainer::pass::{micro_batches, Micro, TrainSeq};
 use crate::transformer::rope_table;
 
 #[derive(Serialize)]
@@ -330,7 +330,7 @@ fn train(
     adam: &mut GpuAdam,
     var: Variant,
     seqs: &[TrainSeq],
-    micro: usize,
+    micro: Micro,
     rope: &Arc<GpuRope>,
     prepared: Option<PreparedParts>,
 ) -> Result<(f64, Option<PreparedParts>)> {
@@ -501,6 +501,10 @@ pub fn run(
     }
 
     // Training throughput.
+    let micro = Micro {
+        seqs: a.train_seqs,
+        tokens: a.train_tokens,
+    };
     let seqs: Vec<TrainSeq> = prompts(cfg, a.train_seqs * a.train_micro, a.train_len, 99)
         .into_iter()
         .map(|tokens| TrainSeq {
@@ -508,6 +512,8 @@ pub fn run(
             prompt_len: 1,
         })
         .collect();
+    // parts() times one micro-batch's forward: the trainer's first.
+    let first = micro_batches(&seqs, micro).first().cloned().unwrap_or(0..0);
     let mut base_train = std::collections::HashMap::new();
     for &var in flows {
         let flow = var.flow;
@@ -526,7 +532,7 @@ pub fn run(
                 adam,
                 var,
                 &seqs,
-                a.train_seqs,
+                micro,
                 &rope,
                 kept.take(),
             )?;
@@ -551,7 +557,7 @@ pub fn run(
             &grads,
             &mut adam,
             var,
-            &seqs[..a.train_seqs],
+            &seqs[first.clone()],
             &rope,
         )?;
         // parts() changed the weights: the profiled update prepares afresh unless
@@ -616,7 +622,7 @@ pub fn run(
             &mut adam,
             var,
             &seqs,
-            a.train_seqs,
+            micro,
             &rope,
             Some(prepared),
         )?;

@@ -21,9 +21,12 @@ use super::forward::{forward_rows, forward_shared};
 use super::grads::GpuGrads;
 use super::model::GpuModel;
 use super::share::PromptShare;
-use crate::trainer::pass::{check_seqs, scored_rows, Scored, TokenGrad, TrainSeq};
+use crate::trainer::pass::{
+    check_seqs, micro_batches, scored_rows, Micro, Scored, TokenGrad, TrainSeq,
+};
 
-/// Run `seqs` through the model in micro-batches of `micro` sequences. When
+/// Run `seqs` through the model in micro-batches within `micro`'s bounds
+/// ([`micro_batches`]). When
 /// `grad` is given it is called for every response token as
 /// `(sequence, position, logp, entropy) -> (dloss/dlogp, dloss/dentropy)` and
 /// the weight gradients are added into `grads`.
@@ -31,7 +34,7 @@ pub fn run_pass_gpu(
     model: &GpuModel,
     seqs: &[TrainSeq],
     temperature: f64,
-    micro: usize,
+    micro: impl Into<Micro>,
     grad: Option<(TokenGrad, &mut GpuGrads)>,
 ) -> Result<Scored> {
     let share = std::env::var("JET_SHARE_PROMPTS").map_or(true, |v| {
@@ -40,7 +43,7 @@ pub fn run_pass_gpu(
             "0" | "false" | "off" | "no"
         )
     });
-    run_pass_gpu_with(model, seqs, (temperature, micro), grad, share)
+    run_pass_gpu_with(model, seqs, (temperature, micro.into()), grad, share)
 }
 
 /// [`run_pass_gpu`] with the sharing of prompts' rows chosen: on, the sequences of a
@@ -50,7 +53,7 @@ pub fn run_pass_gpu(
 pub fn run_pass_gpu_with(
     model: &GpuModel,
     seqs: &[TrainSeq],
-    (temperature, micro): (f64, usize),
+    (temperature, micro): (f64, Micro),
     mut grad: Option<(TokenGrad, &mut GpuGrads)>,
     share: bool,
 ) -> Result<Scored> {
@@ -59,8 +62,8 @@ pub fn run_pass_gpu_with(
     let vocab = model.cfg.vocab_size;
     let tempered = temperature > 0.0 && temperature != 1.0;
     let mut scored = Scored::default();
-    let micro = micro.max(1);
-    for (mb, chunk) in seqs.chunks(micro).enumerate() {
+    for range in micro_batches(seqs, micro) {
+        let (first, chunk) = (range.start, &seqs[range]);
         let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
         // Sequences that share a prompt keep its rows once (`share`), where the
         // tensor-core attention runs.
@@ -116,7 +119,7 @@ pub fn run_pass_gpu_with(
             for t in 0..s.response_len() {
                 let (l, e) = (logp[k] as f64, ent[k] as f64);
                 if let Some((gf, _)) = grad.as_mut() {
-                    let (a, b) = gf(mb * micro + i, t, l, e);
+                    let (a, b) = gf(first + i, t, l, e);
                     dlogp[k] = a as f32;
                     dent[k] = b as f32;
                 }

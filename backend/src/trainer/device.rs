@@ -15,7 +15,7 @@ use crate::rl::optim::OptimConfig;
 use crate::rollout::engine::{generate_with, CpuDecoder, Decoder, GenConfig, Sample};
 use crate::transformer::PreparedModel;
 
-use super::pass::{run_pass, Scored, TokenGrad, TrainSeq};
+use super::pass::{run_pass, Micro, Scored, TokenGrad, TrainSeq};
 use super::{SetupError, Trainer};
 
 impl From<CudaError> for SetupError {
@@ -106,7 +106,10 @@ impl Trainer {
         temperature: f64,
         grad: Option<TokenGrad>,
     ) -> Result<(Scored, Option<Grads>), SetupError> {
-        let micro = self.cfg.train.micro_batch;
+        let micro = Micro {
+            seqs: self.cfg.train.micro_batch,
+            tokens: self.cfg.train.micro_batch_tokens,
+        };
         let want = grad.is_some();
         match self.device.as_mut() {
             None => {

@@ -77,6 +77,69 @@ pub fn scored_rows_at(seqs: &[TrainSeq], at: &[(usize, usize)]) -> (Vec<usize>, 
     (rows, targets)
 }
 
+/// How a pass splits its sequences into micro-batches: at most `seqs` sequences
+/// each and, where `tokens` > 0, at most `tokens` tokens (a longer sequence runs
+/// alone). A usize is a count alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Micro {
+    pub seqs: usize,
+    pub tokens: usize,
+}
+
+impl From<usize> for Micro {
+    fn from(seqs: usize) -> Micro {
+        Micro { seqs, tokens: 0 }
+    }
+}
+
+/// `seqs` in consecutive micro-batches within `micro`'s bounds, in order. A run of
+/// consecutive samples of one prompt (a GRPO group, whose prompt rows the GPU runs
+/// once a micro-batch) starts a new micro-batch rather than being split, where it
+/// fits in one; with no such runs and no token bound these are `chunks(seqs)`.
+pub fn micro_batches(seqs: &[TrainSeq], micro: Micro) -> Vec<std::ops::Range<usize>> {
+    let cap_n = micro.seqs.max(1);
+    let cap_t = match micro.tokens {
+        0 => usize::MAX,
+        t => t,
+    };
+    let fits = |n: usize, t: usize| n <= cap_n && t <= cap_t;
+    let same_prompt = |a: &TrainSeq, b: &TrainSeq| {
+        a.prompt_len >= 2
+            && a.prompt_len <= a.tokens.len()
+            && b.prompt_len <= b.tokens.len()
+            && a.tokens[..a.prompt_len] == b.tokens[..b.prompt_len]
+    };
+    let mut out = Vec::new();
+    let (mut start, mut n, mut t) = (0usize, 0usize, 0usize);
+    let mut i = 0;
+    while i < seqs.len() {
+        let mut j = i + 1;
+        while j < seqs.len() && same_prompt(&seqs[i], &seqs[j]) {
+            j += 1;
+        }
+        let run_t: usize = seqs[i..j].iter().map(|s| s.tokens.len()).sum();
+        if n > 0 && !fits(n + j - i, t + run_t) && fits(j - i, run_t) {
+            // The run whole in a micro-batch of its own.
+            out.push(start..i);
+            (start, n, t) = (i, 0, 0);
+        }
+        for (k, s) in seqs.iter().enumerate().take(j).skip(i) {
+            let len = s.tokens.len();
+            if n > 0 && !fits(n + 1, t + len) {
+                out.push(start..k);
+                (start, n, t) = (k, 0, 0);
+            }
+            n += 1;
+            t += len;
+        }
+        i = j;
+    }
+    if n > 0 {
+        out.push(start..seqs.len());
+    }
+    out
+}
+
 /// Every sequence has a prompt of at least one token (its last row predicts the
 /// first response token) and no more tokens of prompt than it has.
 pub fn check_seqs(seqs: &[TrainSeq]) -> Result<(), String> {
@@ -93,7 +156,8 @@ pub fn check_seqs(seqs: &[TrainSeq]) -> Result<(), String> {
     }
 }
 
-/// Run `seqs` through the model in micro-batches of `micro` sequences. When
+/// Run `seqs` through the model in micro-batches within `micro`'s bounds
+/// ([`micro_batches`]). When
 /// `grad` is given it is called for every response token as
 /// `(sequence, position, logp, entropy) -> (dloss/dlogp, dloss/dentropy)`, and
 /// the weight gradients are returned.
@@ -101,7 +165,7 @@ pub fn run_pass(
     model: &PreparedModel,
     seqs: &[TrainSeq],
     temperature: f64,
-    micro: usize,
+    micro: impl Into<Micro>,
     mut grad: Option<TokenGrad>,
 ) -> (Scored, Option<ModelWeights>) {
     let vocab = model.cfg.vocab_size;
@@ -115,8 +179,8 @@ pub fn run_pass(
     }
     let mut scored = Scored::default();
     let mut grads: Option<ModelWeights> = None;
-    let micro = micro.max(1);
-    for (mb, chunk) in seqs.chunks(micro).enumerate() {
+    for range in micro_batches(seqs, micro.into()) {
+        let (first, chunk) = (range.start, &seqs[range]);
         let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
         // Rows that predict response tokens: position prompt_len-1+t predicts token
         // prompt_len+t. Only they go through the LM head.
@@ -138,7 +202,7 @@ pub fn run_pass(
         let mut k = 0;
         let (mut dlogp, mut dent) = (vec![0.0f32; rows.len()], vec![0.0f32; rows.len()]);
         for (i, s) in chunk.iter().enumerate() {
-            let seq_index = mb * micro + i;
+            let seq_index = first + i;
             let (mut lp, mut en) = (Vec::new(), Vec::new());
             for t in 0..s.response_len() {
                 let (l, e) = (tl.logp[k] as f64, tl.entropy[k] as f64);
@@ -219,6 +283,71 @@ mod tests {
             e.contains("training sequence 0") && e.contains("of 2"),
             "{e}"
         );
+    }
+
+    fn seq(prompt: &[u32], resp: usize) -> TrainSeq {
+        TrainSeq {
+            tokens: [prompt.to_vec(), vec![9; resp]].concat(),
+            prompt_len: prompt.len(),
+        }
+    }
+
+    #[test]
+    fn micro_batches_keep_groups_whole_and_bound_tokens() {
+        // Distinct prompts and no token bound: chunks of `seqs`.
+        let distinct: Vec<TrainSeq> = (0..7).map(|i| seq(&[i, i + 1], 3)).collect();
+        let got = micro_batches(&distinct, 3.into());
+        assert_eq!(got, [0..3, 3..6, 6..7]);
+        // Groups of 3 in micro-batches of 4: each group whole.
+        let groups: Vec<TrainSeq> = (0..9).map(|i| seq(&[i / 3, 7], 2)).collect();
+        assert_eq!(micro_batches(&groups, 4.into()), [0..3, 3..6, 6..9]);
+        // A group larger than a micro-batch is split.
+        assert_eq!(micro_batches(&groups[..3], 2.into()), [0..2, 2..3]);
+        // A token bound (lengths 5, 5, 20, 3, 3, 3): the long one alone.
+        let lens = [3, 3, 18, 1, 1, 1];
+        let mixed: Vec<TrainSeq> = lens
+            .iter()
+            .zip(0u32..)
+            .map(|(&r, i)| seq(&[i, 50], r))
+            .collect();
+        let m = Micro {
+            seqs: 8,
+            tokens: 10,
+        };
+        assert_eq!(micro_batches(&mixed, m), [0..2, 2..3, 3..6]);
+    }
+
+    #[test]
+    fn micro_batches_cover_every_sequence_once_within_bounds() {
+        let mut s = 3u64;
+        let mut rnd = |n: u64| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) % n
+        };
+        for _ in 0..300 {
+            let seqs: Vec<TrainSeq> = (0..rnd(20))
+                .map(|_| seq(&[rnd(3) as u32, 1], rnd(12) as usize))
+                .collect();
+            let m = Micro {
+                seqs: 1 + rnd(6) as usize,
+                tokens: [0, 8, 20, 40][rnd(4) as usize],
+            };
+            let got = micro_batches(&seqs, m);
+            let mut next = 0;
+            for r in &got {
+                assert_eq!(r.start, next);
+                assert!(r.end > r.start && r.len() <= m.seqs);
+                let t: usize = seqs[r.clone()].iter().map(|s| s.tokens.len()).sum();
+                assert!(
+                    m.tokens == 0 || t <= m.tokens || r.len() == 1,
+                    "{m:?} {r:?}"
+                );
+                next = r.end;
+            }
+            assert_eq!(next, seqs.len());
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ use jet_kernels::{GemmPrecision, GemmRole};
 use super::layers::{head, head_act, run_layers, AttnSaved, GpuAttention, GpuLayerActs, RowsIn};
 use super::model::GpuModel;
 use super::share::{PromptShare, SharedRows};
+use crate::transformer::check_head_rows;
 
 /// Everything the backward needs, sequences packed one after another (where
 /// prompts are shared, `tokens` and `rows` are the compact layout's rows and
@@ -251,28 +252,6 @@ impl GpuAttention for PackedCausal<'_> {
     }
 }
 
-/// The LM head's rows: distinct rows of the `m` packed rows (their gradients are
-/// scattered back into place).
-fn check_head_rows(rows: &[usize], m: usize) -> Result<()> {
-    let mut seen = vec![false; m];
-    for (j, &r) in rows.iter().enumerate() {
-        match seen.get_mut(r) {
-            None => {
-                return Err(CudaError::Invalid(format!(
-                    "LM head rows: entry {j} is row {r} of a batch of {m}"
-                )))
-            }
-            Some(true) => {
-                return Err(CudaError::Invalid(format!(
-                    "LM head rows: row {r} appears more than once (entry {j})"
-                )))
-            }
-            Some(x) => *x = true,
-        }
-    }
-    Ok(())
-}
-
 /// Pack `seqs` (each from position 0): tokens, lengths, positions.
 pub(super) fn pack(seqs: &[&[u32]]) -> (Vec<u32>, Vec<usize>, Vec<usize>) {
     let mut tokens = Vec::new();
@@ -331,11 +310,8 @@ pub fn forward_shared(
     flags: (bool, bool),
     head_rows: Option<&[usize]>,
 ) -> Result<GpuForwardOut> {
-    if !model.flash_attention() {
-        return Err(CudaError::Invalid(
-            "shared prompt rows need the tensor-core attention".into(),
-        ));
-    }
+    // The attention refuses shared rows without its tensor-core kernels
+    // (`PackedCausal::check_share`).
     let dev = SharedRows::upload(&model.gpu, share)?;
     let packed = (
         share.tokens.clone(),
@@ -356,7 +332,7 @@ fn forward_from(
     head_rows: Option<&[usize]>,
 ) -> Result<GpuForwardOut> {
     if let Some(rows) = head_rows {
-        check_head_rows(rows, tokens.len())?;
+        check_head_rows(rows, tokens.len()).map_err(CudaError::Invalid)?;
     }
     let rows = RowsIn::upload(model, &tokens, &positions)?;
     let mut attn = PackedCausal::new(model, &seq_lens, keep_acts, None)?;

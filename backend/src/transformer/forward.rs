@@ -69,6 +69,28 @@ impl Attention for PackedCausal<'_> {
     }
 }
 
+/// The LM head's rows: distinct rows of the `m` packed rows (their gradients are
+/// scattered back into place). The CPU and GPU forwards both check them so.
+pub fn check_head_rows(rows: &[usize], m: usize) -> Result<(), String> {
+    let mut seen = vec![false; m];
+    for (j, &r) in rows.iter().enumerate() {
+        match seen.get_mut(r) {
+            None => {
+                return Err(format!(
+                    "LM head rows: entry {j} is row {r} of a batch of {m}"
+                ))
+            }
+            Some(true) => {
+                return Err(format!(
+                    "LM head rows: row {r} appears more than once (entry {j})"
+                ))
+            }
+            Some(x) => *x = true,
+        }
+    }
+    Ok(())
+}
+
 /// Run `seqs` (each from position 0) through the model. `keep_acts` keeps what
 /// the backward needs; `keep_kv` returns each layer's k and v.
 pub fn forward(
@@ -116,13 +138,8 @@ pub fn forward_rows(
         keep_acts.then_some(&mut layers),
     );
     if let Some(rows) = head_rows {
-        let mut seen = vec![false; tokens.len()];
-        for &r in rows {
-            assert!(
-                r < seen.len() && !std::mem::replace(&mut seen[r], true),
-                "LM head rows: row {r} is outside the batch of {} or repeated",
-                seen.len()
-            );
+        if let Err(e) = check_head_rows(rows, tokens.len()) {
+            panic!("{e}");
         }
     }
     let (normed, rstd_final, logits) = head(model, &h, role, head_rows);

@@ -15,7 +15,7 @@ mod layers;
 mod prepared;
 
 pub use backward::backward;
-pub use forward::{forward, forward_rows, Activations, ForwardOut};
+pub use forward::{check_head_rows, forward, forward_rows, Activations, ForwardOut};
 pub use kv_cache::{decode_step, prefill, prefill_into, KvCache};
 pub use prepared::{rope_table, PreparedModel};
 

@@ -262,12 +262,66 @@ pub struct TrainSection {
     pub scale_adv_by_std: bool,
     /// Sequences per forward/backward pass (bounds memory).
     pub micro_batch: usize,
-    /// Tokens per forward/backward pass at most (0: no bound but `micro_batch`): a
-    /// step's sequences of very different lengths packed into micro-batches of
-    /// about one size (a longer sequence runs alone).
-    pub micro_batch_tokens: usize,
+    /// Tokens per forward/backward pass at most: a step's sequences of very
+    /// different lengths packed into micro-batches of about one size (a longer
+    /// sequence runs alone). `"auto"` (the default): on a GPU, what its memory holds
+    /// by the model's per-token estimate (`gpu::micro`); on the CPU, no bound.
+    pub micro_batch_tokens: MicroTokens,
     /// Optimizer steps per RL step (the batch is split into this many parts).
     pub mini_batches: usize,
+}
+
+/// `train.micro_batch_tokens`: `"auto"` or a number of tokens (0: no bound).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MicroTokens {
+    /// Sized to the device: see [`TrainSection::micro_batch_tokens`].
+    #[default]
+    Auto,
+    /// At most this many tokens a micro-batch (0: `micro_batch` alone bounds it).
+    Max(usize),
+}
+
+impl Serialize for MicroTokens {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MicroTokens::Auto => s.serialize_str("auto"),
+            MicroTokens::Max(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MicroTokens {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = MicroTokens;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number of tokens (0: no bound) or \"auto\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<MicroTokens, E> {
+                usize::try_from(n)
+                    .map(MicroTokens::Max)
+                    .map_err(|_| E::custom(format!("{n} tokens is too many")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<MicroTokens, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!(
+                        "{n}: expected a number of tokens >= 0 (0: no bound) or \"auto\""
+                    ))),
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<MicroTokens, E> {
+                match v {
+                    "auto" => Ok(MicroTokens::Auto),
+                    _ => Err(E::custom(format!(
+                        "{v:?}: expected a number of tokens (0: no bound) or \"auto\""
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl Default for TrainSection {
@@ -289,7 +343,7 @@ impl Default for TrainSection {
             entropy_coef: 0.0,
             scale_adv_by_std: true,
             micro_batch: 64,
-            micro_batch_tokens: 0,
+            micro_batch_tokens: MicroTokens::Auto,
             mini_batches: 1,
         }
     }
@@ -614,5 +668,49 @@ fn first_line(s: &str) -> String {
     {
         Some(pos) if lines.len() > 1 => format!("{reason} ({pos})"),
         _ => reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The embedded default with `line` added to its `[train]` table.
+    fn with_train(line: &str) -> Result<RunConfig, ConfigError> {
+        let text = TINY_ARITH_TOML.replacen("[train]\n", &format!("[train]\n{line}\n"), 1);
+        RunConfig::from_str_at(&text, "test.toml", Path::new("configs"))
+    }
+
+    /// `train.micro_batch_tokens`: "auto" by default, a number (0: no bound) or
+    /// "auto" where written; anything else an error naming the field; written
+    /// back as read.
+    #[test]
+    fn micro_batch_tokens_is_a_number_or_auto() {
+        assert_eq!(
+            RunConfig::tiny_arith().train.micro_batch_tokens,
+            MicroTokens::Auto
+        );
+        for (line, want) in [
+            ("micro_batch_tokens = \"auto\"", MicroTokens::Auto),
+            ("micro_batch_tokens = 0", MicroTokens::Max(0)),
+            ("micro_batch_tokens = 16384", MicroTokens::Max(16384)),
+        ] {
+            let cfg = with_train(line).unwrap();
+            assert_eq!(cfg.train.micro_batch_tokens, want, "{line}");
+            let back = toml::to_string(&cfg.train).unwrap();
+            let again: TrainSection = toml::from_str(&back).unwrap();
+            assert_eq!(again.micro_batch_tokens, want, "{back}");
+        }
+        for line in [
+            "micro_batch_tokens = \"fast\"",
+            "micro_batch_tokens = -5",
+            "micro_batch_tokens = 1.5",
+        ] {
+            let e = with_train(line).unwrap_err().to_string();
+            assert!(
+                e.contains("test.toml") && e.contains("train.micro_batch_tokens"),
+                "{line}: {e}"
+            );
+        }
     }
 }

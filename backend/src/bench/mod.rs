@@ -19,6 +19,7 @@ use jet_kernels::cuda::Gpu;
 use jet_kernels::Flow;
 use serde::Serialize;
 
+use crate::config::MicroTokens;
 use crate::model::{Arch, ModelConfig};
 
 #[derive(Args, Debug, Clone)]
@@ -79,9 +80,10 @@ pub struct BenchArgs {
     #[arg(long = "train-micro-batches", default_value_t = 1)]
     pub train_micro: usize,
     /// Tokens per training micro-batch at most (as `train.micro_batch_tokens`;
-    /// 0: --train-seqs sequences alone bound it).
-    #[arg(long, default_value_t = 0)]
-    pub train_tokens: usize,
+    /// 0: --train-seqs sequences alone bound it; `auto`: sized to the GPU's memory
+    /// by the batch-invariant flows' per-token estimate, the same for every flow).
+    #[arg(long, default_value = "0", value_parser = parse_micro_tokens)]
+    pub train_tokens: MicroTokens,
     /// Tokens per training sequence.
     #[arg(long, default_value_t = 512)]
     pub train_len: usize,
@@ -102,6 +104,17 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the tables.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--train-tokens`: a number of tokens or `auto`.
+fn parse_micro_tokens(v: &str) -> Result<MicroTokens, String> {
+    match v.trim() {
+        "auto" => Ok(MicroTokens::Auto),
+        n => n
+            .parse()
+            .map(MicroTokens::Max)
+            .map_err(|_| format!("{v:?}: expected a number of tokens (0: no bound) or auto")),
+    }
 }
 
 /// A Qwen3 shape by name.

@@ -14,7 +14,9 @@ use serde::Serialize;
 
 use super::eos::{EosAt, EOS};
 use super::{mem_used_gib, BenchArgs, Report};
+use crate::config::MicroTokens;
 use crate::gpu::decode::GpuKvCache;
+use crate::gpu::micro::{auto_micro_tokens, PassKind};
 use crate::gpu::{
     run_pass_gpu, GpuAdam, GpuDecoder, GpuGrads, GpuModel, GpuWeights, PreparedParts,
 };
@@ -112,6 +114,9 @@ pub struct TrainRow {
     /// Micro-batches (of `--train-seqs` sequences) an update: each timed update
     /// runs them all, then one AdamW step; `tokens_per_s` counts all their tokens.
     pub micro_batches: usize,
+    /// Tokens a micro-batch holds at most (`--train-tokens`, `auto` resolved for
+    /// this GPU; 0: no bound).
+    pub micro_tokens: usize,
     /// Whether each update prepares the weights (BF16 copies / FP8 blocks)
     /// afresh: false where AdamW rewrites the prepared copies from the new values.
     pub prepares: bool,
@@ -501,9 +506,17 @@ pub fn run(
     }
 
     // Training throughput.
+    let tokens = match a.train_tokens {
+        MicroTokens::Max(n) => n,
+        MicroTokens::Auto => {
+            // The batch-invariant flows' bound (the -cublaslt twins keep more).
+            let kind = PassKind::of(cfg, Flow::Bf16, 1.0, true, a.train_len);
+            auto_micro_tokens(cfg, kind, g.total_memory()?, false)
+        }
+    };
     let micro = Micro {
         seqs: a.train_seqs,
-        tokens: a.train_tokens,
+        tokens,
     };
     let seqs: Vec<TrainSeq> = prompts(cfg, a.train_seqs * a.train_micro, a.train_len, 99)
         .into_iter()
@@ -586,6 +599,7 @@ pub fn run(
             steps_s,
             step_median_s,
             micro_batches: a.train_micro,
+            micro_tokens: micro.tokens,
             prepares,
             prepare_s,
             forward_s,

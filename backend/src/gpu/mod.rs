@@ -17,6 +17,7 @@ pub mod generate;
 pub mod grads;
 pub mod kv_pages;
 pub mod layers;
+pub mod micro;
 pub mod model;
 pub mod optim;
 pub mod pass;

@@ -5,7 +5,9 @@
 use jet_kernels::cuda::CudaError;
 use rand::RngCore;
 
+use crate::config::MicroTokens;
 use crate::gpu::decode::GpuKvCache;
+use crate::gpu::micro::{auto_micro_tokens, PassKind};
 use crate::gpu::{
     cached_model, keep_model, keep_parts, run_pass_gpu, take_parts, GpuDecoder, GpuState,
     GpuWeights, Slot,
@@ -106,10 +108,7 @@ impl Trainer {
         temperature: f64,
         grad: Option<TokenGrad>,
     ) -> Result<(Scored, Option<Grads>), SetupError> {
-        let micro = Micro {
-            seqs: self.cfg.train.micro_batch,
-            tokens: self.cfg.train.micro_batch_tokens,
-        };
+        let micro = self.micro(seqs, temperature)?;
         let want = grad.is_some();
         match self.device.as_mut() {
             None => {
@@ -145,6 +144,28 @@ impl Trainer {
                 Ok((s?, want.then_some(Grads::Device)))
             }
         }
+    }
+
+    /// The micro-batches' bounds for a pass over `seqs` at `temperature`:
+    /// `train.micro_batch_tokens`, its `"auto"` sized to the GPU (`gpu::micro`),
+    /// or no token bound on the CPU.
+    fn micro(&self, seqs: &[TrainSeq], temperature: f64) -> Result<Micro, SetupError> {
+        let tokens = match (self.cfg.train.micro_batch_tokens, self.device.as_ref()) {
+            (MicroTokens::Max(n), _) => n,
+            (MicroTokens::Auto, None) => 0,
+            (MicroTokens::Auto, Some(d)) => {
+                let longest = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
+                let invariant = self.cfg.run.batch_invariant;
+                let kind =
+                    PassKind::of(&self.model_cfg, self.flow, temperature, invariant, longest);
+                let bytes = d.gpu.total_memory()?;
+                auto_micro_tokens(&self.model_cfg, kind, bytes, d.reference.is_some())
+            }
+        };
+        Ok(Micro {
+            seqs: self.cfg.train.micro_batch,
+            tokens,
+        })
     }
 
     /// One optimizer step; returns the gradient norm before clipping. `poison`

@@ -474,6 +474,10 @@ impl Gpu {
     pub fn sm_count(&self) -> usize {
         self.sms
     }
+    /// The device's memory in bytes (all of it, used or not).
+    pub fn total_memory(&self) -> Result<usize> {
+        self.ctx.total_mem().ctx("reading the device's memory size")
+    }
     /// NVRTC version (major, minor).
     pub fn nvrtc_version(&self) -> (i32, i32) {
         self.nvrtc

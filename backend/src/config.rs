@@ -281,6 +281,21 @@ pub enum MicroTokens {
     Max(usize),
 }
 
+impl std::str::FromStr for MicroTokens {
+    type Err = String;
+
+    /// The command line's form (`jetd bench --train-tokens`): `auto` or a number.
+    fn from_str(v: &str) -> Result<Self, String> {
+        match v.trim() {
+            "auto" => Ok(MicroTokens::Auto),
+            n => n
+                .parse()
+                .map(MicroTokens::Max)
+                .map_err(|_| format!("{v:?}: expected a number of tokens (0: no bound) or auto")),
+        }
+    }
+}
+
 impl Serialize for MicroTokens {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
@@ -701,6 +716,10 @@ mod tests {
             let again: TrainSection = toml::from_str(&back).unwrap();
             assert_eq!(again.micro_batch_tokens, want, "{back}");
         }
+        // The command line's form.
+        assert_eq!("auto".parse::<MicroTokens>(), Ok(MicroTokens::Auto));
+        assert_eq!("16384".parse::<MicroTokens>(), Ok(MicroTokens::Max(16384)));
+        assert!("fast".parse::<MicroTokens>().is_err() && "-5".parse::<MicroTokens>().is_err());
         for line in [
             "micro_batch_tokens = \"fast\"",
             "micro_batch_tokens = -5",

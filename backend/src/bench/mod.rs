@@ -82,7 +82,7 @@ pub struct BenchArgs {
     /// Tokens per training micro-batch at most (as `train.micro_batch_tokens`;
     /// 0: --train-seqs sequences alone bound it; `auto`: sized to the GPU's memory
     /// by the batch-invariant flows' per-token estimate, the same for every flow).
-    #[arg(long, default_value = "0", value_parser = parse_micro_tokens)]
+    #[arg(long, default_value = "0", value_parser = <MicroTokens as std::str::FromStr>::from_str)]
     pub train_tokens: MicroTokens,
     /// Tokens per training sequence.
     #[arg(long, default_value_t = 512)]
@@ -104,17 +104,6 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the tables.
     #[arg(long)]
     pub json: bool,
-}
-
-/// `--train-tokens`: a number of tokens or `auto`.
-fn parse_micro_tokens(v: &str) -> Result<MicroTokens, String> {
-    match v.trim() {
-        "auto" => Ok(MicroTokens::Auto),
-        n => n
-            .parse()
-            .map(MicroTokens::Max)
-            .map_err(|_| format!("{v:?}: expected a number of tokens (0: no bound) or auto")),
-    }
 }
 
 /// A Qwen3 shape by name.

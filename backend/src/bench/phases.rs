@@ -14,9 +14,8 @@ use serde::Serialize;
 
 use super::eos::{EosAt, EOS};
 use super::{mem_used_gib, BenchArgs, Report};
-use crate::config::MicroTokens;
 use crate::gpu::decode::GpuKvCache;
-use crate::gpu::micro::{auto_micro_tokens, PassKind};
+use crate::gpu::micro::{micro_tokens, PassKind};
 use crate::gpu::{
     run_pass_gpu, GpuAdam, GpuDecoder, GpuGrads, GpuModel, GpuWeights, PreparedParts,
 };
@@ -506,14 +505,9 @@ pub fn run(
     }
 
     // Training throughput.
-    let tokens = match a.train_tokens {
-        MicroTokens::Max(n) => n,
-        MicroTokens::Auto => {
-            // The batch-invariant flows' bound (the -cublaslt twins keep more).
-            let kind = PassKind::of(cfg, Flow::Bf16, 1.0, true, a.train_len);
-            auto_micro_tokens(cfg, kind, g.total_memory()?, false)
-        }
-    };
+    // `auto`: the batch-invariant flows' bound (the -cublaslt twins keep more).
+    let kind = PassKind::of(cfg, Flow::Bf16, 1.0, true, a.train_len);
+    let tokens = micro_tokens(a.train_tokens, g, cfg, kind, false)?;
     let micro = Micro {
         seqs: a.train_seqs,
         tokens,

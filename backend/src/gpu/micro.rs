@@ -14,9 +14,11 @@
 //! micro-batches where the first did, so its gradients add in the same order.
 
 use jet_kernels::cuda::flash::flash_supported;
+use jet_kernels::cuda::{Gpu, Result};
 use jet_kernels::ops::attention::AttnShape;
 use jet_kernels::Flow;
 
+use crate::config::MicroTokens;
 use crate::model::ModelConfig;
 
 /// Bytes each parameter keeps resident through a training step: f32 master
@@ -132,6 +134,21 @@ pub fn auto_micro_tokens(
     let usable = (device_bytes as f64 * USABLE) as usize;
     let left = usable.saturating_sub(resident) as f64;
     ((left / (bytes_per_token(cfg, kind) as f64 * MARGIN)) as usize).max(1)
+}
+
+/// A micro-batch's token bound on `gpu` for a pass of `kind`: `setting`'s
+/// number, or for `"auto"` [`auto_micro_tokens`] at the device's size.
+pub fn micro_tokens(
+    setting: MicroTokens,
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    kind: PassKind,
+    reference: bool,
+) -> Result<usize> {
+    Ok(match setting {
+        MicroTokens::Max(n) => n,
+        MicroTokens::Auto => auto_micro_tokens(cfg, kind, gpu.total_memory()?, reference),
+    })
 }
 
 #[cfg(test)]

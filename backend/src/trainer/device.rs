@@ -7,7 +7,7 @@ use rand::RngCore;
 
 use crate::config::MicroTokens;
 use crate::gpu::decode::GpuKvCache;
-use crate::gpu::micro::{auto_micro_tokens, PassKind};
+use crate::gpu::micro::{micro_tokens, PassKind};
 use crate::gpu::{
     cached_model, keep_model, keep_parts, run_pass_gpu, take_parts, GpuDecoder, GpuState,
     GpuWeights, Slot,
@@ -150,16 +150,17 @@ impl Trainer {
     /// `train.micro_batch_tokens`, its `"auto"` sized to the GPU (`gpu::micro`),
     /// or no token bound on the CPU.
     fn micro(&self, seqs: &[TrainSeq], temperature: f64) -> Result<Micro, SetupError> {
-        let tokens = match (self.cfg.train.micro_batch_tokens, self.device.as_ref()) {
-            (MicroTokens::Max(n), _) => n,
+        let setting = self.cfg.train.micro_batch_tokens;
+        let tokens = match (setting, self.device.as_ref()) {
+            (MicroTokens::Max(n), None) => n,
             (MicroTokens::Auto, None) => 0,
-            (MicroTokens::Auto, Some(d)) => {
+            (_, Some(d)) => {
                 let longest = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
                 let invariant = self.cfg.run.batch_invariant;
                 let kind =
                     PassKind::of(&self.model_cfg, self.flow, temperature, invariant, longest);
-                let bytes = d.gpu.total_memory()?;
-                auto_micro_tokens(&self.model_cfg, kind, bytes, d.reference.is_some())
+                let reference = d.reference.is_some();
+                micro_tokens(setting, &d.gpu, &self.model_cfg, kind, reference)?
             }
         };
         Ok(Micro {

@@ -963,6 +963,123 @@ fn decode_graphs_equal_launched_steps_bitwise() {
     }
 }
 
+/// A run's rollouts after its first replay the decode graphs the first one
+/// captured (`gpu::kept`: the KV cache lives at addresses reserved once, its
+/// memory given back between rollouts, and the graphs are parked with them).
+/// Over one model a second rollout captures nothing, replays every graph the
+/// first captured and draws the same bits; one that needs a larger cache takes
+/// new places and captures again; a smaller one then fits those places and
+/// replays its graphs, still with the first rollout's bits; another model's
+/// rollout replays none. BF16 and FP8 flows, responses ending at random
+/// lengths so the batch shrinks through several buckets.
+#[test]
+fn decode_graphs_kept_across_rollouts_give_the_same_bits() {
+    let Some(g) = gpu() else { return };
+    let cfg = tiny();
+    let prompts: Vec<Vec<u32>> = (0..13)
+        .map(|i| {
+            (0..(2 + 3 * i % 7))
+                .map(|j| 1 + ((i * 7 + j * 3) % 53) as u32)
+                .collect()
+        })
+        .collect();
+    let gen = |max_new_tokens| GenConfig {
+        max_new_tokens,
+        sampling: SamplingParams::default(),
+        stop_token_ids: (3..cfg.vocab_size as u32).step_by(13).collect(),
+        stop_strings: vec![],
+        max_batch: 0,
+    };
+    // (sample bits, graphs captured, graphs replayed from the rollout before).
+    let run = |model: &GpuModel, new_tokens: usize| {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+        let mut dec = GpuDecoder::new(model);
+        let max_pos = model.cfg.max_position_embeddings;
+        let s = generate_with(
+            &mut dec,
+            max_pos,
+            &prompts,
+            3,
+            &gen(new_tokens),
+            &|_| String::new(),
+            &mut rng,
+        )
+        .unwrap();
+        let (captured, reused) = dec.graphs_captured();
+        (sample_bits(&s), captured, reused)
+    };
+    let dw = GpuWeights::upload(&g, &init_random(&cfg, 21)).unwrap();
+    let dw2 = GpuWeights::upload(&g, &init_random(&cfg, 22)).unwrap();
+    // What an earlier rollout parked on the device (an earlier test's, the
+    // last flow's): replaced by a rollout of another shape, whose cache places
+    // hold none of this test's.
+    let wide = qwen3_widths();
+    let ww = GpuWeights::upload(&g, &init_random(&wide, 3)).unwrap();
+    let reset = || {
+        let m = GpuModel::new(&g, &wide, &ww, Flow::Bf16).unwrap();
+        let mut dec = GpuDecoder::new(&m);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let one = [vec![1, 2]];
+        generate_with(&mut dec, 64, &one, 1, &gen(2), &|_| String::new(), &mut rng).unwrap();
+    };
+    for flow in [Flow::Bf16, Flow::Fp8] {
+        reset();
+        let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
+        let (first, c1, r1) = run(&model, 20);
+        let (second, c2, r2) = run(&model, 20);
+        let (_, c3, r3) = run(&model, 90);
+        let (fourth, c4, r4) = run(&model, 20);
+        let other = GpuModel::new(&g, &cfg, &dw2, flow).unwrap();
+        let (_, c5, r5) = run(&other, 20);
+        println!(
+            "KEPT | {:<5} | captured / replayed: {c1} / -, {c2} / {r2}, longer {c3} / {r3}, shorter {c4} / {r4}, other model {c5} / {r5}",
+            flow.name()
+        );
+        let lens: Vec<usize> = first.iter().map(|x| x.0.len()).collect();
+        assert_eq!(r1, 0, "{}: nothing of this model was kept", flow.name());
+        assert!(
+            c1 >= 2,
+            "{}: the batch should pass several buckets: {lens:?}",
+            flow.name()
+        );
+        assert_eq!(
+            (c2, r2),
+            (0, c1),
+            "{}: the second rollout captures nothing",
+            flow.name()
+        );
+        assert_eq!(
+            second,
+            first,
+            "{}: replayed graphs changed samples",
+            flow.name()
+        );
+        assert!(
+            c3 > 0 && r3 == 0,
+            "{}: a larger cache takes new places",
+            flow.name()
+        );
+        assert!(
+            r4 > 0,
+            "{}: a smaller cache fits the larger one's places",
+            flow.name()
+        );
+        assert_eq!(
+            fourth,
+            first,
+            "{}: graphs over the larger places changed samples",
+            flow.name()
+        );
+        assert_eq!(
+            r5,
+            0,
+            "{}: another model's weights are elsewhere",
+            flow.name()
+        );
+        assert!(c5 > 0);
+    }
+}
+
 /// The paged KV cache: prompts of 20-130 tokens (pages of 64 rows partly and
 /// wholly filled, three samples each sharing their prompt's full pages), greedy
 /// to 120 new tokens, with room for every sequence and under budgets of 16 and

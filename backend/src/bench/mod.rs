@@ -521,18 +521,20 @@ fn render(r: &Report, a: &BenchArgs) -> String {
     }
     let _ = writeln!(
         s,
-        "\nGRPO-shaped step   total s  rollout s  train s  other s  vs bf16"
+        "\nGRPO-shaped step   total s  rollout s  train s  other s  vs bf16  (first step: total s, rollout s)"
     );
     for x in &r.step {
         let _ = writeln!(
             s,
-            "{:<18} {:>7.3} {:>10.3} {:>8.3} {:>8.3} {:>8}",
+            "{:<18} {:>7.3} {:>10.3} {:>8.3} {:>8.3} {:>8}  ({:.3}, {:.3})",
             x.flow,
             x.total_s,
             x.rollout_s,
             x.train_s,
             x.other_s,
-            ratio(x.vs_bf16)
+            ratio(x.vs_bf16),
+            x.first_total_s,
+            x.first_rollout_s
         );
     }
     let _ = writeln!(s, "\npeak device memory in use: {:.1} GiB", r.peak_mem_gib);
@@ -563,6 +565,8 @@ mod tests {
             train_s: 0.5,
             other_s: 0.0,
             vs_bf16,
+            first_total_s: 1.2,
+            first_rollout_s: 0.7,
         };
         let r = Report {
             step: vec![step("fp8", f64::NAN), step("bf16-fp8rollout", 1.05)],
@@ -571,11 +575,11 @@ mod tests {
         let text = render(&r, &a);
         assert!(text.contains("top-k 0 top-p 0.95"), "{text}");
         assert!(!text.contains("NaN"), "{text}");
+        // The row up to its vs-bf16 column (the first step's times follow).
         let row = |flow: &str| {
-            text.lines()
-                .find(|l| l.starts_with(flow))
-                .unwrap()
-                .to_string()
+            let l = text.lines().find(|l| l.starts_with(flow)).unwrap();
+            assert!(l.ends_with("(1.200, 0.700)"), "{text}");
+            l.split("  (").next().unwrap().to_string()
         };
         assert!(row("fp8 ").trim_end().ends_with(" -"), "{text}");
         assert!(

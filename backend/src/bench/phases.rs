@@ -82,6 +82,8 @@ pub struct RolloutRow {
     pub kv_cache_gib: f64,
     #[serde(flatten)]
     pub kv: KvCounts,
+    #[serde(flatten)]
+    pub graphs: GraphCounts,
 }
 
 /// The paged KV cache over a rollout.
@@ -160,6 +162,10 @@ pub struct StepRow {
     pub train_s: f64,
     pub other_s: f64,
     pub vs_bf16: f64,
+    /// The flow's first step (it captures the decode graphs and prepares the
+    /// copies the second reuses).
+    pub first_total_s: f64,
+    pub first_rollout_s: f64,
 }
 
 /// A flow as benchmarked: `bf16` and `fp8` run batch-invariant (as runs do by
@@ -258,6 +264,18 @@ pub struct RolloutCounts {
     pub decode_tokens: usize,
     pub decode_kv_rows: usize,
     pub kv: KvCounts,
+    pub graphs: GraphCounts,
+}
+
+/// A rollout's decode graphs and steps ahead.
+#[derive(Clone, Copy, Default, Serialize)]
+pub struct GraphCounts {
+    /// Decode graphs the rollout captured, and those it replayed from the
+    /// rollout before it (the same model: `gpu::kept`).
+    pub graphs_captured: usize,
+    pub graphs_reused: usize,
+    /// Decode steps launched ahead of the host and kept.
+    pub steps_kept_ahead: usize,
 }
 
 /// Generate up to `gen_len` tokens for each prompt (`--group-size` samples of
@@ -313,7 +331,11 @@ fn rollout(
             kv_page_bytes: GpuKvCache::page_bytes(model),
             ..Default::default()
         },
+        graphs: GraphCounts::default(),
     };
+    let gc = &mut counts.graphs;
+    (gc.graphs_captured, gc.graphs_reused) = dec.graphs_captured();
+    gc.steps_kept_ahead = dec.steps_kept_ahead();
     if let Some(u) = dec.kv_use() {
         let kv = &mut counts.kv;
         (kv.kv_pages_peak, kv.kv_pages) = (u.pages_peak, u.pages);
@@ -451,8 +473,16 @@ pub fn run(
             // Warm-up at this batch size: cuBLASLt picks its algorithms for these
             // shapes and the allocator grows to them (behind a 2-prompt warm-up the
             // first flow measured, bf16 at batch 64, once read 6,795 tokens/s
-            // against 10,537 in another call).
-            rollout(&model, &ps, a.gen_len.min(8), a, &mut rng)?;
+            // against 10,537 in another call). With random lengths it runs them
+            // all, so that the timed rollout replays the decode graphs of every
+            // bucket it shrinks through, kept from this one, as a run's
+            // rollouts after its first do (`gpu::kept`).
+            let warm = if a.eos_random {
+                a.gen_len
+            } else {
+                a.gen_len.min(8)
+            };
+            rollout(&model, &ps, warm, a, &mut rng)?;
             let (_, s, counts) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
             let used = mem_used_gib();
             peak = peak.max(used);
@@ -495,6 +525,7 @@ pub fn run(
                 group_size: a.group_size,
                 kv_cache_gib: a.kv_cache_gib,
                 kv: counts.kv,
+                graphs: counts.graphs,
             });
         }
     }
@@ -609,32 +640,48 @@ pub fn run(
         });
     }
 
-    // One GRPO-shaped step: quantize, roll out the first batch size, train on
-    // the samples in micro-batches of --train-seqs, optimizer step.
+    // GRPO-shaped steps: quantize, roll out the first batch size, train on
+    // the samples in micro-batches of --train-seqs, optimizer step. Two a
+    // flow, as a run's first and second: the second reuses the copies AdamW
+    // rewrote and the decode graphs the first captured (`gpu::kept`), as a
+    // run's later steps do; the row is the second, with the first's times.
     let b = a.batch[0];
     let mut base_step = std::collections::HashMap::new();
     for &var in flows {
         let flow = var.flow;
         say(&format!("  step {}", var.name()));
         let ps = prompts(cfg, b / a.group_size, a.prompt_len, 5);
-        let t0 = Instant::now();
-        let model = var.model(g, cfg, &w, &rope)?;
-        let (samples, roll_s, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
-        let prepared = model.into_parts();
-        let seqs = TrainSeq::of_samples(&ps, &samples);
-        let (train_s, _) = train(
-            g,
-            cfg,
-            &mut w,
-            &mut grads,
-            &mut adam,
-            var,
-            &seqs,
-            micro,
-            &rope,
-            Some(prepared),
-        )?;
-        let total = t0.elapsed().as_secs_f64();
+        let mut parts: Option<PreparedParts> = None;
+        let mut times = Vec::with_capacity(2);
+        for _ in 0..2 {
+            let t0 = Instant::now();
+            let model = match parts.take() {
+                Some(p) => {
+                    let mut m = GpuModel::reuse(g, cfg, &w, p);
+                    m.set_batch_invariant(var.invariant);
+                    m
+                }
+                None => var.model(g, cfg, &w, &rope)?,
+            };
+            let (samples, roll_s, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
+            let prepared = model.into_parts();
+            let seqs = TrainSeq::of_samples(&ps, &samples);
+            let (train_s, rewritten) = train(
+                g,
+                cfg,
+                &mut w,
+                &mut grads,
+                &mut adam,
+                var,
+                &seqs,
+                micro,
+                &rope,
+                Some(prepared),
+            )?;
+            parts = rewritten;
+            times.push((t0.elapsed().as_secs_f64(), roll_s, train_s));
+        }
+        let ((first, first_roll, _), (total, roll_s, train_s)) = (times[0], times[1]);
         peak = peak.max(mem_used_gib());
         if flow == Flow::Bf16 {
             base_step.insert(var.invariant, total);
@@ -648,6 +695,8 @@ pub fn run(
             train_s,
             other_s: total - roll_s - train_s,
             vs_bf16: base / total,
+            first_total_s: first,
+            first_rollout_s: first_roll,
         });
     }
     r.peak_mem_gib = peak;

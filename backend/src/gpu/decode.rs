@@ -9,12 +9,13 @@
 //! the row opens one; finished sequences give their pages back and their slots
 //! take the step's next prompts (continuous batching, `prefill_into`).
 
-use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DeviceRepr};
 use jet_kernels::cuda::attention::attention_decode_paged;
 use jet_kernels::cuda::flash::{
     flash_decode_paged, flash_scatter_kv16, flash_scatter_rows_dev, CacheRows, PAGE_ROWS,
 };
 use jet_kernels::cuda::tensor::{gather_rows, scatter_rows_dev};
+use jet_kernels::cuda::vmm::{FixedRange, RangeView};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
 
@@ -23,29 +24,78 @@ use super::kv_pages::{KvPages, Shared};
 use super::layers::{head, run_layers, AttnSaved, GpuAttention, RowsIn};
 use super::model::GpuModel;
 
-/// Each layer's k and v caches, in the precision the model's attention reads.
+/// Each layer's k and v caches, in the precision the model's attention reads:
+/// views of the cache's [`FixedRange`] (see [`KvLayout`]).
 pub(super) enum KvLayers {
-    F32(Vec<(CudaSlice<f32>, CudaSlice<f32>)>),
-    Bf16(Vec<(CudaSlice<u16>, CudaSlice<u16>)>),
+    F32(Vec<(RangeView<f32>, RangeView<f32>)>),
+    Bf16(Vec<(RangeView<u16>, RangeView<u16>)>),
+}
+
+/// Where a cache's page table and each layer's k and v lie in its range:
+/// the table first, then k and v of layer 0, 1, ... each `rows` rows of
+/// `row_bytes`, every part 256-byte aligned. A range laid out for more
+/// (a longer table, more rows) holds a smaller cache at the same addresses,
+/// so a captured decode step made over it stays valid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct KvLayout {
+    /// Page-table entries (i32).
+    pub table: usize,
+    pub rows: usize,
+    pub row_bytes: usize,
+    pub layers: usize,
+}
+
+impl KvLayout {
+    fn of(model: &GpuModel, table: usize, rows: usize) -> KvLayout {
+        let cfg = model.cfg;
+        let elem = if model.flash_attention() { 2 } else { 4 };
+        KvLayout {
+            table,
+            rows,
+            row_bytes: cfg.num_key_value_heads * cfg.head_dim * elem,
+            layers: cfg.num_hidden_layers,
+        }
+    }
+    fn table_bytes(&self) -> usize {
+        (self.table * 4).div_ceil(256) * 256
+    }
+    fn layer_bytes(&self) -> usize {
+        (self.rows * self.row_bytes).div_ceil(256) * 256
+    }
+    pub fn bytes(&self) -> usize {
+        self.table_bytes() + 2 * self.layers * self.layer_bytes()
+    }
+    /// Whether a cache laid out as `need` fits this layout's places.
+    pub fn holds(&self, need: &KvLayout) -> bool {
+        (self.row_bytes, self.layers) == (need.row_bytes, need.layers)
+            && need.table <= self.table
+            && need.rows <= self.rows
+    }
 }
 
 impl KvLayers {
-    fn new(model: &GpuModel, rows: usize) -> Result<KvLayers> {
-        let (g, cfg) = (&*model.gpu, model.cfg);
-        let n = rows * cfg.num_key_value_heads * cfg.head_dim;
-        let l = cfg.num_hidden_layers;
-        fn zeroed<T: DeviceRepr + ValidAsZeroBits>(
+    /// `rows` rows a layer in `range`, placed by `at` (a layout that holds them).
+    fn new(model: &GpuModel, range: &FixedRange, at: &KvLayout, rows: usize) -> Result<KvLayers> {
+        let g = &*model.gpu;
+        let n = rows * at.row_bytes;
+        let (t, l) = (at.table_bytes(), at.layer_bytes());
+        fn views<T: DeviceRepr>(
             g: &Gpu,
-            layers: usize,
+            range: &FixedRange,
+            (t, l, layers): (usize, usize, usize),
             n: usize,
-        ) -> Result<Vec<(CudaSlice<T>, CudaSlice<T>)>> {
+        ) -> Result<Vec<(RangeView<T>, RangeView<T>)>> {
+            let e = std::mem::size_of::<T>();
             (0..layers)
-                .map(|_| Ok((g.zeros(n)?, g.zeros(n)?)))
+                .map(|i| {
+                    let k = t + 2 * i * l;
+                    Ok((range.view(g, k, n / e)?, range.view(g, k + l, n / e)?))
+                })
                 .collect()
         }
         Ok(match model.flash_attention() {
-            true => KvLayers::Bf16(zeroed(g, l, n)?),
-            false => KvLayers::F32(zeroed(g, l, n)?),
+            true => KvLayers::Bf16(views(g, range, (t, l, at.layers), n)?),
+            false => KvLayers::F32(views(g, range, (t, l, at.layers), n)?),
         })
     }
 
@@ -73,7 +123,7 @@ impl KvLayers {
             }
             (KvLayers::Bf16(l), KvRows::Bf16(k, v)) => {
                 let (kc, vc) = &mut l[layer];
-                flash_scatter_kv16(g, (kc, vc), kvd, dev, (k, v))
+                flash_scatter_kv16(g, (&mut **kc, &mut **vc), kvd, dev, (k, v))
             }
             (KvLayers::F32(_), KvRows::Bf16(..)) => Err(CudaError::Invalid(
                 "an f32 KV cache was handed BF16 k, v (the tensor-core attention's)".into(),
@@ -104,12 +154,15 @@ pub struct GpuKvCache {
     pub(super) lens: Vec<usize>,
     /// Which pages each sequence holds, and the device's copy of the table.
     pub(super) pages: KvPages,
-    pub(super) table: CudaSlice<i32>,
+    pub(super) table: RangeView<i32>,
     /// Prompt rows the prefills computed, and those they were asked for (the
     /// difference: the rows of repeated prompts, computed once).
     pub(super) prefilled_rows: (usize, usize),
     /// Whether the pool is smaller than every slot at full length.
     bounded: bool,
+    /// The device memory the table and the layers' views lie in, and where.
+    range: FixedRange,
+    layout: KvLayout,
 }
 
 impl GpuKvCache {
@@ -122,21 +175,64 @@ impl GpuKvCache {
         capacity: usize,
         pages: Option<usize>,
     ) -> Result<GpuKvCache> {
-        let cfg = model.cfg;
+        Self::new_in(model, slots, capacity, pages, None)
+    }
+
+    /// [`GpuKvCache::new`] in `kept`'s range (unmapped, from [`GpuKvCache::into_range`])
+    /// at its places where its layout holds this cache, else in a new range
+    /// (`kept` dropped). [`GpuKvCache::layout`] tells which.
+    pub(super) fn new_in(
+        model: &GpuModel,
+        slots: usize,
+        capacity: usize,
+        pages: Option<usize>,
+        kept: Option<(FixedRange, KvLayout)>,
+    ) -> Result<GpuKvCache> {
+        let g = &*model.gpu;
         let worst = KvPages::worst_case(slots, capacity);
         let n = pages.map_or(worst, |p| p.min(worst));
         let pages = KvPages::new(slots, capacity, n)?;
-        let table = model.gpu.upload(pages.table())?;
+        let rows = n * PAGE_ROWS;
+        let need = KvLayout::of(model, pages.table().len(), rows);
+        let (mut range, layout) = match kept {
+            Some((r, at)) if at.holds(&need) => (r, at),
+            _ => (g.reserve_range(need.bytes())?, need),
+        };
+        range.map(g)?;
+        let mut table = range.view(g, 0, need.table.max(1))?;
+        g.write(&mut table, pages.table())?;
         Ok(GpuKvCache {
             capacity,
-            kvd: cfg.num_key_value_heads * cfg.head_dim,
-            layers: KvLayers::new(model, n * PAGE_ROWS)?,
+            kvd: model.cfg.num_key_value_heads * model.cfg.head_dim,
+            layers: KvLayers::new(model, &range, &layout, rows)?,
             lens: vec![0; slots],
             pages,
             table,
             prefilled_rows: (0, 0),
             bounded: n < worst,
+            range,
+            layout,
         })
+    }
+
+    /// Where the table and layers lie in the cache's range.
+    pub(super) fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    /// The cache's range, its memory given back once `g`'s queued work is done
+    /// (the addresses stay reserved for [`GpuKvCache::new_in`]).
+    pub(super) fn into_range(self, g: &Gpu) -> Result<(FixedRange, KvLayout)> {
+        let GpuKvCache {
+            layers,
+            table,
+            mut range,
+            layout,
+            ..
+        } = self;
+        drop((layers, table));
+        range.unmap(g)?;
+        Ok((range, layout))
     }
 
     /// Bytes of one page over every layer's k and v.
@@ -394,12 +490,12 @@ impl GpuAttention for Decode<'_> {
             .write(self.model, layer, c.kvd, &self.rows, KvRows::F32(k, v))?;
         // The same kernel family as the training forward (see GpuModel::flash_attention).
         let (shape, stride) = (self.model.attn_shape(), c.pages.max_pages());
-        let table = (&c.table, stride);
+        let table = (&*c.table, stride);
         let o = match &c.layers {
             KvLayers::Bf16(l) => flash_decode_paged(
                 g,
                 q,
-                (&l[layer].0, &l[layer].1),
+                (&*l[layer].0, &*l[layer].1),
                 table,
                 self.slots,
                 lens,
@@ -408,7 +504,7 @@ impl GpuAttention for Decode<'_> {
             KvLayers::F32(l) => attention_decode_paged(
                 g,
                 q,
-                (&l[layer].0, &l[layer].1),
+                (&*l[layer].0, &*l[layer].1),
                 table,
                 self.slots,
                 lens,
@@ -451,4 +547,44 @@ pub fn decode_step(
         cache.lens[s] += 1;
     }
     Ok(head(model, &h, tokens.len(), role, None)?.2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KvLayout;
+
+    /// Every part starts 256-byte aligned, the parts do not overlap, and a
+    /// layout holds exactly the caches of its rows and row width that need no
+    /// longer a table and no more rows (so a graph over it keeps its places).
+    #[test]
+    fn kv_layout_places_and_holds() {
+        let at = KvLayout {
+            table: 37,
+            rows: 640,
+            row_bytes: 2048,
+            layers: 3,
+        };
+        let (t, l) = (at.table_bytes(), at.layer_bytes());
+        assert_eq!((t, l), (256, 640 * 2048));
+        assert_eq!(at.bytes(), t + 6 * l);
+        assert!(t >= 37 * 4 && l >= 640 * 2048 && l % 256 == 0);
+        let fit = |table, rows| KvLayout { table, rows, ..at };
+        assert!(at.holds(&at) && at.holds(&fit(10, 64)));
+        assert!(!at.holds(&fit(38, 64)) && !at.holds(&fit(37, 641)));
+        assert!(!at.holds(&KvLayout {
+            row_bytes: 4096,
+            ..fit(1, 1)
+        }));
+        assert!(!at.holds(&KvLayout {
+            layers: 4,
+            ..fit(1, 1)
+        }));
+        let odd = KvLayout {
+            table: 65,
+            rows: 3,
+            row_bytes: 100,
+            layers: 1,
+        };
+        assert_eq!((odd.table_bytes(), odd.layer_bytes()), (512, 512));
+    }
 }

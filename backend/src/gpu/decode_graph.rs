@@ -190,7 +190,7 @@ impl StepInputs {
         let r = &mut self.rows;
         let staged = &self.staged[self.turn];
         let (tok, pos) = (&mut r.tokens, &mut r.positions);
-        let pages = (&mut cache.table, PAGE_ROWS);
+        let pages = (&mut *cache.table, PAGE_ROWS);
         feed_step(
             g,
             drawn,
@@ -237,9 +237,9 @@ impl DecodeDev<'_> {
         let at = KvAt {
             kv0: &self.inputs.kv0,
             len: &self.inputs.len,
-            pages: Some(&*table),
+            pages: Some(&**table),
         };
-        Ok(((kc, vc), at))
+        Ok(((&mut **kc, &mut **vc), at))
     }
 
     /// `Some(fp8)` where the attention at `prec` makes the o projection's operand
@@ -405,6 +405,12 @@ impl StepGraph {
     }
 
     /// The graph's page-locked input staging, for a later capture to reuse.
+    /// Ready a graph kept from an earlier rollout ([`super::kept`]): the copy
+    /// lane waits for the compute stream once before it stages into it again.
+    pub fn kept(&mut self) {
+        self.inputs.lane_ready = false;
+    }
+
     pub fn into_stage(self) -> PinnedIn<i32> {
         self.inputs.staged_in
     }

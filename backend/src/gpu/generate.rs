@@ -39,6 +39,7 @@ use std::collections::HashMap;
 use super::ahead::{Ahead, DrawStage};
 use super::decode::{decode_step, prefill_into, GpuKvCache, KvUse};
 use super::decode_graph::{bucket_of, StepGraph};
+use super::kept::KeptSteps;
 use super::model::GpuModel;
 use crate::rollout::engine::Decoder;
 use crate::rollout::sampler::SamplingParams;
@@ -108,18 +109,24 @@ pub struct GpuDecoder<'m, 'w> {
     /// Steps launched ahead and kept, since the decoder was made.
     pub(super) kept_ahead: usize,
     /// Input staging of the last rollout's graphs, for this one's.
-    spare: Vec<PinnedIn<i32>>,
+    pub(super) spare: Vec<PinnedIn<i32>>,
     /// Bytes the KV cache may take (None: room for every slot at full length).
     kv_bytes: Option<usize>,
     /// Sequences the engine preempted (each `shortfall` above 0 is one).
     preempted: usize,
+    /// The last rollout's graphs and cache range, until `reserve` adopts them.
+    pub(super) kept: Option<KeptSteps>,
+    /// Graphs this decoder captured, and those it took from an earlier rollout.
+    captured: usize,
+    pub(super) graphs_reused: usize,
 }
 
 impl<'m, 'w> GpuDecoder<'m, 'w> {
     /// A decoder that replays decode steps as CUDA graphs where it can.
     pub fn new(model: &'m GpuModel<'w>) -> Self {
         let parked = model.gpu.take_parked::<Parked>();
-        let (stage, spare) = parked.map_or((None, Vec::new()), |p| (p.stage, p.spare));
+        let (stage, spare, kept) =
+            parked.map_or((None, Vec::new(), None), |p| (p.stage, p.spare, p.kept));
         GpuDecoder {
             model,
             graphs: HashMap::new(),
@@ -135,7 +142,16 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
             spare,
             kv_bytes: None,
             preempted: 0,
+            kept,
+            captured: 0,
+            graphs_reused: 0,
         }
+    }
+
+    /// Decode graphs this decoder captured, and those it replayed from an
+    /// earlier rollout's decoder (`kept`: the same model and cache places).
+    pub fn graphs_captured(&self) -> (usize, usize) {
+        (self.captured, self.graphs_reused)
     }
 
     /// Sequences preempted for want of free pages (the engine preempts one for
@@ -191,7 +207,7 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
     }
 
     /// Graphs need the BF16 cache of the tensor-core attention.
-    fn graphs_apply(&self) -> bool {
+    pub(super) fn graphs_apply(&self) -> bool {
         self.use_graphs && self.model.flash_attention()
     }
 
@@ -206,12 +222,12 @@ impl Decoder for GpuDecoder<'_, '_> {
     fn reserve(&mut self, slots: usize, max_len: usize) -> Result<()> {
         self.logits.clear();
         self.ahead = None;
-        let spare = &mut self.spare;
-        spare.extend(self.graphs.drain().map(|(_, sg)| sg.into_stage()));
+        // An earlier generation's cache and graphs become this one's to adopt.
+        self.retire()?;
         self.launched.clear();
         let page = GpuKvCache::page_bytes(self.model).max(1);
         let pages = self.kv_bytes.map(|b| b / page);
-        let cache = GpuKvCache::new(self.model, slots, max_len, pages).map_err(|e| match self.kv_bytes {
+        let cache = self.adopt(slots, max_len, pages).map_err(|e| match self.kv_bytes {
             Some(b) => CudaError::Invalid(format!(
                 "rollout.kv_cache_gib = {:.3} ({} pages of {page} bytes): {e}; one sequence of {max_len} \
                  rows needs at least {:.3} GiB",
@@ -238,13 +254,14 @@ impl Decoder for GpuDecoder<'_, '_> {
         // while the GPU runs the prefill (the capture is host work, about 9 ms
         // at 0.6B on an H200, which otherwise leaves the GPU idle), so the
         // first steps need no launched warm-up.
-        if self.graphs_apply() && self.graphs.is_empty() && self.launched.is_empty() {
-            let bucket = bucket_of(seqs.len());
+        let bucket = bucket_of(seqs.len());
+        if self.graphs_apply() && !self.graphs.contains_key(&bucket) && self.launched.is_empty() {
             let Some(cache) = self.cache.as_mut() else {
                 return Err(CudaError::Invalid("prefill before reserve".into()));
             };
             let sg = StepGraph::capture(model, cache, bucket, &mut self.spare)?;
             self.graphs.insert(bucket, sg);
+            self.captured += 1;
         }
         Ok(())
     }
@@ -342,6 +359,7 @@ impl Decoder for GpuDecoder<'_, '_> {
         let sg = match self.graphs.entry(bucket) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
+                self.captured += 1;
                 e.insert(StepGraph::capture(model, cache, bucket, &mut self.spare)?)
             }
         };
@@ -356,18 +374,24 @@ impl Decoder for GpuDecoder<'_, '_> {
 }
 
 /// What a decoder hands to the next one through [`jet_kernels::cuda::Gpu::park`]:
-/// its page-locked staging (2-3 ms of allocations and frees a rollout otherwise).
+/// its page-locked staging (2-3 ms of allocations and frees a rollout otherwise),
+/// and its graphs with the range their cache lay in ([`super::kept`]).
 struct Parked {
     stage: Option<DrawStage>,
     spare: Vec<PinnedIn<i32>>,
+    kept: Option<KeptSteps>,
 }
 
 impl Drop for GpuDecoder<'_, '_> {
     fn drop(&mut self) {
+        // A cache that cannot be retired (its stream failed) is dropped with
+        // its graphs; the next decoder makes its own.
+        let _ = self.retire();
         let mut spare = std::mem::take(&mut self.spare);
         spare.extend(self.graphs.drain().map(|(_, sg)| sg.into_stage()));
         let stage = self.stage.take();
-        self.model.gpu.park(Parked { stage, spare });
+        let kept = self.kept.take();
+        self.model.gpu.park(Parked { stage, spare, kept });
     }
 }
 

@@ -15,6 +15,7 @@ pub mod decode_graph;
 pub mod forward;
 pub mod generate;
 pub mod grads;
+mod kept;
 pub mod kv_pages;
 pub mod layers;
 pub mod micro;

@@ -229,6 +229,37 @@ impl<'w> GpuModel<'w> {
         self.lm_head.batch_invariant = on;
     }
 
+    /// What a captured decode step reads of the model and what picked its
+    /// kernels: the device addresses of every weight copy, the master weights
+    /// and the RoPE tables, the flow and the shapes. A graph kept from an
+    /// earlier rollout replays only where this is equal (the optimizer rewrites
+    /// the copies in place, so a run's rollouts share one).
+    pub fn fingerprint(&self) -> Vec<u64> {
+        let g = &*self.gpu;
+        let c = self.cfg;
+        let mut out = vec![
+            self.flow as u64,
+            self.flash_attention() as u64,
+            c.vocab_size as u64,
+            c.hidden_size as u64,
+            c.intermediate_size as u64,
+            c.num_hidden_layers as u64,
+            c.num_attention_heads as u64,
+            c.num_key_value_heads as u64,
+            c.head_dim as u64,
+            c.rms_norm_eps.to_bits(),
+        ];
+        out.extend(self.w.bufs.iter().map(|b| g.device_ptr(b)));
+        for l in &self.layers {
+            for w in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
+                w.fingerprint(g, &mut out);
+            }
+        }
+        self.lm_head.fingerprint(g, &mut out);
+        out.extend(self.rope.fingerprint(g));
+        out
+    }
+
     /// Whether attention runs on the tensor-core kernels (`cuda::flash`, BF16
     /// operands): every flow but `f32`, which keeps the exact per-row kernels as
     /// the parity path. Training, prefill and decode all follow this one choice,

@@ -482,6 +482,11 @@ impl Gpu {
     pub fn nvrtc_version(&self) -> (i32, i32) {
         self.nvrtc
     }
+    /// Hand the memory the stream-ordered pool caches (beyond what is
+    /// allocated) back to the driver, for an allocation made outside the pool.
+    pub(crate) fn trim_memory_pool(&self) -> Result<()> {
+        trim_pool(&self.ctx)
+    }
     /// The stream every op of this device runs on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
@@ -730,6 +735,11 @@ impl Gpu {
     /// The device address of a buffer (one stream, so no events to record).
     pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
         s.device_ptr(&self.stream).0
+    }
+
+    /// [`Gpu::ptr`] for other crates: an address to compare, not to use.
+    pub fn device_ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
+        self.ptr(s)
     }
 
     /// A zeroed device buffer of `n` values.

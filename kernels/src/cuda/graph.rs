@@ -23,6 +23,13 @@ pub struct Graph {
     pub launches: usize,
 }
 
+// SAFETY: the graph's handles belong to the driver, which allows their use
+// from any thread; a launch binds the context first (cudarc's `launch`), and
+// `Graph` gives no shared mutable access (launch takes `&self` and the driver
+// serialises work on the stream). A decoder hands its graphs to the next
+// rollout's through `Gpu::park`, which needs `Send`.
+unsafe impl Send for Graph {}
+
 impl Gpu {
     /// Capture what `f` enqueues into a graph named `name` (nothing runs until a
     /// launch). On an error inside `f` the capture is ended and discarded, and

@@ -65,6 +65,21 @@ pub struct GpuWeight {
 }
 
 impl GpuWeight {
+    /// The device addresses of its copies and what picks its kernels (a
+    /// captured graph reads these: one kept across rollouts is valid while
+    /// they are the same, `GpuModel::fingerprint`).
+    pub fn fingerprint(&self, gpu: &Gpu, out: &mut Vec<u64>) {
+        out.extend([self.n as u64, self.k as u64, self.batch_invariant as u64]);
+        out.push(self.f32.as_ref().map_or(0, |b| gpu.ptr(b)));
+        out.push(self.bf16.as_ref().map_or(0, |b| gpu.ptr(b)));
+        for q in [&self.fp8, &self.fp8_t] {
+            match q {
+                Some(q) => out.extend([gpu.ptr(&q.codes), gpu.ptr(&q.scales)]),
+                None => out.extend([0, 0]),
+            }
+        }
+    }
+
     /// Prepare the device master weight `w [n, k]` for every GEMM role of `flow`.
     pub fn prepare(
         gpu: &Gpu,

@@ -50,6 +50,7 @@ pub mod sample;
 pub mod sample_top;
 pub mod tensor;
 mod tma;
+pub mod vmm;
 
 pub use context::{
     compile_all_sources, cuda_available, cuda_device, cuda_device_count, DirKernelStore, Gpu,

@@ -675,6 +675,11 @@ pub struct GpuRope {
 }
 
 impl GpuRope {
+    /// Its tables' device addresses (see `GpuWeight::fingerprint`).
+    pub fn fingerprint(&self, gpu: &Gpu) -> [u64; 2] {
+        [gpu.ptr(&self.cos), gpu.ptr(&self.sin)]
+    }
+
     pub fn new(gpu: &Gpu, table: &RopeTable) -> Result<GpuRope> {
         let f = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
         Ok(GpuRope {

@@ -270,8 +270,9 @@ pub struct RolloutCounts {
 /// A rollout's decode graphs and steps ahead.
 #[derive(Clone, Copy, Default, Serialize)]
 pub struct GraphCounts {
-    /// Decode graphs the rollout captured, and those it replayed from the
-    /// rollout before it (the same model: `gpu::kept`).
+    /// Decode graphs the rollout captured, and those it adopted from the
+    /// rollout before it (the same model: `gpu::kept`; adopted graphs of buckets
+    /// this rollout never reached are counted too).
     pub graphs_captured: usize,
     pub graphs_reused: usize,
     /// Decode steps launched ahead of the host and kept.

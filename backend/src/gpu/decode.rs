@@ -33,9 +33,11 @@ pub(super) enum KvLayers {
 
 /// Where a cache's page table and each layer's k and v lie in its range:
 /// the table first, then k and v of layer 0, 1, ... each `rows` rows of
-/// `row_bytes`, every part 256-byte aligned. A range laid out for more
-/// (a longer table, more rows) holds a smaller cache at the same addresses,
-/// so a captured decode step made over it stays valid.
+/// `row_bytes`, every part starting at a multiple of `align` (the range's
+/// mapping granularity, so that each part is mapped on its own). A range laid
+/// out for more (a longer table, more rows) holds a smaller cache at the same
+/// addresses, backing only the smaller cache's parts, so a captured decode
+/// step made over it stays valid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct KvLayout {
     /// Page-table entries (i32).
@@ -43,10 +45,11 @@ pub(super) struct KvLayout {
     pub rows: usize,
     pub row_bytes: usize,
     pub layers: usize,
+    pub align: usize,
 }
 
 impl KvLayout {
-    fn of(model: &GpuModel, table: usize, rows: usize) -> KvLayout {
+    fn of(model: &GpuModel, table: usize, rows: usize, align: usize) -> KvLayout {
         let cfg = model.cfg;
         let elem = if model.flash_attention() { 2 } else { 4 };
         KvLayout {
@@ -54,22 +57,41 @@ impl KvLayout {
             rows,
             row_bytes: cfg.num_key_value_heads * cfg.head_dim * elem,
             layers: cfg.num_hidden_layers,
+            align: align.max(256),
         }
     }
+    fn round(&self, bytes: usize) -> usize {
+        bytes.max(1).div_ceil(self.align) * self.align
+    }
     fn table_bytes(&self) -> usize {
-        (self.table * 4).div_ceil(256) * 256
+        self.round(self.table * 4)
     }
     fn layer_bytes(&self) -> usize {
-        (self.rows * self.row_bytes).div_ceil(256) * 256
+        self.round(self.rows * self.row_bytes)
     }
     pub fn bytes(&self) -> usize {
         self.table_bytes() + 2 * self.layers * self.layer_bytes()
     }
+    /// Byte offset of layer `l`'s k (`v` false) or v.
+    fn kv_at(&self, l: usize, v: bool) -> usize {
+        self.table_bytes() + (2 * l + usize::from(v)) * self.layer_bytes()
+    }
     /// Whether a cache laid out as `need` fits this layout's places.
     pub fn holds(&self, need: &KvLayout) -> bool {
-        (self.row_bytes, self.layers) == (need.row_bytes, need.layers)
+        (self.row_bytes, self.layers, self.align) == (need.row_bytes, need.layers, need.align)
             && need.table <= self.table
             && need.rows <= self.rows
+    }
+    /// The parts of this layout's range that a cache laid out as `need` uses
+    /// (byte offset, length): its table, then each layer's k and v rows.
+    fn parts(&self, need: &KvLayout) -> Vec<(usize, usize)> {
+        let mut p = vec![(0, need.table_bytes())];
+        for l in 0..self.layers {
+            for v in [false, true] {
+                p.push((self.kv_at(l, v), need.layer_bytes()));
+            }
+        }
+        p
     }
 }
 
@@ -78,24 +100,23 @@ impl KvLayers {
     fn new(model: &GpuModel, range: &FixedRange, at: &KvLayout, rows: usize) -> Result<KvLayers> {
         let g = &*model.gpu;
         let n = rows * at.row_bytes;
-        let (t, l) = (at.table_bytes(), at.layer_bytes());
         fn views<T: DeviceRepr>(
             g: &Gpu,
             range: &FixedRange,
-            (t, l, layers): (usize, usize, usize),
+            at: &KvLayout,
             n: usize,
         ) -> Result<Vec<(RangeView<T>, RangeView<T>)>> {
             let e = std::mem::size_of::<T>();
-            (0..layers)
-                .map(|i| {
-                    let k = t + 2 * i * l;
-                    Ok((range.view(g, k, n / e)?, range.view(g, k + l, n / e)?))
+            (0..at.layers)
+                .map(|l| {
+                    let (k, v) = (at.kv_at(l, false), at.kv_at(l, true));
+                    Ok((range.view(g, k, n / e)?, range.view(g, v, n / e)?))
                 })
                 .collect()
         }
         Ok(match model.flash_attention() {
-            true => KvLayers::Bf16(views(g, range, (t, l, at.layers), n)?),
-            false => KvLayers::F32(views(g, range, (t, l, at.layers), n)?),
+            true => KvLayers::Bf16(views(g, range, at, n)?),
+            false => KvLayers::F32(views(g, range, at, n)?),
         })
     }
 
@@ -193,12 +214,12 @@ impl GpuKvCache {
         let n = pages.map_or(worst, |p| p.min(worst));
         let pages = KvPages::new(slots, capacity, n)?;
         let rows = n * PAGE_ROWS;
-        let need = KvLayout::of(model, pages.table().len(), rows);
+        let need = KvLayout::of(model, pages.table().len(), rows, g.range_granularity()?);
         let (mut range, layout) = match kept {
             Some((r, at)) if at.holds(&need) => (r, at),
             _ => (g.reserve_range(need.bytes())?, need),
         };
-        range.map(g)?;
+        range.map(g, &layout.parts(&need))?;
         let mut table = range.view(g, 0, need.table.max(1))?;
         g.write(&mut table, pages.table())?;
         Ok(GpuKvCache {
@@ -563,11 +584,11 @@ mod tests {
             rows: 640,
             row_bytes: 2048,
             layers: 3,
+            align: 1 << 21,
         };
         let (t, l) = (at.table_bytes(), at.layer_bytes());
-        assert_eq!((t, l), (256, 640 * 2048));
+        assert_eq!((t, l), (1 << 21, 1 << 21));
         assert_eq!(at.bytes(), t + 6 * l);
-        assert!(t >= 37 * 4 && l >= 640 * 2048 && l % 256 == 0);
         let fit = |table, rows| KvLayout { table, rows, ..at };
         assert!(at.holds(&at) && at.holds(&fit(10, 64)));
         assert!(!at.holds(&fit(38, 64)) && !at.holds(&fit(37, 641)));
@@ -579,11 +600,32 @@ mod tests {
             layers: 4,
             ..fit(1, 1)
         }));
+        assert!(!at.holds(&KvLayout {
+            align: 256,
+            ..fit(1, 1)
+        }));
+        // A smaller cache's parts: at the layout's places, its own lengths,
+        // aligned and apart.
+        let big = KvLayout { rows: 4096, ..at };
+        let small = KvLayout { rows: 64, ..at };
+        let parts = big.parts(&small);
+        assert_eq!(parts.len(), 1 + 2 * 3);
+        assert_eq!(parts[1], (big.table_bytes(), small.layer_bytes()));
+        assert_eq!(parts[2].0, big.table_bytes() + big.layer_bytes());
+        assert!(parts
+            .iter()
+            .all(|&(o, n)| o % at.align == 0 && n % at.align == 0));
+        assert!(parts.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0));
+        assert_eq!(
+            big.parts(&big).last().map(|&(o, n)| o + n),
+            Some(big.bytes())
+        );
         let odd = KvLayout {
             table: 65,
             rows: 3,
             row_bytes: 100,
             layers: 1,
+            align: 256,
         };
         assert_eq!((odd.table_bytes(), odd.layer_bytes()), (512, 512));
     }

@@ -404,13 +404,13 @@ impl StepGraph {
         self.graph.launch(g)
     }
 
-    /// The graph's page-locked input staging, for a later capture to reuse.
     /// Ready a graph kept from an earlier rollout ([`super::kept`]): the copy
     /// lane waits for the compute stream once before it stages into it again.
     pub fn kept(&mut self) {
         self.inputs.lane_ready = false;
     }
 
+    /// The graph's page-locked input staging, for a later capture to reuse.
     pub fn into_stage(self) -> PinnedIn<i32> {
         self.inputs.staged_in
     }

@@ -4,8 +4,8 @@
 //! when the model runs the tensor-core attention and graphs are on (the
 //! default); prefills run eagerly. The first prefill's bucket is captured
 //! while the GPU runs that prefill; a bucket the batch shrinks into later is
-//! captured at its third step (`JET_EAGER_STEPS` sets how many run launched
-//! first). Per decode
+//! captured at its first step (`JET_EAGER_STEPS` sets how many run launched
+//! first), and the graphs are kept for the run's next rollouts (`kept`). Per decode
 //! step only the sampled tokens and their logprobs come back to the host (the
 //! stop conditions need them). Sampling runs on the device from one u64 seed per
 //! row drawn from the run's RNG stream, so a step's rollouts stay a function of
@@ -58,15 +58,18 @@ pub(super) enum Pending {
 }
 
 /// Steps a bucket the batch shrinks into runs launched before it is captured
-/// (the first prefill's bucket is captured behind that prefill): a capture costs about
-/// two launched steps of host work plus the instantiation, which the short
-/// rollouts of many RL tasks (a few tokens a response, the batch shrinking
-/// through a bucket a step or two) do not win back (the arithmetic task's real
-/// run: 8,600-10,800 tokens/s capturing at the first step, 12,900-16,200 at the
-/// third). Long responses gain from capturing at once (0.6B, H100, 128-token
-/// prompts: random lengths 1-128 +2-24% tokens/s, 128 tokens +0-2.5%; 2-token
-/// responses 1-19% slower): `JET_EAGER_STEPS=0` for such workloads.
-const EAGER_STEPS: usize = 2;
+/// (the first prefill's bucket is captured behind that prefill). A capture
+/// costs about two launched steps of host work plus the instantiation; since
+/// graphs are kept from one rollout to the next (`kept`), a run pays it once a
+/// bucket, so capturing at the first step is the default. Before that, each
+/// rollout captured anew and the third step won for few-token responses (the
+/// arithmetic run: 8,600-10,800 tokens/s capturing at the first step, 12,900-16,200
+/// at the third); with kept graphs, a bucket the batch passed in under three steps
+/// was launched step by step in every rollout: capturing at the first, 0.6B
+/// rollouts with responses of 1-64 tokens ran 15-20% more tokens/s (8B-4l 2-6%),
+/// 1-512 tokens 0-1%, and the arithmetic run's RL rollouts were level (H100,
+/// forty-first session).
+const EAGER_STEPS: usize = 0;
 
 /// [`EAGER_STEPS`], or `JET_EAGER_STEPS` (read once; a value that is not a
 /// whole number is named on stderr and the default kept).
@@ -148,7 +151,7 @@ impl<'m, 'w> GpuDecoder<'m, 'w> {
         }
     }
 
-    /// Decode graphs this decoder captured, and those it replayed from an
+    /// Decode graphs this decoder captured, and those it adopted from an
     /// earlier rollout's decoder (`kept`: the same model and cache places).
     pub fn graphs_captured(&self) -> (usize, usize) {
         (self.captured, self.graphs_reused)

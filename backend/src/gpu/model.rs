@@ -231,7 +231,8 @@ impl<'w> GpuModel<'w> {
 
     /// What a captured decode step reads of the model and what picked its
     /// kernels: the device addresses of every weight copy, the master weights
-    /// and the RoPE tables, the flow and the shapes. A graph kept from an
+    /// and the RoPE tables, the flow, the shapes, and a hash of the whole config
+    /// and the weights' names. A graph kept from an
     /// earlier rollout replays only where this is equal (the optimizer rewrites
     /// the copies in place, so a run's rollouts share one).
     pub fn fingerprint(&self) -> Vec<u64> {
@@ -249,6 +250,12 @@ impl<'w> GpuModel<'w> {
             c.head_dim as u64,
             c.rms_norm_eps.to_bits(),
         ];
+        // Everything else the config and the weights' roles say (the
+        // architecture's switches, which tensor is which), hashed.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&format!("{c:?}"), &mut h);
+        std::hash::Hash::hash(&self.w.names, &mut h);
+        out.push(std::hash::Hasher::finish(&h));
         out.extend(self.w.bufs.iter().map(|b| g.device_ptr(b)));
         for l in &self.layers {
             for w in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {

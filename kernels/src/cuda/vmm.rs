@@ -6,10 +6,11 @@
 //! rollouts wants back, and a buffer freed and allocated again lands wherever
 //! the allocator puts it, so every rollout used to capture its decode graphs
 //! anew (about 9 ms of host work a batch-size bucket at 0.6B, with the GPU
-//! idle). Here the cache's range stays reserved: [`FixedRange::map`] backs it
-//! (zeroed) for a rollout and [`FixedRange::unmap`] gives the memory back,
-//! so the next rollout's graphs read the same addresses
-//! (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`).
+//! idle). Here the cache's range stays reserved: [`FixedRange::map`] backs the
+//! parts a rollout needs (zeroed) and [`FixedRange::unmap`] gives the memory
+//! back, so the next rollout's graphs read the same addresses
+//! (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`). A range
+//! laid out for a larger cache backs only a smaller one's parts.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -21,19 +22,29 @@ use cudarc::driver::{CudaContext, CudaSlice, DeviceRepr};
 
 use super::{Ctx, CudaError, Gpu, Result};
 
-/// A reserved range of device addresses, mapped to memory or not.
+/// A reserved range of device addresses, parts of it mapped to memory or none.
 pub struct FixedRange {
     ctx: Arc<CudaContext>,
     base: CUdeviceptr,
-    /// Reserved bytes (a multiple of the allocation granularity); when mapped,
-    /// all of them are backed.
+    /// Reserved bytes, and the granularity every mapped part's offset and
+    /// length are multiples of.
     bytes: usize,
-    handle: Option<CUmemGenericAllocationHandle>,
+    gran: usize,
+    /// The mapped parts `(offset, bytes, memory)`: a handle each, since
+    /// `cuMemMap` maps a handle from its start only.
+    mapped: Option<Vec<(usize, usize, CUmemGenericAllocationHandle)>>,
 }
 
 // SAFETY: the range is plain device addresses and a driver handle; the driver
 // API may be called from any thread with the context bound, as every method does.
 unsafe impl Send for FixedRange {}
+
+fn driver_err(what: &str, e: cudarc::driver::DriverError) -> CudaError {
+    CudaError::Driver {
+        what: what.to_string(),
+        err: e.to_string(),
+    }
+}
 
 /// Device memory on this context's device, as `cuMemCreate` takes it.
 fn device_prop(ctx: &CudaContext) -> CUmemAllocationProp {
@@ -47,11 +58,12 @@ fn device_prop(ctx: &CudaContext) -> CUmemAllocationProp {
 }
 
 impl Gpu {
-    /// Reserve a range of at least `bytes` device addresses, not yet backed.
-    pub fn reserve_range(&self, bytes: usize) -> Result<FixedRange> {
-        let ctx = self.context().clone();
+    /// The granularity of device memory mapped into a reserved range (2 MiB on
+    /// Hopper): what [`FixedRange`] parts are multiples of.
+    pub fn range_granularity(&self) -> Result<usize> {
+        let ctx = self.context();
         ctx.bind_to_thread().ctx("binding the device")?;
-        let prop = device_prop(&ctx);
+        let prop = device_prop(ctx);
         let mut gran = 0usize;
         // SAFETY: out-pointer and a valid property struct, as documented.
         unsafe {
@@ -62,131 +74,205 @@ impl Gpu {
             )
         }
         .result()
-        .ctx("reading the device's allocation granularity")?;
-        let gran = gran.max(1);
+        .ctx("reading the device's allocation granularity (CUDA virtual memory management, which the KV cache needs)")?;
+        Ok(gran.max(1))
+    }
+
+    /// Reserve a range of at least `bytes` device addresses, not yet backed.
+    pub fn reserve_range(&self, bytes: usize) -> Result<FixedRange> {
+        let gran = self.range_granularity()?;
+        let ctx = self.context().clone();
         let bytes = bytes.max(1).div_ceil(gran) * gran;
         let mut base: CUdeviceptr = 0;
         // SAFETY: out-pointer; no fixed address asked (0), default flags.
         unsafe { sys::cuMemAddressReserve(&mut base, bytes, gran, 0, 0) }
             .result()
-            .ctx("reserving device addresses")?;
+            .ctx("reserving device addresses for the KV cache (CUDA virtual memory management)")?;
         Ok(FixedRange {
             ctx,
             base,
             bytes,
-            handle: None,
+            gran,
+            mapped: None,
         })
     }
 }
 
 impl FixedRange {
-    /// Reserved bytes (what a mapping backs).
+    /// Reserved bytes.
     pub fn bytes(&self) -> usize {
         self.bytes
     }
 
     pub fn is_mapped(&self) -> bool {
-        self.handle.is_some()
+        self.mapped.is_some()
     }
 
-    /// Back the whole range with device memory and zero it (stream-ordered on
-    /// `g`'s stream). Out of memory, the stream-ordered pool's cached memory
-    /// (which the training phase leaves there) is handed back and it tries once
-    /// more. Mapping a mapped range does nothing.
-    pub fn map(&mut self, g: &Gpu) -> Result<()> {
-        if self.handle.is_some() {
-            return Ok(());
+    /// Back `parts` (byte offset, length; offsets multiples of the granularity,
+    /// lengths rounded up to it, inside the range, not overlapping; adjacent
+    /// ones mapped as one) with device memory and zero them (stream-ordered on `g`'s stream). Out of memory, the
+    /// stream-ordered pool's cached memory (which the training phase leaves
+    /// there) is handed back and it tries once more.
+    pub fn map(&mut self, g: &Gpu, parts: &[(usize, usize)]) -> Result<()> {
+        if self.mapped.is_some() {
+            return Err(CudaError::Invalid("mapping a reserved range twice".into()));
+        }
+        let gran = self.gran;
+        let parts: Vec<(usize, usize)> = parts
+            .iter()
+            .map(|&(o, n)| (o, n.max(1).div_ceil(gran) * gran))
+            .collect();
+        let mut sorted = parts.clone();
+        sorted.sort_unstable();
+        let bad = sorted
+            .iter()
+            .any(|&(o, n)| !o.is_multiple_of(gran) || o + n > self.bytes)
+            || sorted.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0);
+        // Adjacent parts in one mapping (a cache that fills its layout is one):
+        // each mapping is a handle, a map, an access grant and a memset.
+        let mut parts: Vec<(usize, usize)> = Vec::with_capacity(sorted.len());
+        for (o, n) in sorted {
+            match parts.last_mut() {
+                Some(last) if last.0 + last.1 == o => last.1 += n,
+                _ => parts.push((o, n)),
+            }
+        }
+        if bad || parts.is_empty() {
+            return Err(CudaError::Invalid(format!(
+                "mapping parts {parts:?} of a reserved range of {} bytes (granularity {gran})",
+                self.bytes
+            )));
         }
         self.ctx.bind_to_thread().ctx("binding the device")?;
         let prop = device_prop(&self.ctx);
-        let create = || {
-            let mut h: CUmemGenericAllocationHandle = 0;
-            // SAFETY: out-pointer, a size that is a multiple of the granularity.
-            unsafe { sys::cuMemCreate(&mut h, self.bytes, &prop, 0) }
-                .result()
-                .map(|()| h)
+        let desc = CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        let h = match create() {
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                g.sync()?;
-                g.trim_memory_pool()?;
-                create().ctx("allocating the KV cache's memory (after trimming the pool)")?
-            }
-            r => r.ctx("allocating the KV cache's memory")?,
-        };
-        // SAFETY: the handle's whole size at the reserved base; on failure the
-        // handle is released and the range left unmapped.
-        let mapped = unsafe { sys::cuMemMap(self.base, self.bytes, 0, h, 0) }
-            .result()
-            .ctx("mapping the KV cache's memory")
-            .and_then(|()| {
-                let desc = CUmemAccessDesc {
-                    location: prop.location,
-                    flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-                };
-                // SAFETY: one access descriptor for the mapped range.
-                let set = unsafe { sys::cuMemSetAccess(self.base, self.bytes, &desc, 1) };
-                if set.result().is_err() {
-                    // SAFETY: the range was mapped just above.
-                    let _ = unsafe { sys::cuMemUnmap(self.base, self.bytes) };
+        let mut done: Vec<(usize, usize, CUmemGenericAllocationHandle)> =
+            Vec::with_capacity(parts.len());
+        let mut trimmed = false;
+        let mut failed = None;
+        for &(o, n) in &parts {
+            let create = || {
+                let mut h: CUmemGenericAllocationHandle = 0;
+                // SAFETY: out-pointer, a size that is a multiple of the granularity.
+                unsafe { sys::cuMemCreate(&mut h, n, &prop, 0) }
+                    .result()
+                    .map(|()| h)
+            };
+            let h = match create() {
+                Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY && !trimmed => {
+                    trimmed = true;
+                    g.sync().and_then(|()| g.trim_memory_pool()).and_then(|()| {
+                        create().ctx("allocating the KV cache's memory (after trimming the pool)")
+                    })
                 }
-                set.result()
-                    .ctx("opening the KV cache's memory to the device")
-            });
-        if let Err(e) = mapped {
-            // SAFETY: the handle made above, no longer mapped.
-            let _ = unsafe { sys::cuMemRelease(h) };
-            return Err(e);
+                r => r.ctx("allocating the KV cache's memory"),
+            };
+            let h = match h {
+                Ok(h) => h,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
+            let ptr = self.base + o as u64;
+            // SAFETY: the whole handle at a reserved, aligned, unmapped address.
+            if let Err(e) = unsafe { sys::cuMemMap(ptr, n, 0, h, 0) }.result() {
+                // SAFETY: the handle made above, not mapped.
+                let _ = unsafe { sys::cuMemRelease(h) };
+                failed = Some(driver_err("mapping the KV cache's memory", e));
+                break;
+            }
+            done.push((o, n, h));
+            // SAFETY: one access descriptor for the part just mapped.
+            if let Err(e) = unsafe { sys::cuMemSetAccess(ptr, n, &desc, 1) }.result() {
+                failed = Some(driver_err("opening the KV cache's memory to the device", e));
+                break;
+            }
         }
-        self.handle = Some(h);
-        // SAFETY: the range is mapped read-write; any byte is valid.
-        unsafe {
-            cudarc::driver::result::memset_d8_async(
-                self.base,
-                0,
-                self.bytes,
-                g.stream().cu_stream(),
-            )
+        if let Some(err) = failed {
+            self.mapped = Some(done);
+            let _ = self.release();
+            return Err(err);
         }
-        .ctx("zeroing the KV cache")
+        let zero: Vec<(usize, usize)> = done.iter().map(|&(o, n, _)| (o, n)).collect();
+        self.mapped = Some(done);
+        for (o, n) in zero {
+            // SAFETY: the part is mapped read-write; any byte is valid.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    self.base + o as u64,
+                    0,
+                    n,
+                    g.stream().cu_stream(),
+                )
+            }
+            .ctx("zeroing the KV cache")?;
+        }
+        Ok(())
     }
 
     /// Wait for `g`'s stream (its queued work may still read the range), then
     /// give the memory back; the addresses stay reserved.
     pub fn unmap(&mut self, g: &Gpu) -> Result<()> {
-        let Some(h) = self.handle else {
+        if self.mapped.is_none() {
             return Ok(());
-        };
+        }
         g.sync()?;
-        self.release(h)
+        self.release()
     }
 
-    fn release(&mut self, h: CUmemGenericAllocationHandle) -> Result<()> {
+    /// Unmap every part and release its memory; parts that fail to unmap stay
+    /// (mapped: the range's addresses are then not freed on drop).
+    fn release(&mut self) -> Result<()> {
+        let Some(parts) = self.mapped.take() else {
+            return Ok(());
+        };
         self.ctx.bind_to_thread().ctx("binding the device")?;
-        self.handle = None;
-        // SAFETY: the range is mapped to `h`, and nothing queued reads it.
-        unsafe { sys::cuMemUnmap(self.base, self.bytes) }
-            .result()
-            .ctx("unmapping the KV cache's memory")?;
-        // SAFETY: the handle is no longer mapped anywhere.
-        unsafe { sys::cuMemRelease(h) }
-            .result()
-            .ctx("releasing the KV cache's memory")
+        let mut left = Vec::new();
+        let mut first_err = None;
+        for (o, n, h) in parts {
+            // SAFETY: the part is mapped to `h`, and nothing queued reads it.
+            match unsafe { sys::cuMemUnmap(self.base + o as u64, n) }.result() {
+                Ok(()) => {
+                    // SAFETY: the handle is no longer mapped anywhere.
+                    let _ = unsafe { sys::cuMemRelease(h) };
+                }
+                Err(e) => {
+                    left.push((o, n, h));
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            None => Ok(()),
+            Some(e) => {
+                self.mapped = Some(left);
+                Err(driver_err("unmapping the KV cache's memory", e))
+            }
+        }
     }
 
     /// `n` values of `T` at byte `offset` of the range, as a device buffer
-    /// that never frees (the range owns the memory). The view must not be
-    /// used while the range is unmapped.
+    /// that never frees (the range owns the memory). It must lie in a mapped
+    /// part whenever it is used.
     pub fn view<T: DeviceRepr>(&self, g: &Gpu, offset: usize, n: usize) -> Result<RangeView<T>> {
-        let end = offset + n * std::mem::size_of::<T>();
-        if end > self.bytes || !offset.is_multiple_of(std::mem::align_of::<T>().max(256)) {
+        let end = n
+            .checked_mul(std::mem::size_of::<T>())
+            .and_then(|b| b.checked_add(offset));
+        let ok = end.is_some_and(|e| e <= self.bytes) && offset.is_multiple_of(256);
+        if !ok {
             return Err(CudaError::Invalid(format!(
-                "a view of bytes {offset}..{end} of a reserved range of {} bytes (256-aligned)",
+                "a view of {n} values at byte {offset} of a reserved range of {} bytes (256-aligned)",
                 self.bytes
             )));
         }
-        // SAFETY: the bytes lie inside the reserved range; the caller maps it
-        // before any use, and `RangeView` never frees them.
+        // SAFETY: the bytes lie inside the reserved range; the caller maps them
+        // before any use, and `RangeView` never frees them. With the context's
+        // event tracking on, cudarc would make (and unwrap) two events here;
+        // `Gpu` turns it off.
         let s = unsafe { g.stream().upgrade_device_ptr(self.base + offset as u64, n) };
         Ok(RangeView(std::mem::ManuallyDrop::new(s)))
     }
@@ -197,11 +283,13 @@ impl Drop for FixedRange {
         if self.ctx.bind_to_thread().is_err() {
             return;
         }
-        if let Some(h) = self.handle {
+        if self.mapped.is_some() {
             // The owner unmaps after waiting for its stream; a range dropped
             // mapped (an error path) waits for the whole context.
             let _ = self.ctx.synchronize();
-            let _ = self.release(h);
+            if self.release().is_err() {
+                return; // still mapped: its addresses cannot be freed
+            }
         }
         // SAFETY: the range reserved in `reserve_range`, now unmapped.
         let _ = unsafe { sys::cuMemAddressFree(self.base, self.bytes) };

@@ -878,6 +878,17 @@ fn continuous_batching_keeps_greedy_samples_bitwise() {
     }
 }
 
+/// 13 prompts of 2-8 tokens (the graph tests' batches shrink through buckets).
+fn thirteen_prompts() -> Vec<Vec<u32>> {
+    (0..13)
+        .map(|i| {
+            (0..(2 + 3 * i % 7))
+                .map(|j| 1 + ((i * 7 + j * 3) % 53) as u32)
+                .collect()
+        })
+        .collect()
+}
+
 /// Decode steps replayed as CUDA graphs give every sample the bits the same
 /// steps give launched kernel by kernel: seeded sampling with stop tokens, so
 /// the batch shrinks through the buckets (padding rows beside the real ones),
@@ -891,13 +902,7 @@ fn continuous_batching_keeps_greedy_samples_bitwise() {
 fn decode_graphs_equal_launched_steps_bitwise() {
     let Some(g) = gpu() else { return };
     let wide = qwen3_widths();
-    let prompts: Vec<Vec<u32>> = (0..13)
-        .map(|i| {
-            (0..(2 + 3 * i % 7))
-                .map(|j| 1 + ((i * 7 + j * 3) % 53) as u32)
-                .collect()
-        })
-        .collect();
+    let prompts = thirteen_prompts();
     for cfg in [tiny(), wide] {
         let dw = GpuWeights::upload(&g, &init_random(&cfg, 21)).unwrap();
         for flow in [Flow::Bf16, Flow::Fp8] {
@@ -976,13 +981,7 @@ fn decode_graphs_equal_launched_steps_bitwise() {
 fn decode_graphs_kept_across_rollouts_give_the_same_bits() {
     let Some(g) = gpu() else { return };
     let cfg = tiny();
-    let prompts: Vec<Vec<u32>> = (0..13)
-        .map(|i| {
-            (0..(2 + 3 * i % 7))
-                .map(|j| 1 + ((i * 7 + j * 3) % 53) as u32)
-                .collect()
-        })
-        .collect();
+    let prompts = thirteen_prompts();
     let gen = |max_new_tokens| GenConfig {
         max_new_tokens,
         sampling: SamplingParams::default(),

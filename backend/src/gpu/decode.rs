@@ -50,13 +50,11 @@ pub(super) struct KvLayout {
 
 impl KvLayout {
     fn of(model: &GpuModel, table: usize, rows: usize, align: usize) -> KvLayout {
-        let cfg = model.cfg;
-        let elem = if model.flash_attention() { 2 } else { 4 };
         KvLayout {
             table,
             rows,
-            row_bytes: cfg.num_key_value_heads * cfg.head_dim * elem,
-            layers: cfg.num_hidden_layers,
+            row_bytes: GpuKvCache::row_bytes(model),
+            layers: model.cfg.num_hidden_layers,
             align: align.max(256),
         }
     }
@@ -256,11 +254,17 @@ impl GpuKvCache {
         Ok((range, layout))
     }
 
-    /// Bytes of one page over every layer's k and v.
-    pub fn page_bytes(model: &GpuModel) -> usize {
+    /// Bytes of one cache row of one layer's k (or v): BF16 for the
+    /// tensor-core attention, f32 for the per-row kernels.
+    fn row_bytes(model: &GpuModel) -> usize {
         let cfg = model.cfg;
         let elem = if model.flash_attention() { 2 } else { 4 };
-        PAGE_ROWS * cfg.num_key_value_heads * cfg.head_dim * elem * 2 * cfg.num_hidden_layers
+        cfg.num_key_value_heads * cfg.head_dim * elem
+    }
+
+    /// Bytes of one page over every layer's k and v.
+    pub fn page_bytes(model: &GpuModel) -> usize {
+        PAGE_ROWS * Self::row_bytes(model) * 2 * model.cfg.num_hidden_layers
     }
 
     /// Rows of each layer's k (and v) cache.

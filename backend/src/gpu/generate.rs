@@ -387,11 +387,11 @@ struct Parked {
 
 impl Drop for GpuDecoder<'_, '_> {
     fn drop(&mut self) {
-        // A cache that cannot be retired (its stream failed) is dropped with
-        // its graphs; the next decoder makes its own.
+        // Retiring takes the cache and its graphs; a cache that cannot be
+        // retired (its stream failed) is dropped, its graphs' staging kept,
+        // and the next decoder makes its own.
         let _ = self.retire();
-        let mut spare = std::mem::take(&mut self.spare);
-        spare.extend(self.graphs.drain().map(|(_, sg)| sg.into_stage()));
+        let spare = std::mem::take(&mut self.spare);
         let stage = self.stage.take();
         let kept = self.kept.take();
         self.model.gpu.park(Parked { stage, spare, kept });

@@ -31,10 +31,16 @@ pub(super) struct KeptSteps {
     graphs: HashMap<usize, StepGraph>,
 }
 
+/// Drop `graphs`, keeping their page-locked input staging in `spare` for
+/// later captures.
+pub(super) fn shelve(spare: &mut Vec<PinnedIn<i32>>, graphs: HashMap<usize, StepGraph>) {
+    spare.extend(graphs.into_values().map(StepGraph::into_stage));
+}
+
 impl KeptSteps {
-    /// Hand the graphs' page-locked staging to `spare` and keep the range.
+    /// Drop the graphs (their staging to `spare`) and keep the range.
     fn drop_graphs(self, spare: &mut Vec<PinnedIn<i32>>) -> (FixedRange, KvLayout) {
-        spare.extend(self.graphs.into_values().map(StepGraph::into_stage));
+        shelve(spare, self.graphs);
         (self.range, self.layout)
     }
 }
@@ -42,12 +48,13 @@ impl KeptSteps {
 impl GpuDecoder<'_, '_> {
     /// End the cache in use: wait for the stream, give its memory back, and
     /// keep its range with the graphs captured over it (an error drops both:
-    /// the next cache is made anew).
+    /// the next cache is made anew). The decoder holds no graph afterwards.
     pub(super) fn retire(&mut self) -> Result<()> {
+        let graphs: HashMap<usize, StepGraph> = self.graphs.drain().collect();
         let Some(cache) = self.cache.take() else {
+            shelve(&mut self.spare, graphs);
             return Ok(());
         };
-        let graphs: HashMap<usize, StepGraph> = self.graphs.drain().collect();
         match cache.into_range(&self.model.gpu) {
             Ok((range, layout)) => {
                 let old = self.kept.replace(KeptSteps {
@@ -62,8 +69,7 @@ impl GpuDecoder<'_, '_> {
                 Ok(())
             }
             Err(e) => {
-                self.spare
-                    .extend(graphs.into_values().map(StepGraph::into_stage));
+                shelve(&mut self.spare, graphs);
                 Err(e)
             }
         }
@@ -90,8 +96,7 @@ impl GpuDecoder<'_, '_> {
         let cache = match GpuKvCache::new_in(self.model, slots, capacity, pages, range) {
             Ok(c) => c,
             Err(e) => {
-                self.spare
-                    .extend(graphs.into_values().map(StepGraph::into_stage));
+                shelve(&mut self.spare, graphs);
                 return Err(e);
             }
         };
@@ -105,8 +110,7 @@ impl GpuDecoder<'_, '_> {
                 })
                 .collect();
         } else {
-            self.spare
-                .extend(graphs.into_values().map(StepGraph::into_stage));
+            shelve(&mut self.spare, graphs);
         }
         Ok(cache)
     }

@@ -231,31 +231,23 @@ impl<'w> GpuModel<'w> {
 
     /// What a captured decode step reads of the model and what picked its
     /// kernels: the device addresses of every weight copy, the master weights
-    /// and the RoPE tables, the flow, the shapes, and a hash of the whole config
-    /// and the weights' names. A graph kept from an
+    /// and the RoPE tables, the flow, and a hash of the whole config and the
+    /// weights' names. A graph kept from an
     /// earlier rollout replays only where this is equal (the optimizer rewrites
     /// the copies in place, so a run's rollouts share one).
     pub fn fingerprint(&self) -> Vec<u64> {
         let g = &*self.gpu;
-        let c = self.cfg;
+        // The flow and the attention kernels it picks, then the whole config
+        // (shapes, the architecture's switches) and which tensor is which,
+        // hashed.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&format!("{:?}", self.cfg), &mut h);
+        std::hash::Hash::hash(&self.w.names, &mut h);
         let mut out = vec![
             self.flow as u64,
             self.flash_attention() as u64,
-            c.vocab_size as u64,
-            c.hidden_size as u64,
-            c.intermediate_size as u64,
-            c.num_hidden_layers as u64,
-            c.num_attention_heads as u64,
-            c.num_key_value_heads as u64,
-            c.head_dim as u64,
-            c.rms_norm_eps.to_bits(),
+            std::hash::Hasher::finish(&h),
         ];
-        // Everything else the config and the weights' roles say (the
-        // architecture's switches, which tensor is which), hashed.
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        std::hash::Hash::hash(&format!("{c:?}"), &mut h);
-        std::hash::Hash::hash(&self.w.names, &mut h);
-        out.push(std::hash::Hasher::finish(&h));
         out.extend(self.w.bufs.iter().map(|b| g.device_ptr(b)));
         for l in &self.layers {
             for w in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {

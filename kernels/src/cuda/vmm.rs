@@ -99,15 +99,6 @@ impl Gpu {
 }
 
 impl FixedRange {
-    /// Reserved bytes.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    pub fn is_mapped(&self) -> bool {
-        self.mapped.is_some()
-    }
-
     /// Back `parts` (byte offset, length; offsets multiples of the granularity,
     /// lengths rounded up to it, inside the range, not overlapping; adjacent
     /// ones mapped as one) with device memory and zero them (stream-ordered on `g`'s stream). Out of memory, the

@@ -267,9 +267,17 @@ __device__ __forceinline__ void tma_2d(u32 dst, const TMap* map, int c0, int c1,
 // stores. Stored from registers, each 2-byte store instruction wrote 16-byte pieces
 // of four rows: 1.9 ms slower a 0.6B step than the f32 stores (32-byte pieces),
 // which stay direct (staged, they ran 2-14% slower: H100, twentieth session).
+// The tile is written by stmatrix .trans (the accumulators' 8 x 8 blocks are mma
+// fragments, row = weight row, column = token; transposed, a block's memory row is
+// a token's 8 weight rows): four instructions a pass where 2-byte shared stores
+// took 32 (the BF16-out GEMMs about 2% faster: H100, forty-second session). A token's
+// two 16-byte halves (rows 0-7, 8-15) swap places in tokens 4-7 of every 8 (half ^
+// (token >> 2 & 1)), so a block's eight rows, 32 bytes apart, fill all 32 banks.
 // out: the warp's (row 0, token 0) of y, row stride ld; rows_ok (1-16) rows and toks
 // tokens to write.
 #define EPI_STAGE 2048
+// The element offset in the stage of (token, row) of the [token][16 rows] tile.
+__device__ __forceinline__ int epi_at(int tok, int r) { return tok * 16 + (((r >> 3) ^ ((tok >> 2) & 1)) << 3) + (r & 7); }
 __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* out, long ld, int rows_ok, int toks,
                                                 bf16_t* st, int lane) {
     constexpr int CT = EPI_STAGE / 32;  // tokens a pass: 16 rows x 2 bytes each
@@ -277,14 +285,19 @@ __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* ou
 #pragma unroll
     for (int c = 0; c < 128 / CT; c++) {
         if (c * CT >= toks) break;  // warp-uniform
+        // Instruction m stores blocks (j, h) = (2m, 0), (2m, 1), (2m + 1, 0), (2m + 1, 1)
+        // of the pass (j counted from c CT / 8); lane l gives block l / 8's row l % 8,
+        // i.e. token 8 j + l % 8, half h. v is a BF16 value (rounded): exact.
+        const u32 sbase = smem_addr(st);
 #pragma unroll
-        for (int jj = 0; jj < CT / 8; jj++) {
-            const int j = c * CT / 8 + jj;
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int i = 0; i < 2; i++)  // v is a BF16 value (rounded): exact
-                    st[(jj * 8 + 2 * (lane & 3) + i) * 16 + (lane >> 2) + 8 * h] = f32_to_bf16(v[4 * j + 2 * h + i]);
+        for (int m = 0; m < CT / 16; m++) {
+            const int q = lane >> 3, tok = 8 * (2 * m + (q >> 1)) + (lane & 7);
+            const u32 addr = sbase + 2 * epi_at(tok, 8 * (q & 1));
+            const int j0 = c * CT / 8 + 2 * m;
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                         "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
+                         "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
+                         : "memory");
         }
         __syncwarp();
         const int left = toks - c * CT;
@@ -295,12 +308,12 @@ __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* ou
                 const int p = pp * 32 + lane, tok = p >> 1, q = p & 1;
                 if (tok < left)
                     *reinterpret_cast<uint4*>(oc + (long)tok * ld + q * 8) =
-                        *reinterpret_cast<const uint4*>(st + tok * 16 + q * 8);
+                        *reinterpret_cast<const uint4*>(st + epi_at(tok, 8 * q));
             }
         } else {
             for (int e = lane; e < CT * 16; e += 32) {
                 const int tok = e >> 4, r = e & 15;
-                if (tok < left && r < rows_ok) oc[(long)tok * ld + r] = st[e];
+                if (tok < left && r < rows_ok) oc[(long)tok * ld + r] = st[epi_at(tok, r)];
             }
         }
         __syncwarp();

@@ -5,7 +5,7 @@ No GPU needed: NVRTC's ptxas reports each kernel's registers, stack and spills
 (`--ptxas-options=-v`) for sm_90a with the options the device build uses
 (context.rs `options`). NVRTC and the SASS tools come from PyPI wheels:
 
-    pip download "nvidia-cuda-nvrtc==13.*" "nvidia-cuda-cuobjdump==13.*" nvidia-cuda-nvdisasm \
+    pip download "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-cuobjdump==13.*" nvidia-cuda-nvdisasm \
         --no-deps -d /tmp/nv && (cd /tmp/nv && for w in *.whl; do python3 -m zipfile -e $w x; done)
     JET_NVRTC_LIB=/tmp/nv/x/nvidia/cu13/lib/libnvrtc.so.13 [JET_NVRTC_DEFINES="NAME=1"] \
         python3 bench/ptxas_info.py flash 'fa_dec2_qkv' [/tmp/flash.cubin]
@@ -14,6 +14,11 @@ No GPU needed: NVRTC's ptxas reports each kernel's registers, stack and spills
 
 (`LD_LIBRARY_PATH=/tmp/nv/x/nvidia/cu13/lib cargo test -p jet-kernels --test
 cuda_parity kernel_sources_compile` compiles every module the same way.)
+
+Take the device's NVRTC (13.0 on the GPU machines): 13.5 compiled a generic
+lambda in device code that 13.0 rejects ("host functions are not allowed in JIT
+mode"), which cost a device call (forty-second session). Compiler warnings are
+printed too (e.g. ptxas serialising wgmma, C7514 / C7518).
 """
 import ctypes
 import os
@@ -56,7 +61,7 @@ def main():
         m = re.search(r"Compiling entry function '(\w+)'", line)
         if m:
             cur = m.group(1)
-        if rc != 0 and "error" in line:
+        if (rc != 0 and "error" in line) or "warning" in line:
             print(line)
         if cur and re.search(pat, cur) and ("Used" in line or "spill" in line):
             print(cur, "|", line.split("info    :")[-1].strip())

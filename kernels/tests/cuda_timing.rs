@@ -451,6 +451,84 @@ fn fp8_rows_timing() {
     }
 }
 
+/// The BF16 rows kernel at Qwen3-0.6B's 8 x 512 training shapes in the forms a
+/// step runs it: the plain f32 output (as `fp8_rows_timing`), BF16 values out
+/// (q, k, v, gate, up) or f32 plus the residual (o, down), each hot (the same
+/// operands every call, in L2) and cold (eight weight copies and four output and
+/// residual buffers in turn, so the weights come from DRAM and the outputs do
+/// not stay in L2, as in a step).
+#[test]
+#[ignore]
+fn bf16_rows_step_forms() {
+    let Some(g) = gpu() else { return };
+    let mut pre = g.zeros::<u8>(4 << 30).unwrap();
+    let pre = &mut pre;
+    let m = 4096;
+    // (name, K, N, residual)
+    let shapes: &[(&str, usize, usize, bool)] = &[
+        ("q_proj", 1024, 2048, false),
+        ("k/v_proj", 1024, 1024, false),
+        ("o_proj", 2048, 1024, true),
+        ("gate/up", 1024, 3072, false),
+        ("down", 3072, 1024, true),
+    ];
+    for &(name, k, n, has_res) in shapes {
+        let (kp, np) = (cuda::pad16(k), cuda::pad16(n));
+        let x = rand_dev(&g, m * k, 1, 2.0);
+        let xb = gq::to_bf16_padded(&g, &x, m, k, m, kp).unwrap();
+        let ws: Vec<CudaSlice<u16>> = (0..8)
+            .map(|i| {
+                let w = rand_dev(&g, n * k, 2 + i, 0.05);
+                gq::to_bf16_padded(&g, &w, n, k, np, kp).unwrap()
+            })
+            .collect();
+        let ys: Vec<CudaSlice<f32>> = (0..4).map(|_| g.zeros::<f32>(m * n).unwrap()).collect();
+        let rs: Vec<CudaSlice<f32>> = (0..4).map(|i| rand_dev(&g, m * n, 40 + i, 1.0)).collect();
+        let xr = |v| gemv_bf16::Bf16Rows {
+            v,
+            rows: m,
+            cols: k,
+            rows_pad: m,
+            cols_pad: kp,
+        };
+        let wr = |v| gemv_bf16::Bf16Rows {
+            v,
+            rows: n,
+            cols: k,
+            rows_pad: np,
+            cols_pad: kp,
+        };
+        let tf = |us: f64| 2.0 * (m * n * k) as f64 / us / 1e6;
+        let mut line = format!("TIMING bf16 step forms {m}x{k}x{n} {name:<8}:");
+        for cold in [false, true] {
+            let (nw, ny) = if cold { (8, 4) } else { (1, 1) };
+            let plain = time_us(&g, pre, 12, |i| {
+                gemv_bf16::gemm_bf16_rows(&g, xr(&xb), wr(&ws[i % nw]), &ys[i % ny], n).unwrap()
+            });
+            let form = time_us(&g, pre, 12, |i| {
+                let res = has_res.then(|| &rs[i % ny]);
+                gemv_bf16::gemm_bf16_rows_step_form(
+                    &g,
+                    xr(&xb),
+                    wr(&ws[i % nw]),
+                    &ys[i % ny],
+                    res,
+                    true,
+                )
+                .unwrap()
+            });
+            let tag = if cold { "cold" } else { "hot" };
+            let fname = if has_res { "f32+res" } else { "bf16 out" };
+            line += &format!(
+                " | {tag}: f32 {plain:6.1} us {:4.0} TF, {fname} {form:6.1} us {:4.0} TF",
+                tf(plain),
+                tf(form)
+            );
+        }
+        println!("{line}");
+    }
+}
+
 /// The training step's quantizers at Qwen3-0.6B shapes (4,096 tokens): dY's one
 /// pass (1x128 + 128x1), X's 128x1 alone, a weight's 128x128 blocks (with the
 /// transposed copy), and the BF16 copy, each with its bytes moved (f32 in, codes,

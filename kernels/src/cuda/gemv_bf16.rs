@@ -119,6 +119,34 @@ pub(crate) fn gemm_bf16_rows_fused(gpu: &Gpu, x: Bf16Rows, w: Bf16Rows, epi: Epi
     launch_rows(gpu, &ops(gpu, &x, &w, 0), (0, 0), epi)
 }
 
+/// [`gemm_bf16_rows`] with the epilogue a training forward fuses into it, for
+/// timing the kernel as the step runs it: the sums rounded to BF16, then either
+/// stored as BF16 values into `y`'s bytes (`bf16_out`: q, k, v, gate, up) or
+/// added to `res` and stored as f32 (the o and down projections).
+pub fn gemm_bf16_rows_step_form(
+    gpu: &Gpu,
+    x: Bf16Rows,
+    w: Bf16Rows,
+    y: &CudaSlice<f32>,
+    res: Option<&CudaSlice<f32>>,
+    bf16_out: bool,
+) -> Result<()> {
+    check(&x, &w)?;
+    check_out(&x, &w, y.len(), w.rows)?;
+    if let Some(r) = res {
+        check_out(&x, &w, r.len(), w.rows)?;
+    }
+    let epi = Epi {
+        y: gpu.ptr(y),
+        ldy: w.rows,
+        bias: 0,
+        round: true,
+        res: res.map_or(0, |r| gpu.ptr(r)),
+        bf16: bf16_out && res.is_none(),
+    };
+    gemm_bf16_rows_fused(gpu, x, w, epi)
+}
+
 /// `y [M][ldy] = x w^T` through the split-K decode kernel, [`GEMV_MAX_TOKENS`]
 /// rows a launch, the slices added in order.
 pub fn gemv_bf16_into(

@@ -452,8 +452,9 @@ fn fp8_rows_timing() {
 }
 
 /// The BF16 rows kernel at Qwen3-0.6B's 8 x 512 training shapes in the forms a
-/// step runs it: the plain f32 output (as `fp8_rows_timing`), BF16 values out
-/// (q, k, v, gate, up) or f32 plus the residual (o, down), each hot (the same
+/// step runs it: the plain f32 output (as `fp8_rows_timing`; q and k in a step),
+/// BF16 values out (v, gate, up, the LM head; timed at every shape without a
+/// residual) or f32 plus the residual (o, down), each hot (the same
 /// operands every call, in L2) and cold (eight weight copies and four output and
 /// residual buffers in turn, so the weights come from DRAM and the outputs do
 /// not stay in L2, as in a step).

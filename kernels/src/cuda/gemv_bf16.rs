@@ -121,7 +121,8 @@ pub(crate) fn gemm_bf16_rows_fused(gpu: &Gpu, x: Bf16Rows, w: Bf16Rows, epi: Epi
 
 /// [`gemm_bf16_rows`] with the epilogue a training forward fuses into it, for
 /// timing the kernel as the step runs it: the sums rounded to BF16, then either
-/// stored as BF16 values into `y`'s bytes (`bf16_out`: q, k, v, gate, up) or
+/// stored as BF16 values into `y`'s bytes (`bf16_out`: v, gate, up and the LM
+/// head of a training forward; q and k leave as f32, `gemm_bf16_rows`' form) or
 /// added to `res` and stored as f32 (the o and down projections).
 pub fn gemm_bf16_rows_step_form(
     gpu: &Gpu,

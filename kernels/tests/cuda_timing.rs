@@ -71,6 +71,22 @@ fn p<T>(g: &Gpu, s: &CudaSlice<T>) -> u64 {
     s.device_ptr(g.stream()).0
 }
 
+/// The rows kernels' view of a BF16 matrix `v`: `rows` (of `rows_pad` allocated)
+/// x `cols` values, rows `cols_pad` apart.
+fn bf16_rows(
+    v: &CudaSlice<u16>,
+    (rows, rows_pad): (usize, usize),
+    (cols, cols_pad): (usize, usize),
+) -> gemv_bf16::Bf16Rows<'_> {
+    gemv_bf16::Bf16Rows {
+        v,
+        rows,
+        cols,
+        rows_pad,
+        cols_pad,
+    }
+}
+
 fn bf16_op(g: &Gpu, s: &CudaSlice<u16>, rows: usize, cols: usize) -> gemm::Dense {
     gemm::Dense {
         ptr: p(g, s),
@@ -407,13 +423,7 @@ fn fp8_rows_timing() {
             let (kp, np) = (cuda::pad16(k), cuda::pad16(n));
             let xb = gq::to_bf16_padded(&g, &x, m, k, m, kp).unwrap();
             let wb = gq::to_bf16_padded(&g, &w, n, k, np, kp).unwrap();
-            let rows = |v, r, rp| gemv_bf16::Bf16Rows {
-                v,
-                rows: r,
-                cols: k,
-                rows_pad: rp,
-                cols_pad: kp,
-            };
+            let rows = |v, r, rp| bf16_rows(v, (r, rp), (k, kp));
             let dense = |s: &cudarc::driver::CudaSlice<u16>, r| gemm::Dense {
                 ptr: s.device_ptr(g.stream()).0,
                 ty: gemm::LtType::Bf16,
@@ -485,20 +495,8 @@ fn bf16_rows_step_forms() {
             .collect();
         let ys: Vec<CudaSlice<f32>> = (0..4).map(|_| g.zeros::<f32>(m * n).unwrap()).collect();
         let rs: Vec<CudaSlice<f32>> = (0..4).map(|i| rand_dev(&g, m * n, 40 + i, 1.0)).collect();
-        let xr = |v| gemv_bf16::Bf16Rows {
-            v,
-            rows: m,
-            cols: k,
-            rows_pad: m,
-            cols_pad: kp,
-        };
-        let wr = |v| gemv_bf16::Bf16Rows {
-            v,
-            rows: n,
-            cols: k,
-            rows_pad: np,
-            cols_pad: kp,
-        };
+        let xr = |v| bf16_rows(v, (m, m), (k, kp));
+        let wr = |v| bf16_rows(v, (n, np), (k, kp));
         let tf = |us: f64| 2.0 * (m * n * k) as f64 / us / 1e6;
         let mut line = format!("TIMING bf16 step forms {m}x{k}x{n} {name:<8}:");
         for cold in [false, true] {
@@ -508,15 +506,8 @@ fn bf16_rows_step_forms() {
             });
             let form = time_us(&g, pre, 12, |i| {
                 let res = has_res.then(|| &rs[i % ny]);
-                gemv_bf16::gemm_bf16_rows_step_form(
-                    &g,
-                    xr(&xb),
-                    wr(&ws[i % nw]),
-                    &ys[i % ny],
-                    res,
-                    true,
-                )
-                .unwrap()
+                gemv_bf16::gemm_bf16_rows_step_form(&g, xr(&xb), wr(&ws[i % nw]), &ys[i % ny], res)
+                    .unwrap()
             });
             let tag = if cold { "cold" } else { "hot" };
             let fname = if has_res { "f32+res" } else { "bf16 out" };

@@ -120,17 +120,16 @@ pub(crate) fn gemm_bf16_rows_fused(gpu: &Gpu, x: Bf16Rows, w: Bf16Rows, epi: Epi
 }
 
 /// [`gemm_bf16_rows`] with the epilogue a training forward fuses into it, for
-/// timing the kernel as the step runs it: the sums rounded to BF16, then either
-/// stored as BF16 values into `y`'s bytes (`bf16_out`: v, gate, up and the LM
-/// head of a training forward; q and k leave as f32, `gemm_bf16_rows`' form) or
-/// added to `res` and stored as f32 (the o and down projections).
+/// timing the kernel as the step runs it: the sums rounded to BF16, then added to
+/// `res` and stored as f32 (the o and down projections), or without `res` stored
+/// as BF16 values into `y`'s bytes (v, gate, up and the LM head of a training
+/// forward; q and k leave as f32, `gemm_bf16_rows`' form).
 pub fn gemm_bf16_rows_step_form(
     gpu: &Gpu,
     x: Bf16Rows,
     w: Bf16Rows,
     y: &CudaSlice<f32>,
     res: Option<&CudaSlice<f32>>,
-    bf16_out: bool,
 ) -> Result<()> {
     check(&x, &w)?;
     check_out(&x, &w, y.len(), w.rows)?;
@@ -143,7 +142,7 @@ pub fn gemm_bf16_rows_step_form(
         bias: 0,
         round: true,
         res: res.map_or(0, |r| gpu.ptr(r)),
-        bf16: bf16_out && res.is_none(),
+        bf16: res.is_none(),
     };
     gemm_bf16_rows_fused(gpu, x, w, epi)
 }

@@ -521,6 +521,71 @@ fn bf16_rows_step_forms() {
     }
 }
 
+/// What one launch for q, k and v (and one for gate and up) could save a 0.6B
+/// training forward: a layer's five rows GEMMs as the step runs them (q and k f32
+/// out, v, gate and up BF16 out), against one launch of the concatenated weights
+/// for each group (N = 4,096 with f32 out, N = 6,144 with BF16 out), four layers'
+/// weights in turn. The merged launches' sums are not the separate ones' bits
+/// (their split slices follow N); this bounds the gain of a grouped launch.
+#[test]
+#[ignore]
+fn bf16_rows_grouping_bound() {
+    let Some(g) = gpu() else { return };
+    let mut pre = g.zeros::<u8>(4 << 30).unwrap();
+    let pre = &mut pre;
+    let (m, k, kp) = (4096, 1024, 1024);
+    let x = rand_dev(&g, m * k, 1, 2.0);
+    let xb = gq::to_bf16_padded(&g, &x, m, k, m, kp).unwrap();
+    let wts = |n: usize, seed: u32| -> Vec<CudaSlice<u16>> {
+        (0..4)
+            .map(|i| {
+                let w = rand_dev(&g, n * k, seed + i, 0.05);
+                gq::to_bf16_padded(&g, &w, n, k, n, kp).unwrap()
+            })
+            .collect()
+    };
+    let (wq, wk, wv, wqkv) = (wts(2048, 10), wts(1024, 20), wts(1024, 30), wts(4096, 40));
+    let (wg, wu, wgu) = (wts(3072, 50), wts(3072, 60), wts(6144, 70));
+    let ys: Vec<CudaSlice<f32>> = (0..6).map(|_| g.zeros::<f32>(m * 6144).unwrap()).collect();
+    let xr = || bf16_rows(&xb, (m, m), (k, kp));
+    let plain = |w: &CudaSlice<u16>, n: usize, y: &CudaSlice<f32>| {
+        let w = bf16_rows(w, (n, n), (k, kp));
+        gemv_bf16::gemm_bf16_rows(&g, xr(), w, y, n).unwrap()
+    };
+    let bf16_out = |w: &CudaSlice<u16>, n: usize, y: &CudaSlice<f32>| {
+        let w = bf16_rows(w, (n, n), (k, kp));
+        gemv_bf16::gemm_bf16_rows_step_form(&g, xr(), w, y, None).unwrap()
+    };
+    let sep_qkv = time_us(&g, pre, 16, |i| {
+        plain(&wq[i % 4], 2048, &ys[0]);
+        plain(&wk[i % 4], 1024, &ys[1]);
+        bf16_out(&wv[i % 4], 1024, &ys[2]);
+    });
+    let one_qkv = time_us(&g, pre, 16, |i| plain(&wqkv[i % 4], 4096, &ys[0]));
+    let sep_gu = time_us(&g, pre, 16, |i| {
+        bf16_out(&wg[i % 4], 3072, &ys[3]);
+        bf16_out(&wu[i % 4], 3072, &ys[4]);
+    });
+    let one_gu = time_us(&g, pre, 16, |i| bf16_out(&wgu[i % 4], 6144, &ys[3]));
+    let layer = time_us(&g, pre, 16, |i| {
+        plain(&wq[i % 4], 2048, &ys[0]);
+        plain(&wk[i % 4], 1024, &ys[1]);
+        bf16_out(&wv[i % 4], 1024, &ys[2]);
+        bf16_out(&wg[i % 4], 3072, &ys[3]);
+        bf16_out(&wu[i % 4], 3072, &ys[4]);
+    });
+    let layer_one = time_us(&g, pre, 16, |i| {
+        plain(&wqkv[i % 4], 4096, &ys[0]);
+        bf16_out(&wgu[i % 4], 6144, &ys[3]);
+    });
+    println!(
+        "TIMING rows grouping 4096x1024: q,k,v {sep_qkv:6.1} us, one launch {one_qkv:6.1} | \
+         gate,up {sep_gu:6.1} us, one launch {one_gu:6.1} | layer's five {layer:6.1} us, two \
+         {layer_one:6.1}: {:.2} ms a 28-layer step",
+        (layer - layer_one) * 28.0 / 1e3
+    );
+}
+
 /// The training step's quantizers at Qwen3-0.6B shapes (4,096 tokens): dY's one
 /// pass (1x128 + 128x1), X's 128x1 alone, a weight's 128x128 blocks (with the
 /// transposed copy), and the BF16 copy, each with its bytes moved (f32 in, codes,

@@ -361,6 +361,17 @@ fn norm_bwd(
             format!("rows {rows}, dim {dim}"),
         )?;
     }
+    if let Some(ng) = rows_groups(gpu, (dy, x, w, res), dim) {
+        return bwd_rows(
+            gpu,
+            (dy, x, w, rstd),
+            (rows, dim),
+            (round, res),
+            (dw, add),
+            bf16,
+            ng,
+        );
+    }
     let dx = bwd_dx(
         gpu,
         (dy, x, w, rstd),
@@ -371,6 +382,93 @@ fn norm_bwd(
     )?;
     colsum(gpu, dy, Some((x, rstd)), (rows, dim), round, (dw, add))?;
     Ok(dx)
+}
+
+/// Rows a block of `rmsnorm_bwd_rows*` (`NORM_ROWS` in `ops.cu`).
+const NORM_ROWS: usize = 16;
+
+/// The float4 groups a thread of `rmsnorm_bwd_rows{1,2,4,8}` holds for rows of
+/// `dim`, where that kernel applies: `dim` a multiple of 4 up to 8,192 and not 128
+/// (rows of 128 take a warp each, `rmsnorm_bwd_dx128`), every array 16-byte aligned
+/// (the BF16 parts 8-byte). None: `rmsnorm_bwd_dx` and `colsum_partial`.
+fn rows_groups(
+    gpu: &Gpu,
+    (dy, x, w, res): (
+        DySrc,
+        &CudaSlice<f32>,
+        &CudaSlice<f32>,
+        Option<&CudaSlice<f32>>,
+    ),
+    dim: usize,
+) -> Option<usize> {
+    let ng = dim.div_ceil(1024).next_power_of_two();
+    let aligned = |p: u64, a: u64| p.is_multiple_of(a);
+    let dy_ok = match dy {
+        DySrc::F32(d) => aligned(gpu.ptr(d), 16),
+        DySrc::Bf16Sum(ps) => ps.iter().all(|p| aligned(gpu.ptr(*p), 8)),
+    };
+    let ok = dim.is_multiple_of(4)
+        && dim != 128
+        && ng <= 8
+        && dy_ok
+        && [Some(x), Some(w), res]
+            .into_iter()
+            .flatten()
+            .all(|b| aligned(gpu.ptr(b), 16));
+    ok.then_some(ng)
+}
+
+/// rmsnorm's dx (and its BF16 operand when `bf16`) and dw by `rmsnorm_bwd_rows{ng}`,
+/// `NORM_ROWS` rows a block, then `colsum_final` of the blocks' column sums into
+/// `dw` (written, or added when `add`).
+fn bwd_rows(
+    gpu: &Gpu,
+    (dy, x, w, rstd): (DySrc, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (rows, dim): (usize, usize),
+    (round, res): (bool, Option<&CudaSlice<f32>>),
+    (dw, add): (&mut CudaSlice<f32>, bool),
+    bf16: bool,
+    ng: usize,
+) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+    ensure(!bf16 || dim % 16 == 0, || {
+        format!("rmsnorm backward: a BF16 operand of rows of {dim} (not a multiple of 16) needs padding")
+    })?;
+    let dx = gpu.uninit::<f32>(rows * dim)?;
+    let dx16 = bf16.then(|| gpu.uninit::<u16>(rows * dim)).transpose()?;
+    let blocks = rows.div_ceil(NORM_ROWS).max(1);
+    let part = gpu.uninit::<f32>(blocks * dim)?;
+    let name = match ng {
+        1 => "rmsnorm_bwd_rows1",
+        2 => "rmsnorm_bwd_rows2",
+        4 => "rmsnorm_bwd_rows4",
+        _ => "rmsnorm_bwd_rows8",
+    };
+    let [d, p0, p1, p2] = dy.args(gpu);
+    gpu.launch(
+        &OPS,
+        name,
+        (blocks as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            d,
+            Arg::P(gpu.ptr(x)),
+            Arg::P(gpu.ptr(w)),
+            Arg::P(gpu.ptr(rstd)),
+            Arg::I(rows as i32),
+            Arg::I(dim as i32),
+            Arg::P(gpu.ptr(&dx)),
+            Arg::I(round as i32),
+            Arg::P(res.map_or(0, |r| gpu.ptr(r))),
+            Arg::P(dx16.as_ref().map_or(0, |b| gpu.ptr(b))),
+            p0,
+            p1,
+            p2,
+            Arg::P(gpu.ptr(&part)),
+        ],
+    )?;
+    colsum_final(gpu, &part, (blocks, dim), round, (dw, add))?;
+    Ok((dx, dx16))
 }
 
 /// The backward of Qwen3's q (or k) RMSNorm and RoPE for heads of 128 in one pass
@@ -537,7 +635,8 @@ fn bwd_dx(
 }
 
 /// [`rmsnorm_backward`]'s dx by a block a row whatever the width (the check that
-/// the warp-a-row kernel of 128-wide rows gives the same bits).
+/// the warp-a-row kernel of 128-wide rows gives the same bits; other widths take
+/// `rmsnorm_bwd_rows`, whose sums run in another order).
 #[doc(hidden)]
 pub fn rmsnorm_bwd_dx_block_rows(
     gpu: &Gpu,

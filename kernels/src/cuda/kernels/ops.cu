@@ -114,6 +114,141 @@ extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const
     }
 }
 
+// rmsnorm's whole backward for NORM_ROWS rows a block (fuses rmsnorm_bwd_dx and
+// colsum_partial of dy * (x * rstd): one read of dy, x and the residual where there
+// were two of dy and x). dim % 4 == 0, dim <= 1024 NG; every array 16-byte aligned
+// (the BF16 parts 8-byte). Thread t holds columns 4(t + 256 j) .. +3, j < NG, as
+// float4 loads. A row's dot: each thread's terms in (j, column) order, its warp's
+// butterfly, then the eight warps' totals in warp order (every thread the same
+// sum); the dot's bits do not depend on the row's block. G rows at a time (their
+// loads all in flight, one block barrier for their G dots). Thread t's four column
+// sums over its rows in row order go to part[block][dim]; colsum_final adds the
+// blocks' sums in its fixed order. dx, round, res and dx16 as rmsnorm_bwd_dx.
+#define NORM_ROWS 16
+template <int NG>
+__device__ __forceinline__ void rmsnorm_bwd_rows(const float* dy, const float* x, const float* w,
+                                                 const float* rstd, int rows, int dim, float* dx, int round,
+                                                 const float* res, bf16_t* dx16, const bf16_t* p0,
+                                                 const bf16_t* p1, const bf16_t* p2, float* part) {
+    constexpr int G = NG >= 4 ? 1 : 4 / NG;
+    __shared__ float red[2][8][G];
+    const int t = threadIdx.x, lane = t & 31, wp = t >> 5, nq = dim >> 2;
+    const int r0 = blockIdx.x * NORM_ROWS, r1 = min(rows, r0 + NORM_ROWS);
+    float4 wv[NG];
+    float cs[NG][4];
+#pragma unroll
+    for (int j = 0; j < NG; j++) {
+        const int q = t + 256 * j;
+        wv[j] = q < nq ? reinterpret_cast<const float4*>(w)[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int k = 0; k < 4; k++) cs[j][k] = 0.0f;
+    }
+    int buf = 0;
+    for (int r = r0; r < r1; r += G) {
+        float dv[G][NG][4], xv[G][NG][4], rv[G][NG][4], rs[G];
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+            const bool live = r + i < r1;
+            rs[i] = live ? rstd[r + i] : 0.0f;
+            const long o = (long)(r + i) * dim;
+#pragma unroll
+            for (int j = 0; j < NG; j++) {
+                const int q = t + 256 * j;
+                for (int k = 0; k < 4; k++) dv[i][j][k] = xv[i][j][k] = rv[i][j][k] = 0.0f;
+                if (!live || q >= nq) continue;
+                const long e = o + 4 * q;
+                if (dy) {
+                    const float4 a = *reinterpret_cast<const float4*>(dy + e);
+                    dv[i][j][0] = a.x, dv[i][j][1] = a.y, dv[i][j][2] = a.z, dv[i][j][3] = a.w;
+                } else {
+                    // dy_val's in-order sum of the parts.
+                    bf16x4_to_f32(*reinterpret_cast<const uint2*>(p0 + e), dv[i][j]);
+                    float b[4];
+                    if (p1) {
+                        bf16x4_to_f32(*reinterpret_cast<const uint2*>(p1 + e), b);
+                        for (int k = 0; k < 4; k++) dv[i][j][k] = __fadd_rn(dv[i][j][k], b[k]);
+                    }
+                    if (p2) {
+                        bf16x4_to_f32(*reinterpret_cast<const uint2*>(p2 + e), b);
+                        for (int k = 0; k < 4; k++) dv[i][j][k] = __fadd_rn(dv[i][j][k], b[k]);
+                    }
+                }
+                const float4 a = *reinterpret_cast<const float4*>(x + e);
+                xv[i][j][0] = a.x, xv[i][j][1] = a.y, xv[i][j][2] = a.z, xv[i][j][3] = a.w;
+                if (res) {
+                    const float4 c = *reinterpret_cast<const float4*>(res + e);
+                    rv[i][j][0] = c.x, rv[i][j][1] = c.y, rv[i][j][2] = c.z, rv[i][j][3] = c.w;
+                }
+            }
+        }
+        // The G dots: each thread's terms, its warp's butterfly, the warps in order.
+        float dot[G];
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NG; j++) {
+                const float wj[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) s += (dv[i][j][k] * wj[k]) * (xv[i][j][k] * rs[i]);
+            }
+            s = warp_sum(s);
+            if (lane == 0) red[buf][wp][i] = s;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+            float s = red[buf][0][i];
+#pragma unroll
+            for (int v = 1; v < 8; v++) s += red[buf][v][i];
+            dot[i] = s;
+        }
+        buf ^= 1;  // the next rows write the other buffer: no second barrier
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+            if (r + i >= r1) break;
+            const float mean = dot[i] / (float)dim;
+            const long o = (long)(r + i) * dim;
+#pragma unroll
+            for (int j = 0; j < NG; j++) {
+                const int q = t + 256 * j;
+                if (q >= nq) continue;
+                const float wj[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
+                float d[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float gy = dv[i][j][k] * wj[k];
+                    float v = rs[i] * (gy - xv[i][j][k] * rs[i] * mean);
+                    v = round ? round_bf16(v) : v;
+                    d[k] = res ? __fadd_rn(v, rv[i][j][k]) : v;
+                    cs[j][k] += dv[i][j][k] * (xv[i][j][k] * rs[i]);  // colsum_add's term
+                }
+                if (dx) *reinterpret_cast<float4*>(dx + o + 4 * q) = make_float4(d[0], d[1], d[2], d[3]);
+                if (dx16)
+                    *reinterpret_cast<uint2*>(dx16 + o + 4 * q) = make_uint2(pack2_bf16(d[0], d[1]), pack2_bf16(d[2], d[3]));
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NG; j++) {
+        const int q = t + 256 * j;
+        if (q < nq)
+            *reinterpret_cast<float4*>(part + (long)blockIdx.x * dim + 4 * q) =
+                make_float4(cs[j][0], cs[j][1], cs[j][2], cs[j][3]);
+    }
+}
+#define NORM_BWD_ROWS(NAME, NG)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                                    \
+        const float* dy, const float* x, const float* w, const float* rstd, int rows, int dim, float* dx,       \
+        int round, const float* res, bf16_t* dx16, const bf16_t* p0, const bf16_t* p1, const bf16_t* p2,        \
+        float* part) {                                                                                          \
+        pdl_entry();                                                                                            \
+        rmsnorm_bwd_rows<NG>(dy, x, w, rstd, rows, dim, dx, round, res, dx16, p0, p1, p2, part);               \
+    }
+NORM_BWD_ROWS(rmsnorm_bwd_rows1, 1)
+NORM_BWD_ROWS(rmsnorm_bwd_rows2, 2)
+NORM_BWD_ROWS(rmsnorm_bwd_rows4, 4)
+NORM_BWD_ROWS(rmsnorm_bwd_rows8, 8)
+
 // rmsnorm_bwd_dx for rows of exactly 128 (the q/k norms' heads): one warp a row,
 // eight rows a block (a block a row left the SMs scheduling tiny blocks). Lane l
 // holds columns l + 32u; each u's butterfly is the 128-thread launch's warp u sum

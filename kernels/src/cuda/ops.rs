@@ -967,8 +967,14 @@ fn qk_norm_rope_launch(
     if rows > 0 {
         gpu.launch(
             &OPS,
-            "qk_norm_rope",
-            (rows as u32, (nh + nkv).div_ceil(8) as u32, 1),
+            match hd {
+                64 => "qk_norm_rope_64",
+                128 => "qk_norm_rope_128",
+                192 => "qk_norm_rope_192",
+                _ => "qk_norm_rope_256",
+            },
+            // QKNR_HEADS (ops.cu) heads a warp, eight warps a block.
+            (rows as u32, (nh + nkv).div_ceil(8 * 4) as u32, 1),
             (256, 1, 1),
             0,
             &[

@@ -474,35 +474,67 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, co
 // flash.cu's fa_dec2_qkv, runs it too.)
 
 // Fuses rmsnorm_fwd over each head's hd values (q_norm on q, k_norm on k), then rope
-// (sign +1) on the normed heads. Grid (rows, ceil((nh + nkv) / 8)), block 256: one
-// warp per head (heads nh.. are k's); lane l holds columns l + 32i (i < hd/32), so a
-// RoPE pair (j, j + hd/2) sits in one lane (hd a multiple of 64, at most 256). A
-// lane adds its squares in i order, then warp_sum: an order of its own (not
-// rmsnorm_fwd's), the same for every caller of the layer stack. q, k, qr, kr: the
-// outputs [rows, heads * hd] and the norms' rstd [rows * heads]; q16, k16: the
+// (sign +1) on the normed heads. Grid (rows, ceil((nh + nkv) / (8 QKNR_HEADS))),
+// block 256: warp w makes heads w, w + 8, .. (up to QKNR_HEADS of them; heads nh..
+// are k's), all their loads issued before the first is normed (one head a warp left
+// the warps' few bytes in flight a latency apart); lane l holds columns l + 32i (i <
+// hd/32), so a RoPE pair (j, j + hd/2) sits in one lane (hd a multiple of 64, at
+// most 256). A lane adds its squares in i order, then warp_sum: an order of its own
+// (not rmsnorm_fwd's), the same for every caller of the layer stack. q, k, qr, kr:
+// the outputs [rows, heads * hd] and the norms' rstd [rows * heads]; q16, k16: the
 // outputs' BF16 copies (fuses fa_to_bf16_x3 of q and k). Either form may be null.
-extern "C" __global__ void qk_norm_rope(const float* q_pre, const float* k_pre, const float* qw, const float* kw,
-                                        int rows, int nh, int nkv, int hd, float eps, const int* pos,
-                                        const float* cos_t, const float* sin_t, float* q, float* k, float* qr,
-                                        float* kr, bf16_t* q16, bf16_t* k16) {
-    pdl_entry();
-    const int r = blockIdx.x, head = blockIdx.y * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (head >= nh + nkv) return;
-    const bool isq = head < nh;
-    const int hh = isq ? head : head - nh, heads = isq ? nh : nkv, n = hd / 32;
-    const long o = ((long)r * heads + hh) * hd;
-    const float* src = (isq ? q_pre : k_pre) + o;
-    NormRope nr;
-    norm_rope_load(nr, hd, isq ? qw : kw, (long)pos[r] * (hd / 2), cos_t, sin_t);
-    float v[8];
+#define QKNR_HEADS 4
+template <int HD>
+__device__ __forceinline__ void qk_norm_rope_at(const float* q_pre, const float* k_pre, const float* qw,
+                                                const float* kw, int nh, int nkv, float eps, const int* pos,
+                                                const float* cos_t, const float* sin_t, float* q, float* k,
+                                                float* qr, float* kr, bf16_t* q16, bf16_t* k16) {
+    constexpr int n = HD / 32;
+    const int r = blockIdx.x, h0 = blockIdx.y * 8 * QKNR_HEADS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    float v[QKNR_HEADS][8];
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (i < n) v[i] = src[lane + 32 * i];
-    float* dst = isq ? q : k;
-    bf16_t* dst16 = isq ? q16 : k16;
-    qk_norm_rope_warp(v, hd, eps, nr, dst ? dst + o : nullptr, dst16 ? dst16 + o : nullptr,
-                      (isq ? qr : kr) + (long)r * heads + hh);
+    for (int e = 0; e < QKNR_HEADS; e++) {
+        const int head = h0 + 8 * e;
+        const bool isq = head < nh;
+        const int hh = isq ? head : head - nh, heads = isq ? nh : nkv;
+        const float* src = (isq ? q_pre : k_pre) + ((long)r * heads + hh) * HD;
+#pragma unroll
+        for (int i = 0; i < n; i++)
+            if (head < nh + nkv) v[e][i] = src[lane + 32 * i];  // warp-uniform
+    }
+    const long t0 = (long)pos[r] * (HD / 2);
+#pragma unroll
+    for (int e = 0; e < QKNR_HEADS; e++) {
+        const int head = h0 + 8 * e;
+        if (head >= nh + nkv) continue;  // warp-uniform
+        const bool isq = head < nh;
+        const int hh = isq ? head : head - nh, heads = isq ? nh : nkv;
+        const long o = ((long)r * heads + hh) * HD;
+        NormRope nr;
+        norm_rope_load(nr, HD, isq ? qw : kw, t0, cos_t, sin_t);
+        float* dst = isq ? q : k;
+        bf16_t* dst16 = isq ? q16 : k16;
+        float hv[8];
+#pragma unroll
+        for (int i = 0; i < n; i++) hv[i] = v[e][i];
+        qk_norm_rope_warp(hv, HD, eps, nr, dst ? dst + o : nullptr, dst16 ? dst16 + o : nullptr,
+                          (isq ? qr : kr) + (long)r * heads + hh);
+    }
 }
+// qk_norm_rope_{64,128,192,256}: one kernel a head_dim (the head's loop bounds
+// known to the compiler, so a warp's heads stay in registers).
+#define QK_NORM_ROPE(NAME, HD)                                                                                  \
+    extern "C" __global__ void NAME(const float* q_pre, const float* k_pre, const float* qw, const float* kw,  \
+                                    int rows, int nh, int nkv, int hd, float eps, const int* pos,                \
+                                    const float* cos_t, const float* sin_t, float* q, float* k, float* qr,       \
+                                    float* kr, bf16_t* q16, bf16_t* k16) {                                      \
+        pdl_entry();                                                                                            \
+        qk_norm_rope_at<HD>(q_pre, k_pre, qw, kw, nh, nkv, eps, pos, cos_t, sin_t, q, k, qr, kr, q16, k16);     \
+    }
+QK_NORM_ROPE(qk_norm_rope_64, 64)
+QK_NORM_ROPE(qk_norm_rope_128, 128)
+QK_NORM_ROPE(qk_norm_rope_192, 192)
+QK_NORM_ROPE(qk_norm_rope_256, 256)
 
 // The q, k, v projections' epilogues (split-K partials, no bias) with qk_norm_rope
 // (fuses linear_epilogue_group of a decode step and qk_norm_rope, the norms' rstd

@@ -430,11 +430,7 @@ fn bwd_rows(
     bf16: bool,
     ng: usize,
 ) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
-    ensure(!bf16 || dim % 16 == 0, || {
-        format!("rmsnorm backward: a BF16 operand of rows of {dim} (not a multiple of 16) needs padding")
-    })?;
-    let dx = gpu.uninit::<f32>(rows * dim)?;
-    let dx16 = bf16.then(|| gpu.uninit::<u16>(rows * dim)).transpose()?;
+    let (dx, dx16) = dx_outputs(gpu, (rows, dim), bf16)?;
     let blocks = rows.div_ceil(NORM_ROWS).max(1);
     let part = gpu.uninit::<f32>(blocks * dim)?;
     let name = match ng {
@@ -443,30 +439,15 @@ fn bwd_rows(
         4 => "rmsnorm_bwd_rows4",
         _ => "rmsnorm_bwd_rows8",
     };
-    let [d, p0, p1, p2] = dy.args(gpu);
-    gpu.launch(
-        &OPS,
-        name,
-        (blocks as u32, 1, 1),
-        (256, 1, 1),
-        0,
-        &[
-            d,
-            Arg::P(gpu.ptr(x)),
-            Arg::P(gpu.ptr(w)),
-            Arg::P(gpu.ptr(rstd)),
-            Arg::I(rows as i32),
-            Arg::I(dim as i32),
-            Arg::P(gpu.ptr(&dx)),
-            Arg::I(round as i32),
-            Arg::P(res.map_or(0, |r| gpu.ptr(r))),
-            Arg::P(dx16.as_ref().map_or(0, |b| gpu.ptr(b))),
-            p0,
-            p1,
-            p2,
-            Arg::P(gpu.ptr(&part)),
-        ],
-    )?;
+    let mut args = dx_args(
+        gpu,
+        (dy, x, w, rstd),
+        (rows, dim),
+        (round, res),
+        (&dx, &dx16),
+    );
+    args.push(Arg::P(gpu.ptr(&part)));
+    gpu.launch(&OPS, name, (blocks as u32, 1, 1), (256, 1, 1), 0, &args)?;
     colsum_final(gpu, &part, (blocks, dim), round, (dw, add))?;
     Ok((dx, dx16))
 }
@@ -589,11 +570,7 @@ fn bwd_dx(
     warp_rows: bool,
     bf16: bool,
 ) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
-    ensure(!bf16 || dim % 16 == 0, || {
-        format!("rmsnorm backward: a BF16 operand of rows of {dim} (not a multiple of 16) needs padding")
-    })?;
-    let dx = gpu.uninit::<f32>(rows * dim)?;
-    let dx16 = bf16.then(|| gpu.uninit::<u16>(rows * dim)).transpose()?;
+    let (dx, dx16) = dx_outputs(gpu, (rows, dim), bf16)?;
     let (name, grid, threads) = if warp_rows {
         ensure(dim == 128, || {
             format!("rmsnorm_bwd_dx128 takes rows of 128, not {dim}")
@@ -608,30 +585,63 @@ fn bwd_dx(
             dim.next_multiple_of(32).clamp(32, 256),
         )
     };
-    let [d, p0, p1, p2] = dy.args(gpu);
+    let args = dx_args(
+        gpu,
+        (dy, x, w, rstd),
+        (rows, dim),
+        (round, res),
+        (&dx, &dx16),
+    );
     gpu.launch(
         &OPS,
         name,
         (grid as u32, 1, 1),
         (threads as u32, 1, 1),
         0,
-        &[
-            d,
-            Arg::P(gpu.ptr(x)),
-            Arg::P(gpu.ptr(w)),
-            Arg::P(gpu.ptr(rstd)),
-            Arg::I(rows as i32),
-            Arg::I(dim as i32),
-            Arg::P(gpu.ptr(&dx)),
-            Arg::I(round as i32),
-            Arg::P(res.map_or(0, |r| gpu.ptr(r))),
-            Arg::P(dx16.as_ref().map_or(0, |b| gpu.ptr(b))),
-            p0,
-            p1,
-            p2,
-        ],
+        &args,
     )?;
     Ok((dx, dx16))
+}
+
+/// dx `[rows, dim]` and, when `bf16`, its BF16 operand, for a norm backward to write.
+fn dx_outputs(
+    gpu: &Gpu,
+    (rows, dim): (usize, usize),
+    bf16: bool,
+) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+    ensure(!bf16 || dim % 16 == 0, || {
+        format!("rmsnorm backward: a BF16 operand of rows of {dim} (not a multiple of 16) needs padding")
+    })?;
+    let dx = gpu.uninit::<f32>(rows * dim)?;
+    let dx16 = bf16.then(|| gpu.uninit::<u16>(rows * dim)).transpose()?;
+    Ok((dx, dx16))
+}
+
+/// The arguments `rmsnorm_bwd_dx`, `rmsnorm_bwd_dx128` and `rmsnorm_bwd_rows*`
+/// start with (`ops.cu`).
+fn dx_args(
+    gpu: &Gpu,
+    (dy, x, w, rstd): (DySrc, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (rows, dim): (usize, usize),
+    (round, res): (bool, Option<&CudaSlice<f32>>),
+    (dx, dx16): (&CudaSlice<f32>, &Option<CudaSlice<u16>>),
+) -> Vec<Arg> {
+    let [d, p0, p1, p2] = dy.args(gpu);
+    vec![
+        d,
+        Arg::P(gpu.ptr(x)),
+        Arg::P(gpu.ptr(w)),
+        Arg::P(gpu.ptr(rstd)),
+        Arg::I(rows as i32),
+        Arg::I(dim as i32),
+        Arg::P(gpu.ptr(dx)),
+        Arg::I(round as i32),
+        Arg::P(res.map_or(0, |r| gpu.ptr(r))),
+        Arg::P(dx16.as_ref().map_or(0, |b| gpu.ptr(b))),
+        p0,
+        p1,
+        p2,
+    ]
 }
 
 /// [`rmsnorm_backward`]'s dx by a block a row whatever the width (the check that

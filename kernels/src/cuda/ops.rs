@@ -947,6 +947,9 @@ fn qk_norm_rope_as<T: QkOut>(
 
 /// `qk_norm_rope` into `[q, k, q16, k16]` (device addresses, 0: not written), after
 /// the shape checks; returns the norms' rstd.
+/// Heads a warp of `qk_norm_rope_{64,128,192,256}` (`QKNR_HEADS` in `ops.cu`).
+const QKNR_HEADS: usize = 4;
+
 fn qk_norm_rope_launch(
     gpu: &Gpu,
     (q_pre, k_pre): (&CudaSlice<f32>, &CudaSlice<f32>),
@@ -983,8 +986,8 @@ fn qk_norm_rope_launch(
                 192 => "qk_norm_rope_192",
                 _ => "qk_norm_rope_256",
             },
-            // QKNR_HEADS (ops.cu) heads a warp, eight warps a block.
-            (rows as u32, (nh + nkv).div_ceil(8 * 4) as u32, 1),
+            // QKNR_HEADS heads a warp, eight warps a block.
+            (rows as u32, (nh + nkv).div_ceil(8 * QKNR_HEADS) as u32, 1),
             (256, 1, 1),
             0,
             &[

@@ -522,12 +522,13 @@ __device__ __forceinline__ void qk_norm_rope_at(const float* q_pre, const float*
     }
 }
 // qk_norm_rope_{64,128,192,256}: one kernel a head_dim (the head's loop bounds
-// known to the compiler, so a warp's heads stay in registers).
+// known to the compiler, so a warp's heads stay in registers); the grid's x is the
+// rows.
 #define QK_NORM_ROPE(NAME, HD)                                                                                  \
     extern "C" __global__ void NAME(const float* q_pre, const float* k_pre, const float* qw, const float* kw,  \
-                                    int rows, int nh, int nkv, int hd, float eps, const int* pos,                \
-                                    const float* cos_t, const float* sin_t, float* q, float* k, float* qr,       \
-                                    float* kr, bf16_t* q16, bf16_t* k16) {                                      \
+                                    int nh, int nkv, float eps, const int* pos, const float* cos_t,             \
+                                    const float* sin_t, float* q, float* k, float* qr, float* kr, bf16_t* q16,  \
+                                    bf16_t* k16) {                                                               \
         pdl_entry();                                                                                            \
         qk_norm_rope_at<HD>(q_pre, k_pre, qw, kw, nh, nkv, eps, pos, cos_t, sin_t, q, k, qr, kr, q16, k16);     \
     }

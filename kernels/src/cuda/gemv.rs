@@ -529,7 +529,7 @@ pub(crate) fn launch_rows(gpu: &Gpu, ops: &SkOps, (d, ldd): (u64, usize), epi: E
 /// through tensor maps, one persistent block an SM walking the 128 x 128 tiles.
 /// Dynamic shared memory: `WgTmaSmem::BYTES` (S stages of both tiles, the token
 /// scales and their products with the weight scale, a full, an empty and a scaled
-/// barrier a stage, 1 KiB to align).
+/// barrier a stage, 8 epilogue tiles, 1 KiB to align).
 fn launch_rows_tma(
     gpu: &Gpu,
     ops: &SkOps,

@@ -30,17 +30,20 @@ struct Fp8W {
     static constexpr int GB = 128;                // bytes of a row's group
     static constexpr int S_SK = 4, S_ROWS = 6;    // stages of the split-K / rows kernels
     static constexpr bool FP8 = true;
+    static constexpr bool TOK_A = true;           // the rows kernel's tokens are wgmma's A (tile_out_tm)
 };
 // BF16 values, no scales.
 struct Bf16W {
     static constexpr int GB = 256;
     static constexpr int S_SK = 3, S_ROWS = 3;
     static constexpr bool FP8 = false;
+    static constexpr bool TOK_A = false;
 };
 
-// One group for this warpgroup: 64 weight rows at shared address wt (planes WP
-// bytes apart) x N tokens at xt (planes XP apart). FP8: d = the group's sums from
-// zero; BF16: d += them.
+// One group for this warpgroup: A's 64 rows at shared address wt (planes wp bytes
+// apart) x B's N rows at xt (planes xp apart): weight rows x tokens, except in the
+// FP8 rows kernel (tokens x weight rows). FP8: d = the group's sums from zero;
+// BF16: d += them.
 template <class E, int N>
 __device__ __forceinline__ void group_mma(float (&d)[N / 2], u32 wt, u32 wp, u32 xt, u32 xp) {
     wg_fence();
@@ -72,20 +75,6 @@ __device__ __forceinline__ void scale_fold(float (&acc)[N / 2], const float (&pa
         acc[4 * j + 1] = __fmaf_rn(s1, part[4 * j + 1], acc[4 * j + 1]);
         acc[4 * j + 2] = __fmaf_rn(s0, part[4 * j + 2], acc[4 * j + 2]);
         acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
-    }
-}
-
-// scale_fold with the products xs[token] * sw already in sp (the rows kernel's
-// scaler warp makes them): acc = fma(sp[token], part, acc).
-template <int N>
-__device__ __forceinline__ void product_fold(float (&acc)[N / 2], const float (&part)[N / 2], const float* sp, int lane) {
-#pragma unroll
-    for (int j = 0; j < N / 8; j++) {
-        const float2 s = *reinterpret_cast<const float2*>(sp + j * 8 + (lane & 3) * 2);
-        acc[4 * j + 0] = __fmaf_rn(s.x, part[4 * j + 0], acc[4 * j + 0]);
-        acc[4 * j + 1] = __fmaf_rn(s.y, part[4 * j + 1], acc[4 * j + 1]);
-        acc[4 * j + 2] = __fmaf_rn(s.x, part[4 * j + 2], acc[4 * j + 2]);
-        acc[4 * j + 3] = __fmaf_rn(s.y, part[4 * j + 3], acc[4 * j + 3]);
     }
 }
 
@@ -216,15 +205,23 @@ struct SkGroup {
 // a row's bits equal the decode kernel's. The loads and the math are decoupled
 // (warp-specialized): a producer thread issues bulk tensor copies (TMA: the 128-byte
 // swizzle applied by the copy engine, rows and bytes past the tensor's end
-// zero-filled) into S stages; two consumer warpgroups (64 weight rows each x 128
-// tokens) wait on a stage's "full" barrier, run its wgmma and fold, and free it on
-// its "empty" barrier. No block-wide barrier in the loop, so one warpgroup's fold
-// runs while the other's wgmma does. Persistent: gridDim.x blocks walk the 128 x 128
-// tiles (token tile fastest), and the producer fills the next tile's stages during
-// the consumers' epilogue. Warpgroups 0-1 consume (232 registers: part, acc, tot),
-// warpgroup 2 produces (40): thread 256 issues the copies and, for FP8, warp 9 turns
-// each stage's token scales into their products with the group's weight scale (a
-// "scaled" barrier a stage), which leaves the consumers' fold 64 FMAs a group.
+// zero-filled) into S stages; two consumer warpgroups wait on a stage's "full"
+// barrier, run its wgmma and fold, and free it on its "empty" barrier. No block-wide
+// barrier in the loop, so one warpgroup's fold runs while the other's wgmma does.
+// Persistent: gridDim.x blocks walk the 128 x 128 tiles (token tile fastest), and
+// the producer fills the next tile's stages during the consumers' epilogue.
+// Warpgroups 0-1 consume (232 registers: part, acc, tot), warpgroup 2 produces (40):
+// thread 256 issues the copies and, for FP8, warp 9 turns each stage's token scales
+// into their products with the group's weight scale (a "scaled" barrier a stage),
+// which leaves the consumers' fold 64 FMAs a group.
+// Operand roles (E::TOK_A): FP8 takes a warpgroup's 64 tokens as A and the tile's
+// 128 weight rows as B, so a thread's accumulators are two tokens' (tile_out_tm's
+// layout) and its fold reads two of the products a group. The k-sum of an output is
+// the same dot product of the same codes either way round: the same bits as the
+// decode kernel's weights-as-A MMAs (cuda_invariant, cuda_parity; H100, forty-fourth
+// session). Against the weights as A (32 products a thread a group, 16 LDS.64) the
+// FP8 GEMMs ran 2-5% faster alone at 0.6B shapes and 5-6% at 8B; BF16 (no fold) ran
+// 3-10% slower with its tokens as A, so it keeps the weights as A (tile_out's layout).
 struct alignas(64) TMap {
     u64 v[16];
 };
@@ -395,6 +392,121 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
     }
 }
 
+// A warp's 16 tokens x 128 BF16 outputs (the tokens-as-A layout: register 4 j + 2 h
+// + i holds token lane / 4 + 8 h of the warp's 16, column 8 j + 2 (lane % 4) + i)
+// through its EPI_STAGE bytes of shared memory, 64 columns a pass: stmatrix (not
+// transposed: an 8 x 8 block's memory row is a token's 8 outputs, 16 bytes) into a
+// [16 tokens][8 units of 16 bytes] stage, unit u of token r at u ^ (r & 7) so a
+// block's eight tokens, 128 bytes apart, fill all 32 banks; then each token's 128
+// bytes leave as eight 16-byte stores. out: the warp's (token 0, column 0) of y, row
+// stride ld; toks (1-16) tokens and cols (1-128) columns to write.
+__device__ __forceinline__ void warp_tile_store_tm(const float (&v)[64], bf16_t* out, long ld, int toks, int cols,
+                                                   u8* st, int lane) {
+    const bool vec = (((u64)out | (u64)(ld * 2)) & 15) == 0;
+    const u32 sbase = smem_addr(st);
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        if (c * 64 >= cols) break;  // warp-uniform
+        // Instruction m stores blocks (j, h) = (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1),
+        // j0 = 8 c + 2 m; lane l gives the address of block l / 8's row l % 8.
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const int q = lane >> 3, r = 8 * (q & 1) + (lane & 7), u = 2 * m + (q >> 1);
+            const u32 addr = sbase + r * 128 + ((u ^ (r & 7)) << 4);
+            const int j0 = 8 * c + 2 * m;
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                         "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
+                         "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
+                         : "memory");
+        }
+        __syncwarp();
+        const int left = cols - c * 64;
+        bf16_t* oc = out + c * 64;
+#pragma unroll
+        for (int pp = 0; pp < 4; pp++) {
+            const int e = pp * 32 + lane, r = e >> 3, u = e & 7;
+            if (r >= toks) continue;
+            const bf16_t* src = reinterpret_cast<const bf16_t*>(st + r * 128 + ((u ^ (r & 7)) << 4));
+            if (vec && u * 8 + 8 <= left) {
+                *reinterpret_cast<uint4*>(oc + (long)r * ld + u * 8) = *reinterpret_cast<const uint4*>(src);
+            } else {
+                for (int k = 0; k < 8; k++)
+                    if (u * 8 + k < left) oc[(long)r * ld + u * 8 + k] = src[k];
+            }
+        }
+        __syncwarp();
+    }
+}
+
+// tile_out for the tokens-as-A layout: the same epi_value a value (the same bits),
+// each thread's tokens tw + lane / 4 (+8) below M and columns c = n0 + 8 j + 2 (lane
+// % 4) (+1) below N. f32 (d, or y with bias / residual) as 8-byte stores, a token's
+// residual pairs all loaded before its stores; BF16 (round == EPI_BF16, no residual)
+// through warp_tile_store_tm. tw: the warp's first token; stage: its EPI_STAGE bytes.
+__device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, int M, int N, float* d, long ldd,
+                                            float* y, long ldy, const float* bias, int round, const float* res,
+                                            u8* stage, int lane) {
+    const int cb = n0 + 2 * (lane & 3);
+    if (y && round == EPI_BF16) {
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int c = cb + 8 * j;
+            const float b0 = (bias && c < N) ? bias[c] : 0.0f, b1 = (bias && c + 1 < N) ? bias[c + 1] : 0.0f;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                tot[4 * j + 2 * h] = epi_value(tot[4 * j + 2 * h], bias, b0, round, false, 0.0f);
+                tot[4 * j + 2 * h + 1] = epi_value(tot[4 * j + 2 * h + 1], bias, b1, round, false, 0.0f);
+            }
+        }
+        const int toks = min(16, M - tw), cols = min(128, N - n0);
+        if (toks > 0 && cols > 0)
+            warp_tile_store_tm(tot, reinterpret_cast<bf16_t*>(y) + (long)tw * ldy + n0, ldy, toks, cols, stage, lane);
+        return;
+    }
+    const long ld = y ? ldy : ldd;
+    float* base = y ? y : d;
+    const float* rs = y ? res : nullptr;
+    const bool vec = (((u64)base | (u64)rs | (u64)(y ? bias : nullptr)) & 7) == 0 && (ld & 1) == 0;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int tok = tw + (lane >> 2) + 8 * h;
+        if (tok >= M) continue;
+        float* orow = base + (long)tok * ld;
+        const float* rrow = rs ? rs + (long)tok * ld : nullptr;
+        // The residual's pairs of this token, all loaded before any store (the
+        // compiler cannot tell out from res: see tile_out).
+        float2 r[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int c = cb + 8 * j;
+            r[j] = make_float2(0.0f, 0.0f);
+            if (!rrow) continue;
+            if (vec && c + 1 < N) {
+                r[j] = *reinterpret_cast<const float2*>(rrow + c);
+            } else {
+                if (c < N) r[j].x = rrow[c];
+                if (c + 1 < N) r[j].y = rrow[c + 1];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int c = cb + 8 * j;
+            float v0 = tot[4 * j + 2 * h], v1 = tot[4 * j + 2 * h + 1];
+            if (y) {
+                const float b0 = (bias && c < N) ? bias[c] : 0.0f, b1 = (bias && c + 1 < N) ? bias[c + 1] : 0.0f;
+                v0 = epi_value(v0, bias, b0, round, rrow, r[j].x);
+                v1 = epi_value(v1, bias, b1, round, rrow, r[j].y);
+            }
+            if (vec && c + 1 < N) {
+                *reinterpret_cast<float2*>(orow + c) = make_float2(v0, v1);
+            } else {
+                if (c < N) orow[c] = v0;
+                if (c + 1 < N) orow[c + 1] = v1;
+            }
+        }
+    }
+}
+
 // Dynamic shared memory: stages (W tile then X tile, GB / 128 planes of 128 rows x
 // 128 bytes each), the token scales of each stage, their products with the weight
 // scale (FP8), the full, empty and scaled barriers, then the 8 consumer warps'
@@ -500,14 +612,26 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
             for (int g = 0; g < L; g++, it++) {
                 const int s = it % S;
                 mbar_wait(full + s * 8, (it / S) & 1);
-                const u32 wt = sbase + s * SM::STAGE + wg * 64 * 128, xt = sbase + s * SM::STAGE + SM::WT;
                 if constexpr (E::FP8) {
+                    // A: this warpgroup's 64 tokens of the X tile; B: the tile's 128 weight rows.
+                    const u32 at = sbase + s * SM::STAGE + SM::WT + wg * 64 * 128, bt = sbase + s * SM::STAGE;
                     float part[64];
-                    group_mma<E, 128>(part, wt, 0, xt, 0);
+                    group_mma<E, 128>(part, at, 0, bt, 0);
                     mbar_wait(scaled + s * 8, (it / S) & 1);
-                    product_fold<128>(acc, part, sps + s * 128, lane);
+                    // This thread's two tokens' products (tokens lane / 4 (+8) of its warp's 16).
+                    const float* sp = sps + s * 128 + wg * 64 + warp * 16 + (lane >> 2);
+                    const float s0 = sp[0], s1 = sp[8];
+#pragma unroll
+                    for (int j = 0; j < 16; j++) {
+                        acc[4 * j + 0] = __fmaf_rn(s0, part[4 * j + 0], acc[4 * j + 0]);
+                        acc[4 * j + 1] = __fmaf_rn(s0, part[4 * j + 1], acc[4 * j + 1]);
+                        acc[4 * j + 2] = __fmaf_rn(s1, part[4 * j + 2], acc[4 * j + 2]);
+                        acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
+                    }
                 } else {
-                    group_mma<E, 128>(acc, wt, 128 * 128, xt, 128 * 128);
+                    // A: this warpgroup's 64 weight rows; B: the tile's 128 tokens.
+                    const u32 at = sbase + s * SM::STAGE + wg * 64 * 128, bt = sbase + s * SM::STAGE + SM::WT;
+                    group_mma<E, 128>(acc, at, 128 * 128, bt, 128 * 128);
                 }
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty + s * 8);
@@ -516,8 +640,11 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                     fold_at += gps;
                 }
             }
-            tile_out(tot, n0 + wg * 64 + warp * 16, t0, M, N, d, ldd, y, ldy, bias, round, res,
-                     smem + SM::EPI + (wg * 4 + warp) * EPI_STAGE, lane);
+            u8* stage = smem + SM::EPI + (wg * 4 + warp) * EPI_STAGE;
+            if constexpr (E::TOK_A)
+                tile_out_tm(tot, t0 + wg * 64 + warp * 16, n0, M, N, d, ldd, y, ldy, bias, round, res, stage, lane);
+            else
+                tile_out(tot, n0 + wg * 64 + warp * 16, t0, M, N, d, ldd, y, ldy, bias, round, res, stage, lane);
         }
     }
 }

@@ -366,7 +366,8 @@ __device__ __forceinline__ void fold_slice(float* tot, float* acc, bool first) {
 // linear_epilogue's ops on one total v, in its order: + b (the bias's value) when
 // has_bias, the BF16 rounding when `round`, then r + v (the residual's value) when
 // has_res. One definition for linear_epilogue (ops.cu) and the GEMMs' fused
-// epilogues (rows_out; tile_out in gemm_wg.cu), so fused and unfused agree bit for bit.
+// epilogues (rows_out; tile_out and tile_out_tm in gemm_wg.cu), so fused and
+// unfused agree bit for bit.
 // `round` EPI_BF16: rounded as 1, and the GEMM stores the BF16 bits (half the bytes,
 // the same values; linear.rs `Act::Bf16`).
 #define EPI_BF16 2

@@ -25,12 +25,24 @@
 // the same swizzle). context.rs prepends wgmma.cuh (gen_wgmma.py) and wg_common.cuh
 // (descriptors, fences, the swizzled tile loader) to this file.
 
+// ROWS_FP8_TOK_A=1 (`JET_NVRTC_DEFINES`): the FP8 rows kernel takes the tokens as
+// wgmma's A (see the rows kernel's notes below); =2 as 1, with each consumer making
+// its two scale products itself (loads issued before the group's MMAs, no scaler
+// warp). Off by default until the BF16-output epilogue and the training step have
+// run on a GPU (forty-fourth session: form 1's f32 outputs checked bit for bit, the
+// GEMMs of forms 1 and 2 (products made after the MMAs' loads) timed alone; no device
+// time was left).
+#ifndef ROWS_FP8_TOK_A
+#define ROWS_FP8_TOK_A 0
+#endif
+
 // E4M3 codes, 128x128 weight blocks and 1x128 token scales.
 struct Fp8W {
     static constexpr int GB = 128;                // bytes of a row's group
     static constexpr int S_SK = 4, S_ROWS = 6;    // stages of the split-K / rows kernels
     static constexpr bool FP8 = true;
-    static constexpr bool TOK_A = true;           // the rows kernel's tokens are wgmma's A (tile_out_tm)
+    static constexpr bool TOK_A = ROWS_FP8_TOK_A != 0;  // the rows kernel's tokens are wgmma's A (tile_out_tm)
+    static constexpr bool SELF_SCALE = ROWS_FP8_TOK_A == 2;  // its consumers make the scale products
 };
 // BF16 values, no scales.
 struct Bf16W {
@@ -38,6 +50,7 @@ struct Bf16W {
     static constexpr int S_SK = 3, S_ROWS = 3;
     static constexpr bool FP8 = false;
     static constexpr bool TOK_A = false;
+    static constexpr bool SELF_SCALE = false;
 };
 
 // One group for this warpgroup: A's 64 rows at shared address wt (planes wp bytes
@@ -75,6 +88,20 @@ __device__ __forceinline__ void scale_fold(float (&acc)[N / 2], const float (&pa
         acc[4 * j + 1] = __fmaf_rn(s1, part[4 * j + 1], acc[4 * j + 1]);
         acc[4 * j + 2] = __fmaf_rn(s0, part[4 * j + 2], acc[4 * j + 2]);
         acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
+    }
+}
+
+// scale_fold with the products xs[token] * sw already in sp (the rows kernel's
+// scaler warp makes them): acc = fma(sp[token], part, acc).
+template <int N>
+__device__ __forceinline__ void product_fold(float (&acc)[N / 2], const float (&part)[N / 2], const float* sp, int lane) {
+#pragma unroll
+    for (int j = 0; j < N / 8; j++) {
+        const float2 s = *reinterpret_cast<const float2*>(sp + j * 8 + (lane & 3) * 2);
+        acc[4 * j + 0] = __fmaf_rn(s.x, part[4 * j + 0], acc[4 * j + 0]);
+        acc[4 * j + 1] = __fmaf_rn(s.y, part[4 * j + 1], acc[4 * j + 1]);
+        acc[4 * j + 2] = __fmaf_rn(s.x, part[4 * j + 2], acc[4 * j + 2]);
+        acc[4 * j + 3] = __fmaf_rn(s.y, part[4 * j + 3], acc[4 * j + 3]);
     }
 }
 
@@ -214,14 +241,15 @@ struct SkGroup {
 // thread 256 issues the copies and, for FP8, warp 9 turns each stage's token scales
 // into their products with the group's weight scale (a "scaled" barrier a stage),
 // which leaves the consumers' fold 64 FMAs a group.
-// Operand roles (E::TOK_A): FP8 takes a warpgroup's 64 tokens as A and the tile's
-// 128 weight rows as B, so a thread's accumulators are two tokens' (tile_out_tm's
-// layout) and its fold reads two of the products a group. The k-sum of an output is
+// Operand roles (E::TOK_A, FP8 with ROWS_FP8_TOK_A=1): a warpgroup's 64 tokens as A
+// and the tile's 128 weight rows as B, so a thread's accumulators are two tokens'
+// (tile_out_tm's layout) and its fold reads two of the products a group. The k-sum of an output is
 // the same dot product of the same codes either way round: the same bits as the
 // decode kernel's weights-as-A MMAs (cuda_invariant, cuda_parity; H100, forty-fourth
-// session). Against the weights as A (32 products a thread a group, 16 LDS.64) the
-// FP8 GEMMs ran 2-5% faster alone at 0.6B shapes and 5-6% at 8B; BF16 (no fold) ran
-// 3-10% slower with its tokens as A, so it keeps the weights as A (tile_out's layout).
+// session). Against the weights as A (32 products a thread a group, 16 LDS.64,
+// product_fold; the default) the FP8 GEMMs ran 3-5% faster alone at 0.6B shapes
+// but k/v (2% slower) and 5-6% at 8B; BF16 (no fold) ran 3-10% slower with its
+// tokens as A, so it keeps the weights as A (tile_out's layout).
 struct alignas(64) TMap {
     u64 v[16];
 };
@@ -466,7 +494,14 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
     const long ld = y ? ldy : ldd;
     float* base = y ? y : d;
     const float* rs = y ? res : nullptr;
-    const bool vec = (((u64)base | (u64)rs | (u64)(y ? bias : nullptr)) & 7) == 0 && (ld & 1) == 0;
+    const bool vec = (((u64)base | (u64)rs) & 7) == 0 && (ld & 1) == 0;  // bias is read as scalars
+    // The thread's 16 column pairs' bias, loaded once for both of its tokens.
+    float2 bb[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int c = cb + 8 * j;
+        bb[j] = make_float2((y && bias && c < N) ? bias[c] : 0.0f, (y && bias && c + 1 < N) ? bias[c + 1] : 0.0f);
+    }
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int tok = tw + (lane >> 2) + 8 * h;
@@ -493,9 +528,8 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
             const int c = cb + 8 * j;
             float v0 = tot[4 * j + 2 * h], v1 = tot[4 * j + 2 * h + 1];
             if (y) {
-                const float b0 = (bias && c < N) ? bias[c] : 0.0f, b1 = (bias && c + 1 < N) ? bias[c + 1] : 0.0f;
-                v0 = epi_value(v0, bias, b0, round, rrow, r[j].x);
-                v1 = epi_value(v1, bias, b1, round, rrow, r[j].y);
+                v0 = epi_value(v0, bias, bb[j].x, round, rrow, r[j].x);
+                v1 = epi_value(v1, bias, bb[j].y, round, rrow, r[j].y);
             }
             if (vec && c + 1 < N) {
                 *reinterpret_cast<float2*>(orow + c) = make_float2(v0, v1);
@@ -575,7 +609,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                     if (E::FP8) tma_2d(sxs + s * 512, txs, t0, g, bar);
                 }
             }
-        } else if (E::FP8 && warp == 1) {
+        } else if (E::FP8 && !E::SELF_SCALE && warp == 1) {
             // The scaler warp: once a stage lands, xs[token] * ws (scale_fold's
             // products, the same FMUL) for its 128 tokens, so the consumers' fold is
             // FMAs alone.
@@ -599,6 +633,8 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         const float* sps = reinterpret_cast<const float*>(smem + S * SM::STAGE + S * 128 * 4);
+        // SELF_SCALE: this thread's two tokens' scales in a stage (tokens lane / 4 (+8) of its warp's 16).
+        const float* sx = reinterpret_cast<const float*>(smem + S * SM::STAGE) + wg * 64 + warp * 16 + (lane >> 2);
         int it = 0;
         for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
             const int t0 = (t % tiles_m) * 128, n0 = (t / tiles_m) * 128;
@@ -612,15 +648,23 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
             for (int g = 0; g < L; g++, it++) {
                 const int s = it % S;
                 mbar_wait(full + s * 8, (it / S) & 1);
-                if constexpr (E::FP8) {
+                if constexpr (E::FP8 && E::TOK_A) {
                     // A: this warpgroup's 64 tokens of the X tile; B: the tile's 128 weight rows.
                     const u32 at = sbase + s * SM::STAGE + SM::WT + wg * 64 * 128, bt = sbase + s * SM::STAGE;
-                    float part[64];
-                    group_mma<E, 128>(part, at, 0, bt, 0);
-                    mbar_wait(scaled + s * 8, (it / S) & 1);
-                    // This thread's two tokens' products (tokens lane / 4 (+8) of its warp's 16).
-                    const float* sp = sps + s * 128 + wg * 64 + warp * 16 + (lane >> 2);
-                    const float s0 = sp[0], s1 = sp[8];
+                    float part[64], s0, s1;
+                    if constexpr (E::SELF_SCALE) {
+                        // The scales' loads in flight during the MMAs, then the scaler
+                        // warp's FMUL here.
+                        const float x0 = sx[s * 128], x1 = sx[s * 128 + 8], w = ws[(long)(n0 / 128) * lds + g];
+                        group_mma<E, 128>(part, at, 0, bt, 0);
+                        s0 = __fmul_rn(x0, w), s1 = __fmul_rn(x1, w);
+                    } else {
+                        group_mma<E, 128>(part, at, 0, bt, 0);
+                        mbar_wait(scaled + s * 8, (it / S) & 1);
+                        // This thread's two tokens' products (tokens lane / 4 (+8) of its warp's 16).
+                        const float* sp = sps + s * 128 + wg * 64 + warp * 16 + (lane >> 2);
+                        s0 = sp[0], s1 = sp[8];
+                    }
 #pragma unroll
                     for (int j = 0; j < 16; j++) {
                         acc[4 * j + 0] = __fmaf_rn(s0, part[4 * j + 0], acc[4 * j + 0]);
@@ -628,8 +672,14 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                         acc[4 * j + 2] = __fmaf_rn(s1, part[4 * j + 2], acc[4 * j + 2]);
                         acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
                     }
-                } else {
+                } else if constexpr (E::FP8) {
                     // A: this warpgroup's 64 weight rows; B: the tile's 128 tokens.
+                    const u32 at = sbase + s * SM::STAGE + wg * 64 * 128, bt = sbase + s * SM::STAGE + SM::WT;
+                    float part[64];
+                    group_mma<E, 128>(part, at, 0, bt, 0);
+                    mbar_wait(scaled + s * 8, (it / S) & 1);
+                    product_fold<128>(acc, part, sps + s * 128, lane);
+                } else {
                     const u32 at = sbase + s * SM::STAGE + wg * 64 * 128, bt = sbase + s * SM::STAGE + SM::WT;
                     group_mma<E, 128>(acc, at, 128 * 128, bt, 128 * 128);
                 }

@@ -274,7 +274,7 @@ pub fn rmsnorm_backward_acc_operand_sum(
 /// and `dim` is a multiple of 16.
 fn norm_bwd_acc(
     gpu: &Gpu,
-    input: (DySrc, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    input: DySrcIn,
     (rows, dim): (usize, usize),
     dx_opts: (bool, Option<&CudaSlice<f32>>),
     dw_acc: &mut CudaSlice<f32>,
@@ -284,6 +284,15 @@ fn norm_bwd_acc(
     let want = bf16 && dim % 16 == 0;
     norm_bwd(gpu, input, (rows, dim), dx_opts, (dw_acc, true), want)
 }
+
+/// [`NormBwdIn`] with dy as a [`DySrc`]: the inputs of the kernels that read dy in
+/// either form.
+type DySrcIn<'a> = (
+    DySrc<'a>,
+    &'a CudaSlice<f32>,
+    &'a CudaSlice<f32>,
+    &'a CudaSlice<f32>,
+);
 
 /// A norm backward's dy: f32 values, or the in-order sum of BF16 arrays of its
 /// shape (`dy_val` in `ops.cu`).
@@ -339,7 +348,7 @@ impl DySrc<'_> {
 /// `bf16`), dw written (or added when `add`) into `dw`.
 fn norm_bwd(
     gpu: &Gpu,
-    (dy, x, w, rstd): (DySrc, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (dy, x, w, rstd): DySrcIn,
     (rows, dim): (usize, usize),
     (round, res): (bool, Option<&CudaSlice<f32>>),
     (dw, add): (&mut CudaSlice<f32>, bool),
@@ -423,7 +432,7 @@ fn rows_groups(
 /// `dw` (written, or added when `add`).
 fn bwd_rows(
     gpu: &Gpu,
-    (dy, x, w, rstd): (DySrc, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (dy, x, w, rstd): DySrcIn,
     (rows, dim): (usize, usize),
     (round, res): (bool, Option<&CudaSlice<f32>>),
     (dw, add): (&mut CudaSlice<f32>, bool),
@@ -564,7 +573,7 @@ pub type NormBwdIn<'a> = (
 /// both add in one order, so the bits are the same.
 fn bwd_dx(
     gpu: &Gpu,
-    (dy, x, w, rstd): (DySrc, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (dy, x, w, rstd): DySrcIn,
     (rows, dim): (usize, usize),
     (round, res): (bool, Option<&CudaSlice<f32>>),
     warp_rows: bool,
@@ -621,7 +630,7 @@ fn dx_outputs(
 /// start with (`ops.cu`).
 fn dx_args(
     gpu: &Gpu,
-    (dy, x, w, rstd): (DySrc, &CudaSlice<f32>, &CudaSlice<f32>, &CudaSlice<f32>),
+    (dy, x, w, rstd): DySrcIn,
     (rows, dim): (usize, usize),
     (round, res): (bool, Option<&CudaSlice<f32>>),
     (dx, dx16): (&CudaSlice<f32>, &Option<CudaSlice<u16>>),

@@ -475,17 +475,22 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
                                             float* y, long ldy, const float* bias, int round, const float* res,
                                             u8* stage, int lane) {
     const int cb = n0 + 2 * (lane & 3);
+    // The thread's 16 column pairs' bias (y's epilogue only), loaded once for both
+    // of its tokens.
+    float2 bb[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int c = cb + 8 * j;
+        bb[j] = make_float2((y && bias && c < N) ? bias[c] : 0.0f, (y && bias && c + 1 < N) ? bias[c + 1] : 0.0f);
+    }
     if (y && round == EPI_BF16) {
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const int c = cb + 8 * j;
-            const float b0 = (bias && c < N) ? bias[c] : 0.0f, b1 = (bias && c + 1 < N) ? bias[c + 1] : 0.0f;
+        for (int j = 0; j < 16; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                tot[4 * j + 2 * h] = epi_value(tot[4 * j + 2 * h], bias, b0, round, false, 0.0f);
-                tot[4 * j + 2 * h + 1] = epi_value(tot[4 * j + 2 * h + 1], bias, b1, round, false, 0.0f);
+                tot[4 * j + 2 * h] = epi_value(tot[4 * j + 2 * h], bias, bb[j].x, round, false, 0.0f);
+                tot[4 * j + 2 * h + 1] = epi_value(tot[4 * j + 2 * h + 1], bias, bb[j].y, round, false, 0.0f);
             }
-        }
         const int toks = min(16, M - tw), cols = min(128, N - n0);
         if (toks > 0 && cols > 0)
             warp_tile_store_tm(tot, reinterpret_cast<bf16_t*>(y) + (long)tw * ldy + n0, ldy, toks, cols, stage, lane);
@@ -495,13 +500,6 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
     float* base = y ? y : d;
     const float* rs = y ? res : nullptr;
     const bool vec = (((u64)base | (u64)rs) & 7) == 0 && (ld & 1) == 0;  // bias is read as scalars
-    // The thread's 16 column pairs' bias, loaded once for both of its tokens.
-    float2 bb[16];
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const int c = cb + 8 * j;
-        bb[j] = make_float2((y && bias && c < N) ? bias[c] : 0.0f, (y && bias && c + 1 < N) ? bias[c + 1] : 0.0f);
-    }
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int tok = tw + (lane >> 2) + 8 * h;

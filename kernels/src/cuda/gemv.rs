@@ -528,8 +528,7 @@ pub(crate) fn launch_rows(gpu: &Gpu, ops: &SkOps, (d, ldd): (u64, usize), epi: E
 /// `wg_rows_tma` (`gemm_wg.cu`): the wgmma rows kernel's sums, its operands read
 /// through tensor maps, one persistent block an SM walking the 128 x 128 tiles.
 /// Dynamic shared memory: `WgTmaSmem::BYTES` (S stages of both tiles, the token
-/// scales and their products with the weight scale, a full, an empty and a scaled
-/// barrier a stage, 8 epilogue tiles, 1 KiB to align).
+/// scales, a full and an empty barrier a stage, 8 epilogue tiles, 1 KiB to align).
 fn launch_rows_tma(
     gpu: &Gpu,
     ops: &SkOps,
@@ -565,7 +564,7 @@ fn launch_rows_tma(
         (384, 1, 1),
         // WgTmaSmem::BYTES: the stages, scales and barriers, 8 epilogue tiles of
         // EPI_STAGE (2 KiB), 1 KiB to align.
-        (s * 256 * gb + 2 * s * 128 * 4 + 3 * s * 8).next_multiple_of(16) + 8 * 2048 + 1024,
+        (s * 256 * gb + s * 128 * 4 + 2 * s * 8).next_multiple_of(16) + 8 * 2048 + 1024,
         &[
             Arg::T(tw),
             Arg::T(tx),

@@ -25,32 +25,17 @@
 // the same swizzle). context.rs prepends wgmma.cuh (gen_wgmma.py) and wg_common.cuh
 // (descriptors, fences, the swizzled tile loader) to this file.
 
-// ROWS_FP8_TOK_A=1 (`JET_NVRTC_DEFINES`): the FP8 rows kernel takes the tokens as
-// wgmma's A (see the rows kernel's notes below); =2 as 1, with each consumer making
-// its two scale products itself (loads issued before the group's MMAs, no scaler
-// warp). Off by default until the BF16-output epilogue and the training step have
-// run on a GPU (forty-fourth session: form 1's f32 outputs checked bit for bit, the
-// GEMMs of forms 1 and 2 (products made after the MMAs' loads) timed alone; no device
-// time was left).
-#ifndef ROWS_FP8_TOK_A
-#define ROWS_FP8_TOK_A 0
-#endif
-
 // E4M3 codes, 128x128 weight blocks and 1x128 token scales.
 struct Fp8W {
     static constexpr int GB = 128;                // bytes of a row's group
     static constexpr int S_SK = 4, S_ROWS = 6;    // stages of the split-K / rows kernels
     static constexpr bool FP8 = true;
-    static constexpr bool TOK_A = ROWS_FP8_TOK_A != 0;  // the rows kernel's tokens are wgmma's A (tile_out_tm)
-    static constexpr bool SELF_SCALE = ROWS_FP8_TOK_A == 2;  // its consumers make the scale products
 };
 // BF16 values, no scales.
 struct Bf16W {
     static constexpr int GB = 256;
     static constexpr int S_SK = 3, S_ROWS = 3;
     static constexpr bool FP8 = false;
-    static constexpr bool TOK_A = false;
-    static constexpr bool SELF_SCALE = false;
 };
 
 // One group for this warpgroup: A's 64 rows at shared address wt (planes wp bytes
@@ -88,20 +73,6 @@ __device__ __forceinline__ void scale_fold(float (&acc)[N / 2], const float (&pa
         acc[4 * j + 1] = __fmaf_rn(s1, part[4 * j + 1], acc[4 * j + 1]);
         acc[4 * j + 2] = __fmaf_rn(s0, part[4 * j + 2], acc[4 * j + 2]);
         acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
-    }
-}
-
-// scale_fold with the products xs[token] * sw already in sp (the rows kernel's
-// scaler warp makes them): acc = fma(sp[token], part, acc).
-template <int N>
-__device__ __forceinline__ void product_fold(float (&acc)[N / 2], const float (&part)[N / 2], const float* sp, int lane) {
-#pragma unroll
-    for (int j = 0; j < N / 8; j++) {
-        const float2 s = *reinterpret_cast<const float2*>(sp + j * 8 + (lane & 3) * 2);
-        acc[4 * j + 0] = __fmaf_rn(s.x, part[4 * j + 0], acc[4 * j + 0]);
-        acc[4 * j + 1] = __fmaf_rn(s.y, part[4 * j + 1], acc[4 * j + 1]);
-        acc[4 * j + 2] = __fmaf_rn(s.x, part[4 * j + 2], acc[4 * j + 2]);
-        acc[4 * j + 3] = __fmaf_rn(s.y, part[4 * j + 3], acc[4 * j + 3]);
     }
 }
 
@@ -238,18 +209,19 @@ struct SkGroup {
 // Persistent: gridDim.x blocks walk the 128 x 128 tiles (token tile fastest), and
 // the producer fills the next tile's stages during the consumers' epilogue.
 // Warpgroups 0-1 consume (232 registers: part, acc, tot), warpgroup 2 produces (40):
-// thread 256 issues the copies and, for FP8, warp 9 turns each stage's token scales
-// into their products with the group's weight scale (a "scaled" barrier a stage),
-// which leaves the consumers' fold 64 FMAs a group.
-// Operand roles (E::TOK_A, FP8 with ROWS_FP8_TOK_A=1): a warpgroup's 64 tokens as A
-// and the tile's 128 weight rows as B, so a thread's accumulators are two tokens'
-// (tile_out_tm's layout) and its fold reads two of the products a group. The k-sum of an output is
-// the same dot product of the same codes either way round: the same bits as the
-// decode kernel's weights-as-A MMAs (cuda_invariant, cuda_parity; H100, forty-fourth
-// session). Against the weights as A (32 products a thread a group, 16 LDS.64,
-// product_fold; the default) the FP8 GEMMs ran 3-5% faster alone at 0.6B shapes
-// but k/v (2% slower) and 5-6% at 8B; BF16 (no fold) ran 3-10% slower with its
-// tokens as A, so it keeps the weights as A (tile_out's layout).
+// thread 256 issues the copies.
+// Operand roles: FP8 gives wgmma a warpgroup's 64 tokens as A and the tile's 128
+// weight rows as B, so a thread's accumulators are two tokens' (tile_out_tm's
+// layout) and its fold needs two scale products a group, which each consumer makes
+// itself (xs[token] * ws, scale_fold's FMUL; the loads issued before the group's
+// MMAs). The k-sum of an output is the same dot product of the same codes either
+// way round: the same bits as the decode kernel's weights-as-A MMAs (cuda_invariant,
+// cuda_parity, gpu_parity; H100, forty-fourth and forty-fifth sessions). With the
+// weights as A a thread held 32 tokens: 32 products a group (16 LDS.64), made by a
+// scaler warp; against that the FP8 GEMMs ran 5-6% faster alone at 8B shapes and
+// 3-5% at 0.6B (k/v 2% slower), and the 8B-4l fp8 training step 67.06 -> 65.42 ms.
+// BF16 (no fold) ran 3-10% slower with its tokens as A, so it keeps the weights as
+// A (tile_out's layout).
 struct alignas(64) TMap {
     u64 v[16];
 };
@@ -540,14 +512,13 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
 }
 
 // Dynamic shared memory: stages (W tile then X tile, GB / 128 planes of 128 rows x
-// 128 bytes each), the token scales of each stage, their products with the weight
-// scale (FP8), the full, empty and scaled barriers, then the 8 consumer warps'
-// epilogue tiles (gemv.rs repeats BYTES).
+// 128 bytes each), the token scales of each stage (FP8), the full and empty
+// barriers, then the 8 consumer warps' epilogue tiles (gemv.rs repeats BYTES).
 template <class E>
 struct WgTmaSmem {
     static constexpr int S = E::S_ROWS, WT = 128 * E::GB, STAGE = 2 * WT;
     // The consumer warps' epilogue tiles (EPI_STAGE bytes each) after the barriers.
-    static constexpr int EPI = (S * STAGE + 2 * S * 128 * 4 + 3 * S * 8 + 15) / 16 * 16;
+    static constexpr int EPI = (S * STAGE + S * 128 * 4 + 2 * S * 8 + 15) / 16 * 16;
     static constexpr int BYTES = EPI + 8 * EPI_STAGE + 1024;
 };
 
@@ -572,17 +543,14 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
     constexpr u32 TX_BYTES = SM::STAGE + (E::FP8 ? 128 * 4 : 0);
     extern __shared__ u8 smem_raw[];
     u8* smem = align1024(smem_raw);
-    // Shared: stages, token scales [S][128], their products with the group's weight
-    // scale [S][128], then the full, empty and scaled barriers.
-    const u32 sbase = smem_addr(smem), sxs = sbase + S * SM::STAGE, full = sxs + 2 * S * 128 * 4, empty = full + S * 8,
-              scaled = empty + S * 8;
+    // Shared: stages, token scales [S][128], then the full and empty barriers.
+    const u32 sbase = smem_addr(smem), sxs = sbase + S * SM::STAGE, full = sxs + S * 128 * 4, empty = full + S * 8;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int L = (K_pad + 127) / 128, tiles_m = (M + 127) / 128, tiles = tiles_m * ((N + 127) / 128);
     if (tid == 0) {
         for (int s = 0; s < S; s++) {
             mbar_init(full + s * 8, 1);
             mbar_init(empty + s * 8, 8);  // a consumer warp each
-            mbar_init(scaled + s * 8, 1);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -607,31 +575,10 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                     if (E::FP8) tma_2d(sxs + s * 512, txs, t0, g, bar);
                 }
             }
-        } else if (E::FP8 && !E::SELF_SCALE && warp == 1) {
-            // The scaler warp: once a stage lands, xs[token] * ws (scale_fold's
-            // products, the same FMUL) for its 128 tokens, so the consumers' fold is
-            // FMAs alone.
-            const float* sx = reinterpret_cast<const float*>(smem + S * SM::STAGE);
-            float* sp = reinterpret_cast<float*>(smem + S * SM::STAGE + S * 128 * 4);
-            int it = 0;
-            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-                const float* wsr = ws + (long)(t / tiles_m) * lds;
-                for (int g = 0; g < L; g++, it++) {
-                    const int s = it % S;
-                    const float w = wsr[g];
-                    mbar_wait(full + s * 8, (it / S) & 1);
-                    const float4 x = reinterpret_cast<const float4*>(sx + s * 128)[lane];
-                    reinterpret_cast<float4*>(sp + s * 128)[lane] =
-                        make_float4(__fmul_rn(x.x, w), __fmul_rn(x.y, w), __fmul_rn(x.z, w), __fmul_rn(x.w, w));
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(scaled + s * 8);
-                }
-            }
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-        const float* sps = reinterpret_cast<const float*>(smem + S * SM::STAGE + S * 128 * 4);
-        // SELF_SCALE: this thread's two tokens' scales in a stage (tokens lane / 4 (+8) of its warp's 16).
+        // FP8: this thread's two tokens' scales in a stage (tokens lane / 4 (+8) of its warp's 16).
         const float* sx = reinterpret_cast<const float*>(smem + S * SM::STAGE) + wg * 64 + warp * 16 + (lane >> 2);
         int it = 0;
         for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -646,23 +593,15 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
             for (int g = 0; g < L; g++, it++) {
                 const int s = it % S;
                 mbar_wait(full + s * 8, (it / S) & 1);
-                if constexpr (E::FP8 && E::TOK_A) {
+                if constexpr (E::FP8) {
                     // A: this warpgroup's 64 tokens of the X tile; B: the tile's 128 weight rows.
                     const u32 at = sbase + s * SM::STAGE + SM::WT + wg * 64 * 128, bt = sbase + s * SM::STAGE;
-                    float part[64], s0, s1;
-                    if constexpr (E::SELF_SCALE) {
-                        // The scales' loads in flight during the MMAs, then the scaler
-                        // warp's FMUL here.
-                        const float x0 = sx[s * 128], x1 = sx[s * 128 + 8], w = ws[(long)(n0 / 128) * lds + g];
-                        group_mma<E, 128>(part, at, 0, bt, 0);
-                        s0 = __fmul_rn(x0, w), s1 = __fmul_rn(x1, w);
-                    } else {
-                        group_mma<E, 128>(part, at, 0, bt, 0);
-                        mbar_wait(scaled + s * 8, (it / S) & 1);
-                        // This thread's two tokens' products (tokens lane / 4 (+8) of its warp's 16).
-                        const float* sp = sps + s * 128 + wg * 64 + warp * 16 + (lane >> 2);
-                        s0 = sp[0], s1 = sp[8];
-                    }
+                    // The scales' loads in flight during the MMAs, then scale_fold's
+                    // FMUL and FMAs for the thread's two tokens.
+                    const float x0 = sx[s * 128], x1 = sx[s * 128 + 8], w = ws[(long)(n0 / 128) * lds + g];
+                    float part[64];
+                    group_mma<E, 128>(part, at, 0, bt, 0);
+                    const float s0 = __fmul_rn(x0, w), s1 = __fmul_rn(x1, w);
 #pragma unroll
                     for (int j = 0; j < 16; j++) {
                         acc[4 * j + 0] = __fmaf_rn(s0, part[4 * j + 0], acc[4 * j + 0]);
@@ -670,13 +609,6 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                         acc[4 * j + 2] = __fmaf_rn(s1, part[4 * j + 2], acc[4 * j + 2]);
                         acc[4 * j + 3] = __fmaf_rn(s1, part[4 * j + 3], acc[4 * j + 3]);
                     }
-                } else if constexpr (E::FP8) {
-                    // A: this warpgroup's 64 weight rows; B: the tile's 128 tokens.
-                    const u32 at = sbase + s * SM::STAGE + wg * 64 * 128, bt = sbase + s * SM::STAGE + SM::WT;
-                    float part[64];
-                    group_mma<E, 128>(part, at, 0, bt, 0);
-                    mbar_wait(scaled + s * 8, (it / S) & 1);
-                    product_fold<128>(acc, part, sps + s * 128, lane);
                 } else {
                     const u32 at = sbase + s * SM::STAGE + wg * 64 * 128, bt = sbase + s * SM::STAGE + SM::WT;
                     group_mma<E, 128>(acc, at, 128 * 128, bt, 128 * 128);
@@ -689,7 +621,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                 }
             }
             u8* stage = smem + SM::EPI + (wg * 4 + warp) * EPI_STAGE;
-            if constexpr (E::TOK_A)
+            if constexpr (E::FP8)
                 tile_out_tm(tot, t0 + wg * 64 + warp * 16, n0, M, N, d, ldd, y, ldy, bias, round, res, stage, lane);
             else
                 tile_out(tot, n0 + wg * 64 + warp * 16, t0, M, N, d, ldd, y, ldy, bias, round, res, stage, lane);

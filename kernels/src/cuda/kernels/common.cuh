@@ -78,6 +78,72 @@ __device__ __forceinline__ void load4(const bf16_t* row, int c, int cols, bool v
     }
 }
 
+// load4 of N rows (row i at x + i ldx, read where on[i]) in two steps, so that all
+// of a thread's loads are in flight before any is used: load_rows4's loads leave
+// the values' bits in Raw4 registers (predicated 16- or 8-byte loads where the quad
+// is whole and aligned; scalar loads after them where a row's quad is not), and
+// widen_rows4 then turns them into f32 (exact, the values load4 gives). load4 under
+// `if (row read)` widened each row's BF16 inside its own branch, so a thread waited
+// out one memory round trip a row: 28-31% of the warp samples of
+// token_logprobs_bwd_fp8_z16 and swiglu_bwd_fp8 (ncu, H100, forty-fifth session).
+template <typename T>
+struct Raw4;
+template <>
+struct Raw4<float> {
+    float4 q;
+    __device__ __forceinline__ void load(const float* p) { q = *reinterpret_cast<const float4*>(p); }
+    __device__ __forceinline__ void load_few(const float* row, int c, int cols) {
+        q.x = c < cols ? row[c] : 0.0f, q.y = c + 1 < cols ? row[c + 1] : 0.0f;
+        q.z = c + 2 < cols ? row[c + 2] : 0.0f, q.w = c + 3 < cols ? row[c + 3] : 0.0f;
+    }
+    __device__ __forceinline__ void widen(float (&v)[4]) const { v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w; }
+};
+template <>
+struct Raw4<bf16_t> {
+    uint2 q;
+    __device__ __forceinline__ void load(const bf16_t* p) { q = *reinterpret_cast<const uint2*>(p); }
+    __device__ __forceinline__ void load_few(const bf16_t* row, int c, int cols) {
+        u32 b[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) b[i] = c + i < cols ? (u32)row[c + i] : 0u;
+        q = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+    }
+    __device__ __forceinline__ void widen(float (&v)[4]) const { bf16x4_to_f32(q, v); }
+};
+template <int N, typename T>
+__device__ __forceinline__ void load_rows4(Raw4<T> (&raw)[N], const T* x, long ldx, int c, int cols, bool vec,
+                                           const bool (&on)[N]) {
+    const bool fast = vec && c + 3 < cols;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        raw[i].q = {};
+        if (on[i] && fast) raw[i].load(x + i * ldx + c);
+    }
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        if (on[i] && !fast) raw[i].load_few(x + i * ldx, c, cols);
+}
+template <int N, typename T>
+__device__ __forceinline__ void widen_rows4(const Raw4<T> (&raw)[N], float (&v)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) raw[i].widen(v[i]);
+}
+// load_rows4 and widen_rows4 of N rows into v, NB rows at a time (NB divides N: the
+// raw registers of all N rows may not fit beside the values).
+template <int NB, int N, typename T>
+__device__ __forceinline__ void load_rows4_by(float (&v)[N][4], const T* x, long ldx, int c, int cols, bool vec,
+                                              const bool (&on)[N]) {
+#pragma unroll
+    for (int h = 0; h < N; h += NB) {
+        Raw4<T> raw[NB];
+        bool o[NB];
+#pragma unroll
+        for (int i = 0; i < NB; i++) o[i] = on[h + i];
+        load_rows4(raw, x + h * ldx, ldx, c, cols, vec, o);
+        widen_rows4(raw, *reinterpret_cast<float(*)[NB][4]>(&v[h]));
+    }
+}
+
 // Four f32 values to columns c .. c+3 (c % 4 == 0) of a row, those below `cols`: one
 // 16-byte store when vec (row 16-byte aligned) and all four are in the row.
 __device__ __forceinline__ void store4(float* row, int c, int cols, bool vec, const float v[4]) {

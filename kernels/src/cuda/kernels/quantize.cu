@@ -156,18 +156,19 @@ __device__ __forceinline__ void dual_tile(const float (&v)[8][4], int g, int ty,
 
 // Tile (g, ty) of x [rows, cols] (row stride ldx; f32, or BF16 values widened
 // exactly) in dual_tile's register layout, zero outside: all eight loads a thread
-// (16 bytes each, 8 for BF16) in flight.
+// (16 bytes each, 8 for BF16) in flight before the first is used (load_rows4).
 template <typename T>
 __device__ __forceinline__ void dual_load(const T* x, long ldx, int rows, int cols, int g, int ty,
                                           float (&v)[8][4]) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int c = g * 128 + lane * 4, r0 = ty * 128 + w * 8;
     const bool vec = (ldx & 3) == 0 && ((u64)x & (4 * sizeof(T) - 1)) == 0;
+    bool on[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
-        if (r0 + i < rows) load4(x + (long)(r0 + i) * ldx, c, cols, vec, v[i]);
-    }
+    for (int i = 0; i < 8; i++) on[i] = r0 + i < rows;
+    Raw4<T> raw[8];
+    load_rows4(raw, x + (long)r0 * ldx, ldx, c, cols, vec, on);
+    widen_rows4(raw, v);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 2)
@@ -249,22 +250,35 @@ __device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const 
     const int c = tx * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
     const bool vec = ((cols | ldh) & 3) == 0 && (((u64)gate | (u64)up) & 15) == 0 && ((u64)dh & 15) == 0;
     float v[8][4];
+    // NB rows at a time: their dh, gate (and up) loads all in flight before the
+    // first is used (load_rows4; eight rows' would not fit 64 registers): four
+    // with BF16 inputs, two with f32 gate and up.
+    constexpr int NB = sizeof(DH) + 2 * sizeof(G) <= 6 ? 4 : 2;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, gv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, uv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (r0 + i < rows) {
-            const long off = (long)(r0 + i) * cols;
-            load4(dh + (long)(r0 + i) * ldh, c, cols, vec, d);
-            load4(gate + off, c, cols, vec, gv);
-            if (o == 0) load4(up + off, c, cols, vec, uv);  // dup does not read up
-        }
+    for (int h = 0; h < 8; h += NB) {
+        bool on[NB], onu[NB];
+#pragma unroll
+        for (int i = 0; i < NB; i++) on[i] = r0 + h + i < rows, onu[i] = on[i] && o == 0;  // dup does not read up
+        Raw4<DH> rd[NB];
+        Raw4<G> rg[NB], ru[NB];
+        const long off = (long)(r0 + h) * cols;
+        load_rows4(rd, dh + (long)(r0 + h) * ldh, ldh, c, cols, vec, on);
+        load_rows4(rg, gate + off, cols, c, cols, vec, on);
+        load_rows4(ru, up + off, cols, c, cols, vec, onu);
+        float d[NB][4], gv[NB][4], uv[NB][4];
+        widen_rows4(rd, d);
+        widen_rows4(rg, gv);
+        widen_rows4(ru, uv);
         // Zero inputs give zero gradients (sigmoid(0) = 1/2, finite), so the padding
         // quantizes as quant_dual_f32's zero loads.
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float s = sigmoid(gv[j]);  // swiglu_grads' two gradients, the one this block makes
-            v[i][j] = round_bf16(o == 0 ? swiglu_dgate(d[j], gv[j], uv[j], s) : swiglu_dup(d[j], gv[j], s));
-        }
+        for (int i = 0; i < NB; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float s = sigmoid(gv[i][j]);  // swiglu_grads' two gradients, the one this block makes
+                v[h + i][j] = round_bf16(o == 0 ? swiglu_dgate(d[i][j], gv[i][j], uv[i][j], s)
+                                                : swiglu_dup(d[i][j], gv[i][j], s));
+            }
     }
     dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, o ? uc : gc, o ? us : gs, o ? uct : gct, o ? ust : gst, sh);
 }
@@ -319,11 +333,11 @@ __device__ __forceinline__ void token_logprobs_bwd_fp8_at(const Z* z, int out_ro
     int cs[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) cs[i] = r0 + i < out_rows ? (slot ? slot[r0 + i] : r0 + i) : -1;  // warp-uniform
+    bool on[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
-        if (cs[i] >= 0) load4(z + (long)(r0 + i) * vocab, c, vocab, vec, v[i]);
-    }
+    for (int i = 0; i < 8; i++) on[i] = cs[i] >= 0;
+    // All eight rows' BF16 loads at once; f32's four at a time (registers).
+    load_rows4_by<sizeof(Z) == 2 ? 8 : 4>(v, z + (long)r0 * vocab, vocab, c, vocab, vec, on);
     // Every value through logprob_grad, then 0 selected where the row is not scored
     // or the column is past the vocabulary: no branch a value or a row, so a
     // thread's 32 exponentials interleave (as dual_tile's quot_usual).
@@ -636,19 +650,28 @@ __device__ __forceinline__ void swiglu_dual_at(const G* gate, const G* up, int r
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int c = blockIdx.x * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
     const bool vec = (cols & 3) == 0;
-    // A row's values as its loads land (all sixteen loads first spilled at 64
-    // registers); swiglu_operand_at's h.
+    // swiglu_operand_at's h, NB rows at a time: their gate and up loads all in
+    // flight before the first is used (load_rows4; all sixteen spilled at 64
+    // registers, and one row at a time waited out a memory round trip a row).
+    constexpr int NB = sizeof(G) == 2 ? 4 : 2;
     float v[8][4];
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        float gv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, uv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (r0 + i < rows) {
-            load4(gate + (long)(r0 + i) * cols, c, cols, vec, gv);
-            load4(up + (long)(r0 + i) * cols, c, cols, vec, uv);
-        }
+    for (int h = 0; h < 8; h += NB) {
+        bool on[NB];
+#pragma unroll
+        for (int i = 0; i < NB; i++) on[i] = r0 + h + i < rows;
+        Raw4<G> rg[NB], ru[NB];
+        load_rows4(rg, gate + (long)(r0 + h) * cols, cols, c, cols, vec, on);
+        load_rows4(ru, up + (long)(r0 + h) * cols, cols, c, cols, vec, on);
+        float gv[NB][4], uv[NB][4];
+        widen_rows4(rg, gv);
+        widen_rows4(ru, uv);
         // Outside the matrix gate and up load as 0, so h is +0 there, as
         // swiglu_operand_at's padding, with no per-value branch.
-        for (int j = 0; j < 4; j++) v[i][j] = gv[j] * sigmoid(gv[j]) * uv[j];
+#pragma unroll
+        for (int i = 0; i < NB; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[h + i][j] = gv[i][j] * sigmoid(gv[i][j]) * uv[i][j];
     }
     dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, sh);
 }

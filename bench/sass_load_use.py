@@ -11,8 +11,10 @@ load: the forty-fifth session found the dual quantizers doing that row by row (n
 
     PATH=/tmp/nv/x/nvidia/cu13/bin:$PATH python3 bench/sass_load_use.py /tmp/q.cubin [KERNEL_REGEX]
 
-prints a kernel a line: its loads (LDG, and LD through generic pointers), how many
-are used before any other load issues ("alone"), and the median of loads in flight
+prints a kernel a line: its loads (LDG, and LD through generic pointers) whose
+registers are read before another load writes them in address order (one that does
+is a branch's other arm, a slow path), how many of those are used before any other
+load issues ("alone"), and the median of loads in flight
 at first use; then the same for the 8- and 16-byte loads alone (the fast paths). Address order is not
 execution order across branches (rare slow paths count too), so read it as a lead,
 then check the kernel's SASS.
@@ -66,16 +68,19 @@ def analyse(ins, vector_only):
         if not m:
             continue
         dst = set(range(int(m.group(1)), int(m.group(1)) + width))
-        between = 0
+        between, used = 0, False
         for op2, text2 in ins[i + 1:]:
             ops2 = text2.split(None, 1)[1].split(",") if " " in text2 else []
             srcs = ops2 if op2.startswith(("ST", "RED", "ATOM")) else ops2[1:]
             if any(regs_of(o) & dst for o in srcs):
+                used = True
                 break
             if is_load(op2):
+                if ops2 and regs_of(ops2[0]) & dst:
+                    break  # another load's register now (a slow path's scalar loads)
                 between += 1
-            if ops2 and not op2.startswith(("ST", "RED", "ATOM")) and regs_of(ops2[0]) & dst:
-                break  # overwritten before any use
+        if not used:
+            continue
         inflight.append(between)
         alone += between == 0
     return loads, alone, inflight

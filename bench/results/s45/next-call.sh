@@ -1,5 +1,6 @@
 #!/bin/bash
-# Prepared for the session after the forty-fifth (not run): branch s45-next, where the
+# Prepared for the session after the forty-fifth (not run): branch s45-next (the same
+# change as bench/results/s45/s45-next-loads-not-run.diff, `git apply` on main), where the
 # bf16 flow's SwiGLU kernels and rmsnorm_operand issue all of a thread's loads before
 # the first use (load_raw4 / split loops), found by bench/sass_load_use.py: the
 # dual quantizers' fix of this session (ncu: a memory round trip a load) applied to

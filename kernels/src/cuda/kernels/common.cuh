@@ -128,6 +128,15 @@ __device__ __forceinline__ void widen_rows4(const Raw4<T> (&raw)[N], float (&v)[
 #pragma unroll
     for (int i = 0; i < N; i++) raw[i].widen(v[i]);
 }
+// load_rows4 of one row: its quad's raw bits, widened (Raw4::widen) after the
+// thread's other loads have issued.
+template <typename T>
+__device__ __forceinline__ Raw4<T> load_raw4(const T* row, int c, int cols, bool vec) {
+    Raw4<T> r[1];
+    const bool on[1] = {true};
+    load_rows4(r, row, 0, c, cols, vec, on);
+    return r[0];
+}
 // load_rows4 and widen_rows4 of N rows into v, NB rows at a time (NB divides N: the
 // raw registers of all N rows may not fit beside the values).
 template <int NB, int N, typename T>

@@ -623,9 +623,13 @@ __device__ __forceinline__ void swiglu_bwd_bf16_at(const DH* dh, long ldh, const
     const long r = o / ldb;
     const bool vec = ((cols | ldh) & 3) == 0 && (((u64)dh | (u64)gate | (u64)up) & 15) == 0;
     float d[4], gv[4], uv[4], dg[4], du[4];
-    load4(dh + r * ldh, c, cols, vec, d);
-    load4(gate + r * cols, c, cols, vec, gv);
-    load4(up + r * cols, c, cols, vec, uv);
+    // The three loads in flight before the first is used (load4 widened each in its
+    // own branch: three memory round trips a thread).
+    const Raw4<DH> rd = load_raw4(dh + r * ldh, c, cols, vec);
+    const Raw4<G> rg = load_raw4(gate + r * cols, c, cols, vec), ru = load_raw4(up + r * cols, c, cols, vec);
+    rd.widen(d);
+    rg.widen(gv);
+    ru.widen(uv);
     for (int j = 0; j < 4; j++) {
         dg[j] = du[j] = 0.0f;  // padding columns
         if (c + j < cols) swiglu_grads(d[j], gv[j], uv[j], dg[j], du[j]);

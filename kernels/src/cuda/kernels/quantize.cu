@@ -492,14 +492,19 @@ __device__ __forceinline__ void rmsnorm_operand_at(Load load, const float* w, in
     float w0[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (warp < L) load4(w, warp * 128 + lane * 4, dim, vec, w0);
     float v[G][4];
-    float ss = 0.0f;
+    // All G groups' loads, then their squares in the same order (the same sum): with
+    // each group's squares after its own load, every load waited out its round trip
+    // before the next was issued.
 #pragma unroll
     for (int i = 0; i < G; i++) {
         int g = warp + i * nw, c = g * 128 + lane * 4;
         for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
         if (real && g < L) load(r, c, v[i]);
-        for (int j = 0; j < 4; j++) ss += v[i][j] * v[i][j];
     }
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < G; i++)
+        for (int j = 0; j < 4; j++) ss += v[i][j] * v[i][j];
     ss = block_sum(ss, sh);
     const float rs = 1.0f / sqrtf(ss / (float)dim + eps);
 #pragma unroll
@@ -619,9 +624,13 @@ template <typename G>
 __device__ __forceinline__ void swiglu_operand_of(const G* gate, const G* up, int rows, int cols, float* h,
                                                   int rows_pad, int cols_pad, u8* codes, float* scales, bf16_t* yb) {
     const bool vec = (cols & 3) == 0;
+    // Both loads in flight before either is used (load4 widened gate's BF16 in its
+    // own branch before up's load issued).
     auto load = [&](int r, int c, float gv[4], float uv[4]) {
-        load4(gate + (long)r * cols, c, cols, vec, gv);
-        load4(up + (long)r * cols, c, cols, vec, uv);
+        const Raw4<G> rg = load_raw4(gate + (long)r * cols, c, cols, vec);
+        const Raw4<G> ru = load_raw4(up + (long)r * cols, c, cols, vec);
+        rg.widen(*reinterpret_cast<float(*)[4]>(gv));
+        ru.widen(*reinterpret_cast<float(*)[4]>(uv));
     };
     swiglu_operand_at(load, rows, cols, h, rows_pad, cols_pad, codes, scales, yb);
 }

@@ -71,6 +71,11 @@ pub(crate) const TENSOR: Source = Source {
     name: "tensor",
     code: include_str!("kernels/tensor.cu"),
 };
+/// The GRPO policy loss per scored token (policy_loss.rs).
+pub(crate) const POLICY_LOSS: Source = Source {
+    name: "policy_loss",
+    code: include_str!("kernels/policy_loss.cu"),
+};
 pub(crate) const ADAMW: Source = Source {
     name: "adamw",
     code: concat!(
@@ -99,7 +104,7 @@ pub(crate) const FLASH_WG: Source = Source {
         include_str!("kernels/flash_wg.cu")
     ),
 };
-const SOURCES: [&Source; 12] = [
+const SOURCES: [&Source; 13] = [
     &QUANTIZE,
     &GEMV,
     &ROWS,
@@ -108,6 +113,7 @@ const SOURCES: [&Source; 12] = [
     &ATTENTION,
     &LOGSOFTMAX,
     &TENSOR,
+    &POLICY_LOSS,
     &ADAMW,
     &SAMPLE,
     &FLASH,
@@ -823,18 +829,33 @@ impl Gpu {
         dst: &mut CudaSlice<T>,
         n: usize,
     ) -> Result<()> {
-        super::ensure(n <= src.len() && n <= dst.len(), || {
-            format!(
-                "copying {n} values from a buffer of {} into one of {}",
-                src.len(),
-                dst.len()
-            )
-        })?;
+        self.copy_into_at(src, dst, 0, n)
+    }
+
+    /// Copy the first `n` values of `src` into `dst[at..at + n]` on the device
+    /// (stream-ordered: a pass gathers its micro-batches' results so).
+    pub fn copy_into_at<T: DeviceRepr>(
+        &self,
+        src: &CudaSlice<T>,
+        dst: &mut CudaSlice<T>,
+        at: usize,
+        n: usize,
+    ) -> Result<()> {
+        super::ensure(
+            n <= src.len() && at.checked_add(n).is_some_and(|end| end <= dst.len()),
+            || {
+                format!(
+                    "copying {n} values from a buffer of {} into one of {} at {at}",
+                    src.len(),
+                    dst.len()
+                )
+            },
+        )?;
         if n == 0 {
             return Ok(());
         }
         self.stream
-            .memcpy_dtod(&src.slice(..n), &mut dst.slice_mut(..n))
+            .memcpy_dtod(&src.slice(..n), &mut dst.slice_mut(at..at + n))
             .ctx("copying on the device")
     }
 

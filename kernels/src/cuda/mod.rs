@@ -19,6 +19,8 @@
 //! - [`act`]: layer outputs kept as their BF16 values where the flow rounds them
 //!   so (gate, up, the logits of a training forward): half the bytes, same bits.
 //! - [`ops`], [`attention`], [`logsoftmax`]: the other ops, forward and backward.
+//! - [`policy_loss`]: the GRPO loss of each scored token and its gradient, in f64
+//!   as the host's `rl::loss::token_loss` (no host round trip inside a pass).
 //! - [`tensor`]: element-wise glue, row gather/scatter, deterministic sum of squares.
 //! - [`adamw`]: the AdamW step, bit-exact with [`adamw::adamw_reference`].
 //! - [`grad`]: a gradient accumulator whose last BF16 WGrad output its readers add.
@@ -43,6 +45,7 @@ pub mod linear;
 pub mod logsoftmax;
 pub mod ops;
 pub mod pinned;
+pub mod policy_loss;
 pub mod profile;
 pub mod quantize;
 pub mod row_map;

@@ -68,7 +68,7 @@ pub(crate) fn category(module: &str, kernel: &str) -> &'static str {
         "gemv_fp8" | "gemm_rows" | "gemm_wg" => "gemm",
         "quantize" => "quantize",
         "logsoftmax" if matches!(kernel, "softmax_chunk_stats_mass" | "draw_pick") => "sampling",
-        "logsoftmax" => "loss",
+        "logsoftmax" | "policy_loss" => "loss",
         "adamw" => "optimizer",
         "sample" => "sampling",
         _ => "elementwise",
@@ -216,7 +216,7 @@ mod tests {
     use super::category;
 
     /// The plain draw's kernels count as sampling though the log-softmax module holds
-    /// them; that module's other kernels stay the loss's.
+    /// them; that module's other kernels stay the loss's, as the policy loss does.
     #[test]
     fn the_draw_is_sampling() {
         assert_eq!(category("logsoftmax", "draw_pick"), "sampling");
@@ -225,6 +225,7 @@ mod tests {
             "sampling"
         );
         assert_eq!(category("logsoftmax", "softmax_chunk_stats"), "loss");
+        assert_eq!(category("policy_loss", "policy_loss"), "loss");
         assert_eq!(category("sample", "sample_top"), "sampling");
         assert_eq!(category("ops", "rmsnorm_fwd"), "elementwise");
     }

@@ -22,7 +22,8 @@ use jet_backend::rl::mismatch::mismatch;
 use jet_backend::rl::optim::{global_norm, AdamW, OptimConfig, Schedule};
 use jet_backend::rollout::engine::{generate_with, GenConfig};
 use jet_backend::rollout::sampler::SamplingParams;
-use jet_backend::trainer::pass::{run_pass, TokenGrad, TrainSeq};
+use jet_backend::trainer::pass::{run_pass, TrainSeq};
+use jet_backend::trainer::pass_loss::PassLoss;
 use jet_backend::trainer::Trainer;
 use jet_backend::transformer::PreparedModel;
 use jet_kernels::cuda::Gpu;
@@ -198,7 +199,7 @@ fn whole_step_matches_cpu() {
             (-adv[i] / n_tok as f64, 0.0)
         };
         let model = PreparedModel::new(&cfg, &w0, flow);
-        let (sc, gc) = run_pass(&model, &seqs, 0.8, 2, Some(&mut gf_c));
+        let (sc, gc) = run_pass(&model, &seqs, 0.8, 2, Some(PassLoss::Host(&mut gf_c)));
         drop(model);
         let gc = gc.unwrap();
         let mut wc = w0.clone();
@@ -213,7 +214,8 @@ fn whole_step_matches_cpu() {
         };
         let sg = {
             let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
-            run_pass_gpu(&model, &seqs, 0.8, 2, Some((&mut gf_g, &mut dg))).unwrap()
+            let loss = PassLoss::Host(&mut gf_g);
+            run_pass_gpu(&model, &seqs, 0.8, 2, Some((loss, &mut dg))).unwrap()
         };
         let norm_pre = global_norm_gpu(&g, &dg).unwrap();
         let mut ga = GpuAdam::upload(&g, &AdamW::new(&cfg)).unwrap();
@@ -307,7 +309,14 @@ fn optimizer_step_keeps_the_weight_copies_prepared() {
             let mut parts = {
                 let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
                 let mut gf = |i: usize, _t: usize, _lp: f64, _e: f64| (-adv[i] / n_tok as f64, 0.0);
-                run_pass_gpu(&model, &seqs, 0.8, 2, Some((&mut gf, &mut dg))).unwrap();
+                run_pass_gpu(
+                    &model,
+                    &seqs,
+                    0.8,
+                    2,
+                    Some((PassLoss::Host(&mut gf), &mut dg)),
+                )
+                .unwrap();
                 model.into_parts()
             };
             let mut ga = GpuAdam::upload(&g, &AdamW::new(&cfg)).unwrap();
@@ -414,7 +423,14 @@ fn training_pass_reads_only_what_it_wrote() {
                 let mut dg = GpuGrads::zeros_like(&g, &dw).unwrap();
                 let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
                 let mut gf = |i: usize, _t: usize, _lp: f64, _e: f64| (-adv[i] / n_tok as f64, 0.0);
-                run_pass_gpu(&model, &seqs, 0.8, 2, Some((&mut gf, &mut dg))).unwrap();
+                run_pass_gpu(
+                    &model,
+                    &seqs,
+                    0.8,
+                    2,
+                    Some((PassLoss::Host(&mut gf), &mut dg)),
+                )
+                .unwrap();
                 let mut out = ModelWeights::zeros(&cfg);
                 dg.download_into(&g, &mut out).unwrap();
                 out.tensors()
@@ -1273,7 +1289,7 @@ fn shared_prompt_rows_give_the_unshared_pass() {
                 let mut dg = GpuGrads::zeros_like(&g, &dw).unwrap();
                 let mut gf =
                     |i: usize, t: usize, _lp: f64, _e: f64| (-adv[i] / (1 + t) as f64, 0.01);
-                let grad = with_grad.then_some((&mut gf as TokenGrad, &mut dg));
+                let grad = with_grad.then_some((PassLoss::Host(&mut gf), &mut dg));
                 let sc = run_pass_gpu_with(&model, &seqs, (t, micro.into()), grad, share).unwrap();
                 let mut grads = ModelWeights::zeros(&cfg);
                 dg.download_into(&g, &mut grads).unwrap();

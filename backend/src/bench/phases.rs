@@ -24,6 +24,7 @@ use crate::rl::optim::{OptimConfig, Schedule};
 use crate::rollout::engine::{generate_with, GenConfig, Sample};
 use crate::rollout::sampler::SamplingParams;
 use crate::trainer::pass::{micro_batches, Micro, TrainSeq};
+use crate::trainer::pass_loss::PassLoss;
 use crate::transformer::rope_table;
 
 #[derive(Serialize)]
@@ -365,7 +366,11 @@ fn train(
     grads.clear();
     let n: usize = seqs.iter().map(|s| s.response_len()).sum();
     let inv = 1.0 / n.max(1) as f64;
-    let mut gf = |_: usize, _: usize, _: f64, _: f64| (-inv, 0.0);
+    // On the device: the pass queues its micro-batches without waiting for the host.
+    let loss = PassLoss::Const {
+        dlogp: -inv,
+        dentropy: 0.0,
+    };
     let mut parts = {
         // As the trainer: the rollout's (or the last update's) prepared weights
         // serve this update.
@@ -374,7 +379,7 @@ fn train(
             None => var.model(g, cfg, w, rope)?,
         };
         model.set_batch_invariant(var.invariant);
-        run_pass_gpu(&model, seqs, 1.0, micro, Some((&mut gf, &mut *grads)))?;
+        run_pass_gpu(&model, seqs, 1.0, micro, Some((loss, &mut *grads)))?;
         // Parts the optimizer cannot rewrite are freed before it runs.
         let mut p = model.into_parts();
         p.rewritable(&w.ix).then_some(p)

@@ -22,6 +22,7 @@ pub mod micro;
 pub mod model;
 pub mod optim;
 pub mod pass;
+pub mod pass_loss;
 pub mod share;
 pub mod weights;
 

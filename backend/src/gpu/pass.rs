@@ -3,39 +3,45 @@
 //! token under the tempered distribution, and, when asked, the loss gradient
 //! back through the model into a device gradient buffer.
 //!
-//! The per-token loss is the host's (`rl::loss`, shared with the CPU): per
-//! micro-batch the response tokens' logprobs and entropies come down (a few
-//! floats per token) and d loss / d logp, d entropy go back up.
+//! The policy loss (`rl::loss::token_loss`, the CPU's) and a constant gradient
+//! are evaluated on the device ([`super::pass_loss`]): the host queues every
+//! micro-batch's forward, loss and backward without waiting, and the tokens'
+//! logprobs, entropies and loss terms come down once, at the end. A host
+//! closure (`PassLoss::Host`) waits for each micro-batch: its logprobs and
+//! entropies come down and d loss / d logp, d entropy go back up.
 
 use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::linear::Dy;
 use jet_kernels::cuda::logsoftmax::{
-    token_logprobs_backward_at, token_logprobs_forward_at, ScoredDz, ScoredGrad, ScoredOut,
+    token_logprobs_backward_at, token_logprobs_forward_at, GpuTokenLogprobs, ScoredDz, ScoredGrad,
+    ScoredOut,
 };
+use jet_kernels::cuda::policy_loss::LossGrad;
 use jet_kernels::cuda::tensor::div_scalar;
-use jet_kernels::cuda::{CudaError, Result};
+use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
 
 use super::backward::{backward, operand_dy};
 use super::forward::{forward_rows, forward_shared};
 use super::grads::GpuGrads;
 use super::model::GpuModel;
+use super::pass_loss::DeviceScores;
 use super::share::PromptShare;
 use crate::trainer::pass::{
     check_seqs, micro_batches, scored_rows, Micro, Scored, TokenGrad, TrainSeq,
 };
+use crate::trainer::pass_loss::PassLoss;
 
 /// Run `seqs` through the model in micro-batches within `micro`'s bounds
-/// ([`micro_batches`]). When
-/// `grad` is given it is called for every response token as
-/// `(sequence, position, logp, entropy) -> (dloss/dlogp, dloss/dentropy)` and
-/// the weight gradients are added into `grads`.
+/// ([`micro_batches`]). When `grad` is given, each response token's gradient
+/// `(dloss/dlogp, dloss/dentropy)` is its loss's (`PassLoss::token`) and the
+/// weight gradients are added into `grads`.
 pub fn run_pass_gpu(
     model: &GpuModel,
     seqs: &[TrainSeq],
     temperature: f64,
     micro: impl Into<Micro>,
-    grad: Option<(TokenGrad, &mut GpuGrads)>,
+    grad: Option<(PassLoss, &mut GpuGrads)>,
 ) -> Result<Scored> {
     let share = std::env::var("JET_SHARE_PROMPTS").map_or(true, |v| {
         !matches!(
@@ -54,14 +60,20 @@ pub fn run_pass_gpu_with(
     model: &GpuModel,
     seqs: &[TrainSeq],
     (temperature, micro): (f64, Micro),
-    mut grad: Option<(TokenGrad, &mut GpuGrads)>,
+    grad: Option<(PassLoss, &mut GpuGrads)>,
     share: bool,
 ) -> Result<Scored> {
     check_seqs(seqs).map_err(CudaError::Invalid)?;
     let g = &*model.gpu;
     let vocab = model.cfg.vocab_size;
     let tempered = temperature > 0.0 && temperature != 1.0;
-    let mut scored = Scored::default();
+    let (loss, mut grads) = grad.unzip();
+    let mut sink = match loss {
+        Some(PassLoss::Host(f)) => Sink::Host(f, Scored::default()),
+        other => Sink::Device(DeviceScores::new(g, seqs, other.as_ref())?),
+    };
+    // The pass's scored tokens before this micro-batch's.
+    let mut at = 0;
     for range in micro_batches(seqs, micro) {
         let (first, chunk) = (range.start, &seqs[range]);
         let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
@@ -79,13 +91,15 @@ pub fn run_pass_gpu_with(
         };
         let r = rows.len();
         if r == 0 {
-            scored.logp.extend(chunk.iter().map(|_| Vec::new()));
-            scored.entropy.extend(chunk.iter().map(|_| Vec::new()));
+            if let Sink::Host(_, scored) = &mut sink {
+                scored.logp.extend(chunk.iter().map(|_| Vec::new()));
+                scored.entropy.extend(chunk.iter().map(|_| Vec::new()));
+            }
             continue;
         }
         // The logits stay BF16 values (half the bytes of the step's largest tensor)
         // unless a temperature divides them in place.
-        let keep = (grad.is_some(), !tempered);
+        let keep = (grads.is_some(), !tempered);
         let role = GemmRole::TrainForward;
         let mut fwd = match &share {
             Some(p) => forward_shared(model, p, role, keep, Some(&rows))?,
@@ -104,42 +118,28 @@ pub fn run_pass_gpu_with(
             div_scalar(g, l, r * vocab, temperature as f32)?;
         }
         let tl = token_logprobs_forward_at(g, logits.view(), r, vocab, &all, &targets)?;
-        // dlogits' buffers now, while the forward runs: the download below waits for
-        // it anyway, and after it the stream would wait for the allocation.
-        let out = match grad {
+        // dlogits' buffers now, while the forward runs: the host time a fresh
+        // buffer costs (`ScoredOut`) overlaps it, where after a host closure's
+        // download the stream would wait for it.
+        let out = match grads {
             Some(_) => Some(ScoredOut::alloc(g, operand_dy(model), r, vocab)?),
             None => None,
         };
-        let logp = g.download_n(&tl.logp, r)?;
-        let ent = g.download_n(&tl.entropy, r)?;
-        let mut k = 0;
-        let (mut dlogp, mut dent) = (vec![0.0f32; r], vec![0.0f32; r]);
-        for (i, s) in chunk.iter().enumerate() {
-            let (mut lp, mut en) = (Vec::new(), Vec::new());
-            for t in 0..s.response_len() {
-                let (l, e) = (logp[k] as f64, ent[k] as f64);
-                if let Some((gf, _)) = grad.as_mut() {
-                    let (a, b) = gf(first + i, t, l, e);
-                    dlogp[k] = a as f32;
-                    dent[k] = b as f32;
-                }
-                lp.push(l);
-                en.push(e);
-                k += 1;
-            }
-            scored.logp.push(lp);
-            scored.entropy.push(en);
-        }
-        let (Some((_, grads)), Some(acts), Some(dst)) = (grad.as_mut(), fwd.acts.as_mut(), out)
+        let dloss = match &mut sink {
+            Sink::Host(f, scored) => Some(host_grad(g, &tl, (first, chunk), &mut **f, scored)?),
+            Sink::Device(d) => d.micro(g, &tl, (at, r))?,
+        };
+        at += r;
+        let (Some(grads), Some(acts), Some(dst), Some(dl)) =
+            (grads.as_deref_mut(), fwd.acts.as_mut(), out, dloss)
         else {
             continue;
         };
-        let (dl, de) = (g.upload(&dlogp)?, g.upload(&dent)?);
         let d = ScoredGrad {
             tgt: &targets,
             fwd: &tl,
-            dlogp: &dl,
-            dentropy: Some(&de),
+            dlogp: &dl.dlogp,
+            dentropy: Some(&dl.dentropy),
         };
         // Each scored row's gradient in place, times 1/T when tempered. Where the
         // LM head's DGrad and WGrad are BF16 or FP8, dlogits leaves the kernel as
@@ -158,5 +158,51 @@ pub fn run_pass_gpu_with(
         };
         backward(model, acts, dlogits, grads)?;
     }
-    Ok(scored)
+    match sink {
+        Sink::Host(_, scored) => Ok(scored),
+        Sink::Device(d) => d.finish(g, seqs),
+    }
+}
+
+/// Where a pass's scored tokens go: a host closure needs each micro-batch's on
+/// the host (a wait for the stream), into the `Scored` it fills; anything else
+/// leaves them on the device until the pass ends.
+enum Sink<'a> {
+    Host(TokenGrad<'a>, Scored),
+    Device(DeviceScores),
+}
+
+/// A host closure's gradient of a micro-batch's `r` scored tokens (`tl`, of the
+/// pass's sequences `first..` in `chunk`): their logprobs and entropies come down
+/// (waiting for the stream) into `scored`, the closure's values go up.
+fn host_grad(
+    g: &Gpu,
+    tl: &GpuTokenLogprobs,
+    (first, chunk): (usize, &[TrainSeq]),
+    f: TokenGrad,
+    scored: &mut Scored,
+) -> Result<LossGrad> {
+    let r: usize = chunk.iter().map(|s| s.response_len()).sum();
+    let logp = g.download_n(&tl.logp, r)?;
+    let ent = g.download_n(&tl.entropy, r)?;
+    let mut k = 0;
+    let (mut dlogp, mut dent) = (vec![0.0f32; r], vec![0.0f32; r]);
+    for (i, s) in chunk.iter().enumerate() {
+        let (mut lp, mut en) = (Vec::new(), Vec::new());
+        for t in 0..s.response_len() {
+            let (l, e) = (logp[k] as f64, ent[k] as f64);
+            let (a, b) = f(first + i, t, l, e);
+            dlogp[k] = a as f32;
+            dent[k] = b as f32;
+            lp.push(l);
+            en.push(e);
+            k += 1;
+        }
+        scored.logp.push(lp);
+        scored.entropy.push(en);
+    }
+    Ok(LossGrad {
+        dlogp: g.upload(&dlogp)?,
+        dentropy: g.upload(&dent)?,
+    })
 }

@@ -17,7 +17,8 @@ use crate::rl::optim::OptimConfig;
 use crate::rollout::engine::{generate_with, CpuDecoder, Decoder, GenConfig, Sample};
 use crate::transformer::PreparedModel;
 
-use super::pass::{run_pass, Micro, Scored, TokenGrad, TrainSeq};
+use super::pass::{run_pass, Micro, Scored, TrainSeq};
+use super::pass_loss::PassLoss;
 use super::{SetupError, Trainer};
 
 impl From<CudaError> for SetupError {
@@ -100,13 +101,13 @@ impl Trainer {
         }
     }
 
-    /// Score `seqs` with `which` weights; with `grad`, also the gradients.
+    /// Score `seqs` with `which` weights; with `grad`, also the gradients of that loss.
     pub(super) fn pass(
         &mut self,
         which: Which,
         seqs: &[TrainSeq],
         temperature: f64,
-        grad: Option<TokenGrad>,
+        grad: Option<PassLoss>,
     ) -> Result<(Scored, Option<Grads>), SetupError> {
         let micro = self.micro(seqs, temperature)?;
         let want = grad.is_some();

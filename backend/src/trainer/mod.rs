@@ -3,6 +3,7 @@
 mod device;
 pub mod metrics;
 pub mod pass;
+pub mod pass_loss;
 mod rl_step;
 mod setup;
 mod sft;

@@ -5,6 +5,7 @@
 use jet_kernels::ops::logsoftmax::{token_logprobs_backward, token_logprobs_forward};
 use jet_kernels::GemmRole;
 
+use super::pass_loss::{LossTerms, PassLoss};
 use crate::model::ModelWeights;
 use crate::rollout::engine::Sample;
 use crate::rollout::sampler::temper;
@@ -36,11 +37,13 @@ impl TrainSeq {
 }
 
 /// Per response token: the logprob and the entropy under the tempered
-/// distribution, sequence after sequence.
+/// distribution, sequence after sequence, and under [`PassLoss::Policy`] the
+/// token's loss terms (empty under any other loss).
 #[derive(Clone, Debug, Default)]
 pub struct Scored {
     pub logp: Vec<Vec<f64>>,
     pub entropy: Vec<Vec<f64>>,
+    pub terms: Vec<Vec<LossTerms>>,
 }
 
 /// Per response token: d loss / d logp and d loss / d entropy.
@@ -157,16 +160,15 @@ pub fn check_seqs(seqs: &[TrainSeq]) -> Result<(), String> {
 }
 
 /// Run `seqs` through the model in micro-batches within `micro`'s bounds
-/// ([`micro_batches`]). When
-/// `grad` is given it is called for every response token as
-/// `(sequence, position, logp, entropy) -> (dloss/dlogp, dloss/dentropy)`, and
-/// the weight gradients are returned.
+/// ([`micro_batches`]). When `grad` is given, each response token's gradient
+/// `(dloss/dlogp, dloss/dentropy)` is its loss's ([`PassLoss::token`]) and the
+/// weight gradients are returned.
 pub fn run_pass(
     model: &PreparedModel,
     seqs: &[TrainSeq],
     temperature: f64,
     micro: impl Into<Micro>,
-    mut grad: Option<TokenGrad>,
+    mut grad: Option<PassLoss>,
 ) -> (Scored, Option<ModelWeights>) {
     let vocab = model.cfg.vocab_size;
     let inv_t = if temperature > 0.0 && temperature != 1.0 {
@@ -174,9 +176,11 @@ pub fn run_pass(
     } else {
         1.0
     };
-    if let Err(e) = check_seqs(seqs) {
+    let checked = check_seqs(seqs).and_then(|_| grad.as_ref().map_or(Ok(()), |l| l.check(seqs)));
+    if let Err(e) = checked {
         panic!("{e}");
     }
+    let policy = matches!(grad, Some(PassLoss::Policy(_)));
     let mut scored = Scored::default();
     let mut grads: Option<ModelWeights> = None;
     for range in micro_batches(seqs, micro.into()) {
@@ -189,6 +193,9 @@ pub fn run_pass(
             // Nothing to score: no logprobs, no gradient.
             scored.logp.extend(chunk.iter().map(|_| Vec::new()));
             scored.entropy.extend(chunk.iter().map(|_| Vec::new()));
+            if policy {
+                scored.terms.extend(chunk.iter().map(|_| Vec::new()));
+            }
             continue;
         }
         let keep = (grad.is_some(), false);
@@ -203,13 +210,14 @@ pub fn run_pass(
         let (mut dlogp, mut dent) = (vec![0.0f32; rows.len()], vec![0.0f32; rows.len()]);
         for (i, s) in chunk.iter().enumerate() {
             let seq_index = first + i;
-            let (mut lp, mut en) = (Vec::new(), Vec::new());
+            let (mut lp, mut en, mut tm) = (Vec::new(), Vec::new(), Vec::new());
             for t in 0..s.response_len() {
                 let (l, e) = (tl.logp[k] as f64, tl.entropy[k] as f64);
                 if let Some(g) = grad.as_mut() {
-                    let (a, b) = g(seq_index, t, l, e);
+                    let ((a, b), terms) = g.token(seq_index, t, l, e);
                     dlogp[k] = a as f32;
                     dent[k] = b as f32;
+                    tm.extend(terms);
                 }
                 lp.push(l);
                 en.push(e);
@@ -217,6 +225,9 @@ pub fn run_pass(
             }
             scored.logp.push(lp);
             scored.entropy.push(en);
+            if policy {
+                scored.terms.push(tm);
+            }
         }
         if grad.is_none() {
             continue;

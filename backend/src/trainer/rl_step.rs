@@ -5,10 +5,11 @@ use std::time::Instant;
 
 use super::device::Which;
 use super::pass::{Scored, TrainSeq};
+use super::pass_loss::{LossStats, PassLoss, PolicyLoss};
 use super::{stream, SetupError, StepMetrics, Trainer};
 use crate::rl::advantage::group_advantages;
 use crate::rl::by_length::by_length;
-use crate::rl::loss::{token_loss, LossConfig, TokenInput};
+use crate::rl::loss::LossConfig;
 use crate::rl::mismatch::mismatch;
 use crate::rollout::engine::GenConfig;
 use crate::rollout::sampler::SamplingParams;
@@ -194,31 +195,29 @@ impl Trainer {
             old = Some(self.pass(Which::Policy, &seqs, temperature, None)?.0);
             total_tokens += seqs.iter().map(|s| s.tokens.len()).sum::<usize>();
         }
-        let (mut loss, mut clipped, mut kl_sum, mut grad_norm, mut lr) =
-            (0.0, 0usize, 0.0, 0.0, 0.0);
+        // The loss's statistics over every mini-batch, token after token.
+        let mut stats = LossStats::default();
+        let (mut grad_norm, mut lr) = (0.0, 0.0);
         let mut first: Option<Scored> = None;
         let per = seqs.len().div_ceil(mb);
         let opt_cfg = self.cfg.train.optim();
         for (j, part) in seqs.chunks(per).enumerate() {
             let base = j * per;
             let part_tokens: usize = part.iter().map(|s| s.response_len()).sum();
-            let mut gfn = |i: usize, t: usize, logp: f64, ent: f64| {
-                let si = base + i;
-                let logp_old = old.as_ref().map_or(logp, |o| o.logp[si][t]);
-                let ti = TokenInput {
-                    logp,
-                    logp_old,
-                    logp_rollout: rollout_lp[si][t],
-                    logp_ref: ref_lp.as_ref().map(|r| r[si][t]),
-                    advantage: adv[si],
-                };
-                let l = token_loss(&lc, ti, ent, part_tokens.max(1));
-                loss += l.loss;
-                clipped += l.clipped as usize;
-                kl_sum += l.kl;
-                (l.dlogp, l.dentropy)
+            // On the GPU the loss runs on the device, with no host round trip
+            // inside the pass; on the CPU it is `token_loss` per token as well.
+            let pl = PolicyLoss {
+                cfg: lc,
+                n_tokens: part_tokens.max(1),
+                base,
+                logp_old: old.as_ref().map(|o| o.logp.as_slice()),
+                logp_rollout: &rollout_lp,
+                logp_ref: ref_lp.as_deref(),
+                advantage: &adv,
             };
-            let (scored, grads) = self.pass(Which::Policy, part, temperature, Some(&mut gfn))?;
+            let loss = Some(PassLoss::Policy(pl));
+            let (scored, grads) = self.pass(Which::Policy, part, temperature, loss)?;
+            stats.add(&scored.terms);
             total_tokens += part.iter().map(|s| s.tokens.len()).sum::<usize>();
             if j == 0 && mb == 1 {
                 first = Some(scored);
@@ -231,7 +230,7 @@ impl Trainer {
             let poison =
                 self.cfg.debug.inject_nan_at_step == Some(step) && self.progress.data_offset == 0;
             if poison {
-                loss = f64::NAN;
+                stats.loss = f64::NAN;
             }
             grad_norm = self.apply(grads, &opt_cfg, lr, poison)?;
         }
@@ -265,7 +264,7 @@ impl Trainer {
             phase: "rl".into(),
             step,
             flow: self.flow.name().into(),
-            loss,
+            loss: stats.loss,
             grad_norm,
             lr,
             accuracy: Some(n_correct as f64 / n),
@@ -277,11 +276,11 @@ impl Trainer {
             frac_reward_zero_std: Some(zero_std as f64 / np as f64),
             response_len_mean: Some(n_resp as f64 / n),
             entropy: Some(entropy),
-            clip_frac: Some(clipped as f64 / n_resp.max(1) as f64),
+            clip_frac: Some(stats.clipped as f64 / n_resp.max(1) as f64),
             kl_ref: self
                 .reference
                 .is_some()
-                .then_some(kl_sum / n_resp.max(1) as f64),
+                .then_some(stats.kl / n_resp.max(1) as f64),
             mismatch_kl: Some(mm.mismatch_kl),
             mismatch_abs_prob_diff_mean: Some(mm.mismatch_abs_prob_diff_mean),
             mismatch_abs_prob_diff_max: Some(mm.mismatch_abs_prob_diff_max),

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use super::device::Which;
 use super::pass::TrainSeq;
+use super::pass_loss::PassLoss;
 use super::{SetupError, StepMetrics, Trainer};
 use crate::rl::optim::{OptimConfig, Schedule};
 
@@ -44,13 +45,18 @@ impl Trainer {
         }
         let n_tokens: usize = seqs.iter().map(|s| s.response_len()).sum();
         let total_tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
-        let mut loss = 0.0;
         let inv = 1.0 / n_tokens as f64;
-        let mut g = |_: usize, _: usize, lp: f64, _: f64| {
-            loss -= lp * inv;
-            (-inv, 0.0)
+        // The cross-entropy -mean logp: a constant gradient (on the device), the
+        // loss summed from the scored logprobs in token order.
+        let ce = PassLoss::Const {
+            dlogp: -inv,
+            dentropy: 0.0,
         };
-        let (_, grads) = self.pass(Which::Policy, &seqs, 1.0, Some(&mut g))?;
+        let (scored, grads) = self.pass(Which::Policy, &seqs, 1.0, Some(ce))?;
+        let mut loss = 0.0;
+        for lp in scored.logp.iter().flatten() {
+            loss -= lp * inv;
+        }
         let oc = OptimConfig {
             lr: self.cfg.sft.lr,
             warmup_steps: self.cfg.sft.warmup_steps,

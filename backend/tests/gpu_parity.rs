@@ -14,18 +14,21 @@ use common::{expected, fixture};
 use jet_backend::config::RunConfig;
 use jet_backend::gpu::forward::forward as gpu_forward;
 use jet_backend::gpu::optim::global_norm_gpu;
+use jet_backend::gpu::pass_loss::{loss_settings, PolicyInputs};
 use jet_backend::gpu::{
     open_gpu, run_pass_gpu, GpuAdam, GpuDecoder, GpuGrads, GpuModel, GpuWeights,
 };
 use jet_backend::model::{init_random, load_model, Arch, ModelConfig, ModelWeights};
+use jet_backend::rl::loss::{token_loss, LossConfig, TokenInput};
 use jet_backend::rl::mismatch::mismatch;
 use jet_backend::rl::optim::{global_norm, AdamW, OptimConfig, Schedule};
 use jet_backend::rollout::engine::{generate_with, GenConfig};
 use jet_backend::rollout::sampler::SamplingParams;
 use jet_backend::trainer::pass::{run_pass, TrainSeq};
-use jet_backend::trainer::pass_loss::PassLoss;
+use jet_backend::trainer::pass_loss::{LossStats, PassLoss, PolicyLoss};
 use jet_backend::trainer::Trainer;
 use jet_backend::transformer::PreparedModel;
+use jet_kernels::cuda::policy_loss::{policy_loss, LossInputs, LossTerms as DeviceLossTerms};
 use jet_kernels::cuda::Gpu;
 use jet_kernels::{Flow, GemmRole};
 use rand::SeedableRng;
@@ -1315,6 +1318,305 @@ fn shared_prompt_rows_give_the_unshared_pass() {
                 worst.0,
                 bound,
             );
+        }
+    }
+}
+
+/// Bits apart of two f32 of one sign (the count of representable values between).
+fn ulps(a: f32, b: f32) -> u64 {
+    if a == b {
+        return 0;
+    }
+    match a.is_sign_negative() == b.is_sign_negative() {
+        true => (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs(),
+        false => u64::MAX,
+    }
+}
+
+/// The policy loss's settings over the tests: plain, every term on, a narrow clip
+/// range with a cap the weights often pass, the entropy bonus alone.
+fn loss_configs() -> [LossConfig; 4] {
+    let plain = LossConfig {
+        clip_low: 0.2,
+        clip_high: 0.28,
+        tis_cap: None,
+        kl_coef: 0.0,
+        entropy_coef: 0.0,
+    };
+    [
+        plain,
+        LossConfig {
+            tis_cap: Some(2.0),
+            kl_coef: 0.1,
+            entropy_coef: 0.01,
+            ..plain
+        },
+        LossConfig {
+            clip_low: 0.1,
+            clip_high: 0.1,
+            tis_cap: Some(1.05),
+            kl_coef: 0.05,
+            entropy_coef: 0.0,
+        },
+        LossConfig {
+            entropy_coef: 0.02,
+            ..plain
+        },
+    ]
+}
+
+/// The `policy_loss` kernel against `rl::loss::token_loss`, token by token, over
+/// ratios on both sides of the clip range with positive, negative and zero
+/// advantages, capped and uncapped importance weights, KL and entropy terms on
+/// and off, and no old logprobs (ratio 1): dentropy and `clipped` exactly, dlogp
+/// within 1 ulp of f32 (the device's and the host's `exp` may differ in the last
+/// bit of f64, which can move the rounding to f32 by one), the loss and KL terms
+/// within 1e-12 relative (plus 1e-15 absolute: k3's `exp(x) - x - 1` cancels near
+/// 0). The launch reads and writes only its tokens `at..at + r` of the pass.
+#[test]
+fn policy_loss_kernel_matches_token_loss() {
+    let Some(g) = gpu() else { return };
+    let (at, r, tail) = (5usize, 96usize, 3usize);
+    let total = at + r + tail;
+    let n_tokens = 37;
+    // Token j of the launch: logp, entropy (f32, as the forward's), and pass-wide
+    // arrays whose entries at..at + r are its (the others junk).
+    let frac = |j: usize, m: usize| ((j * m) % r) as f64 / r as f64;
+    let logp: Vec<f32> = (0..r).map(|j| -0.05 - 0.06 * j as f32).collect();
+    let ent: Vec<f32> = (0..r).map(|j| 0.1 + 0.03 * j as f32).collect();
+    let pass = |f: &dyn Fn(usize) -> f64| -> Vec<f64> {
+        (0..total)
+            .map(|k| match k.checked_sub(at).filter(|&j| j < r) {
+                Some(j) => f(j),
+                None => 7.5,
+            })
+            .collect()
+    };
+    // logp - old over [-0.6, 0.6]: ratios 0.55 to 1.8.
+    let old = pass(&|j| logp[j] as f64 + 0.6 - 1.2 * frac(j, 7));
+    let rollout = pass(&|j| old[at + j] - 0.8 + 1.6 * frac(j, 13));
+    let reference = pass(&|j| logp[j] as f64 - 0.5 + frac(j, 5));
+    let adv = pass(&|j| [1.0, -0.7, 0.0, 2.5, -1.5][j % 5]);
+    let up = |x: &Vec<f64>| g.upload(x).unwrap();
+    let (d_old, d_roll, d_ref, d_adv) = (up(&old), up(&rollout), up(&reference), up(&adv));
+    let (d_lp, d_ent) = (g.upload(&logp).unwrap(), g.upload(&ent).unwrap());
+    // Ratios outside the clip range: [advantage > 0][above the range] seen (the
+    // clipped term is the smaller, with no gradient, where the two agree).
+    let mut corners = [[false; 2]; 2];
+    for cfg in loss_configs() {
+        for (with_old, with_ref) in [(false, false), (true, false), (false, true), (true, true)] {
+            let inputs = LossInputs {
+                logp_old: with_old.then_some(&d_old),
+                logp_rollout: &d_roll,
+                logp_ref: with_ref.then_some(&d_ref),
+                advantage: &d_adv,
+            };
+            let mut terms = DeviceLossTerms::alloc(&g, total).unwrap();
+            let set = loss_settings(&cfg);
+            let fwd = (&d_lp, &d_ent);
+            let d = policy_loss(&g, &set, n_tokens, fwd, (at, r), &inputs, &mut terms).unwrap();
+            let dlogp = g.download_n(&d.dlogp, r).unwrap();
+            let dent = g.download_n(&d.dentropy, r).unwrap();
+            let loss = g.download_n(&terms.loss, total).unwrap();
+            let kl = g.download_n(&terms.kl, total).unwrap();
+            let clipped = g.download_n(&terms.clipped, total).unwrap();
+            let what = format!("{cfg:?} old {with_old} ref {with_ref}");
+            let (mut off_by_one, mut worst) = (0, 0.0f64);
+            for j in 0..r {
+                let k = at + j;
+                let lp = logp[j] as f64;
+                let ti = TokenInput {
+                    logp: lp,
+                    logp_old: if with_old { old[k] } else { lp },
+                    logp_rollout: rollout[k],
+                    logp_ref: with_ref.then_some(reference[k]),
+                    advantage: adv[k],
+                };
+                let h = token_loss(&cfg, ti, ent[j] as f64, n_tokens);
+                let u = ulps(dlogp[j], h.dlogp as f32);
+                assert!(
+                    u <= 1,
+                    "{what} token {j}: dlogp {} vs {}",
+                    dlogp[j],
+                    h.dlogp
+                );
+                off_by_one += u as usize;
+                assert_eq!(dent[j].to_bits(), (h.dentropy as f32).to_bits(), "{what}");
+                assert_eq!(clipped[k] != 0, h.clipped, "{what} token {j}: clipped");
+                for (name, dv, hv) in [("loss", loss[k], h.loss), ("kl", kl[k], h.kl)] {
+                    let e = (dv - hv).abs();
+                    assert!(
+                        e <= 1e-12 * hv.abs() + 1e-15,
+                        "{what} token {j}: {name} {dv:e} vs {hv:e}"
+                    );
+                    worst = worst.max(e / hv.abs().max(1e-300));
+                }
+                let ratio = (lp - ti.logp_old).exp();
+                let outside = ratio < 1.0 - cfg.clip_low || ratio > 1.0 + cfg.clip_high;
+                if outside && ti.advantage != 0.0 {
+                    corners[(ti.advantage > 0.0) as usize][(ratio > 1.0) as usize] = true;
+                }
+            }
+            // The pass's other tokens are not this launch's.
+            let outside = (0..total).filter(|k| !(at..at + r).contains(k));
+            for k in outside {
+                assert!(loss[k] == 0.0 && kl[k] == 0.0 && clipped[k] == 0, "{what}");
+            }
+            println!(
+                "PARITY | policy loss {what}: {off_by_one} dlogp 1 ulp apart of {r}, \
+                 loss/kl {worst:.1e} relative"
+            );
+        }
+    }
+    assert_eq!(
+        corners, [[true; 2]; 2],
+        "ratios outside the range at each end, each sign"
+    );
+}
+
+/// A GPU pass whose policy loss runs on the device (`PassLoss::Policy`: no host
+/// round trip inside the pass) against the same pass with the loss as a host
+/// closure (`token_loss`, as rl_step computed it before): the same logprobs and
+/// entropies bit for bit, the same clipped count, the loss and KL sums within
+/// 1e-12 relative, and the same gradients: bit for bit where the kernel's dlogp
+/// are the host's for every token (checked by running the kernel alone on the
+/// pass's logprobs), else within 1e-5 relative a tensor (a dlogp 1 ulp apart
+/// moves its row's gradient by 2^-24 of it). `PassLoss::Const` is its closure,
+/// bit for bit. Flows F32, BF16 and FP8, temperature 0.8, two micro-batches.
+#[test]
+fn device_loss_pass_matches_host_closure() {
+    let Some(g) = gpu() else { return };
+    let cfg = tiny();
+    let w0 = init_random(&cfg, 3);
+    let seqs = seqs();
+    let n_tok: usize = seqs.iter().map(|s| s.response_len()).sum();
+    let adv = [1.0f64, -0.5, 0.25];
+    let lc = loss_configs()[1];
+    let grads_of = |dg: &mut GpuGrads| {
+        let mut h = ModelWeights::zeros(&cfg);
+        dg.download_into(&g, &mut h).unwrap();
+        h
+    };
+    let bits = |v: &[Vec<f64>]| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for flow in [Flow::F32, Flow::Bf16, Flow::Fp8] {
+        let dw = GpuWeights::upload(&g, &w0).unwrap();
+        let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
+        let s0 = run_pass_gpu(&model, &seqs, 0.8, 2, None).unwrap();
+        let moved = |spread: f64, m: usize| -> Vec<Vec<f64>> {
+            let each = s0.logp.iter().enumerate();
+            each.map(|(i, v)| {
+                let at = |t: usize| ((i * 31 + t * m) % 17) as f64 / 16.0;
+                v.iter()
+                    .enumerate()
+                    .map(|(t, &x)| x + spread * (2.0 * at(t) - 1.0))
+                    .collect()
+            })
+            .collect()
+        };
+        let (old, rollout, reference) = (moved(0.4, 7), moved(0.5, 5), moved(0.3, 3));
+        for logp_old in [None, Some(old.as_slice())] {
+            let what = format!("{flow} old {}", logp_old.is_some());
+            let pl = PolicyLoss {
+                cfg: lc,
+                n_tokens: n_tok,
+                base: 0,
+                logp_old,
+                logp_rollout: &rollout,
+                logp_ref: Some(&reference),
+                advantage: &adv,
+            };
+            let mut dg_d = GpuGrads::zeros_like(&g, &dw).unwrap();
+            let loss = PassLoss::Policy(pl);
+            let sd = run_pass_gpu(&model, &seqs, 0.8, 2, Some((loss, &mut dg_d))).unwrap();
+            let (mut loss_h, mut clipped_h, mut kl_h) = (0.0, 0usize, 0.0);
+            let mut gf = |i: usize, t: usize, lp: f64, e: f64| {
+                let l = pl.token(i, t, lp, e);
+                loss_h += l.loss;
+                clipped_h += l.clipped as usize;
+                kl_h += l.kl;
+                (l.dlogp, l.dentropy)
+            };
+            let mut dg_h = GpuGrads::zeros_like(&g, &dw).unwrap();
+            let host = PassLoss::Host(&mut gf);
+            let sh = run_pass_gpu(&model, &seqs, 0.8, 2, Some((host, &mut dg_h))).unwrap();
+            assert_eq!(bits(&sd.logp), bits(&sh.logp), "{what}: logprobs");
+            assert_eq!(bits(&sd.entropy), bits(&sh.entropy), "{what}: entropies");
+            let mut stats = LossStats::default();
+            stats.add(&sd.terms);
+            assert_eq!(stats.clipped, clipped_h, "{what}: clipped");
+            for (name, d, h) in [("loss", stats.loss, loss_h), ("kl", stats.kl, kl_h)] {
+                report(&format!("{what}: {name} sum"), ((d - h) / h).abs(), 1e-12);
+            }
+            // The kernel alone on the pass's logprobs: are its dlogp the host's?
+            let flat32 = |v: &[Vec<f64>]| v.iter().flatten().map(|&x| x as f32).collect::<Vec<_>>();
+            let (lp, en) = (flat32(&sd.logp), flat32(&sd.entropy));
+            let inputs = PolicyInputs::of(&pl, &seqs).upload(&g).unwrap();
+            let mut terms = DeviceLossTerms::alloc(&g, n_tok).unwrap();
+            let fwd = (&g.upload(&lp).unwrap(), &g.upload(&en).unwrap());
+            let set = loss_settings(&lc);
+            let view = inputs.view();
+            let d = policy_loss(&g, &set, n_tok, fwd, (0, n_tok), &view, &mut terms).unwrap();
+            let dlogp = g.download_n(&d.dlogp, n_tok).unwrap();
+            let mut k = 0;
+            let mut apart = 0;
+            for (i, s) in seqs.iter().enumerate() {
+                for t in 0..s.response_len() {
+                    let h = pl.token(i, t, lp[k] as f64, en[k] as f64).dlogp as f32;
+                    apart += (dlogp[k].to_bits() != h.to_bits()) as usize;
+                    k += 1;
+                }
+            }
+            let (gd, gh) = (grads_of(&mut dg_d), grads_of(&mut dg_h));
+            let mut worst = 0.0f64;
+            for ((name, a), (_, b)) in gd.tensors().into_iter().zip(gh.tensors()) {
+                if apart == 0 {
+                    let same = a
+                        .iter()
+                        .zip(b.iter())
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{what}: gradient {name} differs with every dlogp equal"
+                    );
+                }
+                worst = worst.max(rel(a, b));
+            }
+            println!("PARITY | {what}: {apart} of {n_tok} dlogp 1 ulp from the host's");
+            report(
+                &format!("{what}: gradients, device vs host loss"),
+                worst,
+                1e-5,
+            );
+        }
+        // The constant gradient: the same bits as its closure.
+        let c = (-1.0 / n_tok as f64, 0.0);
+        let mut dg_c = GpuGrads::zeros_like(&g, &dw).unwrap();
+        let konst = PassLoss::Const {
+            dlogp: c.0,
+            dentropy: c.1,
+        };
+        let sc = run_pass_gpu(&model, &seqs, 0.8, 2, Some((konst, &mut dg_c))).unwrap();
+        let mut gf = |_: usize, _: usize, _: f64, _: f64| c;
+        let mut dg_h = GpuGrads::zeros_like(&g, &dw).unwrap();
+        let sh = run_pass_gpu(
+            &model,
+            &seqs,
+            0.8,
+            2,
+            Some((PassLoss::Host(&mut gf), &mut dg_h)),
+        );
+        assert_eq!(
+            bits(&sc.logp),
+            bits(&sh.unwrap().logp),
+            "{flow}: const logprobs"
+        );
+        let (a, b) = (grads_of(&mut dg_c), grads_of(&mut dg_h));
+        for ((name, x), (_, y)) in a.tensors().into_iter().zip(b.tensors()) {
+            let same = x
+                .iter()
+                .zip(y.iter())
+                .all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "{flow}: const gradient {name}");
         }
     }
 }

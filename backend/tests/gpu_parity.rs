@@ -1550,7 +1550,7 @@ fn device_loss_pass_matches_host_closure() {
             // The kernel alone on the pass's logprobs: are its dlogp the host's?
             let flat32 = |v: &[Vec<f64>]| v.iter().flatten().map(|&x| x as f32).collect::<Vec<_>>();
             let (lp, en) = (flat32(&sd.logp), flat32(&sd.entropy));
-            let inputs = PolicyInputs::of(&pl, &seqs).upload(&g).unwrap();
+            let inputs = PolicyInputs::of(&pl, &seqs).unwrap().upload(&g).unwrap();
             let mut terms = DeviceLossTerms::alloc(&g, n_tok).unwrap();
             let fwd = (&g.upload(&lp).unwrap(), &g.upload(&en).unwrap());
             let set = loss_settings(&lc);

@@ -38,22 +38,24 @@ pub struct PolicyInputs<T> {
 }
 
 impl PolicyInputs<Vec<f64>> {
-    /// `p`'s inputs for `seqs`, which `p` must have passed `PolicyLoss::check` for.
-    pub fn of(p: &PolicyLoss, seqs: &[TrainSeq]) -> Self {
+    /// `p`'s inputs for the pass over `seqs`; an error where `p`'s arrays do not
+    /// cover them (`PolicyLoss::check`).
+    pub fn of(p: &PolicyLoss, seqs: &[TrainSeq]) -> std::result::Result<Self, String> {
+        p.check(seqs)?;
         let flat = |a: &[Vec<f64>]| -> Vec<f64> {
             let rows = seqs.iter().enumerate();
             rows.flat_map(|(i, s)| a[p.base + i][..s.response_len()].iter().copied())
                 .collect()
         };
         let each = seqs.iter().enumerate();
-        PolicyInputs {
+        Ok(PolicyInputs {
             logp_old: p.logp_old.map(flat),
             logp_rollout: flat(p.logp_rollout),
             logp_ref: p.logp_ref.map(flat),
             advantage: each
                 .flat_map(|(i, s)| std::iter::repeat_n(p.advantage[p.base + i], s.response_len()))
                 .collect(),
-        }
+        })
     }
 
     /// On the device.
@@ -120,8 +122,8 @@ impl DeviceScores {
                 dentropy: *dentropy as f32,
             }),
             Some(PassLoss::Policy(p)) => {
-                p.check(seqs).map_err(CudaError::Invalid)?;
-                let inputs = PolicyInputs::of(p, seqs).upload(g)?;
+                let inputs = PolicyInputs::of(p, seqs).map_err(CudaError::Invalid)?;
+                let inputs = inputs.upload(g)?;
                 Some(DeviceGrad::Policy(Box::new(DevicePolicy {
                     cfg: loss_settings(&p.cfg),
                     n_tokens: p.n_tokens,

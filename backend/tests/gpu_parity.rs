@@ -1293,7 +1293,9 @@ fn shared_prompt_rows_give_the_unshared_pass() {
                 let mut gf =
                     |i: usize, t: usize, _lp: f64, _e: f64| (-adv[i] / (1 + t) as f64, 0.01);
                 let grad = with_grad.then_some((PassLoss::Host(&mut gf), &mut dg));
-                let sc = run_pass_gpu_with(&model, &seqs, (t, micro.into()), grad, share).unwrap();
+                let sc = run_pass_gpu_with(&model, &seqs, (t, micro.into()), grad, share)
+                    .and_then(|p| p.wait())
+                    .unwrap();
                 let mut grads = ModelWeights::zeros(&cfg);
                 dg.download_into(&g, &mut grads).unwrap();
                 (sc, grads)

@@ -17,7 +17,7 @@ use super::{mem_used_gib, BenchArgs, Report};
 use crate::gpu::decode::GpuKvCache;
 use crate::gpu::micro::{micro_tokens, PassKind};
 use crate::gpu::{
-    run_pass_gpu, GpuAdam, GpuDecoder, GpuGrads, GpuModel, GpuWeights, PreparedParts,
+    run_pass_gpu_queued, GpuAdam, GpuDecoder, GpuGrads, GpuModel, GpuWeights, PreparedParts,
 };
 use crate::model::ModelConfig;
 use crate::rl::optim::{OptimConfig, Schedule};
@@ -371,7 +371,7 @@ fn train(
         dlogp: -inv,
         dentropy: 0.0,
     };
-    let mut parts = {
+    let (pending, mut parts) = {
         // As the trainer: the rollout's (or the last update's) prepared weights
         // serve this update.
         let mut model = match prepared {
@@ -379,12 +379,14 @@ fn train(
             None => var.model(g, cfg, w, rope)?,
         };
         model.set_batch_invariant(var.invariant);
-        run_pass_gpu(&model, seqs, 1.0, micro, Some((loss, &mut *grads)))?;
+        let pending = run_pass_gpu_queued(&model, seqs, 1.0, micro, Some((loss, &mut *grads)))?;
         // Parts the optimizer cannot rewrite are freed before it runs.
         let mut p = model.into_parts();
-        p.rewritable(&w.ix).then_some(p)
+        (pending, p.rewritable(&w.ix).then_some(p))
     };
     let (_, rewrote) = adam.step_prepared(g, w, grads, &opt_cfg(), 1e-6, parts.as_mut())?;
+    // As the trainer: the scores come down once the optimizer step is queued.
+    pending.wait()?;
     g.sync()?;
     Ok((t.elapsed().as_secs_f64(), parts.filter(|_| rewrote)))
 }

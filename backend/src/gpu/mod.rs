@@ -35,7 +35,7 @@ pub use generate::GpuDecoder;
 pub use grads::GpuGrads;
 pub use model::{GpuModel, PreparedParts};
 pub use optim::GpuAdam;
-pub use pass::run_pass_gpu;
+pub use pass::{run_pass_gpu, run_pass_gpu_queued, PendingScored};
 pub use weights::GpuWeights;
 
 use crate::model::{ModelConfig, ModelWeights};

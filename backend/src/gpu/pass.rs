@@ -6,7 +6,11 @@
 //! The policy loss (`rl::loss::token_loss`, the CPU's) and a constant gradient
 //! are evaluated on the device ([`super::pass_loss`]): the host queues every
 //! micro-batch's forward, loss and backward without waiting, and the tokens'
-//! logprobs, entropies and loss terms come down once, at the end. A host
+//! logprobs, entropies and loss terms come down once, when the caller asks
+//! ([`PendingScored::wait`]: the trainer asks after queuing the optimizer step,
+//! so a training step's only wait is at its end; H100, forty-sixth session: a
+//! wait at the pass's end left the GPU idle 0.1-0.26 ms before the optimizer's
+//! first kernel, as the host loss's round trip had before the backward). A host
 //! closure (`PassLoss::Host`) waits for each micro-batch: its logprobs and
 //! entropies come down and d loss / d logp, d entropy go back up.
 
@@ -18,6 +22,8 @@ use jet_kernels::cuda::logsoftmax::{
 };
 use jet_kernels::cuda::policy_loss::LossGrad;
 use jet_kernels::cuda::tensor::div_scalar;
+use std::sync::Arc;
+
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::GemmRole;
 
@@ -43,6 +49,20 @@ pub fn run_pass_gpu(
     micro: impl Into<Micro>,
     grad: Option<(PassLoss, &mut GpuGrads)>,
 ) -> Result<Scored> {
+    run_pass_gpu_queued(model, seqs, temperature, micro, grad)?.wait()
+}
+
+/// [`run_pass_gpu`] that returns once the pass is queued: its scored tokens come to
+/// the host at [`PendingScored::wait`], so work queued after the pass (the
+/// optimizer step) is on the stream before the host waits for any of it. With a
+/// host closure's loss the pass has waited for each micro-batch already.
+pub fn run_pass_gpu_queued(
+    model: &GpuModel,
+    seqs: &[TrainSeq],
+    temperature: f64,
+    micro: impl Into<Micro>,
+    grad: Option<(PassLoss, &mut GpuGrads)>,
+) -> Result<PendingScored> {
     let share = std::env::var("JET_SHARE_PROMPTS").map_or(true, |v| {
         !matches!(
             v.to_ascii_lowercase().as_str(),
@@ -52,7 +72,7 @@ pub fn run_pass_gpu(
     run_pass_gpu_with(model, seqs, (temperature, micro.into()), grad, share)
 }
 
-/// [`run_pass_gpu`] with the sharing of prompts' rows chosen: on, the sequences of a
+/// [`run_pass_gpu_queued`] with the sharing of prompts' rows chosen: on, the sequences of a
 /// micro-batch that begin with the same prompt run its rows once
 /// ([`super::share`]; the same logprobs, bit for bit, and the same gradients to
 /// rounding); `run_pass_gpu` shares unless `JET_SHARE_PROMPTS` is 0, false, off or no.
@@ -62,7 +82,7 @@ pub fn run_pass_gpu_with(
     (temperature, micro): (f64, Micro),
     grad: Option<(PassLoss, &mut GpuGrads)>,
     share: bool,
-) -> Result<Scored> {
+) -> Result<PendingScored> {
     check_seqs(seqs).map_err(CudaError::Invalid)?;
     let g = &*model.gpu;
     let vocab = model.cfg.vocab_size;
@@ -158,9 +178,33 @@ pub fn run_pass_gpu_with(
         };
         backward(model, acts, dlogits, grads)?;
     }
-    match sink {
-        Sink::Host(_, scored) => Ok(scored),
-        Sink::Device(d) => d.finish(g, seqs),
+    Ok(PendingScored(match sink {
+        Sink::Host(_, scored) => Pending::Ready(scored),
+        Sink::Device(d) => {
+            let lens = seqs.iter().map(|s| s.response_len()).collect();
+            Pending::Device(model.gpu.clone(), d, lens)
+        }
+    }))
+}
+
+/// A queued pass's scored tokens ([`run_pass_gpu_queued`]): on the host already
+/// (a host closure's pass), or on the device until [`PendingScored::wait`].
+pub struct PendingScored(Pending);
+
+enum Pending {
+    Ready(Scored),
+    /// The device, the tokens, and the response length of each sequence.
+    Device(Arc<Gpu>, DeviceScores, Vec<usize>),
+}
+
+impl PendingScored {
+    /// Wait for the pass (and whatever was queued after it) and bring its tokens'
+    /// logprobs, entropies and loss terms to the host, sequence after sequence.
+    pub fn wait(self) -> Result<Scored> {
+        match self.0 {
+            Pending::Ready(s) => Ok(s),
+            Pending::Device(g, d, lens) => d.finish(&g, &lens),
+        }
     }
 }
 

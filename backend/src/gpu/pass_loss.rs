@@ -175,8 +175,8 @@ impl DeviceScores {
     }
 
     /// Wait for the pass and bring its tokens' results to the host, sequence after
-    /// sequence as `seqs`.
-    pub(super) fn finish(self, g: &Gpu, seqs: &[TrainSeq]) -> Result<Scored> {
+    /// sequence, `lens` their response lengths.
+    pub(super) fn finish(self, g: &Gpu, lens: &[usize]) -> Result<Scored> {
         let logp = g.download_n(&self.logp, self.n)?;
         let entropy = g.download_n(&self.entropy, self.n)?;
         let terms = match &self.grad {
@@ -195,8 +195,8 @@ impl DeviceScores {
         };
         let mut scored = Scored::default();
         let mut k = 0;
-        for s in seqs {
-            let span = k..k + s.response_len();
+        for &len in lens {
+            let span = k..k + len;
             let widen = |x: &[f32]| x[span.clone()].iter().map(|&v| v as f64).collect();
             scored.logp.push(widen(&logp));
             scored.entropy.push(widen(&entropy));

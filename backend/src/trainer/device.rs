@@ -9,8 +9,8 @@ use crate::config::MicroTokens;
 use crate::gpu::decode::GpuKvCache;
 use crate::gpu::micro::{micro_tokens, PassKind};
 use crate::gpu::{
-    cached_model, keep_model, keep_parts, run_pass_gpu, take_parts, GpuDecoder, GpuState,
-    GpuWeights, Slot,
+    cached_model, keep_model, keep_parts, run_pass_gpu_queued, take_parts, GpuDecoder, GpuState,
+    GpuWeights, PendingScored, Slot,
 };
 use crate::model::ModelWeights;
 use crate::rl::optim::OptimConfig;
@@ -24,6 +24,23 @@ use super::{SetupError, Trainer};
 impl From<CudaError> for SetupError {
     fn from(e: CudaError) -> Self {
         SetupError::Device(e.to_string())
+    }
+}
+
+/// A pass's scored tokens: the CPU's, or a GPU pass's still on the device until
+/// [`PassScores::wait`] (so the optimizer step is queued before the host waits).
+pub(super) enum PassScores {
+    Host(Scored),
+    Gpu(PendingScored),
+}
+
+impl PassScores {
+    /// The scored tokens on the host (a GPU pass: waiting for the stream).
+    pub(super) fn wait(self) -> Result<Scored, SetupError> {
+        match self {
+            PassScores::Host(s) => Ok(s),
+            PassScores::Gpu(p) => Ok(p.wait()?),
+        }
     }
 }
 
@@ -102,13 +119,14 @@ impl Trainer {
     }
 
     /// Score `seqs` with `which` weights; with `grad`, also the gradients of that loss.
+    /// A GPU pass returns once queued: its scores come with [`PassScores::wait`].
     pub(super) fn pass(
         &mut self,
         which: Which,
         seqs: &[TrainSeq],
         temperature: f64,
         grad: Option<PassLoss>,
-    ) -> Result<(Scored, Option<Grads>), SetupError> {
+    ) -> Result<(PassScores, Option<Grads>), SetupError> {
         let micro = self.micro(seqs, temperature)?;
         let want = grad.is_some();
         match self.device.as_mut() {
@@ -119,7 +137,7 @@ impl Trainer {
                 };
                 let model = PreparedModel::new(&self.model_cfg, w, self.flow);
                 let (s, g) = run_pass(&model, seqs, temperature, micro, grad);
-                Ok((s, g.map(Grads::Host)))
+                Ok((PassScores::Host(s), g.map(Grads::Host)))
             }
             Some(d) => {
                 if want {
@@ -140,9 +158,10 @@ impl Trainer {
                 };
                 let mode = (self.flow, self.cfg.run.batch_invariant);
                 let model = cached_model(gpu, prepared, slot, *version, &self.model_cfg, w, mode)?;
-                let s = run_pass_gpu(&model, seqs, temperature, micro, grad.map(|f| (f, grads)));
+                let grad = grad.map(|f| (f, grads));
+                let s = run_pass_gpu_queued(&model, seqs, temperature, micro, grad);
                 keep_model(prepared, slot, *version, model);
-                Ok((s?, want.then_some(Grads::Device)))
+                Ok((PassScores::Gpu(s?), want.then_some(Grads::Device)))
             }
         }
     }

@@ -179,6 +179,7 @@ impl Trainer {
             true => Some(
                 self.pass(Which::Reference, &seqs, temperature, None)?
                     .0
+                    .wait()?
                     .logp,
             ),
             false => None,
@@ -192,7 +193,11 @@ impl Trainer {
         let mut total_tokens = 0usize;
         let mut old: Option<Scored> = None;
         if mb > 1 {
-            old = Some(self.pass(Which::Policy, &seqs, temperature, None)?.0);
+            old = Some(
+                self.pass(Which::Policy, &seqs, temperature, None)?
+                    .0
+                    .wait()?,
+            );
             total_tokens += seqs.iter().map(|s| s.tokens.len()).sum::<usize>();
         }
         // The loss's statistics over every mini-batch, token after token.
@@ -216,12 +221,8 @@ impl Trainer {
                 advantage: &adv,
             };
             let loss = Some(PassLoss::Policy(pl));
-            let (scored, grads) = self.pass(Which::Policy, part, temperature, loss)?;
-            stats.add(&scored.terms);
+            let (pending, grads) = self.pass(Which::Policy, part, temperature, loss)?;
             total_tokens += part.iter().map(|s| s.tokens.len()).sum::<usize>();
-            if j == 0 && mb == 1 {
-                first = Some(scored);
-            }
             lr = opt_cfg.lr_at(step * mb as u64 + j as u64, self.rl_total() * mb as u64)
                 * self.progress.lr_scale;
             let grads =
@@ -229,10 +230,17 @@ impl Trainer {
             // Fault injection: this batch "explodes" and poisons the weights.
             let poison =
                 self.cfg.debug.inject_nan_at_step == Some(step) && self.progress.data_offset == 0;
+            grad_norm = self.apply(grads, &opt_cfg, lr, poison)?;
+            // The pass's scores come to the host once the optimizer step is queued
+            // behind it (on the GPU, the step's one wait for the host).
+            let scored = pending.wait()?;
+            stats.add(&scored.terms);
             if poison {
                 stats.loss = f64::NAN;
             }
-            grad_norm = self.apply(grads, &opt_cfg, lr, poison)?;
+            if j == 0 && mb == 1 {
+                first = Some(scored);
+            }
         }
         let at_rollout = old.or(first).expect("a pass at the rollout weights");
         let flat = |v: &[Vec<f64>]| v.iter().flatten().copied().collect::<Vec<f64>>();

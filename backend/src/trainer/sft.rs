@@ -52,11 +52,7 @@ impl Trainer {
             dlogp: -inv,
             dentropy: 0.0,
         };
-        let (scored, grads) = self.pass(Which::Policy, &seqs, 1.0, Some(ce))?;
-        let mut loss = 0.0;
-        for lp in scored.logp.iter().flatten() {
-            loss -= lp * inv;
-        }
+        let (pending, grads) = self.pass(Which::Policy, &seqs, 1.0, Some(ce))?;
         let oc = OptimConfig {
             lr: self.cfg.sft.lr,
             warmup_steps: self.cfg.sft.warmup_steps,
@@ -67,6 +63,12 @@ impl Trainer {
         let grads =
             grads.ok_or_else(|| SetupError::Device("the pass returned no gradients".into()))?;
         let grad_norm = self.apply(grads, &oc, lr, false)?;
+        // The scores come to the host once the optimizer step is queued behind the pass.
+        let scored = pending.wait()?;
+        let mut loss = 0.0;
+        for lp in scored.logp.iter().flatten() {
+            loss -= lp * inv;
+        }
         self.progress.sft_steps_done += 1;
         if self.progress.sft_steps_done == self.sft_total() {
             // RL starts with fresh optimizer moments, and the reference policy is

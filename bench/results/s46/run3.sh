@@ -1,6 +1,9 @@
 #!/bin/bash
 # Forty-sixth session, call 3: a GPU pass returns once queued (run_pass_gpu_queued; the scores come down after
 # the optimizer step is queued) against call 1's s46 build (jetd-prev: the wait at the pass's end) and main.
+# Not run (no machine). Build in .carry (stripped: bench/gpu_check.sh --collect strips): jetd = f6c24fb or later
+# (with gpu_parity from the same commit), jetd-prev = 35d84e7 (call 1's build), jetd-main = c3bfe9b (the session's
+# start); wrappers jetd[-prev|-main]-{fp8,bf16} adding `--flow F`, as bench/results/s45/next-call.sh writes them.
 mkdir -p .carry && tar xJf .carryz/c.tar.xz -C .carry
 R=$OUT; export OUT=/tmp/g3; mkdir -p $OUT; export JET_KERNEL_CACHE_DIR=/tmp/jetk
 pack() { tar czf $R/logs.tgz -C /tmp g3; }

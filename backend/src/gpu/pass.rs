@@ -75,7 +75,8 @@ pub fn run_pass_gpu_queued(
 /// [`run_pass_gpu_queued`] with the sharing of prompts' rows chosen: on, the sequences of a
 /// micro-batch that begin with the same prompt run its rows once
 /// ([`super::share`]; the same logprobs, bit for bit, and the same gradients to
-/// rounding); `run_pass_gpu` shares unless `JET_SHARE_PROMPTS` is 0, false, off or no.
+/// rounding); `run_pass_gpu` and `run_pass_gpu_queued` share unless
+/// `JET_SHARE_PROMPTS` is 0, false, off or no.
 pub fn run_pass_gpu_with(
     model: &GpuModel,
     seqs: &[TrainSeq],
@@ -210,7 +211,7 @@ impl PendingScored {
 
 /// Where a pass's scored tokens go: a host closure needs each micro-batch's on
 /// the host (a wait for the stream), into the `Scored` it fills; anything else
-/// leaves them on the device until the pass ends.
+/// leaves them on the device until [`PendingScored::wait`].
 enum Sink<'a> {
     Host(TokenGrad<'a>, Scored),
     Device(DeviceScores),

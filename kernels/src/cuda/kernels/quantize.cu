@@ -80,10 +80,18 @@ extern "C" __global__ void quant_row1x128_bf16(const bf16_t* x, long ldx, int ro
 // columns over its 8 rows meet the other warps' in shared memory (8 KiB), each
 // thread encodes its 8 x 4 block's codes^T from the same registers into a shared
 // tile, and the tile goes out a column's 128 bytes at a time.
-// The shared memory of one dual_tile: each warp's column maxima, the tile's codes^T.
+// Each scale and its reciprocal is made once: a row's by one lane of its warp (then
+// shuffled to the others), a column's by one of threads 0 .. 127 (then read from
+// shared memory). Every thread making all of its eight rows' and four columns' (and
+// reducing the 16 warps' column maxima itself) cost ~6 instructions a value; these
+// kernels are bound by their instructions (ncu, forty-fifth session).
+// The shared memory of one dual_tile: each warp's column maxima, each column's
+// scale, reciprocal and whether its amax is usual, the tile's codes^T.
 struct DualShared {
-    uint4 colmax[16][32];  // [warp][lane]: the maxima of its four columns
-    u32 tcodes[128][33];   // codes^T of the tile: [column][row / 4], for whole-line stores
+    u32 colmax[16][128];  // [warp][column]: the maxima of the warp's 8 rows
+    float cs[128], cr[128];
+    int cu[128];
+    u32 tcodes[128][33];  // codes^T of the tile: [column][row / 4], for whole-line stores
 };
 
 // Both groupings of the 128 x 128 tile (g, ty) (column and row tile) whose values v
@@ -94,49 +102,69 @@ __device__ __forceinline__ void dual_tile(const float (&v)[8][4], int g, int ty,
                                           DualShared& sh) {
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const int c = g * 128 + lane * 4, r0 = ty * 128 + w * 8;
-    u32 cm[4] = {0u, 0u, 0u, 0u};
     if (codes) {  // row1x128
-        // The eight rows' maxima, then (all usual: warp-uniform) their codes without
-        // branches, else each row through e4m3_scale and quot (NaN, inf, tiny).
+        // The eight rows' maxima (every lane), then row lane & 7's scale and
+        // reciprocal in lane lane & 7 (all usual: warp-uniform) and shuffled to the
+        // others, its codes without branches; else each row through e4m3_scale and
+        // quot (NaN, inf, tiny), as before.
         u32 rm[8];
-        bool usual = true;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             u32 m = 0;
             for (int j = 0; j < 4; j++) m = max_abs_bits(m, v[i][j]);
             rm[i] = __reduce_max_sync(0xffffffffu, m);
-            usual = usual && usual_amax(rm[i]);
         }
+        // rm[lane & 7] by a tree of selects (a chain of equality tests became an
+        // indexed array in local memory).
+        const bool b0 = lane & 1, b1 = lane & 2, b2 = lane & 4;
+        const u32 p0 = b0 ? rm[1] : rm[0], p1 = b0 ? rm[3] : rm[2], p2 = b0 ? rm[5] : rm[4], p3 = b0 ? rm[7] : rm[6];
+        const u32 mine = b2 ? (b1 ? p3 : p2) : (b1 ? p1 : p0);
+        if (__all_sync(0xffffffffu, usual_amax(mine))) {
+            const Quot dm = quot_usual(mine);
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int r = r0 + i;
-            Quot d;
-            u32 q;
-            if (usual) {
-                d = quot_usual(rm[i]);
-                q = encode4_fast(v[i], d);
-            } else {
-                d = quot(e4m3_scale(rm[i]));
-                q = encode4(v[i], d);
+            for (int i = 0; i < 8; i++) {
+                const int r = r0 + i;
+                const Quot d = {__shfl_sync(0xffffffffu, dm.s, i), __shfl_sync(0xffffffffu, dm.r, i), true};
+                const u32 q = encode4_fast(v[i], d);
+                if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
+                if (r < rows_pad && lane == 0) scales[(long)g * rows_pad + r] = d.s;
             }
-            if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
-            if (r < rows_pad && lane == 0) scales[(long)g * rows_pad + r] = d.s;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int r = r0 + i;
+                const Quot d = quot(e4m3_scale(rm[i]));
+                const u32 q = encode4(v[i], d);
+                if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
+                if (r < rows_pad && lane == 0) scales[(long)g * rows_pad + r] = d.s;
+            }
         }
     }
+    u32 cm[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int i = 0; i < 8; i++)
         for (int j = 0; j < 4; j++) cm[j] = max_abs_bits(cm[j], v[i][j]);
-    sh.colmax[w][lane] = make_uint4(cm[0], cm[1], cm[2], cm[3]);
+    *reinterpret_cast<uint4*>(&sh.colmax[w][lane * 4]) = make_uint4(cm[0], cm[1], cm[2], cm[3]);
     __syncthreads();
-    for (int k = 0; k < 16; k++) {
-        const uint4 o = sh.colmax[k][lane];
-        cm[0] = max(cm[0], o.x), cm[1] = max(cm[1], o.y), cm[2] = max(cm[2], o.z), cm[3] = max(cm[3], o.w);
+    if (t < 128) {  // column t's amax over the 16 warps (max is exact: any order), its scale
+        u32 a = sh.colmax[0][t];
+#pragma unroll
+        for (int k = 1; k < 16; k++) a = max(a, sh.colmax[k][t]);
+        const bool u = usual_amax(a);
+        const Quot d = u ? quot_usual(a) : quot(e4m3_scale(a));
+        sh.cs[t] = d.s, sh.cr[t] = d.r, sh.cu[t] = u;
+        if (g * 128 + t < cols_pad) scales_t[(long)ty * cols_pad + g * 128 + t] = d.s;
     }
-    const bool usual = usual_amax(cm[0]) && usual_amax(cm[1]) && usual_amax(cm[2]) && usual_amax(cm[3]);
+    __syncthreads();
+    const float4 s4 = *reinterpret_cast<const float4*>(&sh.cs[lane * 4]);
+    const float4 r4 = *reinterpret_cast<const float4*>(&sh.cr[lane * 4]);
+    const int4 u4 = *reinterpret_cast<const int4*>(&sh.cu[lane * 4]);
+    const float ss[4] = {s4.x, s4.y, s4.z, s4.w}, rr[4] = {r4.x, r4.y, r4.z, r4.w};
+    const bool usual = u4.x && u4.y && u4.z && u4.w;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const Quot d = usual ? quot_usual(cm[j]) : quot(e4m3_scale(cm[j]));
-        if (w == 0 && c + j < cols_pad) scales_t[(long)ty * cols_pad + c + j] = d.s;
+        // quot's fast flag of the scale (quot_usual's are all fast).
+        const Quot d = {ss[j], rr[j], usual || (ss[j] >= 0x1p-88f && ss[j] <= 0x1p125f)};
         const float f0[4] = {v[0][j], v[1][j], v[2][j], v[3][j]}, f1[4] = {v[4][j], v[5][j], v[6][j], v[7][j]};
         sh.tcodes[lane * 4 + j][2 * w] = usual ? encode4_fast(f0, d) : encode4(f0, d);
         sh.tcodes[lane * 4 + j][2 * w + 1] = usual ? encode4_fast(f1, d) : encode4(f1, d);
@@ -323,6 +351,11 @@ __device__ __forceinline__ void token_logprobs_bwd_fp8_at(const Z* z, int out_ro
                                                           int cols_pad, u8* codes, float* scales, u8* codes_t,
                                                           float* scales_t) {
     __shared__ DualShared sh;
+    // The tile's rows' statistics (gl, ge, lse, entropy; target), each loaded once
+    // by one of threads 0 .. 127 and read by the 32 lanes of its warp from here
+    // (every lane loading its eight rows' five values took ~4 instructions a value).
+    __shared__ float4 stat[128];
+    __shared__ int tgt[128];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int c = blockIdx.x * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
     const bool vec = (vocab & 3) == 0 && ((u64)z & 15) == 0;
@@ -336,21 +369,29 @@ __device__ __forceinline__ void token_logprobs_bwd_fp8_at(const Z* z, int out_ro
     bool on[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) on[i] = cs[i] >= 0;
+    // Thread t < 128: row t's statistics, loaded before the logits and stored after
+    // them (zeros and target -1 for a row not scored, whose values are 0 anyway).
+    float4 st = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int tg = -1;
+    if (threadIdx.x < 128) {
+        const int r = blockIdx.y * 128 + threadIdx.x;
+        const int k = r < out_rows ? (slot ? slot[r] : r) : -1;
+        if (k >= 0) st = make_float4(dlogp[k], dentropy ? dentropy[k] : 0.0f, lse[k], entropy[k]), tg = targets[k];
+    }
     // All eight rows' BF16 loads at once; f32's four at a time (registers).
     load_rows4_by<sizeof(Z) == 2 ? 8 : 4>(v, z + (long)r0 * vocab, vocab, c, vocab, vec, on);
+    if (threadIdx.x < 128) stat[threadIdx.x] = st, tgt[threadIdx.x] = tg;
+    __syncthreads();
     // Every value through logprob_grad, then 0 selected where the row is not scored
     // or the column is past the vocabulary: no branch a value or a row, so a
     // thread's 32 exponentials interleave (as dual_tile's quot_usual).
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const bool on = cs[i] >= 0;  // an unscored row reads nothing (predicated loads)
-        const int k = on ? cs[i] : 0;
-        const float gl = on ? dlogp[k] : 0.0f, ge = on && dentropy ? dentropy[k] : 0.0f;
-        const float l = on ? lse[k] : 0.0f, h = on ? entropy[k] : 0.0f;
-        const int t = on ? targets[k] : -1;
+        const float4 s = stat[w * 8 + i];  // zeros where the row is not scored
+        const int t = tgt[w * 8 + i];
         for (int j = 0; j < 4; j++) {
-            const float g = logprob_grad(v[i][j], l, h, gl, ge, c + j == t, scale);
-            v[i][j] = on && c + j < vocab ? g : 0.0f;
+            const float g = logprob_grad(v[i][j], s.z, s.w, s.x, s.y, c + j == t, scale);
+            v[i][j] = on[i] && c + j < vocab ? g : 0.0f;
         }
     }
     dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, sh);

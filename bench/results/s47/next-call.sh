@@ -1,5 +1,5 @@
 #!/bin/bash
-# For the next session (not run: no device time left). Branch s47-swiglu on main 5c050b1:
+# For the next session (not run: no device time left). Branch s47-swiglu on main f10e395 (its code is 5c050b1's):
 #   54a5fb6 swiglu_bwd_fp8 with one block a tile (fp8 flow only), and
 #   token_logprobs_bwd with four quads a thread (the bf16 and f32 flows' log-prob backward only),
 # so each flow's change is read off its own rows. .carry (prepared on this machine, .carryz/c.tar.xz; rebuild

@@ -265,7 +265,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long
 // the up projection's (uc .. ust), layouts as quant_dual_f32's. Grid (2
 // ceil(cols_pad/128), ceil(rows/128)), 512 threads: block 2x + o makes output o (0
 // gate, 1 up) of column tile x, so each block holds one tile in registers, as
-// quant_dual_f32 (two blocks an SM, 36-40 bytes of spills with BF16 inputs; the pair's second
+// quant_dual_f32 (two blocks an SM, 4-8 bytes of spills with BF16 inputs; the pair's second
 // reads of dh and gate come from L2). Both blocks holding both outputs took 128 registers,
 // one block an SM, and ran 1.4x slower than swiglu_bwd and two quant_dual_f32.
 template <typename DH, typename G>

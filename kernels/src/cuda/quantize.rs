@@ -522,6 +522,11 @@ impl DualFp8 {
     }
 }
 
+/// The dynamic shared memory of `swiglu_bwd_fp8` (quantize.cu's `SwigluBwdFp8Smem`):
+/// dual_tile's `DualShared` (column maxima 8,192 bytes, column scales, reciprocals
+/// and flags 1,536, codes^T 16,896) and dup parked as BF16, 8 x 512 x 8 bytes.
+const SWIGLU_BWD_FP8_SMEM: u32 = 8192 + 1536 + 16896 + 8 * 512 * 8;
+
 /// SwiGLU's backward (`ops::swiglu_backward`, rounded to BF16 values) with
 /// [`quantize_dual`] of each output, in one pass (`swiglu_bwd_fp8`): the gate and
 /// up projections' dy operands `(dgate, dup)` for FP8 DGrad and WGrad, with the
@@ -557,13 +562,9 @@ pub fn swiglu_backward_fp8<'a>(
             (true, false) => "swiglu_bwd_fp8_dh16",
             (false, _) => "swiglu_bwd_fp8",
         },
-        (
-            2 * cp.div_ceil(GROUP) as u32,
-            rows.div_ceil(GROUP) as u32,
-            1,
-        ),
+        (cp.div_ceil(GROUP) as u32, rows.div_ceil(GROUP) as u32, 1),
         (512, 1, 1),
-        0,
+        SWIGLU_BWD_FP8_SMEM,
         &[
             &head[..],
             &gu_dims((gate, up), (rows, cols)),

@@ -657,8 +657,12 @@ pub fn quantize_dual_multi(
     let mut outs = Vec::with_capacity(xs.len());
     let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 13);
     let mut first = 0usize;
+    // Which forms the launch holds (bit 1 BF16, bit 2 f32 or a norm's output):
+    // a launch of one kind takes that kind's kernel (quantize.cu: no spills).
+    let mut forms = 0u8;
     for &(x, rows, cols, dual) in xs {
         let [xp, form, wp, rstdp] = x.entries(gpu, rows, cols)?;
+        forms |= if form == 1 { 1 } else { 2 };
         check_dims("quantize 1x128 + 128x1 input", rows, cols)?;
         let (rp, cp) = (pad16(rows), pad16(cols));
         let row = match dual {
@@ -684,7 +688,12 @@ pub fn quantize_dual_multi(
         first += cp.div_ceil(GROUP) * rows.div_ceil(GROUP);
         outs.push((row, col));
     }
-    launch_table(gpu, "quant_dual_multi", &tab, xs.len(), first)?;
+    let name = match forms {
+        1 => "quant_dual_multi_bf16",
+        2 => "quant_dual_multi_f32",
+        _ => "quant_dual_multi",
+    };
+    launch_table(gpu, name, &tab, xs.len(), first)?;
     Ok(outs)
 }
 

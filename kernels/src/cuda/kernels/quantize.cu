@@ -226,8 +226,12 @@ extern "C" __global__ void __launch_bounds__(512, 2)
 #define DUAL_F32 0
 #define DUAL_BF16 1
 #define DUAL_NORM 2
-extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long long* tab, int T) {
-    pdl_entry();
+// FORMS: which forms the kernel's code holds (bit 1 BF16, bit 2 f32 and NORM).
+// quant_dual_multi (both) spilled 24 / 40 bytes of its 64 registers; a launch of one
+// kind takes the kernel of that kind (_bf16, _f32: no spills, ptxas). The same
+// operations on the same values, so the same bits.
+template <int FORMS>
+__device__ __forceinline__ void quant_dual_multi_at(const long long* tab, int T) {
     __shared__ DualShared sh;
     __shared__ int st;
     if (threadIdx.x == 0) st = tensor_of(tab, DUAL_TAB, 9, T, blockIdx.x);
@@ -237,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long
     const long b = (long)blockIdx.x - e[9];
     const int g = (int)(b % nx), ty = (int)(b / nx);
     float v[8][4];
-    if (e[10] == DUAL_BF16) {
+    if (FORMS == 1 || ((FORMS & 1) && e[10] == DUAL_BF16)) {
         dual_load((const bf16_t*)e[0], cols, rows, cols, g, ty, v);
     } else {
         dual_load((const float*)e[0], cols, rows, cols, g, ty, v);
@@ -256,6 +260,18 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long
         }
     }
     dual_tile(v, g, ty, (int)e[3], cols_pad, (u8*)e[5], (float*)e[6], (u8*)e[7], (float*)e[8], sh);
+}
+extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long long* tab, int T) {
+    pdl_entry();
+    quant_dual_multi_at<3>(tab, T);
+}
+extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi_bf16(const long long* tab, int T) {
+    pdl_entry();
+    quant_dual_multi_at<1>(tab, T);
+}
+extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi_f32(const long long* tab, int T) {
+    pdl_entry();
+    quant_dual_multi_at<2>(tab, T);
 }
 
 // SwiGLU's backward with both FP8 groupings of its two outputs (fuses ops.cu's

@@ -184,9 +184,18 @@ fn dual_multi_is_each(g: &cuda::Gpu) {
         let (wr, wc) = gq::quantize_dual(g, &xf, r, c).unwrap();
         differ +=
             same(both[0].0.as_ref().unwrap(), &wr) + same(&both[0].1, &wc) + same(&both[1].1, &wc);
+        // BF16 alone: the launch takes quant_dual_multi_bf16 (the mixed one above the
+        // kernel of both forms, the f32 ones before it quant_dual_multi_f32).
+        let only = gq::quantize_dual_multi(
+            g,
+            &[((&xb).into(), r, c, false), ((&xb).into(), r, c, true)],
+        )
+        .unwrap();
+        differ +=
+            same(&only[0].1, &wc) + same(only[1].0.as_ref().unwrap(), &wr) + same(&only[1].1, &wc);
     }
     report_exact(
-        "quantize 1x128 + 128x1 of BF16 values in one launch == of their f32",
+        "quantize 1x128 + 128x1 of BF16 values in one launch (alone and beside f32) == of their f32",
         "[130, 896], [259, 203]",
         differ,
     );

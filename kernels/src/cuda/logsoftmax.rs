@@ -488,7 +488,8 @@ fn scored_backward(
             true => "token_logprobs_bwd_z16",
             false => "token_logprobs_bwd",
         },
-        (out_rows as u32, ld.div_ceil(1024) as u32, 1),
+        // logsoftmax.cu's TLB_SPAN entries a block (256 threads, four quads each).
+        (out_rows as u32, ld.div_ceil(4096) as u32, 1),
         (256, 1, 1),
         0,
         &[&args[..], &[Arg::P(dz), Arg::P(dzb), Arg::I(ld as i32)]].concat(),

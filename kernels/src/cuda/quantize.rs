@@ -522,6 +522,11 @@ impl DualFp8 {
     }
 }
 
+/// The dynamic shared memory of `swiglu_bwd_fp8` (quantize.cu's `SwigluBwdFp8Smem`):
+/// dual_tile's `DualShared` (column maxima 8,192 bytes, column scales, reciprocals
+/// and flags 1,536, codes^T 16,896) and dup parked as BF16, 8 x 512 x 8 bytes.
+const SWIGLU_BWD_FP8_SMEM: u32 = 8192 + 1536 + 16896 + 8 * 512 * 8;
+
 /// SwiGLU's backward (`ops::swiglu_backward`, rounded to BF16 values) with
 /// [`quantize_dual`] of each output, in one pass (`swiglu_bwd_fp8`): the gate and
 /// up projections' dy operands `(dgate, dup)` for FP8 DGrad and WGrad, with the
@@ -557,13 +562,9 @@ pub fn swiglu_backward_fp8<'a>(
             (true, false) => "swiglu_bwd_fp8_dh16",
             (false, _) => "swiglu_bwd_fp8",
         },
-        (
-            2 * cp.div_ceil(GROUP) as u32,
-            rows.div_ceil(GROUP) as u32,
-            1,
-        ),
+        (cp.div_ceil(GROUP) as u32, rows.div_ceil(GROUP) as u32, 1),
         (512, 1, 1),
-        0,
+        SWIGLU_BWD_FP8_SMEM,
         &[
             &head[..],
             &gu_dims((gate, up), (rows, cols)),
@@ -656,8 +657,12 @@ pub fn quantize_dual_multi(
     let mut outs = Vec::with_capacity(xs.len());
     let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 13);
     let mut first = 0usize;
+    // Which forms the launch holds (bit 1 BF16, bit 2 f32 or a norm's output):
+    // a launch of one kind takes that kind's kernel (quantize.cu: no spills).
+    let mut forms = 0u8;
     for &(x, rows, cols, dual) in xs {
         let [xp, form, wp, rstdp] = x.entries(gpu, rows, cols)?;
+        forms |= if form == 1 { 1 } else { 2 };
         check_dims("quantize 1x128 + 128x1 input", rows, cols)?;
         let (rp, cp) = (pad16(rows), pad16(cols));
         let row = match dual {
@@ -683,7 +688,12 @@ pub fn quantize_dual_multi(
         first += cp.div_ceil(GROUP) * rows.div_ceil(GROUP);
         outs.push((row, col));
     }
-    launch_table(gpu, "quant_dual_multi", &tab, xs.len(), first)?;
+    let name = match forms {
+        1 => "quant_dual_multi_bf16",
+        2 => "quant_dual_multi_f32",
+        _ => "quant_dual_multi",
+    };
+    launch_table(gpu, name, &tab, xs.len(), first)?;
     Ok(outs)
 }
 

@@ -226,8 +226,12 @@ extern "C" __global__ void __launch_bounds__(512, 2)
 #define DUAL_F32 0
 #define DUAL_BF16 1
 #define DUAL_NORM 2
-extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long long* tab, int T) {
-    pdl_entry();
+// FORMS: which forms the kernel's code holds (bit 1 BF16, bit 2 f32 and NORM).
+// quant_dual_multi (both) spilled 24 / 40 bytes of its 64 registers; a launch of one
+// kind takes the kernel of that kind (_bf16, _f32: no spills, ptxas). The same
+// operations on the same values, so the same bits.
+template <int FORMS>
+__device__ __forceinline__ void quant_dual_multi_at(const long long* tab, int T) {
     __shared__ DualShared sh;
     __shared__ int st;
     if (threadIdx.x == 0) st = tensor_of(tab, DUAL_TAB, 9, T, blockIdx.x);
@@ -237,7 +241,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long
     const long b = (long)blockIdx.x - e[9];
     const int g = (int)(b % nx), ty = (int)(b / nx);
     float v[8][4];
-    if (e[10] == DUAL_BF16) {
+    if (FORMS == 1 || ((FORMS & 1) && e[10] == DUAL_BF16)) {
         dual_load((const bf16_t*)e[0], cols, rows, cols, g, ty, v);
     } else {
         dual_load((const float*)e[0], cols, rows, cols, g, ty, v);
@@ -257,42 +261,64 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long
     }
     dual_tile(v, g, ty, (int)e[3], cols_pad, (u8*)e[5], (float*)e[6], (u8*)e[7], (float*)e[8], sh);
 }
+extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long long* tab, int T) {
+    pdl_entry();
+    quant_dual_multi_at<3>(tab, T);
+}
+extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi_bf16(const long long* tab, int T) {
+    pdl_entry();
+    quant_dual_multi_at<1>(tab, T);
+}
+extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi_f32(const long long* tab, int T) {
+    pdl_entry();
+    quant_dual_multi_at<2>(tab, T);
+}
 
 // SwiGLU's backward with both FP8 groupings of its two outputs (fuses ops.cu's
 // swiglu_bwd, rounded, and quant_dual_f32 of dgate and of dup: the same values, so the
 // same codes): gate, up [rows, cols] f32, dh f32 or (the _dh16 kernel) BF16, row
 // stride ldh; the gate projection's dy operands (gc, gs: 1x128; gct, gst: 128x1) and
-// the up projection's (uc .. ust), layouts as quant_dual_f32's. Grid (2
-// ceil(cols_pad/128), ceil(rows/128)), 512 threads: block 2x + o makes output o (0
-// gate, 1 up) of column tile x, so each block holds one tile in registers, as
-// quant_dual_f32 (two blocks an SM, 4-8 bytes of spills with BF16 inputs; the pair's second
-// reads of dh and gate come from L2). Both blocks holding both outputs took 128 registers,
-// one block an SM, and ran 1.4x slower than swiglu_bwd and two quant_dual_f32.
+// the up projection's (uc .. ust), layouts as quant_dual_f32's. Grid
+// (ceil(cols_pad/128), ceil(rows/128)), 512 threads, SWIGLU_BWD_FP8_SMEM bytes of
+// dynamic shared memory, two blocks an SM: a block computes both gradients of its
+// tile (one sigmoid a value), holds dgate in registers as quant_dual_f32 holds its
+// tile and parks dup, rounded to a BF16 value (so 16 bits hold it exactly), in
+// shared memory, each thread its own 32 values; it quantizes dgate, then reads dup
+// back and quantizes it. (Before: a block a (tile, output), the up block loading dh
+// and gate again and making the sigmoid again: 2.24 ms a 0.6B step against 1.25 for
+// the bf16 flow's swiglu_bwd_bf16, forty-seventh session; one block a tile: 2.11 ms,
+// forty-eighth session, H100. Holding both outputs in registers took 128 registers,
+// one block an SM, and ran 1.4x slower.)
+struct SwigluBwdFp8Smem {
+    DualShared sh;
+    uint2 dup[8][512];  // [row of the thread's 8][thread]: four BF16 values
+};
+static_assert(sizeof(SwigluBwdFp8Smem) == 59392, "quantize.rs SWIGLU_BWD_FP8_SMEM");
 template <typename DH, typename G>
 __device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const G* gate, const G* up,
                                                   int rows, int cols, int rows_pad, int cols_pad, u8* gc, float* gs,
                                                   u8* gct, float* gst, u8* uc, float* us, u8* uct, float* ust) {
-    __shared__ DualShared sh;
+    extern __shared__ __align__(16) unsigned char swiglu_sm[];
+    SwigluBwdFp8Smem& sm = *reinterpret_cast<SwigluBwdFp8Smem*>(swiglu_sm);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int tx = blockIdx.x >> 1, o = blockIdx.x & 1;
-    const int c = tx * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
+    const int tx = blockIdx.x, c = tx * 128 + lane * 4, r0 = blockIdx.y * 128 + w * 8;
     const bool vec = ((cols | ldh) & 3) == 0 && (((u64)gate | (u64)up) & 15) == 0 && ((u64)dh & 15) == 0;
     float v[8][4];
-    // NB rows at a time: their dh, gate (and up) loads all in flight before the
+    // NB rows at a time: their dh, gate and up loads all in flight before the
     // first is used (load_rows4; eight rows' would not fit 64 registers): four
     // with BF16 inputs, two with f32 gate and up.
     constexpr int NB = sizeof(DH) + 2 * sizeof(G) <= 6 ? 4 : 2;
 #pragma unroll
     for (int h = 0; h < 8; h += NB) {
-        bool on[NB], onu[NB];
+        bool on[NB];
 #pragma unroll
-        for (int i = 0; i < NB; i++) on[i] = r0 + h + i < rows, onu[i] = on[i] && o == 0;  // dup does not read up
+        for (int i = 0; i < NB; i++) on[i] = r0 + h + i < rows;
         Raw4<DH> rd[NB];
         Raw4<G> rg[NB], ru[NB];
         const long off = (long)(r0 + h) * cols;
         load_rows4(rd, dh + (long)(r0 + h) * ldh, ldh, c, cols, vec, on);
         load_rows4(rg, gate + off, cols, c, cols, vec, on);
-        load_rows4(ru, up + off, cols, c, cols, vec, onu);
+        load_rows4(ru, up + off, cols, c, cols, vec, on);
         float d[NB][4], gv[NB][4], uv[NB][4];
         widen_rows4(rd, d);
         widen_rows4(rg, gv);
@@ -300,15 +326,22 @@ __device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const 
         // Zero inputs give zero gradients (sigmoid(0) = 1/2, finite), so the padding
         // quantizes as quant_dual_f32's zero loads.
 #pragma unroll
-        for (int i = 0; i < NB; i++)
+        for (int i = 0; i < NB; i++) {
+            float du[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                const float s = sigmoid(gv[i][j]);  // swiglu_grads' two gradients, the one this block makes
-                v[h + i][j] = round_bf16(o == 0 ? swiglu_dgate(d[i][j], gv[i][j], uv[i][j], s)
-                                                : swiglu_dup(d[i][j], gv[i][j], s));
+                const float s = sigmoid(gv[i][j]);  // swiglu_grads' two gradients
+                v[h + i][j] = round_bf16(swiglu_dgate(d[i][j], gv[i][j], uv[i][j], s));
+                du[j] = swiglu_dup(d[i][j], gv[i][j], s);
             }
+            sm.dup[h + i][threadIdx.x] = make_uint2(pack2_bf16(du[0], du[1]), pack2_bf16(du[2], du[3]));
+        }
     }
-    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, o ? uc : gc, o ? us : gs, o ? uct : gct, o ? ust : gst, sh);
+    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, gc, gs, gct, gst, sm.sh);
+    // dup back (the thread's own stores: no barrier), widened exactly: round_bf16's values.
+#pragma unroll
+    for (int i = 0; i < 8; i++) bf16x4_to_f32(sm.dup[i][threadIdx.x], v[i]);
+    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, uc, us, uct, ust, sm.sh);
 }
 extern "C" __global__ void __launch_bounds__(512, 2)
     swiglu_bwd_fp8(const float* dh, const float* gate, const float* up, int rows, int cols, int rows_pad,

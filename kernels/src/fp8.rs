@@ -3,7 +3,9 @@
 //! E4M3 (the "fn" variant: no infinities, one NaN pattern per sign): max finite 448,
 //! conversion rounds to nearest even and we saturate to +-448 ourselves. A group's
 //! scale is `amax / 448` (f32); an all-zero group gets scale 1.0 so that every
-//! scale is a valid positive number. Values are encoded as `code(x / scale)`.
+//! scale is a valid positive number. Values are encoded as `code(quotient(x, scale))`:
+//! `x * RN(1/scale)` for the scales of every usual group (2^-88 ..= 2^125), the
+//! division itself outside (see [`quotient`]).
 //!
 //! Groupings (shapes of a row-major `[rows, cols]` matrix, G = 128):
 //! - [`Grouping::Row1x128`]: one scale per 1 x 128 run along the columns (K for
@@ -78,6 +80,27 @@ pub fn scale_for(amax: f32) -> f32 {
     }
 }
 
+/// The scaled value that [`encode`] rounds: `x * RN(1/s)` for s in [2^-88, 2^125],
+/// else `x / s`. One multiplication a value, as FP8 quantizers usually do (the
+/// reciprocal is made once a group); it differs from the correctly rounded `x / s`
+/// by at most an ulp of f32, which moves an E4M3 code only where the quotient lies
+/// within that ulp of a rounding midpoint. The range keeps the reciprocal normal
+/// and finite; outside it (tiny, huge, infinite and NaN scales) the division keeps
+/// zeros, infinities and NaN as they were. The GPU's quantizers (`common.cuh`:
+/// `Quot`, `qdiv`) compute the same bits.
+#[inline]
+pub fn quotient(x: f32, s: f32) -> f32 {
+    if (QUOT_MIN..=QUOT_MAX).contains(&s) {
+        x * (1.0 / s)
+    } else {
+        x / s
+    }
+}
+
+/// The scales whose values [`quotient`] multiplies by the reciprocal: 2^-88 ..= 2^125.
+pub const QUOT_MIN: f32 = f32::from_bits((127 - 88) << 23);
+pub const QUOT_MAX: f32 = f32::from_bits((127 + 125) << 23);
+
 fn amax_of(it: impl Iterator<Item = f32>) -> f32 {
     let mut m = 0.0f32;
     for v in it {
@@ -140,7 +163,7 @@ impl Fp8Matrix {
         };
         for r in 0..rows {
             for c in 0..cols {
-                let code = encode(x[r * cols + c] / m.scale(r, c));
+                let code = encode(quotient(x[r * cols + c], m.scale(r, c)));
                 m.codes[r * cols + c] = code;
                 m.values[r * cols + c] = decode(code);
             }
@@ -335,6 +358,22 @@ mod tests {
             assert_eq!(encode(below), c0);
             assert_eq!(encode(above), c1);
         }
+    }
+
+    #[test]
+    fn quotient_range_is_two_to_the_minus_88_to_125() {
+        assert_eq!(QUOT_MIN, 2f32.powi(-88));
+        assert_eq!(QUOT_MAX, 2f32.powi(125));
+        // Inside: the product with the correctly rounded reciprocal (here not the
+        // correctly rounded quotient: 1/3 rounds, then the product rounds again).
+        let (x, s) = (2.0f32, 3.0f32);
+        assert_eq!(quotient(x, s), x * (1.0 / s));
+        // Outside: the division (a tiny scale's reciprocal would overflow).
+        let tiny = 2f32.powi(-120);
+        assert_eq!(quotient(0.0, tiny), 0.0);
+        assert_eq!(quotient(tiny, tiny), 1.0);
+        assert!(quotient(1.0, f32::NAN).is_nan());
+        assert_eq!(quotient(-1.0, f32::INFINITY), -0.0);
     }
 
     #[test]

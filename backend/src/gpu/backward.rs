@@ -212,7 +212,8 @@ pub fn backward(
         let (qd, kvd) = (nh * hd, nkv * hd);
         if cx.precs().1 == GemmPrecision::Fp8 {
             // FP8 WGrad: the 128x1 groups of the layer's inputs that the forward did
-            // not make (m's come from SwiGLU's kernel) in one launch.
+            // not make (m's come from SwiGLU's kernel, attn's from its dual
+            // quantizer) in one launch.
             let post_norm = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
             let in_norm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
             let mut want: Vec<(DualIn, usize, &mut XOperand)> = Vec::with_capacity(4);
@@ -220,7 +221,9 @@ pub fn backward(
                 want.push((kept(&a.m, "m")?.into(), inter, &mut *min));
             }
             want.push((norm_out(&a.b, post_norm), h, &mut *bin));
-            want.push(((&a.attn).into(), qd, &mut *attn_in));
+            if !attn_in.has_fp8_t() {
+                want.push(((&a.attn).into(), qd, &mut *attn_in));
+            }
             want.push((norm_out(&a.a, in_norm), h, &mut *ain));
             let xs: Vec<_> = want.iter().map(|&(x, k, _)| (x, m, k, false)).collect();
             let qs = quantize_dual_multi(g, &xs)?;

@@ -247,6 +247,13 @@ pub fn run_layers(
         };
         // f32 q, k, v only where the attention's backward reads them.
         let qkv = qkv.filter(|_| matches!(saved, Some(AttnSaved::Probs(_))));
+        // FP8 forward and WGrad: both groupings of the attention's output in one
+        // pass (the o projection reads the 1x128 ones now, its WGrad the 128x1),
+        // in place of the 1x128 quantizer here and the 128x1 groups made again from
+        // the kept f32 output in the backward (`quantize_dual_multi`).
+        if dual_m {
+            oo.make_dual(g, &o, m, cfg.num_attention_heads * cfg.head_dim)?;
+        }
         // The residual adds ride in the o and down projections' epilogues.
         let post = (w.t(lx.post_attention_layernorm), eps);
         let o_norm = match fuse {

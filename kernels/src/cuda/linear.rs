@@ -423,6 +423,19 @@ impl XOperand {
         }
     }
 
+    /// Make both FP8 groupings of `x [m, k]` in one pass (`quantize_dual`: the
+    /// same bits as the 1x128 and 128x1 quantizers), where neither is made yet:
+    /// a training forward's input that FP8 WGrad reads again (the attention's
+    /// output), so the backward does not read its f32 values once more.
+    pub fn make_dual(&mut self, gpu: &Gpu, x: &CudaSlice<f32>, m: usize, k: usize) -> Result<()> {
+        let xo = self.of(m, k)?;
+        if xo.fp8.is_none() && xo.fp8_t.is_none() {
+            let (row, col) = quantize_dual(gpu, x, m, k)?;
+            (xo.fp8, xo.fp8_t) = (Some(row), Some(col));
+        }
+        Ok(())
+    }
+
     /// Whether the 128x1 groups (FP8 WGrad's operand) are made already.
     pub fn has_fp8_t(&self) -> bool {
         self.fp8_t.is_some()

@@ -2,12 +2,14 @@
 // blocks, gate_up_swiglu.cu's operand): prepended to those modules.
 
 // The four codes of v (scale d), by the hardware conversion of the quotients, or
-// (SW, kept as the check of both) by e4m3_encode of the division itself.
+// (SW, kept as the check of both) by e4m3_encode of each value's quotient.
 template <bool SW = false>
 __device__ __forceinline__ u32 encode4(const float v[4], Quot d) {
-    if (SW)
-        return e4m3_encode(v[0] / d.s) | (e4m3_encode(v[1] / d.s) << 8) | (e4m3_encode(v[2] / d.s) << 16) |
-               (e4m3_encode(v[3] / d.s) << 24);
+    if (SW) {
+        float q[4];
+        for (int i = 0; i < 4; i++) q[i] = d.fast ? qdiv(v[i], d) : v[i] / d.s;
+        return e4m3_encode(q[0]) | (e4m3_encode(q[1]) << 8) | (e4m3_encode(q[2]) << 16) | (e4m3_encode(q[3]) << 24);
+    }
     if (d.fast)
         return cvt_e4m3x2(qdiv(v[0], d), qdiv(v[1], d)) | (cvt_e4m3x2(qdiv(v[2], d), qdiv(v[3], d)) << 16);
     return e4m3x2(v[0] / d.s, v[1] / d.s) | (e4m3x2(v[2] / d.s, v[3] / d.s) << 16);

@@ -223,17 +223,14 @@ __device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
     return cvt_e4m3x2(fminf(fmaxf(lo, -E4M3_MAX), E4M3_MAX), fminf(fmaxf(hi, -E4M3_MAX), E4M3_MAX));
 }
 
-// x / s exactly as the CPU divides (IEEE, round to nearest), for a scale s shared
-// by a group: s's correctly rounded reciprocal r once a group, then a value's
-// quotient as q = x r corrected by its exact residual, q + (x - q s) r (Markstein's
-// theorem: with r within half an ulp of 1/s and q within an ulp of x/s, the residual
-// is exact and the corrected q is the correctly rounded x/s). Four instructions a
-// value in place of the division's eight and its range check. `fast` needs s in
-// [2^-88, 2^125] (r normal); then a residual can only be inexact for |x| < 2^-100,
-// where |x/s| < 2^-12 and any near quotient encodes as a zero, whose sign copysign
-// keeps (fma would turn -0 into +0). Otherwise the division itself. In the fast
-// range x and the quotients are finite and |x/s| <= 448 (1 + 2^-23): the hardware
-// conversion alone encodes them.
+// The scaled value a code rounds, as the CPU's fp8::quotient: for a scale s in
+// [2^-88, 2^125] (`fast`: r normal and finite) x * r with r = RN(1/s), s's correctly
+// rounded reciprocal made once a group: one multiplication a value (the
+// correctly rounded x / s through Markstein's residual correction took four;
+// the quantizers are bound by their instructions). Otherwise the division itself.
+// In the fast range x and the products are finite and |x r| <= 448 (1 + 2^-22):
+// the hardware conversion alone encodes them (satfinite rounds the few just over
+// 448 to 448, as the CPU's saturation does); -0 stays -0 (r > 0).
 struct Quot {
     float s, r;
     bool fast;
@@ -241,10 +238,7 @@ struct Quot {
 __device__ __forceinline__ Quot quot(float s) {
     return {s, __frcp_rn(s), s >= 0x1p-88f && s <= 0x1p125f};
 }
-__device__ __forceinline__ float qdiv(float x, Quot d) {
-    const float q = __fmul_rn(x, d.r);
-    return copysignf(fmaf(fmaf(-q, d.s, x), d.r, q), x);
-}
+__device__ __forceinline__ float qdiv(float x, Quot d) { return __fmul_rn(x, d.r); }
 
 // e4m3_scale and quot of a group whose largest |x| (bits a) is 0 or in [2^-79, inf),
 // the usual range (`usual_amax`), without branches: scale 1 for an all-zero group,

@@ -646,6 +646,14 @@ impl DualIn<'_> {
     }
 }
 
+/// Whether [`quantize_dual`] of `[rows, cols]` fills the GPU: a 128 x 128 tile a
+/// block of 512 threads, two blocks an SM, so at least two tiles an SM. A smaller
+/// one runs its few tiles' long chains on a few SMs; made beside other matrices'
+/// groups ([`quantize_dual_multi`]) they share one launch's waves instead.
+pub fn dual_fills_gpu(gpu: &Gpu, rows: usize, cols: usize) -> bool {
+    rows.div_ceil(GROUP) * pad16(cols).div_ceil(GROUP) >= 2 * gpu.sm_count()
+}
+
 /// [`quantize_dual`] (`dual`) or [`quantize_col128x1`] (not) of several matrices
 /// `(x, rows, cols, dual)` in one launch (`quant_dual_multi`: the same tiles, so the
 /// same bits): `(1x128 operand when dual, 128x1 operand)` each, of the values

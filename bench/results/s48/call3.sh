@@ -1,0 +1,13 @@
+#!/bin/bash
+# Forty-eighth session, call 3: jetd = main 06efdc6 (call 2's jetd: the attention's output quantized to both
+# groupings in the training forward at every size); jetd-gate = that only where quantize_dual's grid fills the
+# GPU (dual_fills_gpu: two 128 x 128 tiles an SM), the old path for the GRPO-shaped step's small micro-batches.
+# 0.6B, four reps interleaved: the 8 x 512 step (should not move) and the GRPO-shaped step's training phase.
+mkdir -p .carry && tar xJf .carryz/c.tar.xz -C .carry
+R=$OUT; export OUT=/tmp/g; mkdir -p $OUT; export JET_KERNEL_CACHE_DIR=/tmp/jetk
+pack() { tar czf $R/logs.tgz -C /tmp g; }
+nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+export JET_BENCH_ARGS="--batch 64 --gen-len 16 --train-steps 3"
+timeout 150 bash bench/gpu_check.sh compare qwen3-0.6b 4 jetd-fp8,jetd-gate-fp8 > $OUT/cmp.log 2>&1
+echo "compare rc $?"; pack
+grep -E "train \\||step training" $OUT/compare.txt | cut -c1-250

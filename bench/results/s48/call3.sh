@@ -1,5 +1,6 @@
 #!/bin/bash
-# Forty-eighth session, call 3: jetd = main 06efdc6 (call 2's jetd: the attention's output quantized to both
+# Forty-eighth session, call 3 (prepared, NOT run: too little device time was left to start a machine;
+# binaries in .carryz/c.tar.xz, rebuild if main moved): jetd = main 06efdc6 (call 2's jetd: the attention's output quantized to both
 # groupings in the training forward at every size); jetd-gate = that only where quantize_dual's grid fills the
 # GPU (dual_fills_gpu: two 128 x 128 tiles an SM), the old path for the GRPO-shaped step's small micro-batches.
 # 0.6B, four reps interleaved: the 8 x 512 step (should not move) and the GRPO-shaped step's training phase.

@@ -506,17 +506,8 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             .map(|(c, t)| format!("{c} {:.1}", t * 1e3))
             .collect();
         let _ = writeln!(s, "  {:<16} ms: {}", x.flow, parts.join(", "));
-        // (name, seconds, launches) lists: the busiest kernels, the idle before launches.
-        let list = |v: &[(String, f64, usize)], n: usize, digits: usize| -> String {
-            let items: Vec<String> = v
-                .iter()
-                .take(n)
-                .map(|(k, t, c)| format!("{k} {:.digits$} ({c})", t * 1e3))
-                .collect();
-            items.join(", ")
-        };
-        let _ = writeln!(s, "  {:<16} top: {}", "", list(&x.top_kernels, 6, 1));
-        let idle = list(&x.idle_before, 4, 2);
+        let _ = writeln!(s, "  {:<16} top: {}", "", kernel_list(&x.top_kernels, 6, 1));
+        let idle = kernel_list(&x.idle_before, 4, 2);
         let _ = writeln!(s, "  {:<16} idle before: {idle}", "");
     }
     let _ = writeln!(
@@ -536,9 +527,24 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             x.first_total_s,
             x.first_rollout_s
         );
+        if !x.train_top_kernels.is_empty() {
+            let top = kernel_list(&x.train_top_kernels, 6, 1);
+            let _ = writeln!(s, "  {:<16} train top: {top}", "");
+        }
     }
     let _ = writeln!(s, "\npeak device memory in use: {:.1} GiB", r.peak_mem_gib);
     s
+}
+
+/// A (name, seconds, launches) list, its first `n` in milliseconds: the busiest
+/// kernels, or the idle before launches.
+fn kernel_list(v: &[(String, f64, usize)], n: usize, digits: usize) -> String {
+    let items: Vec<String> = v
+        .iter()
+        .take(n)
+        .map(|(k, t, c)| format!("{k} {:.digits$} ({c})", t * 1e3))
+        .collect();
+    items.join(", ")
 }
 
 #[cfg(test)]
@@ -567,6 +573,7 @@ mod tests {
             vs_bf16,
             first_total_s: 1.2,
             first_rollout_s: 0.7,
+            train_top_kernels: vec![("wg_fp8_rows_tma".into(), 0.0123, 392)],
         };
         let r = Report {
             step: vec![step("fp8", f64::NAN), step("bf16-fp8rollout", 1.05)],
@@ -584,6 +591,11 @@ mod tests {
         assert!(row("fp8 ").trim_end().ends_with(" -"), "{text}");
         assert!(
             row("bf16-fp8rollout").trim_end().ends_with("1.05x"),
+            "{text}"
+        );
+        // The profiled step's training kernels, in ms with their launches.
+        assert!(
+            text.contains("train top: wg_fp8_rows_tma 12.3 (392)"),
             "{text}"
         );
     }

@@ -167,6 +167,9 @@ pub struct StepRow {
     /// copies the second reuses).
     pub first_total_s: f64,
     pub first_rollout_s: f64,
+    /// A third step's training phase under the profiler: its 30 costliest kernels
+    /// (name, seconds, launches), largest first.
+    pub train_top_kernels: Vec<(String, f64, usize)>,
 }
 
 /// A flow as benchmarked: `bf16` and `fp8` run batch-invariant (as runs do by
@@ -652,7 +655,9 @@ pub fn run(
     // the samples in micro-batches of --train-seqs, optimizer step. Two a
     // flow, as a run's first and second: the second reuses the copies AdamW
     // rewrote and the decode graphs the first captured (`gpu::kept`), as a
-    // run's later steps do; the row is the second, with the first's times.
+    // run's later steps do; the row is the second, with the first's times. A
+    // third step's training phase runs under the profiler (the timed steps do
+    // not): its costliest kernels, as the train rows report theirs.
     let b = a.batch[0];
     let mut base_step = std::collections::HashMap::new();
     for &var in flows {
@@ -661,7 +666,9 @@ pub fn run(
         let ps = prompts(cfg, b / a.group_size, a.prompt_len, 5);
         let mut parts: Option<PreparedParts> = None;
         let mut times = Vec::with_capacity(2);
-        for _ in 0..2 {
+        let mut train_top_kernels = Vec::new();
+        for i in 0..3 {
+            let profiled = i == 2;
             let t0 = Instant::now();
             let model = match parts.take() {
                 Some(p) => {
@@ -674,6 +681,9 @@ pub fn run(
             let (samples, roll_s, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
             let prepared = model.into_parts();
             let seqs = TrainSeq::of_samples(&ps, &samples);
+            if profiled {
+                g.profile_start()?;
+            }
             let (train_s, rewritten) = train(
                 g,
                 cfg,
@@ -687,7 +697,12 @@ pub fn run(
                 Some(prepared),
             )?;
             parts = rewritten;
-            times.push((t0.elapsed().as_secs_f64(), roll_s, train_s));
+            if profiled {
+                g.profile_stop()?;
+                train_top_kernels = top(g);
+            } else {
+                times.push((t0.elapsed().as_secs_f64(), roll_s, train_s));
+            }
         }
         let ((first, first_roll, _), (total, roll_s, train_s)) = (times[0], times[1]);
         peak = peak.max(mem_used_gib());
@@ -705,6 +720,7 @@ pub fn run(
             vs_bf16: base / total,
             first_total_s: first,
             first_rollout_s: first_roll,
+            train_top_kernels,
         });
     }
     r.peak_mem_gib = peak;

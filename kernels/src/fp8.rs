@@ -364,10 +364,11 @@ mod tests {
     fn quotient_range_is_two_to_the_minus_88_to_125() {
         assert_eq!(QUOT_MIN, 2f32.powi(-88));
         assert_eq!(QUOT_MAX, 2f32.powi(125));
-        // Inside: the product with the correctly rounded reciprocal (here not the
-        // correctly rounded quotient: 1/3 rounds, then the product rounds again).
-        let (x, s) = (2.0f32, 3.0f32);
+        // Inside: the product with the correctly rounded reciprocal, here an ulp
+        // above the correctly rounded quotient (1/3 rounds, then the product).
+        let (x, s) = (5.0f32, 3.0f32);
         assert_eq!(quotient(x, s), x * (1.0 / s));
+        assert_eq!(quotient(x, s).to_bits(), (x / s).to_bits() + 1);
         // Outside: the division (a tiny scale's reciprocal would overflow).
         let tiny = 2f32.powi(-120);
         assert_eq!(quotient(0.0, tiny), 0.0);

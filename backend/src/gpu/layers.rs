@@ -194,6 +194,8 @@ pub fn run_layers(
     // WGrad keep the norms' f32 outputs for it.
     let wgrad_fp8 = model.flow.precision(GemmRole::WGrad) == GemmPrecision::Fp8;
     let dual_m = acts.is_some() && prec == GemmPrecision::Fp8 && wgrad_fp8;
+    // The attention's output `[m, qd]`, which the o projection reads.
+    let qd = cfg.num_attention_heads * cfg.head_dim;
     let keep_norm = keep_f32 || (prec == GemmPrecision::Fp8 && !wgrad_fp8);
     let mut next_in = None;
     for (li, (lx, lp)) in w.ix.layers.iter().zip(&model.layers).enumerate() {
@@ -255,7 +257,6 @@ pub fn run_layers(
         // pass fills the GPU: at 8 x 512 tokens it took 0.34 ms from a 0.6B step,
         // while in a GRPO-shaped step's micro-batches (256 rows, 32 tiles) it
         // added ~2 ms (forty-eighth session, H100).
-        let qd = cfg.num_attention_heads * cfg.head_dim;
         if dual_m && dual_fills_gpu(g, m, qd) {
             oo.make_dual(g, &o, m, qd)?;
         }

@@ -611,15 +611,22 @@ impl<'a> From<ActRef<'a>> for DualIn<'a> {
     }
 }
 
+/// The forms of `quant_dual_multi`'s inputs (quantize.cu's DUAL_F32, DUAL_BF16,
+/// DUAL_NORM).
+const DUAL_F32: i64 = 0;
+const DUAL_BF16: i64 = 1;
+const DUAL_NORM: i64 = 2;
+
 impl DualIn<'_> {
-    /// Check it against `[rows, cols]`; the table's x, form (quantize.cu's DUAL_F32
-    /// 0, DUAL_BF16 1, DUAL_NORM 2), w and rstd.
+    /// Check it against `[rows, cols]`; the table's x, form ([`DUAL_F32`],
+    /// [`DUAL_BF16`], [`DUAL_NORM`]), w and rstd.
     fn entries(self, gpu: &Gpu, rows: usize, cols: usize) -> Result<[i64; 4]> {
         let (what, shape) = ("quantize 1x128 + 128x1 input", format!("[{rows}, {cols}]"));
         Ok(match self {
             DualIn::Values(x) => {
                 x.check(what, rows * cols, &shape)?;
-                [x.ptr(gpu) as i64, x.is_bf16() as i64, 0, 0]
+                let form = if x.is_bf16() { DUAL_BF16 } else { DUAL_F32 };
+                [x.ptr(gpu) as i64, form, 0, 0]
             }
             DualIn::Norm { x, w, rstd } => {
                 check_len(&format!("{what} (the norm's x)"), x, rows * cols, &shape)?;
@@ -637,7 +644,7 @@ impl DualIn<'_> {
                 )?;
                 [
                     gpu.ptr(x) as i64,
-                    2,
+                    DUAL_NORM,
                     gpu.ptr(w) as i64,
                     gpu.ptr(rstd) as i64,
                 ]
@@ -665,12 +672,12 @@ pub fn quantize_dual_multi(
     let mut outs = Vec::with_capacity(xs.len());
     let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 13);
     let mut first = 0usize;
-    // Which forms the launch holds (bit 1 BF16, bit 2 f32 or a norm's output):
+    // Which forms the launch holds (1: BF16, 2: f32 or a norm's output, 3: both):
     // a launch of one kind takes that kind's kernel (quantize.cu: no spills).
     let mut forms = 0u8;
     for &(x, rows, cols, dual) in xs {
         let [xp, form, wp, rstdp] = x.entries(gpu, rows, cols)?;
-        forms |= if form == 1 { 1 } else { 2 };
+        forms |= if form == DUAL_BF16 { 1 } else { 2 };
         check_dims("quantize 1x128 + 128x1 input", rows, cols)?;
         let (rp, cp) = (pad16(rows), pad16(cols));
         let row = match dual {

@@ -1426,6 +1426,77 @@ fn qk_norm_rope_backward_equals_the_two_passes() {
     done();
 }
 
+/// q's and k's norm + RoPE backward in one launch: each side the bits of its own
+/// launch (dx or its BF16 operand, and dw added into its accumulator), with q's and
+/// k's chunk counts different and partial.
+#[test]
+fn qk_norm_rope_backward_pair_equals_one_launch_each() {
+    let Some(g) = gpu() else { return };
+    let table = rope::RopeTable::new(128, 4096, 1_000_000.0, None);
+    let gt = gops::GpuRope::new(&g, &table).unwrap();
+    for (tokens, nh, nkv) in [(130usize, 16usize, 8usize), (7, 8, 2), (64, 4, 4)] {
+        let positions: Vec<usize> = (0..tokens).map(|i| (i * 53) % 4096).collect();
+        let dpos = gops::upload_positions(&g, &positions, &gt).unwrap();
+        let side = |heads: usize, seed: u64| {
+            let rows = tokens * heads;
+            let (dy, x, w) = (
+                up(&g, &rnd(rows * 128, seed, 1.0)),
+                up(&g, &rnd(rows * 128, seed + 1, 2.0)),
+                up(&g, &rnd(128, seed + 2, 1.0)),
+            );
+            let (_, rstd) = gops::rmsnorm_forward(&g, &x, &w, rows, 128, 1e-6).unwrap();
+            (dy, x, w, rstd, rnd(128, seed + 3, 1.0))
+        };
+        let (q, k) = (side(nh, 700), side(nkv, 710));
+        for (round, bf16) in [(false, false), (true, false), (true, true)] {
+            let (mut aq, mut ak) = (up(&g, &q.4), up(&g, &k.4));
+            let [gq, gk] = gops::qk_norm_rope_backward_pair(
+                &g,
+                [(&q.0, &q.1, &q.2, &q.3), (&k.0, &k.1, &k.2, &k.3)],
+                (&dpos, &gt),
+                (tokens, [nh, nkv]),
+                round,
+                (&mut aq, &mut ak),
+                bf16,
+            )
+            .unwrap();
+            for ((s, heads, got, acc), name) in [(&q, nh, gq, &aq), (&k, nkv, gk, &ak)]
+                .into_iter()
+                .zip(["q", "k"])
+            {
+                let mut want_acc = up(&g, &s.4);
+                let want = gops::qk_norm_rope_backward_acc_operand(
+                    &g,
+                    (&s.0, &s.1, &s.2, &s.3),
+                    (&dpos, &gt),
+                    (tokens, heads),
+                    round,
+                    &mut want_acc,
+                    bf16,
+                )
+                .unwrap();
+                let n = tokens * heads * 128;
+                let differ = match (got, want) {
+                    (gops::QkNormGrad::F32(a), gops::QkNormGrad::F32(b)) => {
+                        bits_differ(&dl(&g, &a, n), &dl(&g, &b, n))
+                    }
+                    (gops::QkNormGrad::Bf16(a), gops::QkNormGrad::Bf16(b)) => {
+                        let (a, b) = (g.download(&a).unwrap(), g.download(&b).unwrap());
+                        a.iter().zip(&b).filter(|(x, y)| x != y).count()
+                    }
+                    _ => panic!("{name}: the pair and the single launch made different forms"),
+                };
+                report_exact(
+                    &format!("q/k norm + rope bwd, q and k in one launch == one each ({name}, round {round}, bf16 {bf16})"),
+                    &format!("{tokens} tokens x {heads} heads of 128"),
+                    differ + bits_differ(&dl(&g, acc, 128), &dl(&g, &want_acc, 128)),
+                );
+            }
+        }
+    }
+    done();
+}
+
 /// CUDA's expf is within 2 ulp of the CPU's exp: 1e-5.
 #[test]
 fn swiglu_matches_cpu() {

@@ -13,7 +13,7 @@ use jet_kernels::cuda::linear::{
     XOperand,
 };
 use jet_kernels::cuda::ops::{
-    embedding_backward_marked, qk_norm_rope_backward_acc_operand, rmsnorm_backward_acc,
+    embedding_backward_marked, qk_norm_rope_backward_pair, rmsnorm_backward_acc,
     rmsnorm_backward_acc_operand, rmsnorm_backward_acc_operand_sum, rope_backward_dev,
     swiglu_backward, swiglu_backward_bf16, QkNormGrad, SwigluDh,
 };
@@ -363,13 +363,22 @@ pub fn backward(
                 // With BF16 operands only those are written (nothing reads the f32
                 // values): dq, dk then stay the attention's gradients, read no further.
                 let b16 = dy16 && no_bias;
-                let bq = grads.acc(g, qn)?;
-                match qk_norm_rope_backward_acc_operand(g, qi, rope, (m, nh), round, bq, b16)? {
+                // q and k in one launch (the bits of one each).
+                let accs = grads.acc2(g, qn, kn)?;
+                let [gq, gk] = qk_norm_rope_backward_pair(
+                    g,
+                    [qi, ki],
+                    rope,
+                    (m, [nh, nkv]),
+                    round,
+                    accs,
+                    b16,
+                )?;
+                match gq {
                     QkNormGrad::F32(d) => dq = d,
                     QkNormGrad::Bf16(d) => dq16 = Some(d),
                 }
-                let bk = grads.acc(g, kn)?;
-                match qk_norm_rope_backward_acc_operand(g, ki, rope, (m, nkv), round, bk, b16)? {
+                match gk {
                     QkNormGrad::F32(d) => dk = d,
                     QkNormGrad::Bf16(d) => dk16 = Some(d),
                 }

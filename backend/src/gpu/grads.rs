@@ -5,7 +5,7 @@
 
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::grad::{GradAcc, GradSrc};
-use jet_kernels::cuda::{Gpu, Result};
+use jet_kernels::cuda::{CudaError, Gpu, Result};
 
 use super::weights::{download_tensors, GpuWeights, Index};
 use crate::model::ModelWeights;
@@ -51,6 +51,24 @@ impl GpuGrads {
     /// that adds into it.
     pub fn acc(&mut self, gpu: &Gpu, i: usize) -> Result<&mut CudaSlice<f32>> {
         self.bufs[i].f32_mut(gpu)
+    }
+
+    /// Tensors `i`'s and `j`'s accumulators at once (`i != j`).
+    pub fn acc2(
+        &mut self,
+        gpu: &Gpu,
+        i: usize,
+        j: usize,
+    ) -> Result<(&mut CudaSlice<f32>, &mut CudaSlice<f32>)> {
+        if i == j || i.max(j) >= self.bufs.len() {
+            return Err(CudaError::Invalid(format!(
+                "two gradient accumulators {i} and {j} of {}",
+                self.bufs.len()
+            )));
+        }
+        let (lo, hi) = self.bufs.split_at_mut(i.max(j));
+        let (a, b) = (lo[i.min(j)].f32_mut(gpu)?, hi[0].f32_mut(gpu)?);
+        Ok(if i < j { (a, b) } else { (b, a) })
     }
 
     /// Tensor `i`'s accumulator and chunk mask for a scatter that marks what it

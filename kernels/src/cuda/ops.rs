@@ -487,70 +487,164 @@ pub fn qk_norm_rope_backward_acc(
 /// are not written).
 pub fn qk_norm_rope_backward_acc_operand(
     gpu: &Gpu,
-    (dy, x, w, rstd): NormBwdIn,
+    input: NormBwdIn,
     (positions, table): (&CudaSlice<i32>, &GpuRope),
     (tokens, n_heads): (usize, usize),
     round: bool,
     dw_acc: &mut CudaSlice<f32>,
     bf16: bool,
 ) -> Result<QkNormGrad> {
-    const HD: usize = 128;
-    ensure(table.head_dim == HD, || {
+    check_qk_rope(table, positions, tokens)?;
+    let side = QkSide::new(gpu, input, (tokens, n_heads), dw_acc, bf16)?;
+    // The pair kernel with no k chunks: k's arguments (here q's again) are not read.
+    qk_norm_rope_bwd_launch(gpu, [&side, &side], (positions, table), round, side.chunks)?;
+    colsum_final(gpu, &side.part, (side.chunks, 128), round, (dw_acc, true))?;
+    Ok(side.out)
+}
+
+/// `qk_norm_rope_bwd` over `blocks` blocks: q's chunks, then k's.
+fn qk_norm_rope_bwd_launch(
+    gpu: &Gpu,
+    [q, k]: [&QkSide; 2],
+    (positions, table): (&CudaSlice<i32>, &GpuRope),
+    round: bool,
+    blocks: usize,
+) -> Result<()> {
+    let mut args = q.args(gpu);
+    args.extend(k.args(gpu));
+    args.extend([
+        Arg::P(gpu.ptr(positions)),
+        Arg::P(gpu.ptr(&table.cos)),
+        Arg::P(gpu.ptr(&table.sin)),
+        Arg::I(round as i32),
+        Arg::I(q.chunks as i32),
+    ]);
+    let grid = (blocks as u32, 1, 1);
+    gpu.launch(&OPS, "qk_norm_rope_bwd", grid, (256, 1, 1), 0, &args)
+}
+
+/// [`qk_norm_rope_backward_acc_operand`] for q and k in one launch
+/// (`qk_norm_rope_bwd`, then `colsum_final2` for both weights): the bits of the
+/// two calls. `inputs`, `n_heads` and `dw_acc` are q's, then k's.
+pub fn qk_norm_rope_backward_pair(
+    gpu: &Gpu,
+    inputs: [NormBwdIn; 2],
+    (positions, table): (&CudaSlice<i32>, &GpuRope),
+    (tokens, n_heads): (usize, [usize; 2]),
+    round: bool,
+    (dw_q, dw_k): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    bf16: bool,
+) -> Result<[QkNormGrad; 2]> {
+    check_qk_rope(table, positions, tokens)?;
+    let q = QkSide::new(gpu, inputs[0], (tokens, n_heads[0]), dw_q, bf16)?;
+    let k = QkSide::new(gpu, inputs[1], (tokens, n_heads[1]), dw_k, bf16)?;
+    let blocks = q.chunks + k.chunks;
+    qk_norm_rope_bwd_launch(gpu, [&q, &k], (positions, table), round, blocks)?;
+    gpu.launch(
+        &OPS,
+        "colsum_final2",
+        (128u32.div_ceil(8), 2, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::P(gpu.ptr(&q.part)),
+            Arg::I(q.chunks as i32),
+            Arg::P(gpu.ptr(dw_q)),
+            Arg::P(gpu.ptr(&k.part)),
+            Arg::I(k.chunks as i32),
+            Arg::P(gpu.ptr(dw_k)),
+            Arg::I(128),
+            Arg::I(1),
+            Arg::I(round as i32),
+        ],
+    )?;
+    Ok([q.out, k.out])
+}
+
+/// The RoPE table and positions `qk_norm_rope_bwd` reads: heads of 128, a position
+/// a token.
+fn check_qk_rope(table: &GpuRope, positions: &CudaSlice<i32>, tokens: usize) -> Result<()> {
+    ensure(table.head_dim == 128, || {
         format!(
             "qk_norm_rope_bwd takes heads of 128, not {}",
             table.head_dim
         )
     })?;
-    let rows = tokens * n_heads;
-    for (what, b, n) in [
-        ("q/k norm dy", dy, rows * HD),
-        ("q/k norm x", x, rows * HD),
-        ("q/k norm w", w, HD),
-        ("q/k norm rstd", rstd, rows),
-        ("q/k norm dw accumulator", &*dw_acc, HD),
-    ] {
-        check_len(
-            what,
-            b,
-            n,
-            format!("{tokens} tokens, {n_heads} heads of {HD}"),
-        )?;
+    check_len("rope positions", positions, tokens, format!("[{tokens}]"))
+}
+
+/// One of q and k in `qk_norm_rope_bwd`: its checked inputs, its output (f32 dx
+/// or dx's BF16 operand alone) and its 256-row chunks' column sums `part [chunks][128]`.
+struct QkSide<'a> {
+    input: NormBwdIn<'a>,
+    rows: usize,
+    n_heads: usize,
+    chunks: usize,
+    out: QkNormGrad,
+    part: CudaSlice<f32>,
+}
+
+impl<'a> QkSide<'a> {
+    fn new(
+        gpu: &Gpu,
+        input: NormBwdIn<'a>,
+        (tokens, n_heads): (usize, usize),
+        dw_acc: &CudaSlice<f32>,
+        bf16: bool,
+    ) -> Result<Self> {
+        const HD: usize = 128;
+        let (dy, x, w, rstd) = input;
+        let rows = tokens * n_heads;
+        for (what, b, n) in [
+            ("q/k norm dy", dy, rows * HD),
+            ("q/k norm x", x, rows * HD),
+            ("q/k norm w", w, HD),
+            ("q/k norm rstd", rstd, rows),
+            ("q/k norm dw accumulator", dw_acc, HD),
+        ] {
+            check_len(
+                what,
+                b,
+                n,
+                format!("{tokens} tokens, {n_heads} heads of {HD}"),
+            )?;
+        }
+        let out = match bf16 {
+            true => QkNormGrad::Bf16(gpu.uninit::<u16>(rows * HD)?),
+            false => QkNormGrad::F32(gpu.uninit::<f32>(rows * HD)?),
+        };
+        let chunks = rows.div_ceil(256).max(1);
+        let part = gpu.uninit::<f32>(chunks * HD)?;
+        Ok(QkSide {
+            input,
+            rows,
+            n_heads,
+            chunks,
+            out,
+            part,
+        })
     }
-    check_len("rope positions", positions, tokens, format!("[{tokens}]"))?;
-    let out = match bf16 {
-        true => QkNormGrad::Bf16(gpu.uninit::<u16>(rows * HD)?),
-        false => QkNormGrad::F32(gpu.uninit::<f32>(rows * HD)?),
-    };
-    let (dx, dx16) = match &out {
-        QkNormGrad::F32(d) => (gpu.ptr(d), 0),
-        QkNormGrad::Bf16(d) => (0, gpu.ptr(d)),
-    };
-    let chunks = rows.div_ceil(256).max(1);
-    let part = gpu.uninit::<f32>(chunks * HD)?;
-    gpu.launch(
-        &OPS,
-        "qk_norm_rope_bwd",
-        (chunks as u32, 1, 1),
-        (256, 1, 1),
-        0,
-        &[
+
+    /// `qk_norm_rope_bwd`'s arguments for this side: dy, x, w, rstd, rows, n_heads,
+    /// dx, part, dx16 (dx or dx16 null by the output's form).
+    fn args(&self, gpu: &Gpu) -> Vec<Arg> {
+        let (dy, x, w, rstd) = self.input;
+        let (dx, dx16) = match &self.out {
+            QkNormGrad::F32(d) => (gpu.ptr(d), 0),
+            QkNormGrad::Bf16(d) => (0, gpu.ptr(d)),
+        };
+        vec![
             Arg::P(gpu.ptr(dy)),
             Arg::P(gpu.ptr(x)),
             Arg::P(gpu.ptr(w)),
             Arg::P(gpu.ptr(rstd)),
-            Arg::P(gpu.ptr(positions)),
-            Arg::P(gpu.ptr(&table.cos)),
-            Arg::P(gpu.ptr(&table.sin)),
-            Arg::I(rows as i32),
-            Arg::I(n_heads as i32),
-            Arg::I(round as i32),
+            Arg::I(self.rows as i32),
+            Arg::I(self.n_heads as i32),
             Arg::P(dx),
-            Arg::P(gpu.ptr(&part)),
+            Arg::P(gpu.ptr(&self.part)),
             Arg::P(dx16),
-        ],
-    )?;
-    colsum_final(gpu, &part, (chunks, HD), round, (dw_acc, true))?;
-    Ok(out)
+        ]
+    }
 }
 
 /// The q (or k) norm's input gradient from [`qk_norm_rope_backward_acc_operand`]:

@@ -321,12 +321,16 @@ __device__ __forceinline__ void colsum_add(float& s, float a, float x, float rs,
 // then the eight warps' sums in warp order into part[ch][128], as colsum_partial.
 // dx16 (when not null): dx's BF16 GEMM operand [tokens][n_heads * 128] as well (fuses
 // pad_bf16_f32 of dx: the q or k projection's dy); dx null: that operand alone.
-extern "C" __global__ void qk_norm_rope_bwd(const float* dy, const float* x, const float* w, const float* rstd,
-                                            const int* pos, const float* cos_t, const float* sin_t, int rows,
-                                            int n_heads, int round, float* dx, float* part, bf16_t* dx16) {
-    pdl_entry();
+// qk_norm_rope_bwd runs q's chunks and k's in one launch (blocks [0, q_chunks) q's
+// chunk blockIdx.x, the rest k's chunk blockIdx.x - q_chunks): each block does what
+// the single launch's block of that chunk does, so the same bits; k's 128 chunks
+// (0.6B, 8 x 512) alone left one block an SM, the pair ~3.
+__device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float* x, const float* w,
+                                                    const float* rstd, const int* pos, const float* cos_t,
+                                                    const float* sin_t, int rows, int n_heads, int round, float* dx,
+                                                    float* part, bf16_t* dx16, int ch) {
     __shared__ float sh[8][129];
-    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5, ch = blockIdx.x;
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
     const int r1 = min(rows, (ch + 1) * 256);
     float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     // Four rows' loads in flight (rows r, r + 8, r + 16, r + 24), then the rows in order:
@@ -384,6 +388,22 @@ extern "C" __global__ void qk_norm_rope_bwd(const float* dy, const float* x, con
         part[(long)ch * 128 + c] = t;
     }
 }
+// q's arguments, then k's, then the shared ones. Grid q_chunks + ceil(k rows / 256),
+// block 256; for one of them alone, grid q_chunks (k's arguments are not read).
+extern "C" __global__ void qk_norm_rope_bwd(const float* dy_q, const float* x_q, const float* w_q,
+                                             const float* rstd_q, int rows_q, int nh_q, float* dx_q, float* part_q,
+                                             bf16_t* dx16_q, const float* dy_k, const float* x_k, const float* w_k,
+                                             const float* rstd_k, int rows_k, int nh_k, float* dx_k, float* part_k,
+                                             bf16_t* dx16_k, const int* pos, const float* cos_t,
+                                             const float* sin_t, int round, int q_chunks) {
+    pdl_entry();
+    const int b = blockIdx.x;
+    if (b < q_chunks)
+        qk_norm_rope_bwd_at(dy_q, x_q, w_q, rstd_q, pos, cos_t, sin_t, rows_q, nh_q, round, dx_q, part_q, dx16_q, b);
+    else
+        qk_norm_rope_bwd_at(dy_k, x_k, w_k, rstd_k, pos, cos_t, sin_t, rows_k, nh_k, round, dx_k, part_k, dx16_k,
+                            b - q_chunks);
+}
 
 // Column sums in a fixed order (the shape's, not the GPU's): part[chunk][c] = the
 // sum over the chunk's rows of a[r, c] (times x[r, c] * rstd[r] when x is given:
@@ -434,9 +454,8 @@ extern "C" __global__ void colsum_partial(const float* a, const float* x, const 
 // colsum_final: a warp a column (grid ceil(cols / 8), block 256); lane l adds chunks
 // l, l + 32, .. in order, then warp_sum's fixed tree. accumulate: out[c] + the
 // (rounded) sum (fuses tensor.cu's add_into of the result into a gradient).
-extern "C" __global__ void colsum_final(const float* part, int chunks, int cols, int accumulate, int round,
-                                        float* out) {
-    pdl_entry();
+__device__ __forceinline__ void colsum_final_at(const float* part, int chunks, int cols, int accumulate, int round,
+                                                float* out) {
     const int lane = threadIdx.x & 31, c = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (c >= cols) return;
     float s = 0.0f;
@@ -445,6 +464,21 @@ extern "C" __global__ void colsum_final(const float* part, int chunks, int cols,
     if (lane != 0) return;
     s = round ? round_bf16(s) : s;
     out[c] = accumulate ? __fadd_rn(out[c], s) : s;
+}
+extern "C" __global__ void colsum_final(const float* part, int chunks, int cols, int accumulate, int round,
+                                        float* out) {
+    pdl_entry();
+    colsum_final_at(part, chunks, cols, accumulate, round, out);
+}
+// Two colsum_finals of one width in one launch (grid (ceil(cols / 8), 2): blockIdx.y
+// picks a, b), each block as that launch's: q's and k's norm weights.
+extern "C" __global__ void colsum_final2(const float* part_a, int chunks_a, float* out_a, const float* part_b,
+                                         int chunks_b, float* out_b, int cols, int accumulate, int round) {
+    pdl_entry();
+    if (blockIdx.y == 0)
+        colsum_final_at(part_a, chunks_a, cols, accumulate, round, out_a);
+    else
+        colsum_final_at(part_b, chunks_b, cols, accumulate, round, out_b);
 }
 
 // ---- rope ------------------------------------------------------------------------

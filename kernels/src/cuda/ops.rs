@@ -495,7 +495,7 @@ pub fn qk_norm_rope_backward_acc_operand(
     bf16: bool,
 ) -> Result<QkNormGrad> {
     check_qk_rope(table, positions, tokens)?;
-    let side = QkSide::new(gpu, input, (tokens, n_heads), dw_acc, bf16)?;
+    let side = QkSide::new(gpu, "q/k", input, (tokens, n_heads), dw_acc, bf16)?;
     // The pair kernel with no k chunks: k's arguments (here q's again) are not read.
     qk_norm_rope_bwd_launch(gpu, [&side, &side], (positions, table), round, side.chunks)?;
     colsum_final(gpu, &side.part, (side.chunks, 128), round, (dw_acc, true))?;
@@ -536,8 +536,8 @@ pub fn qk_norm_rope_backward_pair(
     bf16: bool,
 ) -> Result<[QkNormGrad; 2]> {
     check_qk_rope(table, positions, tokens)?;
-    let q = QkSide::new(gpu, inputs[0], (tokens, n_heads[0]), dw_q, bf16)?;
-    let k = QkSide::new(gpu, inputs[1], (tokens, n_heads[1]), dw_k, bf16)?;
+    let q = QkSide::new(gpu, "q", inputs[0], (tokens, n_heads[0]), dw_q, bf16)?;
+    let k = QkSide::new(gpu, "k", inputs[1], (tokens, n_heads[1]), dw_k, bf16)?;
     let blocks = q.chunks + k.chunks;
     qk_norm_rope_bwd_launch(gpu, [&q, &k], (positions, table), round, blocks)?;
     gpu.launch(
@@ -585,8 +585,10 @@ struct QkSide<'a> {
 }
 
 impl<'a> QkSide<'a> {
+    /// `who` ("q", "k" or "q/k") names the side in errors.
     fn new(
         gpu: &Gpu,
+        who: &str,
         input: NormBwdIn<'a>,
         (tokens, n_heads): (usize, usize),
         dw_acc: &CudaSlice<f32>,
@@ -596,14 +598,14 @@ impl<'a> QkSide<'a> {
         let (dy, x, w, rstd) = input;
         let rows = tokens * n_heads;
         for (what, b, n) in [
-            ("q/k norm dy", dy, rows * HD),
-            ("q/k norm x", x, rows * HD),
-            ("q/k norm w", w, HD),
-            ("q/k norm rstd", rstd, rows),
-            ("q/k norm dw accumulator", dw_acc, HD),
+            ("dy", dy, rows * HD),
+            ("x", x, rows * HD),
+            ("w", w, HD),
+            ("rstd", rstd, rows),
+            ("dw accumulator", dw_acc, HD),
         ] {
             check_len(
-                what,
+                &format!("{who} norm {what}"),
                 b,
                 n,
                 format!("{tokens} tokens, {n_heads} heads of {HD}"),

@@ -1,5 +1,5 @@
 #!/bin/bash
-# NOT run: no machine came after call 1 (nine asks). The builds are branch s49-grpo's (6acbc7f = af6d7bc's tree)
+# NOT run: no machine came after call 1 (nine asks); next-call.sh is its successor. The builds are branch s49-grpo's (6acbc7f = af6d7bc's tree)
 # and main d4c4011 as jetd-main; rebuild them if main has moved (main now has the q/k pair, 8e06fcd).
 # Forty-ninth session, call 2. Builds (wrappers add --flow F; binaries in .carryz/c.tar.xz):
 #   jetd-main = main d4c4011;

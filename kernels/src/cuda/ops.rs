@@ -496,22 +496,22 @@ pub fn qk_norm_rope_backward_acc_operand(
 ) -> Result<QkNormGrad> {
     check_qk_rope(table, positions, tokens)?;
     let side = QkSide::new(gpu, "q/k", input, (tokens, n_heads), dw_acc, bf16)?;
-    // The pair kernel with no k chunks: k's arguments (here q's again) are not read.
-    qk_norm_rope_bwd_launch(gpu, [&side, &side], (positions, table), round, side.chunks)?;
+    qk_norm_rope_bwd_launch(gpu, (&side, None), (positions, table), round)?;
     colsum_final(gpu, &side.part, (side.chunks, 128), round, (dw_acc, true))?;
     Ok(side.out)
 }
 
-/// `qk_norm_rope_bwd` over `blocks` blocks: q's chunks, then k's.
+/// `qk_norm_rope_bwd` over q's chunks, then k's (none: q's alone, the kernel's k
+/// arguments, here q's again, never read).
 fn qk_norm_rope_bwd_launch(
     gpu: &Gpu,
-    [q, k]: [&QkSide; 2],
+    (q, k): (&QkSide, Option<&QkSide>),
     (positions, table): (&CudaSlice<i32>, &GpuRope),
     round: bool,
-    blocks: usize,
 ) -> Result<()> {
+    let blocks = q.chunks + k.map_or(0, |k| k.chunks);
     let mut args = q.args(gpu);
-    args.extend(k.args(gpu));
+    args.extend(k.unwrap_or(q).args(gpu));
     args.extend([
         Arg::P(gpu.ptr(positions)),
         Arg::P(gpu.ptr(&table.cos)),
@@ -538,8 +538,7 @@ pub fn qk_norm_rope_backward_pair(
     check_qk_rope(table, positions, tokens)?;
     let q = QkSide::new(gpu, "q", inputs[0], (tokens, n_heads[0]), dw_q, bf16)?;
     let k = QkSide::new(gpu, "k", inputs[1], (tokens, n_heads[1]), dw_k, bf16)?;
-    let blocks = q.chunks + k.chunks;
-    qk_norm_rope_bwd_launch(gpu, [&q, &k], (positions, table), round, blocks)?;
+    qk_norm_rope_bwd_launch(gpu, (&q, Some(&k)), (positions, table), round)?;
     gpu.launch(
         &OPS,
         "colsum_final2",

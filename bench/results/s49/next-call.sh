@@ -1,8 +1,8 @@
 #!/bin/bash
 # The next session's first call (prepared in the forty-ninth session; binaries in .carryz/c.tar.xz, rebuild both
 # if main or s49-grpo has moved):
-#   jetd-main = main 022637a (the q/k pair landed; main 6ca7535 has the same code);
-#   jetd-g8   = branch s49-grpo (built at 67877ff, the code of c8fb127): + softmax_chunk_stats_z16 at four blocks an SM with s's and t's block
+#   jetd-main = main 022637a (the q/k pair landed; main 305e28c launches the same kernels with the same arguments);
+#   jetd-g8   = branch s49-grpo (built at 67877ff; 1730d91 launches the same): + softmax_chunk_stats_z16 at four blocks an SM with s's and t's block
 #               sums under one barrier (timed in the forty-ninth session's call 1 through JET_NVRTC_DEFINES:
 #               0.78 -> 0.68 ms a 0.6B step), every held BF16 WGrad output settled in one launch before each
 #               backward pass (grad_settle_multi; predicted ~8 ms off the 0.6B GRPO-shaped training phase, H200),

@@ -774,6 +774,45 @@ fn embedding_matches_cpu() {
     done();
 }
 
+/// `rmsnorm_bwd_rows1` with eight rows' loads in flight (taken below one block an SM)
+/// gives the bits of four: dx and dw, rows a whole and a partial block, rounded or
+/// not.
+#[test]
+fn rmsnorm_bwd_rows_eight_in_flight_equal_four() {
+    let Some(g) = gpu() else { return };
+    for (rows, dim) in [(256usize, 1024usize), (77, 1024), (40, 896), (2200, 512)] {
+        let (x, w, dy) = (
+            up(&g, &rnd(rows * dim, 30, 2.0)),
+            up(&g, &rnd(dim, 31, 1.0)),
+            up(&g, &rnd(rows * dim, 32, 1.0)),
+        );
+        let (_, rs) = gops::rmsnorm_forward(&g, &x, &w, rows, dim, 1e-6).unwrap();
+        let acc0 = rnd(dim, 33, 1.0);
+        for round in [false, true] {
+            let run = |g8: bool| {
+                let mut acc = up(&g, &acc0);
+                let dx = gops::rmsnorm_backward_acc_rows1(
+                    &g,
+                    (&dy, &x, &w, &rs),
+                    (rows, dim),
+                    round,
+                    &mut acc,
+                    g8,
+                )
+                .unwrap();
+                (dl(&g, &dx, rows * dim), dl(&g, &acc, dim))
+            };
+            let ((a, aw), (b, bw)) = (run(true), run(false));
+            report_exact(
+                &format!("rmsnorm bwd rows, eight rows in flight == four (round {round})"),
+                &format!("[{rows}, {dim}]"),
+                bits_differ(&a, &b) + bits_differ(&aw, &bw),
+            );
+        }
+    }
+    done();
+}
+
 /// Sums over a row run as a tree on the GPU and in order on the CPU: 1e-5 (the
 /// backward's rows of 128 a warp each, the others 16 rows a block of 256 threads,
 /// `rmsnorm_bwd_rows`: 896 and 192 leave threads idle, 4,096 takes four float4
@@ -1359,7 +1398,9 @@ fn qk_norm_rope_backward_equals_the_two_passes() {
     let Some(g) = gpu() else { return };
     let table = rope::RopeTable::new(128, 4096, 1_000_000.0, None);
     let gt = gops::GpuRope::new(&g, &table).unwrap();
-    for (tokens, nh) in [(130usize, 16usize), (7, 8), (32, 8)] {
+    // 2,200 x 16 heads: 138 chunks, a launch of at least one block an SM (four rows'
+    // loads in flight a warp); the others fewer (eight).
+    for (tokens, nh) in [(130usize, 16usize), (7, 8), (32, 8), (2200, 16)] {
         let rows = tokens * nh;
         let positions: Vec<usize> = (0..tokens).map(|i| (i * 37) % 4096).collect();
         let dpos = gops::upload_positions(&g, &positions, &gt).unwrap();
@@ -2625,7 +2666,7 @@ fn held_bf16_gradients_read_as_the_epilogue_wrote_them() {
     // case 0: never written + one addend; 1: written + one addend; 2: never
     // written + two addends; 3: written, no addend.
     for case in 0..4 {
-        let mut accs: Vec<GradAcc> = Vec::new();
+        let (mut accs, mut multi): (Vec<GradAcc>, Vec<GradAcc>) = (Vec::new(), Vec::new());
         let mut want: Vec<Vec<f32>> = Vec::new();
         for (t, &n) in sizes.iter().enumerate() {
             let seed = 300 + 10 * t as u64 + case;
@@ -2645,11 +2686,23 @@ fn held_bf16_gradients_read_as_the_epilogue_wrote_them() {
                 2 => vec![&b1, &b2],
                 _ => vec![],
             };
-            for b in adds {
+            // The same gradient for settle_multi (masked where never written and
+            // two addends come, settled together between them).
+            let mut a2 = match case {
+                1 | 3 => GradAcc::from_f32(up(&g, &base)),
+                2 => GradAcc::new_masked(&g, n).unwrap(),
+                _ => GradAcc::new(&g, n).unwrap(),
+            };
+            for (i, b) in adds.into_iter().enumerate() {
                 a.add_bf16(&g, g.upload(b).unwrap()).unwrap();
+                if i > 0 {
+                    cuda::grad::settle_multi(&g, std::slice::from_mut(&mut a2)).unwrap();
+                }
+                a2.add_bf16(&g, g.upload(b).unwrap()).unwrap();
                 w.iter_mut().zip(f(b)).for_each(|(x, y)| *x += y);
             }
             accs.push(a);
+            multi.push(a2);
             want.push(w);
         }
         let sh = format!("case {case}, {} tensors", sizes.len());
@@ -2709,6 +2762,21 @@ fn held_bf16_gradients_read_as_the_epilogue_wrote_them() {
             diff += bits_differ(&dl(&g, a.f32_mut(&g).unwrap(), sizes[t]), &want[t]);
         }
         report_exact("held BF16 gradient settled into f32", &sh, diff);
+        // Settled all together in one launch.
+        cuda::grad::settle_multi(&g, &mut multi).unwrap();
+        let mut diff = 0;
+        for (t, a) in multi.iter_mut().enumerate() {
+            assert!(
+                a.src().pend.is_none(),
+                "settle_multi left tensor {t} an addend"
+            );
+            diff += bits_differ(&dl(&g, a.f32_mut(&g).unwrap(), sizes[t]), &want[t]);
+        }
+        report_exact(
+            "held BF16 gradients settled in one launch (settle_multi)",
+            &sh,
+            diff,
+        );
     }
     done();
 }

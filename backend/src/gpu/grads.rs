@@ -53,6 +53,13 @@ impl GpuGrads {
         self.bufs[i].f32_mut(gpu)
     }
 
+    /// Every held BF16 addend added into its accumulator, in one launch
+    /// (`grad::settle_multi`): before a backward pass, whose WGrad outputs then
+    /// find nothing to settle one matrix at a time.
+    pub fn settle_all(&mut self, gpu: &Gpu) -> Result<()> {
+        jet_kernels::cuda::grad::settle_multi(gpu, &mut self.bufs)
+    }
+
     /// Tensors `i`'s and `j`'s accumulators at once (`i != j`).
     pub fn acc2(
         &mut self,

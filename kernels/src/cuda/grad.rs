@@ -11,6 +11,7 @@
 //! all unless something else adds into it too (the tied LM head's, which the
 //! embedding's scatter settles; a WGrad output with padding columns and the f32
 //! flow's take the epilogue as before); with more, each dW but the last is added
+//! before the next backward pass, all of them in one launch ([`settle_multi`]), or
 //! when the next one arrives.
 //!
 //! A gradient written by a scatter (the untied embedding's, a few thousand rows of
@@ -28,7 +29,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, TENSOR};
-use super::{check_len, Ctx, Gpu, Result};
+use super::{check_len, ensure, Ctx, Gpu, Result};
 
 /// A gradient `[len]`: an f32 accumulator (read as +0 until first written) plus, at
 /// most, one BF16 addend `[len]` not yet added into it.
@@ -238,6 +239,55 @@ impl GradAcc {
         self.zero = false;
         Ok(())
     }
+}
+
+/// [`GradAcc::settle`] of every gradient in `accs` that holds an addend, in one
+/// launch (`grad_settle_multi`: the same values as one `grad_settle` each). Before a
+/// backward pass, so that pass's WGrad outputs find nothing to settle: with
+/// micro-batches of a few hundred rows the ~200 launches a pass of one small
+/// matrix each took longer than the bytes they move.
+pub fn settle_multi(gpu: &Gpu, accs: &mut [GradAcc]) -> Result<()> {
+    let mut tab: Vec<i64> = Vec::new();
+    let mut first = 0usize;
+    for a in accs.iter_mut() {
+        let Some(d) = a.pending.as_ref() else {
+            continue;
+        };
+        mark_all(gpu, a.mask.as_mut())?;
+        let n = a.acc.len();
+        let blocks = n.div_ceil(1024);
+        let acc = if a.zero { 0 } else { gpu.ptr(&a.acc) };
+        tab.extend([
+            acc as i64,
+            gpu.ptr(d) as i64,
+            n as i64,
+            blocks as i64,
+            first as i64,
+            gpu.ptr(&a.acc) as i64,
+        ]);
+        first += blocks;
+    }
+    let t = tab.len() / 6;
+    if first > 0 {
+        ensure(first <= u32::MAX as usize && t <= i32::MAX as usize, || {
+            format!("grad_settle_multi: {first} blocks over {t} gradients")
+        })?;
+        let tab = gpu.upload(&tab)?;
+        gpu.launch(
+            &TENSOR,
+            "grad_settle_multi",
+            (first as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[Arg::P(gpu.ptr(&tab)), Arg::I(t as i32)],
+        )?;
+    }
+    // Dropped only once the launch is queued: an error keeps the addends held.
+    for a in accs.iter_mut().filter(|a| a.pending.is_some()) {
+        a.pending = None;
+        a.zero = false;
+    }
+    Ok(())
 }
 
 /// Check that `mask` has a byte for each [`MASK_CHUNK`] of a gradient's `len`

@@ -236,6 +236,44 @@ pub fn rmsnorm_backward_acc(
     Ok(norm_bwd_acc(gpu, input, shape, dx_opts, dw_acc, false)?.0)
 }
 
+/// [`rmsnorm_backward_acc`] by `rmsnorm_bwd_rows1` with eight rows' loads in flight
+/// (`g8`) or four, whatever the grid: the check that both give the same bits. Rows
+/// of 4 to 1,024 values (a multiple of 4, not 128), f32 dy, no residual.
+pub fn rmsnorm_backward_acc_rows1(
+    gpu: &Gpu,
+    (dy, x, w, rstd): NormBwdIn,
+    (rows, dim): (usize, usize),
+    round: bool,
+    dw_acc: &mut CudaSlice<f32>,
+    g8: bool,
+) -> Result<CudaSlice<f32>> {
+    let input = (DySrc::F32(dy), x, w, rstd);
+    input.0.check(rows, dim)?;
+    for (what, b, n) in [
+        ("rmsnorm x", x, rows * dim),
+        ("rmsnorm w", w, dim),
+        ("rmsnorm rstd", rstd, rows),
+        ("rmsnorm dw accumulator", &*dw_acc, dim),
+    ] {
+        check_len(what, b, n, format!("rows {rows}, dim {dim}"))?;
+    }
+    ensure(
+        rows_groups(gpu, (input.0, x, w, None), dim) == Some(1),
+        || format!("rmsnorm_bwd_rows1 does not take rows of {dim}"),
+    )?;
+    let shape = (rows, dim);
+    let out = bwd_rows(
+        gpu,
+        input,
+        shape,
+        (round, None),
+        (dw_acc, true),
+        false,
+        (1, Some(g8)),
+    )?;
+    Ok(out.0)
+}
+
 /// [`rmsnorm_backward_acc`] that also returns dx's BF16 GEMM operand `[rows][dim]`
 /// (the bits of `to_bf16_padded` of dx), written by the same kernel, when `bf16` and
 /// `dim` is a multiple of 16 (no padding columns); otherwise None.
@@ -378,7 +416,7 @@ fn norm_bwd(
             (round, res),
             (dw, add),
             bf16,
-            ng,
+            (ng, None),
         );
     }
     let dx = bwd_dx(
@@ -437,12 +475,16 @@ fn bwd_rows(
     (round, res): (bool, Option<&CudaSlice<f32>>),
     (dw, add): (&mut CudaSlice<f32>, bool),
     bf16: bool,
-    ng: usize,
+    (ng, g8): (usize, Option<bool>),
 ) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
     let (dx, dx16) = dx_outputs(gpu, (rows, dim), bf16)?;
     let blocks = rows.div_ceil(NORM_ROWS).max(1);
     let part = gpu.uninit::<f32>(blocks * dim)?;
+    // Fewer blocks than SMs (a GRPO group's few hundred rows): eight rows' loads in
+    // flight a block, not four (the same bits), unless `g8` says which.
+    let g8 = g8.unwrap_or(blocks < gpu.sm_count());
     let name = match ng {
+        1 if g8 => "rmsnorm_bwd_rows1g8",
         1 => "rmsnorm_bwd_rows1",
         2 => "rmsnorm_bwd_rows2",
         4 => "rmsnorm_bwd_rows4",
@@ -519,8 +561,13 @@ fn qk_norm_rope_bwd_launch(
         Arg::I(round as i32),
         Arg::I(q.chunks as i32),
     ]);
-    let grid = (blocks as u32, 1, 1);
-    gpu.launch(&OPS, "qk_norm_rope_bwd", grid, (256, 1, 1), 0, &args)
+    // Fewer blocks than SMs (a GRPO group's few hundred tokens): eight rows' loads in
+    // flight a warp, not four (the same bits).
+    let name = match blocks < gpu.sm_count() {
+        true => "qk_norm_rope_bwd_r8",
+        false => "qk_norm_rope_bwd",
+    };
+    gpu.launch(&OPS, name, (blocks as u32, 1, 1), (256, 1, 1), 0, &args)
 }
 
 /// [`qk_norm_rope_backward_acc_operand`] for q and k in one launch

@@ -196,9 +196,8 @@ extern "C" __global__ void grad_mask_clear(float* acc, u8* mask, long n) {
 // epilogue (linear_epilogue_bf16 into the zeroed or running accumulator) writes; y
 // may be acc. Four values a thread (16-byte f32, 8-byte BF16 accesses where aligned),
 // grid ceil(n / 1024) x 256.
-extern "C" __global__ void grad_settle(const float* acc, const bf16_t* d, long n, float* y) {
-    pdl_entry();
-    const long i0 = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+__device__ __forceinline__ void grad_settle_at(const float* acc, const bf16_t* d, long n, float* y, long block) {
+    const long i0 = (block * blockDim.x + threadIdx.x) * 4;
     if (i0 >= n) return;
     if (i0 + 3 >= n || (((u64)acc | (u64)y) & 15) != 0 || ((u64)d & 7) != 0) {
         for (long i = i0; i < min(i0 + 4, n); i++) y[i] = grad_val(acc, d, i);
@@ -207,4 +206,21 @@ extern "C" __global__ void grad_settle(const float* acc, const bf16_t* d, long n
     float v[4];
     grad_val4(acc, d, i0, v);
     *reinterpret_cast<float4*>(y + i0) = make_float4(v[0], v[1], v[2], v[3]);
+}
+extern "C" __global__ void grad_settle(const float* acc, const bf16_t* d, long n, float* y) {
+    pdl_entry();
+    grad_settle_at(acc, d, n, y, blockIdx.x);
+}
+// grad_settle of T gradients in one launch (every addend a micro-batch's backward left
+// held, settled before the next one's: one launch of many waves in place of one small
+// launch a matrix; each block does what its own launch's block does, so the same
+// bits): tab[t] = {acc (null: +0), d, n, blocks, first block, y} as 6 int64, first
+// ascending; grid the blocks in all, block 256.
+extern "C" __global__ void grad_settle_multi(const long long* tab, int T) {
+    pdl_entry();
+    __shared__ int st;
+    if (threadIdx.x == 0) st = tensor_of(tab, 6, 4, T, blockIdx.x);
+    __syncthreads();
+    const long long* e = tab + (long)st * 6;
+    grad_settle_at((const float*)e[0], (const bf16_t*)e[1], e[2], (float*)e[5], (long)blockIdx.x - e[4]);
 }

@@ -561,13 +561,8 @@ fn qk_norm_rope_bwd_launch(
         Arg::I(round as i32),
         Arg::I(q.chunks as i32),
     ]);
-    // Fewer blocks than SMs (a GRPO group's few hundred tokens): eight rows' loads in
-    // flight a warp, not four (the same bits).
-    let name = match blocks < gpu.sm_count() {
-        true => "qk_norm_rope_bwd_r8",
-        false => "qk_norm_rope_bwd",
-    };
-    gpu.launch(&OPS, name, (blocks as u32, 1, 1), (256, 1, 1), 0, &args)
+    let grid = (blocks as u32, 1, 1);
+    gpu.launch(&OPS, "qk_norm_rope_bwd", grid, (256, 1, 1), 0, &args)
 }
 
 /// [`qk_norm_rope_backward_acc_operand`] for q and k in one launch

@@ -337,7 +337,6 @@ __device__ __forceinline__ void colsum_add(float& s, float a, float x, float rs,
 // chunk blockIdx.x, the rest k's chunk blockIdx.x - q_chunks): each block does what
 // the single launch's block of that chunk does, so the same bits; k's 128 chunks
 // (0.6B, 8 x 512) alone left one block an SM, the pair ~3.
-template <int QR>
 __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float* x, const float* w,
                                                     const float* rstd, const int* pos, const float* cos_t,
                                                     const float* sin_t, int rows, int n_heads, int round, float* dx,
@@ -346,11 +345,9 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float
     const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
     const int r1 = min(rows, (ch + 1) * 256);
     float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    // QR rows' loads in flight (rows r, r + 8, .., r + 8 (QR - 1)), then the rows in
-    // order: one row at a time left the kernel waiting on each row's loads. QR 4; 8
-    // was 4% slower at 8 x 512 (H100, twenty-second session), and is taken where the
-    // launch has fewer blocks than SMs (qk_norm_rope_bwd_r8; a row's order is QR's
-    // alone, so the same bits).
+    // Four rows' loads in flight (rows r, r + 8, r + 16, r + 24), then the rows in order:
+    // one row at a time left the kernel waiting on each row's loads.
+    constexpr int QR = 4;  // 8: 4% slower (H100, twenty-second session)
     for (int r = ch * 256 + g; r < r1; r += 8 * QR) {
         float d[QR][4], xv[QR][4], cv[QR][2], sv[QR][2], rs[QR];
 #pragma unroll
@@ -405,21 +402,6 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float
 }
 // q's arguments, then k's, then the shared ones. Grid q_chunks + ceil(k rows / 256),
 // block 256; for one of them alone, grid q_chunks (k's arguments are not read).
-template <int QR>
-__device__ __forceinline__ void qk_norm_rope_bwd_pair(const float* dy_q, const float* x_q, const float* w_q,
-                                             const float* rstd_q, int rows_q, int nh_q, float* dx_q, float* part_q,
-                                             bf16_t* dx16_q, const float* dy_k, const float* x_k, const float* w_k,
-                                             const float* rstd_k, int rows_k, int nh_k, float* dx_k, float* part_k,
-                                             bf16_t* dx16_k, const int* pos, const float* cos_t,
-                                             const float* sin_t, int round, int q_chunks) {
-    const int b = blockIdx.x;
-    if (b < q_chunks)
-        qk_norm_rope_bwd_at<QR>(dy_q, x_q, w_q, rstd_q, pos, cos_t, sin_t, rows_q, nh_q, round, dx_q, part_q, dx16_q,
-                                b);
-    else
-        qk_norm_rope_bwd_at<QR>(dy_k, x_k, w_k, rstd_k, pos, cos_t, sin_t, rows_k, nh_k, round, dx_k, part_k, dx16_k,
-                                b - q_chunks);
-}
 extern "C" __global__ void qk_norm_rope_bwd(const float* dy_q, const float* x_q, const float* w_q,
                                              const float* rstd_q, int rows_q, int nh_q, float* dx_q, float* part_q,
                                              bf16_t* dx16_q, const float* dy_k, const float* x_k, const float* w_k,
@@ -427,18 +409,12 @@ extern "C" __global__ void qk_norm_rope_bwd(const float* dy_q, const float* x_q,
                                              bf16_t* dx16_k, const int* pos, const float* cos_t,
                                              const float* sin_t, int round, int q_chunks) {
     pdl_entry();
-    qk_norm_rope_bwd_pair<4>(dy_q, x_q, w_q, rstd_q, rows_q, nh_q, dx_q, part_q, dx16_q, dy_k, x_k, w_k, rstd_k,
-                             rows_k, nh_k, dx_k, part_k, dx16_k, pos, cos_t, sin_t, round, q_chunks);
-}
-extern "C" __global__ void qk_norm_rope_bwd_r8(const float* dy_q, const float* x_q, const float* w_q,
-                                             const float* rstd_q, int rows_q, int nh_q, float* dx_q, float* part_q,
-                                             bf16_t* dx16_q, const float* dy_k, const float* x_k, const float* w_k,
-                                             const float* rstd_k, int rows_k, int nh_k, float* dx_k, float* part_k,
-                                             bf16_t* dx16_k, const int* pos, const float* cos_t,
-                                             const float* sin_t, int round, int q_chunks) {
-    pdl_entry();
-    qk_norm_rope_bwd_pair<8>(dy_q, x_q, w_q, rstd_q, rows_q, nh_q, dx_q, part_q, dx16_q, dy_k, x_k, w_k, rstd_k,
-                             rows_k, nh_k, dx_k, part_k, dx16_k, pos, cos_t, sin_t, round, q_chunks);
+    const int b = blockIdx.x;
+    if (b < q_chunks)
+        qk_norm_rope_bwd_at(dy_q, x_q, w_q, rstd_q, pos, cos_t, sin_t, rows_q, nh_q, round, dx_q, part_q, dx16_q, b);
+    else
+        qk_norm_rope_bwd_at(dy_k, x_k, w_k, rstd_k, pos, cos_t, sin_t, rows_k, nh_k, round, dx_k, part_k, dx16_k,
+                            b - q_chunks);
 }
 
 // Column sums in a fixed order (the shape's, not the GPU's): part[chunk][c] = the

@@ -666,3 +666,100 @@ fn decode_layout_timing() {
         }
     }
 }
+
+/// The backward's cuBLASLt GEMMs at Qwen3-0.6B's shapes, BF16 against FP8's
+/// block-scaled ones, DGrad (`dx [m, k] = dy [m, n] w [n, k]`: 1x128 x 128x128) and
+/// WGrad (`dw [n, k] = dy^T x`: 128x1 x 128x1), BF16 outputs as in a step; with
+/// the stacked shapes of q/k/v (N 4,096) and gate/up (N 6,144), which read one x:
+/// what one GEMM in place of three or two would take. TFLOP/s and the layer's sum.
+#[test]
+#[ignore]
+fn backward_gemm_timing() {
+    let Some(g) = gpu() else { return };
+    let mut pre = g.zeros::<u8>(4 << 30).unwrap();
+    let pre = &mut pre;
+    // (name, K, N, times a layer)
+    let shapes: &[(&str, usize, usize, usize)] = &[
+        ("q_proj", 1024, 2048, 1),
+        ("k/v_proj", 1024, 1024, 2),
+        ("o_proj", 2048, 1024, 1),
+        ("gate/up", 1024, 3072, 2),
+        ("down", 3072, 1024, 1),
+        ("qkv", 1024, 4096, 0),
+        ("gate+up", 1024, 6144, 0),
+        ("lm_head", 1024, 151936, 0),
+    ];
+    for m in [4096usize, 256] {
+        let mut layer = [0.0f64; 4];
+        let mut stacked = [0.0f64; 4];
+        for &(name, k, n, per) in shapes {
+            if name == "lm_head" && m != 4096 {
+                continue;
+            }
+            let (x, w, dy) = (
+                rand_dev(&g, m * k, 1, 2.0),
+                rand_dev(&g, n * k, 2, 0.05),
+                rand_dev(&g, m * n, 3, 1.0),
+            );
+            let (kp, np) = (cuda::pad16(k), cuda::pad16(n));
+            let xb = gq::to_bf16_padded(&g, &x, m, k, m, kp).unwrap();
+            let wb = gq::to_bf16_padded(&g, &w, n, k, np, kp).unwrap();
+            let dyb = gq::to_bf16_padded(&g, &dy, m, n, m, np).unwrap();
+            let op = |s: &CudaSlice<u16>, rows, cols, ld| gemm::Dense {
+                ptr: p(&g, s),
+                ty: gemm::LtType::Bf16,
+                rows,
+                cols,
+                ld,
+            };
+            let yd = g.zeros::<u16>(m * kp).unwrap();
+            let yw = g.zeros::<u16>(np * kp).unwrap();
+            let (ydp, ywp) = (p(&g, &yd), p(&g, &yw));
+            let bd = time_us(&g, pre, 10, |_| {
+                let (a, b) = (op(&dyb, m, n, np), op(&wb, n, k, kp));
+                gemm::dense_gemm_to(&g, (a, false), (b, false), (ydp, kp, gemm::LtType::Bf16))
+                    .unwrap()
+            });
+            let bw = time_us(&g, pre, 10, |_| {
+                let (a, b) = (op(&dyb, m, n, np), op(&xb, m, k, kp));
+                gemm::dense_gemm_to(&g, (a, true), (b, false), (ywp, kp, gemm::LtType::Bf16))
+                    .unwrap()
+            });
+            drop((xb, wb, dyb, yd, yw));
+            let qdy = gq::quantize_row1x128(&g, &dy, m, n).unwrap();
+            let (_, wt) = gq::quantize_block128(&g, &w, n, k, true).unwrap();
+            let wt = wt.unwrap();
+            let qdyt = gq::quantize_col128x1(&g, &dy, m, n).unwrap();
+            let qxt = gq::quantize_col128x1(&g, &x, m, k).unwrap();
+            drop((x, w, dy));
+            let fd = time_us(&g, pre, 10, |_| {
+                drop(gemm::fp8_gemm_nt_bf16(&g, &qdy, &wt).unwrap())
+            });
+            let fw = time_us(&g, pre, 10, |_| {
+                drop(gemm::fp8_gemm_nt_bf16(&g, &qdyt, &qxt).unwrap())
+            });
+            let tf = |us: f64| 2.0 * (m * n * k) as f64 / us / 1e6;
+            println!(
+                "TIMING backward {m}x{k}x{n} {name:<8}: BF16 DGrad {bd:8.1} us {:5.0} TF, WGrad {bw:8.1} us {:5.0} TF | FP8 DGrad {fd:8.1} us {:5.0} TF, WGrad {fw:8.1} us {:5.0} TF | FP8/BF16 {:.2}x",
+                tf(bd),
+                tf(bw),
+                tf(fd),
+                tf(fw),
+                (bd + bw) / (fd + fw)
+            );
+            for (i, t) in [bd, bw, fd, fw].into_iter().enumerate() {
+                layer[i] += per as f64 * t;
+                if per > 0 && name != "q_proj" && name != "k/v_proj" && name != "gate/up" {
+                    stacked[i] += per as f64 * t;
+                }
+                if name == "qkv" || name == "gate+up" {
+                    stacked[i] += t;
+                }
+            }
+        }
+        println!(
+            "TIMING backward {m} rows, a 0.6B layer (us): BF16 DGrad {:.1} WGrad {:.1} | FP8 DGrad {:.1} WGrad {:.1} | with q/k/v and gate/up stacked: BF16 {:.1} {:.1} | FP8 {:.1} {:.1}",
+            layer[0], layer[1], layer[2], layer[3], stacked[0], stacked[1], stacked[2], stacked[3]
+        );
+    }
+}

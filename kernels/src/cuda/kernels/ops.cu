@@ -347,7 +347,9 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float
     float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     // Four rows' loads in flight (rows r, r + 8, r + 16, r + 24), then the rows in order:
     // one row at a time left the kernel waiting on each row's loads.
-    constexpr int QR = 4;  // 8: 4% slower (H100, twenty-second session)
+    // QR 8 was 4% slower at 8 x 512 (H100, twenty-second session) and 20% slower in
+    // the GRPO-shaped step's 24-block launches (H100, fifty-first session).
+    constexpr int QR = 4;
     for (int r = ch * 256 + g; r < r1; r += 8 * QR) {
         float d[QR][4], xv[QR][4], cv[QR][2], sv[QR][2], rs[QR];
 #pragma unroll

@@ -671,7 +671,8 @@ fn decode_layout_timing() {
 /// block-scaled ones, DGrad (`dx [m, k] = dy [m, n] w [n, k]`: 1x128 x 128x128) and
 /// WGrad (`dw [n, k] = dy^T x`: 128x1 x 128x1), BF16 outputs as in a step; with
 /// the stacked shapes of q/k/v (N 4,096) and gate/up (N 6,144), which read one x:
-/// what one GEMM in place of three or two would take. TFLOP/s and the layer's sum.
+/// what one GEMM in place of three or two would take. TFLOP/s and the layer's sum;
+/// each FP8 WGrad also with its operands swapped (`dw^T`).
 #[test]
 #[ignore]
 fn backward_gemm_timing() {
@@ -738,9 +739,14 @@ fn backward_gemm_timing() {
             let fw = time_us(&g, pre, 10, |_| {
                 drop(gemm::fp8_gemm_nt_bf16(&g, &qdyt, &qxt).unwrap())
             });
+            // The same WGrad with the operands swapped: dw^T [k, n] = x^T dy (what
+            // a transpose into the held [n, k] output would follow).
+            let fwt = time_us(&g, pre, 10, |_| {
+                drop(gemm::fp8_gemm_nt_bf16(&g, &qxt, &qdyt).unwrap())
+            });
             let tf = |us: f64| 2.0 * (m * n * k) as f64 / us / 1e6;
             println!(
-                "TIMING backward {m}x{k}x{n} {name:<8}: BF16 DGrad {bd:8.1} us {:5.0} TF, WGrad {bw:8.1} us {:5.0} TF | FP8 DGrad {fd:8.1} us {:5.0} TF, WGrad {fw:8.1} us {:5.0} TF | FP8/BF16 {:.2}x",
+                "TIMING backward {m}x{k}x{n} {name:<8}: BF16 DGrad {bd:8.1} us {:5.0} TF, WGrad {bw:8.1} us {:5.0} TF | FP8 DGrad {fd:8.1} us {:5.0} TF, WGrad {fw:8.1} us {:5.0} TF (swapped {fwt:8.1} us) | FP8/BF16 {:.2}x",
                 tf(bd),
                 tf(bw),
                 tf(fd),

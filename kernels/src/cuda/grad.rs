@@ -211,16 +211,9 @@ impl GradAcc {
     /// Add the held BF16 addend into the f32 accumulator (`grad_settle`: the WGrad
     /// epilogue's values).
     fn settle(&mut self, gpu: &Gpu) -> Result<()> {
-        let Some(d) = self.pending.as_ref() else {
+        let Some((acc, d, n)) = self.settle_args(gpu)? else {
             return Ok(());
         };
-        mark_all(gpu, self.mask.as_mut())?;
-        let n = self.acc.len();
-        if n == 0 {
-            self.pending = None;
-            return Ok(());
-        }
-        let acc = if self.zero { 0 } else { gpu.ptr(&self.acc) };
         gpu.launch(
             &TENSOR,
             "grad_settle",
@@ -229,7 +222,7 @@ impl GradAcc {
             0,
             &[
                 Arg::P(acc),
-                Arg::P(gpu.ptr(d)),
+                Arg::P(d),
                 Arg::L(n as i64),
                 Arg::P(gpu.ptr(&self.acc)),
             ],
@@ -238,6 +231,23 @@ impl GradAcc {
         self.pending = None;
         self.zero = false;
         Ok(())
+    }
+
+    /// What `grad_settle` reads for the held addend: the accumulator (0: read as
+    /// +0), the addend and the length, its mask marked whole. None where nothing
+    /// is held, or the gradient is empty (the addend then dropped).
+    fn settle_args(&mut self, gpu: &Gpu) -> Result<Option<(u64, u64, usize)>> {
+        let Some(d) = self.pending.as_ref() else {
+            return Ok(None);
+        };
+        mark_all(gpu, self.mask.as_mut())?;
+        let n = self.acc.len();
+        if n == 0 {
+            self.pending = None;
+            return Ok(None);
+        }
+        let acc = if self.zero { 0 } else { gpu.ptr(&self.acc) };
+        Ok(Some((acc, gpu.ptr(d), n)))
     }
 }
 
@@ -250,16 +260,13 @@ pub fn settle_multi(gpu: &Gpu, accs: &mut [GradAcc]) -> Result<()> {
     let mut tab: Vec<i64> = Vec::new();
     let mut first = 0usize;
     for a in accs.iter_mut() {
-        let Some(d) = a.pending.as_ref() else {
+        let Some((acc, d, n)) = a.settle_args(gpu)? else {
             continue;
         };
-        mark_all(gpu, a.mask.as_mut())?;
-        let n = a.acc.len();
         let blocks = n.div_ceil(1024);
-        let acc = if a.zero { 0 } else { gpu.ptr(&a.acc) };
         tab.extend([
             acc as i64,
-            gpu.ptr(d) as i64,
+            d as i64,
             n as i64,
             blocks as i64,
             first as i64,

@@ -248,15 +248,8 @@ pub fn rmsnorm_backward_acc_rows1(
     g8: bool,
 ) -> Result<CudaSlice<f32>> {
     let input = (DySrc::F32(dy), x, w, rstd);
-    input.0.check(rows, dim)?;
-    for (what, b, n) in [
-        ("rmsnorm x", x, rows * dim),
-        ("rmsnorm w", w, dim),
-        ("rmsnorm rstd", rstd, rows),
-        ("rmsnorm dw accumulator", &*dw_acc, dim),
-    ] {
-        check_len(what, b, n, format!("rows {rows}, dim {dim}"))?;
-    }
+    check_norm_bwd(input, (rows, dim), None)?;
+    check_len("rmsnorm dw accumulator", dw_acc, dim, format!("[{dim}]"))?;
     ensure(
         rows_groups(gpu, (input.0, x, w, None), dim) == Some(1),
         || format!("rmsnorm_bwd_rows1 does not take rows of {dim}"),
@@ -382,16 +375,13 @@ impl DySrc<'_> {
     }
 }
 
-/// Both backwards: the inputs checked, dx returned (with its BF16 operand when
-/// `bf16`), dw written (or added when `add`) into `dw`.
-fn norm_bwd(
-    gpu: &Gpu,
+/// A norm backward's inputs (and the residual gradient it adds, if any) against
+/// `rows x dim`.
+fn check_norm_bwd(
     (dy, x, w, rstd): DySrcIn,
     (rows, dim): (usize, usize),
-    (round, res): (bool, Option<&CudaSlice<f32>>),
-    (dw, add): (&mut CudaSlice<f32>, bool),
-    bf16: bool,
-) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+    res: Option<&CudaSlice<f32>>,
+) -> Result<()> {
     dy.check(rows, dim)?;
     for (what, b, n) in [
         ("rmsnorm x", x, rows * dim),
@@ -408,6 +398,20 @@ fn norm_bwd(
             format!("rows {rows}, dim {dim}"),
         )?;
     }
+    Ok(())
+}
+
+/// Both backwards: the inputs checked, dx returned (with its BF16 operand when
+/// `bf16`), dw written (or added when `add`) into `dw`.
+fn norm_bwd(
+    gpu: &Gpu,
+    (dy, x, w, rstd): DySrcIn,
+    (rows, dim): (usize, usize),
+    (round, res): (bool, Option<&CudaSlice<f32>>),
+    (dw, add): (&mut CudaSlice<f32>, bool),
+    bf16: bool,
+) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+    check_norm_bwd((dy, x, w, rstd), (rows, dim), res)?;
     if let Some(ng) = rows_groups(gpu, (dy, x, w, res), dim) {
         return bwd_rows(
             gpu,

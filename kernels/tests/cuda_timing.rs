@@ -374,6 +374,9 @@ fn fp8_rows_timing() {
                 ("gate/up", 1024, 3072),
                 ("down", 3072, 1024),
                 ("lm_head", 1024, 151936),
+                // q/k/v and gate/up stacked: what one launch a group would take.
+                ("qkv", 1024, 4096),
+                ("gate+up", 1024, 6144),
             ]
         };
     for m in [4096usize, 256] {

@@ -2445,7 +2445,7 @@ fn adamw_with_fp8_blocks_matches_adamw_then_quantize() {
     ) -> cuda::grad::GradSrc<'a> {
         cuda::grad::GradSrc {
             acc: Some(gr),
-            pend,
+            pend: pend.map(|p| (p, 0)),
             len: gr.len(),
             mask: None,
         }

@@ -9,15 +9,18 @@ use jet_kernels::cuda::act::ActRef;
 use jet_kernels::cuda::attention::attention_backward;
 use jet_kernels::cuda::flash::{flash_backward, flash_backward_operand, Dout};
 use jet_kernels::cuda::linear::{
-    linear_backward_into, linear_backward_raw, linear_bias_grad_acc, Dy, GemmOut, GpuWeight, XIn,
-    XOperand,
+    linear_backward_into, linear_backward_raw, linear_bias_grad_acc, linear_dgrad_fp8_raw,
+    wgrad_fp8_stacked, Dy, GemmOut, GpuWeight, XIn, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_backward_marked, qk_norm_rope_backward_pair, rmsnorm_backward_acc,
     rmsnorm_backward_acc_operand, rmsnorm_backward_acc_operand_sum, rope_backward_dev,
     swiglu_backward, swiglu_backward_bf16, QkNormGrad, SwigluDh,
 };
-use jet_kernels::cuda::quantize::{quantize_dual_multi, swiglu_backward_fp8, DualFp8, DualIn};
+use jet_kernels::cuda::quantize::{
+    quantize_dual_multi, quantize_dual_stacked, swiglu_backward_fp8, swiglu_backward_fp8_stacked,
+    DualFp8, DualIn,
+};
 use jet_kernels::cuda::tensor::{round_bf16, scatter_rows};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::{GemmPrecision, GemmRole};
@@ -136,6 +139,19 @@ impl Ctx<'_> {
     }
 }
 
+/// Whether the projections that read one input of width `k` (q, k, v: `ns` their
+/// widths; gate, up) take one FP8 WGrad GEMM over their stacked 128x1 dy operands
+/// ([`wgrad_fp8_stacked`]): the fp8 flow's FP8 DGrad and WGrad, every width a
+/// multiple of 16 (no padding columns between the stacked blocks). On unless
+/// `JET_WGRAD_STACK=0` (the separate GEMMs, for comparison).
+fn stack_wgrad(model: &GpuModel, k: usize, ns: &[usize]) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("JET_WGRAD_STACK").map_or(true, |v| v.trim() != "0"));
+    on && operand_dy(model) == Some(GemmPrecision::Fp8)
+        && k.is_multiple_of(16)
+        && ns.iter().all(|n| n.is_multiple_of(16))
+}
+
 /// The precision in which swiglu's backward writes the gate and up projections'
 /// dy (and the log-prob backward the LM head's) as their GEMM operands instead of f32: BF16 (BF16 DGrad and WGrad, the BF16
 /// flows' training) or FP8 (FP8 DGrad and WGrad, the fp8 flow's); `None`: f32.
@@ -238,6 +254,7 @@ pub fn backward(
         // The down projection's DGrad output as cuBLASLt wrote it (BF16 in the
         // low-precision flows): swiglu's backward reads it without an epilogue.
         let dgrad = cx.precs().0;
+        let (dh_mid, dh16);
         let dw_down = &mut grads.bufs[lx.down];
         let dy_down = dx16.as_ref().map_or(Dy::F32(&dx), Dy::Bf16);
         let dmm = linear_backward_raw(
@@ -250,48 +267,66 @@ pub fn backward(
         )?;
         // gate and up read one input b: its WGrad operand is made once. Their dy
         // leave swiglu's backward as the GEMMs' operands where DGrad and WGrad
-        // share a low precision.
-        let (gb, ub, gq, uq, gf, uf, dmf);
-        let (dgate, dup) = match (operand_dy(model), &dmm) {
-            (Some(GemmPrecision::Bf16), GemmOut::Bf16(d, ld)) => {
-                let dh = SwigluDh::Bf16(d, *ld);
-                (gb, ub) = swiglu_backward_bf16(g, dh, a.gate.view(), a.up.view(), (m, inter))?;
-                (Dy::Bf16(&gb), Dy::Bf16(&ub))
-            }
-            (Some(GemmPrecision::Fp8), GemmOut::Bf16(d, ld)) => {
-                let dh = SwigluDh::Bf16(d, *ld);
-                (gq, uq) = swiglu_backward_fp8(g, dh, a.gate.view(), a.up.view(), (m, inter))?;
-                (Dy::Fp8(&gq), Dy::Fp8(&uq))
-            }
-            _ => {
-                dmf = dmm.finish(g, (m, inter), dgrad)?;
-                // The f32 op reads f32: BF16-kept gate and up widened (exact).
-                let (mut gw, mut uw) = (None, None);
-                let (gate, up) = (a.gate.as_f32(g, &mut gw)?, a.up.as_f32(g, &mut uw)?);
-                (gf, uf) = swiglu_backward(g, &dmf, gate, up, m * inter, round)?;
-                (Dy::F32(&gf), Dy::F32(&uf))
-            }
-        };
-        drop(dmm);
-        // db = gate's dx + up's dx, summed where the norm's backward reads it.
-        let dbg = cx.linear_raw(
-            dgate,
-            (a.b.as_ref().into(), bin),
-            &lp.gate,
-            grads,
-            (lx.gate, None),
-        )?;
-        let dbu = cx.linear_raw(
-            dup,
-            (a.b.as_ref().into(), bin),
-            &lp.up,
-            grads,
-            (lx.up, None),
-        )?;
-        let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
-        let dw2 = grads.acc(g, lx.post_attention_layernorm)?;
-        let (dh_mid, dh16) = cx.norm_of_sum(&[&dbg, &dbu], post, (h, Some(&dx)), dw2, bf16_dy)?;
-        drop((dbg, dbu));
+        // share a low precision; in FP8, with their 128x1 operands side by side
+        // for one WGrad of both.
+        let stack_gu = stack_wgrad(model, h, &[inter, inter]);
+        if let (true, GemmOut::Bf16(d, ld)) = (stack_gu, &dmm) {
+            let dh = SwigluDh::Bf16(d, *ld);
+            let (gr, ur, col) =
+                swiglu_backward_fp8_stacked(g, dh, a.gate.view(), a.up.view(), (m, inter))?;
+            drop(dmm);
+            let dbg = linear_dgrad_fp8_raw(g, &gr, &lp.gate, m)?;
+            let dbu = linear_dgrad_fp8_raw(g, &ur, &lp.up, m)?;
+            drop((gr, ur));
+            let dw = wgrad_fp8_stacked(g, &col, (a.b.as_ref().into(), m, h), bin)?;
+            grads.bufs[lx.gate].add_bf16_part(g, &dw, 0)?;
+            grads.bufs[lx.up].add_bf16_part(g, &dw, inter * h)?;
+            drop((col, dw));
+            let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
+            let dw2 = grads.acc(g, lx.post_attention_layernorm)?;
+            (dh_mid, dh16) = cx.norm_of_sum(&[&dbg, &dbu], post, (h, Some(&dx)), dw2, bf16_dy)?;
+        } else {
+            let (gb, ub, gq, uq, gf, uf, dmf);
+            let (dgate, dup) = match (operand_dy(model), &dmm) {
+                (Some(GemmPrecision::Bf16), GemmOut::Bf16(d, ld)) => {
+                    let dh = SwigluDh::Bf16(d, *ld);
+                    (gb, ub) = swiglu_backward_bf16(g, dh, a.gate.view(), a.up.view(), (m, inter))?;
+                    (Dy::Bf16(&gb), Dy::Bf16(&ub))
+                }
+                (Some(GemmPrecision::Fp8), GemmOut::Bf16(d, ld)) => {
+                    let dh = SwigluDh::Bf16(d, *ld);
+                    (gq, uq) = swiglu_backward_fp8(g, dh, a.gate.view(), a.up.view(), (m, inter))?;
+                    (Dy::Fp8(&gq), Dy::Fp8(&uq))
+                }
+                _ => {
+                    dmf = dmm.finish(g, (m, inter), dgrad)?;
+                    // The f32 op reads f32: BF16-kept gate and up widened (exact).
+                    let (mut gw, mut uw) = (None, None);
+                    let (gate, up) = (a.gate.as_f32(g, &mut gw)?, a.up.as_f32(g, &mut uw)?);
+                    (gf, uf) = swiglu_backward(g, &dmf, gate, up, m * inter, round)?;
+                    (Dy::F32(&gf), Dy::F32(&uf))
+                }
+            };
+            drop(dmm);
+            // db = gate's dx + up's dx, summed where the norm's backward reads it.
+            let dbg = cx.linear_raw(
+                dgate,
+                (a.b.as_ref().into(), bin),
+                &lp.gate,
+                grads,
+                (lx.gate, None),
+            )?;
+            let dbu = cx.linear_raw(
+                dup,
+                (a.b.as_ref().into(), bin),
+                &lp.up,
+                grads,
+                (lx.up, None),
+            )?;
+            let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
+            let dw2 = grads.acc(g, lx.post_attention_layernorm)?;
+            (dh_mid, dh16) = cx.norm_of_sum(&[&dbg, &dbu], post, (h, Some(&dx)), dw2, bf16_dy)?;
+        }
 
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
         // The o projection's DGrad output, read by the flash backward as its BF16
@@ -400,7 +435,39 @@ pub fn backward(
         }
         // q, k and v read one input a. Their dy's FP8 operands (FP8 DGrad and
         // WGrad, no biases: those read dy in f32) in one launch, from the BF16
-        // values where their producers stored them so.
+        // values where their producers stored them so; their 128x1 operands side
+        // by side for one WGrad of the three where the shapes allow.
+        let inorm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
+        if operand_dy(model) == Some(GemmPrecision::Fp8)
+            && no_bias
+            && stack_wgrad(model, h, &[qd, kvd, kvd])
+        {
+            let xs = [
+                (values(&dq16, &dq).into(), qd),
+                (values(&dk16, &dk).into(), kvd),
+                (values(&dv16, &dv).into(), kvd),
+            ];
+            let (rows, col) = quantize_dual_stacked(g, &xs, m)?;
+            drop((dq, dk, dv, dq16, dk16, dv16));
+            let ws = [(&lp.q, lx.q), (&lp.k, lx.k), (&lp.v, lx.v)];
+            let outs = rows
+                .iter()
+                .zip(ws)
+                .map(|(r, (wq, _))| linear_dgrad_fp8_raw(g, r, wq, m))
+                .collect::<Result<Vec<_>>>()?;
+            drop(rows);
+            let dw = wgrad_fp8_stacked(g, &col, (a.a.as_ref().into(), m, h), ain)?;
+            let mut off = 0;
+            for (wq, ix) in ws {
+                grads.bufs[ix].add_bf16_part(g, &dw, off)?;
+                off += wq.n * h;
+            }
+            drop((col, dw));
+            let dw1 = grads.acc(g, lx.input_layernorm)?;
+            let outs: Vec<&GemmOut> = outs.iter().collect();
+            (dx, dx16) = cx.norm_of_sum(&outs, inorm, (h, Some(&dh_mid)), dw1, bf16_dy)?;
+            continue;
+        }
         let (qq, kq, vq);
         let (dyq, dyk, dyv) = if operand_dy(model) == Some(GemmPrecision::Fp8) && no_bias {
             let xs = [
@@ -444,7 +511,6 @@ pub fn backward(
             grads,
             (lx.v, lx.v_bias),
         )?;
-        let inorm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
         let dw1 = grads.acc(g, lx.input_layernorm)?;
         let outs = [&daq, &dak, &dav];
         (dx, dx16) = cx.norm_of_sum(&outs, inorm, (h, Some(&dh_mid)), dw1, bf16_dy)?;

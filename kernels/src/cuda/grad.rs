@@ -22,9 +22,15 @@
 //! without reading them. Any other writer marks every chunk ([`GradAcc::f32_mut`]),
 //! so a chunk marked 0 always holds +0 and a reader may ignore the mask.
 //!
+//! A WGrad GEMM over projections that share their input (q, k, v; gate, up) writes
+//! one BF16 `[sum of n, k]` output whose row blocks are the projections' dW: each
+//! gradient holds its block of that shared buffer ([`GradAcc::add_bf16_part`]).
+//!
 //! Memory: every held dW lives until the optimizer step (2 bytes a parameter of the
 //! matrices: ~0.9 GB at Qwen3-0.6B, ~2.8 GB at Qwen3-8B shapes with 4 layers), at the
 //! end of the backward, when the activations are mostly freed.
+
+use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 
@@ -38,9 +44,16 @@ pub struct GradAcc {
     /// `acc` holds no value yet: the gradient is +0 plus `pending`.
     zero: bool,
     /// The last WGrad output, still in BF16 (added after `acc`).
-    pending: Option<CudaSlice<u16>>,
+    pending: Option<Held>,
     /// `[ceil(len / MASK_CHUNK)]`: 0 where `acc`'s chunk holds +0 (see the module).
     mask: Option<CudaSlice<u8>>,
+}
+
+/// A held BF16 addend: values `[off, off + len)` of a WGrad output, the whole of
+/// its own buffer or a row block of one shared by several gradients.
+struct Held {
+    buf: Arc<CudaSlice<u16>>,
+    off: usize,
 }
 
 /// Values a mask byte covers (`GRAD_MASK_SHIFT` in common.cuh, held to it by a test).
@@ -52,7 +65,8 @@ pub const MASK_CHUNK: usize = 1024;
 #[derive(Clone, Copy)]
 pub struct GradSrc<'a> {
     pub acc: Option<&'a CudaSlice<f32>>,
-    pub pend: Option<&'a CudaSlice<u16>>,
+    /// The BF16 addend: values `[off, off + len)` of the buffer.
+    pub pend: Option<(&'a CudaSlice<u16>, usize)>,
     pub len: usize,
     /// `acc`'s [`MASK_CHUNK`]-value chunks that may hold nonzeros (None: all of them).
     pub mask: Option<&'a CudaSlice<u8>>,
@@ -84,12 +98,18 @@ impl<'a> GradSrc<'a> {
         if let Some(a) = self.acc {
             check_len(what, a, n, format!("[{n}]"))?;
         }
-        if let Some(p) = self.pend {
-            check_len(&format!("{what} (BF16 addend)"), p, n, format!("[{n}]"))?;
+        if let Some((p, off)) = self.pend {
+            ensure(off.checked_add(n).is_some_and(|e| e <= p.len()), || {
+                format!(
+                    "{what} (BF16 addend): values [{off}, {}) of a buffer of {}",
+                    off.saturating_add(n),
+                    p.len()
+                )
+            })?;
         }
         Ok((
             self.acc.map_or(0, |a| gpu.ptr(a)),
-            self.pend.map_or(0, |p| gpu.ptr(p)),
+            self.pend.map_or(0, |(p, off)| gpu.ptr(p) + 2 * off as u64),
         ))
     }
 }
@@ -144,7 +164,7 @@ impl GradAcc {
     pub fn src(&self) -> GradSrc<'_> {
         GradSrc {
             acc: (!self.zero).then_some(&self.acc),
-            pend: self.pending.as_ref(),
+            pend: self.pending.as_ref().map(|h| (&*h.buf, h.off)),
             len: self.acc.len(),
             mask: self.mask.as_ref(),
         }
@@ -156,7 +176,34 @@ impl GradAcc {
         let n = self.len();
         check_len("gradient addend (BF16)", &dw, n, format!("[{n}]"))?;
         self.settle(gpu)?;
-        self.pending = Some(dw);
+        self.pending = Some(Held {
+            buf: Arc::new(dw),
+            off: 0,
+        });
+        Ok(())
+    }
+
+    /// [`GradAcc::add_bf16`] of values `[off, off + len)` of `buf`, a WGrad output
+    /// that other gradients hold blocks of too (freed when the last lets go).
+    pub fn add_bf16_part(
+        &mut self,
+        gpu: &Gpu,
+        buf: &Arc<CudaSlice<u16>>,
+        off: usize,
+    ) -> Result<()> {
+        let n = self.len();
+        ensure(off.checked_add(n).is_some_and(|e| e <= buf.len()), || {
+            format!(
+                "gradient addend (BF16): values [{off}, {}) of a WGrad output of {}",
+                off.saturating_add(n),
+                buf.len()
+            )
+        })?;
+        self.settle(gpu)?;
+        self.pending = Some(Held {
+            buf: Arc::clone(buf),
+            off,
+        });
         Ok(())
     }
 
@@ -237,9 +284,10 @@ impl GradAcc {
     /// +0), the addend and the length, its mask marked whole. None where nothing
     /// is held, or the gradient is empty (the addend then dropped).
     fn settle_args(&mut self, gpu: &Gpu) -> Result<Option<(u64, u64, usize)>> {
-        let Some(d) = self.pending.as_ref() else {
+        let Some(h) = self.pending.as_ref() else {
             return Ok(None);
         };
+        let d = gpu.ptr(&*h.buf) + 2 * h.off as u64;
         mark_all(gpu, self.mask.as_mut())?;
         let n = self.acc.len();
         if n == 0 {
@@ -247,7 +295,7 @@ impl GradAcc {
             return Ok(None);
         }
         let acc = if self.zero { 0 } else { gpu.ptr(&self.acc) };
-        Ok(Some((acc, gpu.ptr(d), n)))
+        Ok(Some((acc, d, n)))
     }
 }
 

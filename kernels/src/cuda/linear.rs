@@ -43,6 +43,7 @@ use super::quantize::{
 use super::{check_len, ensure, pad16, Ctx, Gpu, Result};
 use crate::fp8::Grouping;
 use crate::{Flow, GemmPrecision, GemmRole};
+use std::sync::Arc;
 
 /// A weight `[N, K]` prepared for one step: the copies the flow's GEMM roles read.
 /// In the `fp8` flow the 128x128 blocks are quantized once and read by rollout,
@@ -1184,6 +1185,65 @@ fn backward_to(
         (DwTo::Acc(g), d) => d.epilogue(gpu, (n, k), wgrad, (g.f32_mut(gpu)?, Add::Into))?,
     }
     Ok(raw)
+}
+
+/// FP8 DGrad alone, `dx [m, k] = dy [m, n] w [n, k]` from dy's 1x128 operand,
+/// returned as the GEMM wrote it (BF16, as [`linear_backward_raw`]'s): for the
+/// projections whose WGrad is one GEMM over all of them ([`wgrad_fp8_stacked`]).
+pub fn linear_dgrad_fp8_raw(
+    gpu: &Gpu,
+    dy: &Fp8Quantized,
+    w: &GpuWeight,
+    m: usize,
+) -> Result<GemmOut> {
+    ensure(
+        dy.grouping == Grouping::Row1x128 && (dy.rows, dy.cols) == (m, w.n),
+        || {
+            format!(
+                "linear dy (1x128 FP8, {:?}): [{}, {}], expected [{m}, {}]",
+                dy.grouping, dy.rows, dy.cols, w.n
+            )
+        },
+    )?;
+    let wt = w
+        .fp8_t
+        .as_ref()
+        .ok_or_else(|| w.missing(GemmPrecision::Fp8))?;
+    let (d, ld) = fp8_gemm_nt_bf16(gpu, dy, wt)?;
+    Ok(GemmOut::Bf16(d, ld))
+}
+
+/// One FP8 WGrad for the projections that read one `x [m, k]` (q, k, v; gate, up):
+/// `dw [sum of n, k] = dy^T x`, dy their stacked 128x1 operand `[m, sum of n]`
+/// ([`super::quantize::quantize_dual_stacked`],
+/// [`super::quantize::swiglu_backward_fp8_stacked`]). At 0.6B's 4,096 rows a
+/// layer's five WGrads take 179 us alone and the two stacked ones 157 (the block
+/// tiles of a small N fill the GPU poorly; `cuda_timing backward_gemm_timing`,
+/// H100). Returns the BF16 output `[sum of n][k]`: row block i is projection i's
+/// dW, for its gradient to hold ([`GradAcc::add_bf16_part`]). `k` must be a
+/// multiple of 16 (no padding columns in the output).
+pub fn wgrad_fp8_stacked(
+    gpu: &Gpu,
+    dy: &Fp8Quantized,
+    (x, m, k): (XIn, usize, usize),
+    xin: &mut XOperand,
+) -> Result<Arc<CudaSlice<u16>>> {
+    ensure(
+        dy.grouping == Grouping::Col128x1 && dy.rows == m && k.is_multiple_of(16) && k > 0,
+        || {
+            format!(
+                "stacked WGrad: dy ({:?}) [{}, {}] and x [{m}, {k}]: need 128x1 dy of {m} rows, k a multiple of 16",
+                dy.grouping, dy.rows, dy.cols
+            )
+        },
+    )?;
+    x.check(m, k)?;
+    let qx = xin.of(m, k)?.fp8_t(gpu, x, m, k)?;
+    let (d, ld) = fp8_gemm_nt_bf16(gpu, dy, qx)?;
+    ensure(ld == k, || {
+        format!("stacked WGrad: output row stride {ld}, expected {k}")
+    })?;
+    Ok(Arc::new(d))
 }
 
 /// A backward GEMM's output as the GEMM wrote it, with its row stride: f32 (the

@@ -538,7 +538,62 @@ pub fn swiglu_backward_fp8<'a>(
     up: impl Into<ActRef<'a>>,
     (rows, cols): (usize, usize),
 ) -> Result<(DualFp8, DualFp8)> {
-    let (gate, up, gu16) = gu_args(gpu, gate.into(), up.into(), (rows, cols))?;
+    let (g, u) = (
+        unwritten_dual(gpu, rows, cols)?,
+        unwritten_dual(gpu, rows, cols)?,
+    );
+    let (gc, uc) = (ColDest::own(gpu, &g.col), ColDest::own(gpu, &u.col));
+    swiglu_fp8_launch(
+        gpu,
+        dh,
+        (gate.into(), up.into()),
+        (rows, cols),
+        [(&g.row, gc), (&u.row, uc)],
+    )?;
+    Ok((g, u))
+}
+
+/// [`swiglu_backward_fp8`] with the two 128x1 operands side by side in one
+/// `[rows, 2 cols]` operand (gate's columns, then up's): the stacked dy of one
+/// WGrad GEMM for both projections ([`super::linear::wgrad_fp8_stacked`]). The
+/// same tiles, so the same codes and scales. Returns (gate's 1x128, up's 1x128,
+/// the stacked 128x1); `cols` must be a multiple of 16 (no padding columns).
+pub fn swiglu_backward_fp8_stacked<'a>(
+    gpu: &Gpu,
+    dh: SwigluDh,
+    gate: impl Into<ActRef<'a>>,
+    up: impl Into<ActRef<'a>>,
+    (rows, cols): (usize, usize),
+) -> Result<(Fp8Quantized, Fp8Quantized, Fp8Quantized)> {
+    let col = unwritten_col128x1(gpu, rows, 2 * cols)?;
+    let (gr, ur) = (
+        unwritten_row1x128(gpu, rows, cols)?,
+        unwritten_row1x128(gpu, rows, cols)?,
+    );
+    let (gc, uc) = (
+        ColDest::slice(gpu, &col, rows, 0, cols)?,
+        ColDest::slice(gpu, &col, rows, cols, cols)?,
+    );
+    swiglu_fp8_launch(
+        gpu,
+        dh,
+        (gate.into(), up.into()),
+        (rows, cols),
+        [(&gr, gc), (&ur, uc)],
+    )?;
+    Ok((gr, ur, col))
+}
+
+/// `swiglu_bwd_fp8*` of `[rows, cols]` into gate's and up's 1x128 operands and
+/// their 128x1 destinations (one scales' stride for both).
+fn swiglu_fp8_launch(
+    gpu: &Gpu,
+    dh: SwigluDh,
+    (gate, up): (ActRef, ActRef),
+    (rows, cols): (usize, usize),
+    [(gr, gc), (ur, uc)]: [(&Fp8Quantized, ColDest); 2],
+) -> Result<()> {
+    let (gate, up, gu16) = gu_args(gpu, gate, up, (rows, cols))?;
     let (head, dh16) = dh.args(gpu, rows, cols)?;
     ensure(dh16 || !gu16, || {
         "swiglu backward (FP8): BF16 gate and up need the BF16 dh".into()
@@ -551,10 +606,10 @@ pub fn swiglu_backward_fp8<'a>(
         rp.checked_mul(cp).is_some_and(|e| e < i64::MAX as usize) && cp < i32::MAX as usize,
         || format!("swiglu backward (FP8) of [{rows}, {cols}]: too large"),
     )?;
-    let (g, u) = (
-        unwritten_dual(gpu, rows, cols)?,
-        unwritten_dual(gpu, rows, cols)?,
-    );
+    ensure(gc.ldst == uc.ldst, || {
+        "swiglu backward (FP8): gate's and up's 128x1 scales need one row stride".into()
+    })?;
+    let row = |q: &Fp8Quantized| [Arg::P(gpu.ptr(&q.codes)), Arg::P(gpu.ptr(&q.scales))];
     gpu.launch(
         &QUANTIZE,
         match (dh16, gu16) {
@@ -568,12 +623,66 @@ pub fn swiglu_backward_fp8<'a>(
         &[
             &head[..],
             &gu_dims((gate, up), (rows, cols)),
-            &g.args(gpu),
-            &u.args(gpu),
+            &row(gr),
+            &gc.args(),
+            &row(ur),
+            &uc.args(),
+            &[Arg::L(gc.ldst)],
         ]
         .concat(),
-    )?;
-    Ok((g, u))
+    )
+}
+
+/// Where a dual quantizer writes a `[rows, cols]` matrix's 128x1 operand: buffers of
+/// its own, or columns `[c0, c0 + cols)` of a wider `[rows, n]` operand (a stacked
+/// WGrad dy): its codes^T rows from c0 on, its scales^T columns from c0 on, at the
+/// wider operand's row stride.
+#[derive(Clone, Copy)]
+struct ColDest {
+    codes_t: u64,
+    scales_t: u64,
+    ldst: i64,
+}
+
+impl ColDest {
+    /// The operand's own buffers.
+    fn own(gpu: &Gpu, q: &Fp8Quantized) -> ColDest {
+        ColDest {
+            codes_t: gpu.ptr(&q.codes),
+            scales_t: gpu.ptr(&q.scales),
+            ldst: q.cols_pad as i64,
+        }
+    }
+
+    /// Columns `[c0, c0 + cols)` of the stacked 128x1 operand `st` of `rows` rows;
+    /// `c0` and `cols` multiples of 16, so no slice has padding columns.
+    fn slice(gpu: &Gpu, st: &Fp8Quantized, rows: usize, c0: usize, cols: usize) -> Result<ColDest> {
+        ensure(
+            st.grouping == Grouping::Col128x1
+                && st.rows == rows
+                && c0.is_multiple_of(16)
+                && cols.is_multiple_of(16)
+                && c0 + cols <= st.cols,
+            || {
+                format!(
+                    "a 128x1 operand's columns [{c0}, {}) of [{rows} rows]: not a 16-aligned slice of the stacked [{}, {}]",
+                    c0 + cols,
+                    st.rows,
+                    st.cols
+                )
+            },
+        )?;
+        Ok(ColDest {
+            codes_t: gpu.ptr(&st.codes) + (c0 * st.rows_pad) as u64,
+            scales_t: gpu.ptr(&st.scales) + (c0 * 4) as u64,
+            ldst: st.cols_pad as i64,
+        })
+    }
+
+    /// codes^T and scales^T as kernel arguments.
+    fn args(&self) -> [Arg; 2] {
+        [Arg::P(self.codes_t), Arg::P(self.scales_t)]
+    }
 }
 
 /// The values [`quantize_dual_multi`] quantizes, `[rows, cols]`.
@@ -670,46 +779,96 @@ pub fn quantize_dual_multi(
     xs: &[(DualIn, usize, usize, bool)],
 ) -> Result<Vec<(Option<Fp8Quantized>, Fp8Quantized)>> {
     let mut outs = Vec::with_capacity(xs.len());
-    let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 13);
-    let mut first = 0usize;
-    // Which forms the launch holds (1: BF16, 2: f32 or a norm's output, 3: both):
-    // a launch of one kind takes that kind's kernel (quantize.cu: no spills).
-    let mut forms = 0u8;
-    for &(x, rows, cols, dual) in xs {
-        let [xp, form, wp, rstdp] = x.entries(gpu, rows, cols)?;
-        forms |= if form == DUAL_BF16 { 1 } else { 2 };
+    let mut ents = Vec::with_capacity(xs.len());
+    for &(_, rows, cols, dual) in xs {
         check_dims("quantize 1x128 + 128x1 input", rows, cols)?;
-        let (rp, cp) = (pad16(rows), pad16(cols));
         let row = match dual {
             true => Some(unwritten_row1x128(gpu, rows, cols)?),
             false => None,
         };
-        let col = unwritten_col128x1(gpu, rows, cols)?;
+        outs.push((row, unwritten_col128x1(gpu, rows, cols)?));
+    }
+    for (&(x, rows, cols, _), (row, col)) in xs.iter().zip(&outs) {
+        ents.push((x, rows, cols, row.as_ref(), ColDest::own(gpu, col)));
+    }
+    dual_multi_launch(gpu, &ents)?;
+    Ok(outs)
+}
+
+/// [`quantize_dual_multi`] (every matrix dual) of matrices `(x, cols)` of `rows`
+/// rows each, their 128x1 operands side by side in one `[rows, sum of cols]`
+/// operand, in order: the stacked dy of one WGrad GEMM for projections that share
+/// their input ([`super::linear::wgrad_fp8_stacked`]). The same tiles, so each
+/// matrix's codes and scales are those of its own operand. Returns the 1x128
+/// operands and the stacked 128x1 one; every `cols` must be a multiple of 16.
+pub fn quantize_dual_stacked(
+    gpu: &Gpu,
+    xs: &[(DualIn, usize)],
+    rows: usize,
+) -> Result<(Vec<Fp8Quantized>, Fp8Quantized)> {
+    let total: usize = xs.iter().map(|x| x.1).sum();
+    check_dims("quantize 1x128 + stacked 128x1 input", rows, total)?;
+    let col = unwritten_col128x1(gpu, rows, total)?;
+    let rows_q = xs
+        .iter()
+        .map(|&(_, cols)| unwritten_row1x128(gpu, rows, cols))
+        .collect::<Result<Vec<_>>>()?;
+    let mut ents = Vec::with_capacity(xs.len());
+    let mut c0 = 0;
+    for (&(x, cols), row) in xs.iter().zip(&rows_q) {
+        check_dims("quantize 1x128 + 128x1 input", rows, cols)?;
+        ents.push((
+            x,
+            rows,
+            cols,
+            Some(row),
+            ColDest::slice(gpu, &col, rows, c0, cols)?,
+        ));
+        c0 += cols;
+    }
+    dual_multi_launch(gpu, &ents)?;
+    Ok((rows_q, col))
+}
+
+/// One `quant_dual_multi*` launch over `(x, rows, cols, 1x128 operand if dual,
+/// 128x1 destination)` (quantize.cu's table of DUAL_TAB entries a matrix).
+fn dual_multi_launch(
+    gpu: &Gpu,
+    xs: &[(DualIn, usize, usize, Option<&Fp8Quantized>, ColDest)],
+) -> Result<()> {
+    let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 14);
+    let mut first = 0usize;
+    // Which forms the launch holds (1: BF16, 2: f32 or a norm's output, 3: both):
+    // a launch of one kind takes that kind's kernel (quantize.cu: no spills).
+    let mut forms = 0u8;
+    for &(x, rows, cols, row, col) in xs {
+        let [xp, form, wp, rstdp] = x.entries(gpu, rows, cols)?;
+        forms |= if form == DUAL_BF16 { 1 } else { 2 };
+        let (rp, cp) = (pad16(rows), pad16(cols));
         tab.extend([
             xp,
             rows as i64,
             cols as i64,
             rp as i64,
             cp as i64,
-            row.as_ref().map_or(0, |r| gpu.ptr(&r.codes) as i64),
-            row.as_ref().map_or(0, |r| gpu.ptr(&r.scales) as i64),
-            gpu.ptr(&col.codes) as i64,
-            gpu.ptr(&col.scales) as i64,
+            row.map_or(0, |r| gpu.ptr(&r.codes) as i64),
+            row.map_or(0, |r| gpu.ptr(&r.scales) as i64),
+            col.codes_t as i64,
+            col.scales_t as i64,
             first as i64,
             form,
             wp,
             rstdp,
+            col.ldst,
         ]);
         first += cp.div_ceil(GROUP) * rows.div_ceil(GROUP);
-        outs.push((row, col));
     }
     let name = match forms {
         1 => "quant_dual_multi_bf16",
         2 => "quant_dual_multi_f32",
         _ => "quant_dual_multi",
     };
-    launch_table(gpu, name, &tab, xs.len(), first)?;
-    Ok(outs)
+    launch_table(gpu, name, &tab, xs.len(), first)
 }
 
 /// `quant_dual_f32` over 128 x 128 tiles: the 128x1 operand, and the 1x128 one

@@ -96,9 +96,12 @@ struct DualShared {
 
 // Both groupings of the 128 x 128 tile (g, ty) (column and row tile) whose values v
 // the block's 512 threads hold (warp w rows 8w .. +8 of the tile, lane l columns 4l
-// .. +3, zero outside [rows, cols]); codes null: the 128x1 groups alone.
+// .. +3, zero outside [rows, cols]); codes null: the 128x1 groups alone. ldst: the
+// 128x1 scales' row stride, cols_pad unless the 128x1 operand is a column slice of
+// a wider one (the stacked WGrad dy of projections that share x: codes_t and
+// scales_t then point at the slice's first column).
 __device__ __forceinline__ void dual_tile(const float (&v)[8][4], int g, int ty, int rows_pad, int cols_pad,
-                                          u8* codes, float* scales, u8* codes_t, float* scales_t,
+                                          u8* codes, float* scales, u8* codes_t, float* scales_t, long ldst,
                                           DualShared& sh) {
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const int c = g * 128 + lane * 4, r0 = ty * 128 + w * 8;
@@ -153,7 +156,7 @@ __device__ __forceinline__ void dual_tile(const float (&v)[8][4], int g, int ty,
         const bool u = usual_amax(a);
         const Quot d = u ? quot_usual(a) : quot(e4m3_scale(a));
         sh.cs[t] = d.s, sh.cr[t] = d.r, sh.cu[t] = u;
-        if (g * 128 + t < cols_pad) scales_t[(long)ty * cols_pad + g * 128 + t] = d.s;
+        if (g * 128 + t < cols_pad) scales_t[(long)ty * ldst + g * 128 + t] = d.s;
     }
     __syncthreads();
     const float4 s4 = *reinterpret_cast<const float4*>(&sh.cs[lane * 4]);
@@ -206,23 +209,24 @@ extern "C" __global__ void __launch_bounds__(512, 2)
     __shared__ DualShared sh;
     float v[8][4];
     dual_load(x, ldx, rows, cols, blockIdx.x, blockIdx.y, v);
-    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, sh);
+    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, cols_pad, sh);
 }
 
 // quant_dual_f32 over T matrices in one launch (the matrices a step of the backward
 // quantizes together, e.g. a layer's four WGrad inputs: one launch of several waves
 // in place of small launches of about one; the same tiles, so the same bits): tab[t]
 // = {x, rows, cols, rows_pad, cols_pad, codes, scales, codes_t, scales_t, first
-// block, form, w, rstd} as 13 int64, x row-contiguous; codes 0: the 128x1 groups
-// alone. Block b of matrix t is its tile (b % ceil(cols_pad / 128), b /
-// ceil(cols_pad / 128)). The form of the values:
+// block, form, w, rstd, ldst} as 14 int64, x row-contiguous; codes 0: the 128x1
+// groups alone; ldst the 128x1 scales' row stride (dual_tile). Block b of matrix t
+// is its tile (b % ceil(cols_pad / 128), b / ceil(cols_pad / 128)). The form of
+// the values:
 //   DUAL_F32  x f32;
 //   DUAL_BF16 x BF16 (a gradient its producer rounded and stored as BF16: the same
 //             values as its f32 copy, so the same codes);
 //   DUAL_NORM rmsnorm_operand's y = w[c] * (x[r][c] * rstd[r]) of the f32 x it
 //             normed, w and its rstd (the same operations on the same values: y's
 //             bits, which the forward then need not write).
-#define DUAL_TAB 13
+#define DUAL_TAB 14
 #define DUAL_F32 0
 #define DUAL_BF16 1
 #define DUAL_NORM 2
@@ -259,7 +263,7 @@ __device__ __forceinline__ void quant_dual_multi_at(const long long* tab, int T)
             }
         }
     }
-    dual_tile(v, g, ty, (int)e[3], cols_pad, (u8*)e[5], (float*)e[6], (u8*)e[7], (float*)e[8], sh);
+    dual_tile(v, g, ty, (int)e[3], cols_pad, (u8*)e[5], (float*)e[6], (u8*)e[7], (float*)e[8], (long)e[13], sh);
 }
 extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long long* tab, int T) {
     pdl_entry();
@@ -278,7 +282,9 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi_f32(const 
 // swiglu_bwd, rounded, and quant_dual_f32 of dgate and of dup: the same values, so the
 // same codes): gate, up [rows, cols] f32, dh f32 or (the _dh16 kernel) BF16, row
 // stride ldh; the gate projection's dy operands (gc, gs: 1x128; gct, gst: 128x1) and
-// the up projection's (uc .. ust), layouts as quant_dual_f32's. Grid
+// the up projection's (uc .. ust), layouts as quant_dual_f32's but the 128x1 scales'
+// row stride ldst (cols_pad, or 2 cols_pad where gct and uct are the two halves of
+// one stacked operand, gate's then up's, for one WGrad of both). Grid
 // (ceil(cols_pad/128), ceil(rows/128)), 512 threads, SWIGLU_BWD_FP8_SMEM bytes of
 // dynamic shared memory, two blocks an SM: a block computes both gradients of its
 // tile (one sigmoid a value), holds dgate in registers as quant_dual_f32 holds its
@@ -297,7 +303,8 @@ static_assert(sizeof(SwigluBwdFp8Smem) == 59392, "quantize.rs SWIGLU_BWD_FP8_SME
 template <typename DH, typename G>
 __device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const G* gate, const G* up,
                                                   int rows, int cols, int rows_pad, int cols_pad, u8* gc, float* gs,
-                                                  u8* gct, float* gst, u8* uc, float* us, u8* uct, float* ust) {
+                                                  u8* gct, float* gst, u8* uc, float* us, u8* uct, float* ust,
+                                                  long ldst) {
     extern __shared__ __align__(16) unsigned char swiglu_sm[];
     SwigluBwdFp8Smem& sm = *reinterpret_cast<SwigluBwdFp8Smem*>(swiglu_sm);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -337,35 +344,35 @@ __device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const 
             sm.dup[h + i][threadIdx.x] = make_uint2(pack2_bf16(du[0], du[1]), pack2_bf16(du[2], du[3]));
         }
     }
-    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, gc, gs, gct, gst, sm.sh);
+    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, gc, gs, gct, gst, ldst, sm.sh);
     // dup back (the thread's own stores: no barrier), widened exactly: round_bf16's values.
 #pragma unroll
     for (int i = 0; i < 8; i++) bf16x4_to_f32(sm.dup[i][threadIdx.x], v[i]);
-    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, uc, us, uct, ust, sm.sh);
+    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, uc, us, uct, ust, ldst, sm.sh);
 }
 extern "C" __global__ void __launch_bounds__(512, 2)
     swiglu_bwd_fp8(const float* dh, const float* gate, const float* up, int rows, int cols, int rows_pad,
                    int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us, u8* uct,
-                   float* ust) {
+                   float* ust, long ldst) {
     pdl_entry();
-    swiglu_bwd_fp8_at(dh, cols, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust);
+    swiglu_bwd_fp8_at(dh, cols, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust, ldst);
 }
 // dh as the down projection's BF16 DGrad output, row stride ldh (fuses its
 // linear_epilogue_bf16: the same values).
 extern "C" __global__ void __launch_bounds__(512, 2)
     swiglu_bwd_fp8_dh16(const bf16_t* dh, long ldh, const float* gate, const float* up, int rows, int cols,
                         int rows_pad, int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us,
-                        u8* uct, float* ust) {
+                        u8* uct, float* ust, long ldst) {
     pdl_entry();
-    swiglu_bwd_fp8_at(dh, ldh, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust);
+    swiglu_bwd_fp8_at(dh, ldh, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust, ldst);
 }
 // gate, up as the BF16 values the rows GEMM stored (the same numbers).
 extern "C" __global__ void __launch_bounds__(512, 2)
     swiglu_bwd_fp8_dh16_gu16(const bf16_t* dh, long ldh, const bf16_t* gate, const bf16_t* up, int rows, int cols,
                              int rows_pad, int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us,
-                             u8* uct, float* ust) {
+                             u8* uct, float* ust, long ldst) {
     pdl_entry();
-    swiglu_bwd_fp8_at(dh, ldh, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust);
+    swiglu_bwd_fp8_at(dh, ldh, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust, ldst);
 }
 
 // token_logprobs_bwd's dz with both FP8 groupings, the LM head's dy operands (fuses
@@ -427,7 +434,7 @@ __device__ __forceinline__ void token_logprobs_bwd_fp8_at(const Z* z, int out_ro
             v[i][j] = on[i] && c + j < vocab ? g : 0.0f;
         }
     }
-    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, sh);
+    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, cols_pad, sh);
 }
 extern "C" __global__ void __launch_bounds__(512, 2)
     token_logprobs_bwd_fp8(const float* z, int out_rows, int vocab, const int* slot, const int* targets,
@@ -756,7 +763,7 @@ __device__ __forceinline__ void swiglu_dual_at(const G* gate, const G* up, int r
 #pragma unroll
             for (int j = 0; j < 4; j++) v[h + i][j] = gv[i][j] * sigmoid(gv[i][j]) * uv[i][j];
     }
-    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, sh);
+    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, cols_pad, sh);
 }
 extern "C" __global__ void __launch_bounds__(512, 2)
     swiglu_dual(const float* gate, const float* up, int rows, int cols, int rows_pad, int cols_pad, u8* codes,

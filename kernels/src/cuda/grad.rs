@@ -99,13 +99,7 @@ impl<'a> GradSrc<'a> {
             check_len(what, a, n, format!("[{n}]"))?;
         }
         if let Some((p, off)) = self.pend {
-            ensure(off.checked_add(n).is_some_and(|e| e <= p.len()), || {
-                format!(
-                    "{what} (BF16 addend): values [{off}, {}) of a buffer of {}",
-                    off.saturating_add(n),
-                    p.len()
-                )
-            })?;
+            check_part(&format!("{what} (BF16 addend)"), p, off, n)?;
         }
         Ok((
             self.acc.map_or(0, |a| gpu.ptr(a)),
@@ -191,14 +185,7 @@ impl GradAcc {
         buf: &Arc<CudaSlice<u16>>,
         off: usize,
     ) -> Result<()> {
-        let n = self.len();
-        ensure(off.checked_add(n).is_some_and(|e| e <= buf.len()), || {
-            format!(
-                "gradient addend (BF16): values [{off}, {}) of a WGrad output of {}",
-                off.saturating_add(n),
-                buf.len()
-            )
-        })?;
+        check_part("gradient addend (BF16)", buf, off, self.len())?;
         self.settle(gpu)?;
         self.pending = Some(Held {
             buf: Arc::clone(buf),
@@ -343,6 +330,18 @@ pub fn settle_multi(gpu: &Gpu, accs: &mut [GradAcc]) -> Result<()> {
         a.zero = false;
     }
     Ok(())
+}
+
+/// Check that values `[off, off + n)` lie inside `buf` (`what` names it in the
+/// error): a held addend's block of a WGrad output.
+fn check_part(what: &str, buf: &CudaSlice<u16>, off: usize, n: usize) -> Result<()> {
+    ensure(off.checked_add(n).is_some_and(|e| e <= buf.len()), || {
+        format!(
+            "{what}: values [{off}, {}) of a buffer of {}",
+            off.saturating_add(n),
+            buf.len()
+        )
+    })
 }
 
 /// Check that `mask` has a byte for each [`MASK_CHUNK`] of a gradient's `len`

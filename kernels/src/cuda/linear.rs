@@ -1113,7 +1113,6 @@ fn backward_to(
             GemmOut::Bf16(d, kp)
         }
         GemmPrecision::Fp8 => {
-            let wt = w.fp8_t.as_ref().ok_or_else(|| w.missing(dgrad))?;
             let qdy = match (dy, wgrad) {
                 (Dy::Fp8(q), _) => &q.row,
                 (dy, GemmPrecision::Fp8) => {
@@ -1127,8 +1126,7 @@ fn backward_to(
                     &own_row
                 }
             };
-            let (d, ld) = fp8_gemm_nt_bf16(gpu, qdy, wt)?;
-            GemmOut::Bf16(d, ld)
+            linear_dgrad_fp8_raw(gpu, qdy, w, m)?
         }
     };
     // DGrad's output into dx, or returned as written.

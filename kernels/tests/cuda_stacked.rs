@@ -76,24 +76,43 @@ fn stacked_dual_quantizers_write_each_operand() {
                 _ => ((&devs[i]).into(), c),
             })
             .collect();
-        let (rows_q, col) = gq::quantize_dual_stacked(&g, &xs, rows).unwrap();
         let total: usize = widths.iter().sum();
         let parts: Vec<(&[f32], usize)> = host
             .iter()
             .zip(&widths)
             .map(|(x, &c)| (x.as_slice(), c))
             .collect();
-        let want_col = Fp8Matrix::quantize(&concat(&parts, rows), rows, total, Grouping::Col128x1);
-        let mut n = differ(&col.to_host(&g).unwrap(), &want_col);
-        for (q, (x, &c)) in rows_q.iter().zip(host.iter().zip(&widths)) {
-            let want = Fp8Matrix::quantize(x, rows, c, Grouping::Row1x128);
-            n += differ(&q.to_host(&g).unwrap(), &want);
+        let cat = concat(&parts, rows);
+        let want_col = Fp8Matrix::quantize(&cat, rows, total, Grouping::Col128x1);
+        // The 1x128 operands one a matrix, and (widths of whole groups) stacked too.
+        let whole = widths.iter().all(|c| c % 128 == 0);
+        for stack_rows in [false, true] {
+            let got = gq::quantize_dual_stacked(&g, &xs, rows, stack_rows);
+            if stack_rows && !whole {
+                let e = got.err().map(|e| e.to_string()).unwrap_or_default();
+                assert!(e.contains("whole groups"), "{e}");
+                continue;
+            }
+            let (rows_q, col) = got.unwrap();
+            let mut n = differ(&col.to_host(&g).unwrap(), &want_col);
+            match rows_q {
+                gq::DualRows::Each(v) => {
+                    for (q, (x, &c)) in v.iter().zip(host.iter().zip(&widths)) {
+                        let want = Fp8Matrix::quantize(x, rows, c, Grouping::Row1x128);
+                        n += differ(&q.to_host(&g).unwrap(), &want);
+                    }
+                }
+                gq::DualRows::Stacked(q) => {
+                    let want = Fp8Matrix::quantize(&cat, rows, total, Grouping::Row1x128);
+                    n += differ(&q.to_host(&g).unwrap(), &want);
+                }
+            }
+            report_exact(
+                "stacked dual quantize == CPU's",
+                &format!("[{rows}, {widths:?}] rows stacked {stack_rows}"),
+                n,
+            );
         }
-        report_exact(
-            "stacked dual quantize == CPU's",
-            &format!("[{rows}, {widths:?}]"),
-            n,
-        );
     }
     done();
 }
@@ -107,12 +126,33 @@ fn stacked_swiglu_backward_writes_each_operand() {
         let (dg, du, ddh) = (up(&g, &gate), up(&g, &upv), up(&g, &dh));
         let f = || gops::SwigluDh::F32(&ddh);
         let (qg, qu) = gq::swiglu_backward_fp8(&g, f(), &dg, &du, (rows, cols)).unwrap();
-        let (gr, ur, col) =
-            gq::swiglu_backward_fp8_stacked(&g, f(), &dg, &du, (rows, cols)).unwrap();
-        // The 1x128 operands are the unstacked ones; the stacked 128x1 one is the
-        // unstacked pair side by side.
+        let stack_rows = cols % 128 == 0;
+        let (rq, col) =
+            gq::swiglu_backward_fp8_stacked(&g, f(), &dg, &du, (rows, cols), stack_rows).unwrap();
+        // The 1x128 operands are the unstacked ones (side by side where stacked); the
+        // stacked 128x1 one is the unstacked pair side by side.
         let host = |q: &gq::Fp8Quantized| q.to_host(&g).unwrap();
-        let mut d = differ(&host(&gr), &host(&qg.row)) + differ(&host(&ur), &host(&qu.row));
+        let mut d = match rq {
+            gq::DualRows::Each(v) => {
+                differ(&host(&v[0]), &host(&qg.row)) + differ(&host(&v[1]), &host(&qu.row))
+            }
+            gq::DualRows::Stacked(q) => {
+                let (st, a, b) = (host(&q), host(&qg.row), host(&qu.row));
+                // Fp8Matrix's Row1x128 layout: codes [rows][cols], scales [rows][groups].
+                let (gc, cb) = (cols / 128, 2 * cols / 128);
+                let mut n = 0;
+                for r in 0..rows {
+                    let row = &st.codes[r * 2 * cols..][..2 * cols];
+                    let (ra, rb) = (&a.codes[r * cols..][..cols], &b.codes[r * cols..][..cols]);
+                    n += row[..cols].iter().zip(ra).filter(|(x, y)| x != y).count();
+                    n += row[cols..].iter().zip(rb).filter(|(x, y)| x != y).count();
+                    let sc = &st.scales[r * cb..][..cb];
+                    n += bits_differ(&sc[..gc], &a.scales[r * gc..][..gc]);
+                    n += bits_differ(&sc[gc..], &b.scales[r * gc..][..gc]);
+                }
+                n
+            }
+        };
         let (hg, hu) = (host(&qg.col), host(&qu.col));
         let st = host(&col);
         assert_eq!((st.rows, st.cols), (rows, 2 * cols));
@@ -167,7 +207,7 @@ fn stacked_wgrad_equals_one_gemm_each() {
         .zip(widths)
         .map(|(d, n)| (d.into(), n))
         .collect();
-    let (_, col) = gq::quantize_dual_stacked(&g, &xs, m).unwrap();
+    let (_, col) = gq::quantize_dual_stacked(&g, &xs, m, false).unwrap();
     let mut xin = glin::XOperand::default();
     let dw = glin::wgrad_fp8_stacked(&g, &col, ((&x).into(), m, k), &mut xin).unwrap();
     let total: usize = widths.iter().sum();
@@ -249,7 +289,7 @@ fn stacked_operands_reject_bad_slices() {
     let (m, k) = (64usize, 40usize);
     let x = up(&g, &rnd(m * k, 5, 1.0));
     // 40 columns: not a multiple of 16.
-    let e = gq::quantize_dual_stacked(&g, &[((&x).into(), k)], m).err();
+    let e = gq::quantize_dual_stacked(&g, &[((&x).into(), k)], m, false).err();
     assert!(e.is_some_and(|e| e.to_string().contains("16-aligned")));
     let mut acc = grad::GradAcc::new(&g, 100).unwrap();
     let buf = Arc::new(g.upload(&vec![0u16; 150]).unwrap());

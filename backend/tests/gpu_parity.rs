@@ -386,6 +386,30 @@ fn optimizer_step_keeps_the_weight_copies_prepared() {
                     total += x.len();
                     differ += x.iter().zip(&y).filter(|(p, q)| p != q).count();
                 }
+                // The layer's stacked W^T (fp8: q/k/v and gate/up, whose members
+                // hold none of their own), rewritten in place by AdamW.
+                for (x, y) in [(&a.qkv_t, &b.qkv_t), (&a.gu_t, &b.gu_t)] {
+                    assert_eq!(
+                        x.is_some(),
+                        y.is_some(),
+                        "{name}: stacked W^T in one model only"
+                    );
+                    if let (Some(x), Some(y)) = (x, y) {
+                        let (xc, yc) =
+                            (g.download(&x.codes).unwrap(), g.download(&y.codes).unwrap());
+                        let (xs, ys) = (
+                            g.download(&x.scales).unwrap(),
+                            g.download(&y.scales).unwrap(),
+                        );
+                        total += xc.len() + xs.len();
+                        differ += xc.iter().zip(&yc).filter(|(p, q)| p != q).count();
+                        differ += xs
+                            .iter()
+                            .zip(&ys)
+                            .filter(|(p, q)| p.to_bits() != q.to_bits())
+                            .count();
+                    }
+                }
             }
             let (x, y) = (bits(&fresh.lm_head), bits(&kept.lm_head));
             total += x.len();

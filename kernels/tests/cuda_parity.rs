@@ -2492,7 +2492,10 @@ fn adamw_with_fp8_blocks_matches_adamw_then_quantize() {
             v,
             decay: i % 2 == 0,
             p_bf16: pb.as_mut(),
-            blocks: Some(gadam::BlockTargets { w, t: wt.as_mut() }),
+            blocks: Some(gadam::BlockTargets {
+                w,
+                t: wt.as_mut().map(gadam::TTarget::Own),
+            }),
         })
         .collect();
     gadam::adamw_multi_scaled(&g, &mut ts, &s, Some(&scale)).unwrap();

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
-use jet_kernels::cuda::{gemm, grad, linear as glin, ops as gops, quantize as gq};
+use jet_kernels::cuda::{adamw as gadam, gemm, grad, linear as glin, ops as gops, quantize as gq};
 use jet_kernels::fp8::{Fp8Matrix, Grouping};
 
 mod common;
@@ -76,24 +76,43 @@ fn stacked_dual_quantizers_write_each_operand() {
                 _ => ((&devs[i]).into(), c),
             })
             .collect();
-        let (rows_q, col) = gq::quantize_dual_stacked(&g, &xs, rows).unwrap();
         let total: usize = widths.iter().sum();
         let parts: Vec<(&[f32], usize)> = host
             .iter()
             .zip(&widths)
             .map(|(x, &c)| (x.as_slice(), c))
             .collect();
-        let want_col = Fp8Matrix::quantize(&concat(&parts, rows), rows, total, Grouping::Col128x1);
-        let mut n = differ(&col.to_host(&g).unwrap(), &want_col);
-        for (q, (x, &c)) in rows_q.iter().zip(host.iter().zip(&widths)) {
-            let want = Fp8Matrix::quantize(x, rows, c, Grouping::Row1x128);
-            n += differ(&q.to_host(&g).unwrap(), &want);
+        let cat = concat(&parts, rows);
+        let want_col = Fp8Matrix::quantize(&cat, rows, total, Grouping::Col128x1);
+        // The 1x128 operands one a matrix, and (widths of whole groups) stacked too.
+        let whole = widths.iter().all(|c| c % 128 == 0);
+        for stack_rows in [false, true] {
+            let got = gq::quantize_dual_stacked(&g, &xs, rows, stack_rows);
+            if stack_rows && !whole {
+                let e = got.err().map(|e| e.to_string()).unwrap_or_default();
+                assert!(e.contains("whole groups"), "{e}");
+                continue;
+            }
+            let (rows_q, col) = got.unwrap();
+            let mut n = differ(&col.to_host(&g).unwrap(), &want_col);
+            match rows_q {
+                gq::DualRows::Each(v) => {
+                    for (q, (x, &c)) in v.iter().zip(host.iter().zip(&widths)) {
+                        let want = Fp8Matrix::quantize(x, rows, c, Grouping::Row1x128);
+                        n += differ(&q.to_host(&g).unwrap(), &want);
+                    }
+                }
+                gq::DualRows::Stacked(q) => {
+                    let want = Fp8Matrix::quantize(&cat, rows, total, Grouping::Row1x128);
+                    n += differ(&q.to_host(&g).unwrap(), &want);
+                }
+            }
+            report_exact(
+                "stacked dual quantize == CPU's",
+                &format!("[{rows}, {widths:?}] rows stacked {stack_rows}"),
+                n,
+            );
         }
-        report_exact(
-            "stacked dual quantize == CPU's",
-            &format!("[{rows}, {widths:?}]"),
-            n,
-        );
     }
     done();
 }
@@ -107,12 +126,33 @@ fn stacked_swiglu_backward_writes_each_operand() {
         let (dg, du, ddh) = (up(&g, &gate), up(&g, &upv), up(&g, &dh));
         let f = || gops::SwigluDh::F32(&ddh);
         let (qg, qu) = gq::swiglu_backward_fp8(&g, f(), &dg, &du, (rows, cols)).unwrap();
-        let (gr, ur, col) =
-            gq::swiglu_backward_fp8_stacked(&g, f(), &dg, &du, (rows, cols)).unwrap();
-        // The 1x128 operands are the unstacked ones; the stacked 128x1 one is the
-        // unstacked pair side by side.
+        let stack_rows = cols % 128 == 0;
+        let (rq, col) =
+            gq::swiglu_backward_fp8_stacked(&g, f(), &dg, &du, (rows, cols), stack_rows).unwrap();
+        // The 1x128 operands are the unstacked ones (side by side where stacked); the
+        // stacked 128x1 one is the unstacked pair side by side.
         let host = |q: &gq::Fp8Quantized| q.to_host(&g).unwrap();
-        let mut d = differ(&host(&gr), &host(&qg.row)) + differ(&host(&ur), &host(&qu.row));
+        let mut d = match rq {
+            gq::DualRows::Each(v) => {
+                differ(&host(&v[0]), &host(&qg.row)) + differ(&host(&v[1]), &host(&qu.row))
+            }
+            gq::DualRows::Stacked(q) => {
+                let (st, a, b) = (host(&q), host(&qg.row), host(&qu.row));
+                // Fp8Matrix's Row1x128 layout: codes [rows][cols], scales [rows][groups].
+                let (gc, cb) = (cols / 128, 2 * cols / 128);
+                let mut n = 0;
+                for r in 0..rows {
+                    let row = &st.codes[r * 2 * cols..][..2 * cols];
+                    let (ra, rb) = (&a.codes[r * cols..][..cols], &b.codes[r * cols..][..cols]);
+                    n += row[..cols].iter().zip(ra).filter(|(x, y)| x != y).count();
+                    n += row[cols..].iter().zip(rb).filter(|(x, y)| x != y).count();
+                    let sc = &st.scales[r * cb..][..cb];
+                    n += bits_differ(&sc[..gc], &a.scales[r * gc..][..gc]);
+                    n += bits_differ(&sc[gc..], &b.scales[r * gc..][..gc]);
+                }
+                n
+            }
+        };
         let (hg, hu) = (host(&qg.col), host(&qu.col));
         let st = host(&col);
         assert_eq!((st.rows, st.cols), (rows, 2 * cols));
@@ -167,7 +207,7 @@ fn stacked_wgrad_equals_one_gemm_each() {
         .zip(widths)
         .map(|(d, n)| (d.into(), n))
         .collect();
-    let (_, col) = gq::quantize_dual_stacked(&g, &xs, m).unwrap();
+    let (_, col) = gq::quantize_dual_stacked(&g, &xs, m, false).unwrap();
     let mut xin = glin::XOperand::default();
     let dw = glin::wgrad_fp8_stacked(&g, &col, ((&x).into(), m, k), &mut xin).unwrap();
     let total: usize = widths.iter().sum();
@@ -249,10 +289,222 @@ fn stacked_operands_reject_bad_slices() {
     let (m, k) = (64usize, 40usize);
     let x = up(&g, &rnd(m * k, 5, 1.0));
     // 40 columns: not a multiple of 16.
-    let e = gq::quantize_dual_stacked(&g, &[((&x).into(), k)], m).err();
+    let e = gq::quantize_dual_stacked(&g, &[((&x).into(), k)], m, false).err();
     assert!(e.is_some_and(|e| e.to_string().contains("16-aligned")));
     let mut acc = grad::GradAcc::new(&g, 100).unwrap();
     let buf = Arc::new(g.upload(&vec![0u16; 150]).unwrap());
     let e = acc.add_bf16_part(&g, &buf, 60).err();
     assert!(e.is_some_and(|e| e.to_string().contains("[60, 160)")));
+}
+
+/// The stacked `W^T` of q/k/v-like weights: `quant_block128_multi` writing each
+/// weight's `W^T` blocks into its columns of the stacked one gives its own blocks,
+/// byte for byte, the scales' padding columns left zero; the one DGrad GEMM over the
+/// stacked operands gives the sum of one DGrad a projection (to BF16 rounding); and
+/// AdamW rewriting the blocks there writes what it writes into a weight's own.
+#[test]
+fn stacked_wt_blocks_and_dgrad() {
+    let Some(g) = gpu() else { return };
+    let (m, k) = (300usize, 384usize);
+    let ns = [256usize, 128, 128];
+    let total: usize = ns.iter().sum();
+    let ws: Vec<Vec<f32>> = ns
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| ramp(n, k, 50 + i as u64))
+        .collect();
+    let dws: Vec<CudaSlice<f32>> = ws.iter().map(|w| up(&g, w)).collect();
+    let refs: Vec<(&CudaSlice<f32>, usize, usize)> =
+        dws.iter().zip(&ns).map(|(w, &n)| (w, n, k)).collect();
+    let st = gq::stacked_block128_t(&g, k, total).unwrap();
+    let mut n0 = 0;
+    let ts: Vec<gq::TOut> = ns
+        .iter()
+        .map(|&n| {
+            let d = gq::TDest::part(&g, &st, n0, n, k).unwrap();
+            n0 += n;
+            gq::TOut::Part(d)
+        })
+        .collect();
+    // Each weight's own W^T against its columns of the stacked one; the stacked
+    // scales' padding columns stay 0.
+    let parts_differ = |own: &[(gq::Fp8Quantized, Option<gq::Fp8Quantized>)]| -> usize {
+        let (sc, ss) = (
+            g.download(&st.codes).unwrap(),
+            dl(&g, &st.scales, st.scales.len()),
+        );
+        let (mut d, mut c0) = (0, 0);
+        for (n, (_, t)) in ns.iter().zip(own) {
+            let t = t.as_ref().unwrap();
+            let (tc, tsc) = (
+                g.download(&t.codes).unwrap(),
+                dl(&g, &t.scales, t.scales.len()),
+            );
+            for r in 0..t.rows_pad {
+                let x = &sc[r * st.cols_pad + c0..][..*n];
+                d += x
+                    .iter()
+                    .zip(&tc[r * t.cols_pad..][..*n])
+                    .filter(|(p, q)| p != q)
+                    .count();
+            }
+            for kb in 0..k.div_ceil(128) {
+                let x = &ss[kb * st.lds + c0 / 128..][..n / 128];
+                d += bits_differ(x, &tsc[kb * t.lds..][..n / 128]);
+            }
+            c0 += n;
+        }
+        for kb in 0..k.div_ceil(128) {
+            d += ss[kb * st.lds + total / 128..(kb + 1) * st.lds]
+                .iter()
+                .filter(|v| v.to_bits() != 0)
+                .count();
+        }
+        d
+    };
+    let own = gq::quantize_block128_multi(&g, &refs, true).unwrap();
+    let fwd = gq::quantize_block128_multi_to(&g, &refs, &ts).unwrap();
+    let mut d = parts_differ(&own);
+    // The forward blocks are the same too, and the stacked members have no own W^T.
+    for ((a, at), (b, _)) in fwd.iter().zip(&own) {
+        assert!(at.is_none());
+        d += differ(&a.to_host(&g).unwrap(), &b.to_host(&g).unwrap());
+    }
+    report_exact(
+        "stacked W^T blocks == each weight's own",
+        &format!("{ns:?} x {k}"),
+        d,
+    );
+
+    // One DGrad over the stacked operands against one a projection, summed.
+    let dys: Vec<CudaSlice<f32>> = ns
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| up(&g, &ramp(m, n, 60 + i as u64)))
+        .collect();
+    let xs: Vec<(gq::DualIn, usize)> = dys.iter().zip(ns).map(|(d, n)| (d.into(), n)).collect();
+    let (rows, _) = gq::quantize_dual_stacked(&g, &xs, m, true).unwrap();
+    let gq::DualRows::Stacked(dy) = rows else {
+        panic!("stacked rows asked for")
+    };
+    let one = glin::linear_dgrad_fp8_stacked(&g, &dy, &st, m).unwrap();
+    let widen = |v: &[u16]| -> Vec<f32> {
+        v.iter()
+            .map(|&b| half::bf16::from_bits(b).to_f32())
+            .collect()
+    };
+    let got = match &one {
+        glin::GemmOut::Bf16(d, ld) => {
+            assert_eq!(*ld, k);
+            widen(&g.download(d).unwrap())[..m * k].to_vec()
+        }
+        _ => panic!("FP8 DGrad writes BF16"),
+    };
+    let mut want = vec![0f32; m * k];
+    for (dy, (_, t)) in dys.iter().zip(&own) {
+        let t = t.as_ref().unwrap();
+        let (r, _) = gq::quantize_dual(&g, dy, m, t.cols).unwrap();
+        let (o, ld) = gemm::fp8_gemm_nt_bf16(&g, &r, t).unwrap();
+        assert_eq!(ld, k);
+        for (w, v) in want.iter_mut().zip(widen(&g.download(&o).unwrap())) {
+            *w += v;
+        }
+    }
+    report(
+        "stacked DGrad == sum of one each",
+        &format!("[{m}, {k}]"),
+        rel(&got, &want),
+        1e-2,
+    );
+
+    // AdamW rewriting the members' W^T in the stacked buffer == in their own.
+    let s = gadam::AdamStep {
+        lr: 3e-4,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        bc1: 1.0 - 0.9f64.powi(3),
+        bc2: 1.0 - 0.95f64.powi(3),
+        wd_factor: 1.0 - 3e-4 * 0.1,
+        decay: true,
+        grad_scale: 1.0,
+    };
+    let state = || -> Vec<[CudaSlice<f32>; 4]> {
+        ws.iter()
+            .zip(&ns)
+            .enumerate()
+            .map(|(i, (w, &n))| {
+                let sd = 900 + 10 * i as u64;
+                let v: Vec<f32> = rnd(n * k, sd + 3, 1e-2).iter().map(|x| x * x).collect();
+                let gr = rnd(n * k, sd + 1, 1.0);
+                [
+                    up(&g, w),
+                    up(&g, &gr),
+                    up(&g, &rnd(n * k, sd + 2, 1e-2)),
+                    up(&g, &v),
+                ]
+            })
+            .collect()
+    };
+    let (mut a, mut b) = (state(), state());
+    let mut own = gq::quantize_block128_multi(&g, &refs, true).unwrap();
+    let mut fwd = gq::quantize_block128_multi_to(&g, &refs, &ts).unwrap();
+    {
+        let mut tsa: Vec<gadam::AdamTensor> = a
+            .iter_mut()
+            .zip(own.iter_mut())
+            .map(|([p, gr, mm, v], (w, wt))| gadam::AdamTensor {
+                p,
+                g: grad::GradSrc::f32(gr),
+                m: mm,
+                v,
+                decay: true,
+                p_bf16: None,
+                blocks: Some(gadam::BlockTargets {
+                    w,
+                    t: wt.as_mut().map(gadam::TTarget::Own),
+                }),
+            })
+            .collect();
+        gadam::adamw_multi(&g, &mut tsa, &s).unwrap();
+    }
+    {
+        let mut tsb: Vec<gadam::AdamTensor> = b
+            .iter_mut()
+            .zip(fwd.iter_mut().zip(&ts))
+            .map(|([p, gr, mm, v], ((w, _), t))| {
+                let gq::TOut::Part(d) = t else {
+                    unreachable!("parts above")
+                };
+                gadam::AdamTensor {
+                    p,
+                    g: grad::GradSrc::f32(gr),
+                    m: mm,
+                    v,
+                    decay: true,
+                    p_bf16: None,
+                    blocks: Some(gadam::BlockTargets {
+                        w,
+                        t: Some(gadam::TTarget::Part(*d)),
+                    }),
+                }
+            })
+            .collect();
+        gadam::adamw_multi(&g, &mut tsb, &s).unwrap();
+    }
+    // own now holds the stepped weights' W^T: the stacked buffer must hold the same.
+    let mut d = parts_differ(&own);
+    for ((x, _), (y, _)) in own.iter().zip(&fwd) {
+        d += differ(&x.to_host(&g).unwrap(), &y.to_host(&g).unwrap());
+    }
+    for (x, y) in a.iter().zip(&b) {
+        let n = x[0].len();
+        d += bits_differ(&dl(&g, &x[0], n), &dl(&g, &y[0], n));
+    }
+    report_exact(
+        "AdamW rewriting stacked W^T == its own",
+        &format!("{ns:?} x {k}"),
+        d,
+    );
+    done();
 }

@@ -10,7 +10,7 @@ use jet_kernels::cuda::attention::attention_backward;
 use jet_kernels::cuda::flash::{flash_backward, flash_backward_operand, Dout};
 use jet_kernels::cuda::linear::{
     linear_backward_into, linear_backward_raw, linear_bias_grad_acc, linear_dgrad_fp8_raw,
-    wgrad_fp8_stacked, Dy, GemmOut, GpuWeight, XIn, XOperand,
+    linear_dgrad_fp8_stacked, wgrad_fp8_stacked, Dy, GemmOut, GpuWeight, XIn, XOperand,
 };
 use jet_kernels::cuda::ops::{
     embedding_backward_marked, qk_norm_rope_backward_pair, rmsnorm_backward_acc,
@@ -19,7 +19,7 @@ use jet_kernels::cuda::ops::{
 };
 use jet_kernels::cuda::quantize::{
     quantize_dual_multi, quantize_dual_stacked, swiglu_backward_fp8, swiglu_backward_fp8_stacked,
-    DualFp8, DualIn,
+    DualFp8, DualIn, DualRows, Fp8Quantized,
 };
 use jet_kernels::cuda::tensor::{round_bf16, scatter_rows};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
@@ -136,6 +136,30 @@ impl Ctx<'_> {
         )?;
         self.bias(dy, w, grads, db)?;
         Ok(dx)
+    }
+}
+
+/// FP8 DGrad of projections `ws` that read one input, from their dy's 1x128
+/// operands: one GEMM over their stacked `W^T` (`wt`, with the operands stacked
+/// too) whose output is the sum of their dx, or one GEMM a projection.
+fn dgrad_fp8(
+    g: &Gpu,
+    rows: DualRows,
+    ws: &[&GpuWeight],
+    wt: Option<&Fp8Quantized>,
+    m: usize,
+) -> Result<Vec<GemmOut>> {
+    match (rows, wt) {
+        (DualRows::Stacked(dy), Some(wt)) => Ok(vec![linear_dgrad_fp8_stacked(g, &dy, wt, m)?]),
+        (DualRows::Each(dys), None) if dys.len() == ws.len() => dys
+            .iter()
+            .zip(ws)
+            .map(|(dy, w)| linear_dgrad_fp8_raw(g, dy, w, m))
+            .collect(),
+        _ => Err(CudaError::Invalid(
+            "FP8 DGrad: stacked dy operands need the stacked W^T, one operand a projection otherwise"
+                .into(),
+        )),
     }
 }
 
@@ -269,22 +293,25 @@ pub fn backward(
         // leave swiglu's backward as the GEMMs' operands where DGrad and WGrad
         // share a low precision; in FP8, with their 128x1 operands side by side
         // for one WGrad of both.
-        let stack_gu = stack_wgrad(model, h, &[inter, inter]);
+        // With their W^T stacked (`GpuLayer::gu_t`) one DGrad too, which sums the
+        // two projections' dx itself.
+        let stack_gu = operand_dy(model) == Some(GemmPrecision::Fp8)
+            && (lp.gu_t.is_some() || stack_wgrad(model, h, &[inter, inter]));
         if let (true, GemmOut::Bf16(d, ld)) = (stack_gu, &dmm) {
             let dh = SwigluDh::Bf16(d, *ld);
-            let (gr, ur, col) =
-                swiglu_backward_fp8_stacked(g, dh, a.gate.view(), a.up.view(), (m, inter))?;
+            let (gu, up) = (a.gate.view(), a.up.view());
+            let stack_rows = lp.gu_t.is_some();
+            let (rows, col) = swiglu_backward_fp8_stacked(g, dh, gu, up, (m, inter), stack_rows)?;
             drop(dmm);
-            let dbg = linear_dgrad_fp8_raw(g, &gr, &lp.gate, m)?;
-            let dbu = linear_dgrad_fp8_raw(g, &ur, &lp.up, m)?;
-            drop((gr, ur));
+            let outs = dgrad_fp8(g, rows, &[&lp.gate, &lp.up], lp.gu_t.as_ref(), m)?;
             let dw = wgrad_fp8_stacked(g, &col, (a.b.as_ref().into(), m, h), bin)?;
             grads.bufs[lx.gate].add_bf16_part(g, &dw, 0)?;
             grads.bufs[lx.up].add_bf16_part(g, &dw, inter * h)?;
             drop((col, dw));
             let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
             let dw2 = grads.acc(g, lx.post_attention_layernorm)?;
-            (dh_mid, dh16) = cx.norm_of_sum(&[&dbg, &dbu], post, (h, Some(&dx)), dw2, bf16_dy)?;
+            let outs: Vec<&GemmOut> = outs.iter().collect();
+            (dh_mid, dh16) = cx.norm_of_sum(&outs, post, (h, Some(&dx)), dw2, bf16_dy)?;
         } else {
             let (gb, ub, gq, uq, gf, uf, dmf);
             let (dgate, dup) = match (operand_dy(model), &dmm) {
@@ -440,22 +467,17 @@ pub fn backward(
         let inorm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
         if operand_dy(model) == Some(GemmPrecision::Fp8)
             && no_bias
-            && stack_wgrad(model, h, &[qd, kvd, kvd])
+            && (lp.qkv_t.is_some() || stack_wgrad(model, h, &[qd, kvd, kvd]))
         {
             let xs = [
                 (values(&dq16, &dq).into(), qd),
                 (values(&dk16, &dk).into(), kvd),
                 (values(&dv16, &dv).into(), kvd),
             ];
-            let (rows, col) = quantize_dual_stacked(g, &xs, m)?;
+            let (rows, col) = quantize_dual_stacked(g, &xs, m, lp.qkv_t.is_some())?;
             drop((dq, dk, dv, dq16, dk16, dv16));
             let ws = [(&lp.q, lx.q), (&lp.k, lx.k), (&lp.v, lx.v)];
-            let outs = rows
-                .iter()
-                .zip(ws)
-                .map(|(r, (wq, _))| linear_dgrad_fp8_raw(g, r, wq, m))
-                .collect::<Result<Vec<_>>>()?;
-            drop(rows);
+            let outs = dgrad_fp8(g, rows, &[&lp.q, &lp.k, &lp.v], lp.qkv_t.as_ref(), m)?;
             let dw = wgrad_fp8_stacked(g, &col, (a.a.as_ref().into(), m, h), ain)?;
             let mut off = 0;
             for (wq, ix) in ws {

@@ -10,6 +10,7 @@ use jet_kernels::cuda::adamw::BlockTargets;
 use jet_kernels::cuda::flash::flash_supported;
 use jet_kernels::cuda::linear::GpuWeight;
 use jet_kernels::cuda::ops::GpuRope;
+use jet_kernels::cuda::quantize::Fp8Quantized;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::ops::attention::AttnShape;
 use jet_kernels::Flow;
@@ -27,6 +28,13 @@ pub struct GpuLayer {
     pub gate: GpuWeight,
     pub up: GpuWeight,
     pub down: GpuWeight,
+    /// In the fp8 flow: q's, k's and v's `W^T` blocks side by side `[hidden, q + k +
+    /// v]`, and gate's and up's `[hidden, 2 intermediate]`, for one DGrad GEMM each
+    /// (`GpuWeight::prepare_stacked`; the members hold their columns, which AdamW
+    /// rewrites in place). None where a member's width is not a multiple of 128 or
+    /// `JET_DGRAD_STACK=0`.
+    pub qkv_t: Option<Fp8Quantized>,
+    pub gu_t: Option<Fp8Quantized>,
 }
 
 pub struct GpuModel<'w> {
@@ -179,7 +187,17 @@ impl<'w> GpuModel<'w> {
             ]);
         }
         ws.push((w.lm_head(), cfg.vocab_size, h));
-        let mut prepared = GpuWeight::prepare_many(gpu, &ws, flow)?.into_iter();
+        // q, k, v and gate, up of each layer: their W^T stacked for one DGrad each.
+        // Not q/k/v with biases: their backward reads dy in f32 (one GEMM each).
+        let groups: Vec<(usize, usize)> = (w.ix.layers.iter().enumerate())
+            .flat_map(|(l, x)| {
+                let biased = x.q_bias.is_some() || x.k_bias.is_some() || x.v_bias.is_some();
+                [(7 * l, if biased { 1 } else { 3 }), (7 * l + 4, 2)]
+            })
+            .collect();
+        let (prepared, stacks) = GpuWeight::prepare_stacked(gpu, &ws, flow, &groups)?;
+        let mut prepared = prepared.into_iter();
+        let mut stacks = stacks.into_iter();
         let mut next = || {
             prepared
                 .next()
@@ -195,6 +213,8 @@ impl<'w> GpuModel<'w> {
                 gate: next()?,
                 up: next()?,
                 down: next()?,
+                qkv_t: stacks.next().flatten(),
+                gu_t: stacks.next().flatten(),
             });
         }
         let lm_head = next()?;

@@ -7,7 +7,7 @@ use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, ADAMW};
 use super::grad::GradSrc;
-use super::quantize::Fp8Quantized;
+use super::quantize::{Fp8Quantized, TDest};
 use super::{check_len, Gpu, Result};
 use crate::fp8::{Grouping, GROUP};
 
@@ -150,7 +150,15 @@ pub struct AdamTensor<'a> {
 /// of its transpose `t` (`[cols, rows]`).
 pub struct BlockTargets<'a> {
     pub w: &'a mut Fp8Quantized,
-    pub t: Option<&'a mut Fp8Quantized>,
+    pub t: Option<TTarget<'a>>,
+}
+
+/// Where an optimizer step writes a weight's `W^T` blocks: buffers of its own, or
+/// its columns of a stacked `W^T` shared with the projections that read the same
+/// input ([`TDest::part`]).
+pub enum TTarget<'a> {
+    Own(&'a mut Fp8Quantized),
+    Part(TDest),
 }
 
 /// [`adamw_step`] on every tensor of `ts` in one launch (two with FP8 blocks to rewrite) (`s.decay` is replaced
@@ -264,7 +272,7 @@ fn check_tensor(gpu: &Gpu, t: &AdamTensor) -> Result<([i64; 4], i64)> {
 /// rewrites (a block of 512 threads a 128x128 block of each weight), checked:
 /// (table, tensors, blocks).
 fn blocks_table(gpu: &Gpu, ts: Vec<&mut AdamTensor>) -> Result<(Vec<i64>, usize, usize)> {
-    let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * 18);
+    let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * 20);
     let mut first = 0usize;
     for t in ts.iter() {
         let Some(b) = t.blocks.as_ref() else {
@@ -293,7 +301,7 @@ fn blocks_table(gpu: &Gpu, ts: Vec<&mut AdamTensor>) -> Result<(Vec<i64>, usize,
                 format!("adamw FP8 blocks of [{rows}, {cols}]: codes or scales too small for their padding")
             },
         )?;
-        if let Some(bt) = b.t.as_deref() {
+        if let Some(TTarget::Own(bt)) = b.t.as_ref() {
             super::ensure(
                 bt.grouping == Grouping::Block128
                     && (bt.rows, bt.cols) == (cols, rows)
@@ -309,7 +317,15 @@ fn blocks_table(gpu: &Gpu, ts: Vec<&mut AdamTensor>) -> Result<(Vec<i64>, usize,
                 },
             )?;
         }
-        let bt = b.t.as_deref();
+        let dest = match b.t.as_ref() {
+            Some(TTarget::Own(bt)) => Some(TDest::own(gpu, bt)),
+            Some(TTarget::Part(d)) => {
+                d.check(rows, cols)?;
+                Some(*d)
+            }
+            None => None,
+        };
+        let [ct, st, ldt, _, ldct, zlim] = TDest::entries(dest.as_ref(), 0);
         tab.extend(state);
         tab.extend([
             pend,
@@ -321,14 +337,16 @@ fn blocks_table(gpu: &Gpu, ts: Vec<&mut AdamTensor>) -> Result<(Vec<i64>, usize,
             gpu.ptr(&b.w.codes) as i64,
             gpu.ptr(&b.w.scales) as i64,
             b.w.lds as i64,
-            bt.map_or(0, |x| gpu.ptr(&x.codes) as i64),
-            bt.map_or(0, |x| gpu.ptr(&x.scales) as i64),
-            bt.map_or(0, |x| x.lds as i64),
+            ct,
+            st,
+            ldt,
             t.decay as i64,
             first as i64,
+            ldct,
+            zlim,
         ]);
         first += rows.div_ceil(GROUP) * cols.div_ceil(GROUP);
     }
-    let count = tab.len() / 18;
+    let count = tab.len() / 20;
     Ok((tab, count, first))
 }

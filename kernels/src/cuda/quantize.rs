@@ -548,40 +548,132 @@ pub fn swiglu_backward_fp8<'a>(
         dh,
         (gate.into(), up.into()),
         (rows, cols),
-        [(&g.row, gc), (&u.row, uc)],
+        [
+            (RowDest::own(gpu, &g.row), gc),
+            (RowDest::own(gpu, &u.row), uc),
+        ],
     )?;
     Ok((g, u))
 }
 
 /// [`swiglu_backward_fp8`] with the two 128x1 operands side by side in one
 /// `[rows, 2 cols]` operand (gate's columns, then up's): the stacked dy of one
-/// WGrad GEMM for both projections ([`super::linear::wgrad_fp8_stacked`]). The
-/// same tiles, so the same codes and scales. Returns (gate's 1x128, up's 1x128,
-/// the stacked 128x1); `cols` must be a multiple of 16 (no padding columns).
+/// WGrad GEMM for both projections ([`super::linear::wgrad_fp8_stacked`]); with
+/// `stack_rows` the 1x128 operands too (one DGrad GEMM,
+/// [`super::linear::linear_dgrad_fp8_stacked`]). The same tiles, so the same codes
+/// and scales. Returns the 1x128 operands and the stacked 128x1 one; `cols` must be
+/// a multiple of 16 (of 128 with `stack_rows`: whole groups).
 pub fn swiglu_backward_fp8_stacked<'a>(
     gpu: &Gpu,
     dh: SwigluDh,
     gate: impl Into<ActRef<'a>>,
     up: impl Into<ActRef<'a>>,
     (rows, cols): (usize, usize),
-) -> Result<(Fp8Quantized, Fp8Quantized, Fp8Quantized)> {
+    stack_rows: bool,
+) -> Result<(DualRows, Fp8Quantized)> {
     let col = unwritten_col128x1(gpu, rows, 2 * cols)?;
-    let (gr, ur) = (
-        unwritten_row1x128(gpu, rows, cols)?,
-        unwritten_row1x128(gpu, rows, cols)?,
-    );
     let (gc, uc) = (
         ColDest::slice(gpu, &col, rows, 0, cols)?,
         ColDest::slice(gpu, &col, rows, cols, cols)?,
     );
-    swiglu_fp8_launch(
-        gpu,
-        dh,
-        (gate.into(), up.into()),
-        (rows, cols),
-        [(&gr, gc), (&ur, uc)],
-    )?;
-    Ok((gr, ur, col))
+    let out = DualRows::new(gpu, rows, &[cols, cols], stack_rows)?;
+    let dests = [(out.dest(gpu, 0)?, gc), (out.dest(gpu, 1)?, uc)];
+    swiglu_fp8_launch(gpu, dh, (gate.into(), up.into()), (rows, cols), dests)?;
+    Ok((out.rows, col))
+}
+
+/// The 1x128 operands a stacked dual quantizer writes: one a matrix, or one
+/// `[rows, sum of cols]` operand of all of them side by side (the stacked dy of one
+/// DGrad GEMM).
+pub enum DualRows {
+    Each(Vec<Fp8Quantized>),
+    Stacked(Fp8Quantized),
+}
+
+/// [`DualRows`] being made: the operands, each matrix's first column and width,
+/// and the rows.
+struct RowsOut {
+    rows: DualRows,
+    c0: Vec<(usize, usize)>,
+    m: usize,
+}
+
+impl DualRows {
+    /// Unwritten 1x128 operands of matrices `[m, cols_i]`, stacked or one each.
+    #[allow(clippy::new_ret_no_self)]
+    fn new(gpu: &Gpu, m: usize, cols: &[usize], stacked: bool) -> Result<RowsOut> {
+        let mut c0 = Vec::with_capacity(cols.len());
+        let mut at = 0;
+        for &c in cols {
+            c0.push((at, c));
+            at += c;
+        }
+        let rows = match stacked {
+            true => DualRows::Stacked(unwritten_row1x128(gpu, m, at)?),
+            false => DualRows::Each(
+                cols.iter()
+                    .map(|&c| unwritten_row1x128(gpu, m, c))
+                    .collect::<Result<_>>()?,
+            ),
+        };
+        Ok(RowsOut { rows, c0, m })
+    }
+}
+
+impl RowsOut {
+    /// Matrix i's 1x128 destination.
+    fn dest(&self, gpu: &Gpu, i: usize) -> Result<RowDest> {
+        let (c0, cols) = self.c0[i];
+        match &self.rows {
+            DualRows::Each(v) => Ok(RowDest::own(gpu, &v[i])),
+            DualRows::Stacked(st) => RowDest::slice(gpu, st, self.m, c0, cols),
+        }
+    }
+}
+
+/// Where a dual quantizer writes a `[rows, cols]` matrix's 1x128 operand: buffers of
+/// its own, or columns `[c0, c0 + cols)` of a wider `[rows, n]` one (codes from
+/// column c0 at the wider row stride, scales from group c0 / 128 on).
+#[derive(Clone, Copy)]
+struct RowDest {
+    codes: u64,
+    scales: u64,
+    ldc: i64,
+}
+
+impl RowDest {
+    fn own(gpu: &Gpu, q: &Fp8Quantized) -> RowDest {
+        RowDest {
+            codes: gpu.ptr(&q.codes),
+            scales: gpu.ptr(&q.scales),
+            ldc: q.cols_pad as i64,
+        }
+    }
+
+    /// Columns `[c0, c0 + cols)` of the stacked 1x128 operand `st`: whole groups
+    /// (`c0` and `cols` multiples of 128).
+    fn slice(gpu: &Gpu, st: &Fp8Quantized, rows: usize, c0: usize, cols: usize) -> Result<RowDest> {
+        ensure(
+            st.grouping == Grouping::Row1x128
+                && st.rows == rows
+                && c0.is_multiple_of(GROUP)
+                && cols.is_multiple_of(GROUP)
+                && c0 + cols <= st.cols,
+            || {
+                format!(
+                    "a 1x128 operand's columns [{c0}, {}) of [{rows} rows]: not whole groups of the stacked [{}, {}]",
+                    c0 + cols,
+                    st.rows,
+                    st.cols
+                )
+            },
+        )?;
+        Ok(RowDest {
+            codes: gpu.ptr(&st.codes) + c0 as u64,
+            scales: gpu.ptr(&st.scales) + 4 * ((c0 / GROUP) * st.rows_pad) as u64,
+            ldc: st.cols_pad as i64,
+        })
+    }
 }
 
 /// `swiglu_bwd_fp8*` of `[rows, cols]` into gate's and up's 1x128 operands and
@@ -591,7 +683,7 @@ fn swiglu_fp8_launch(
     dh: SwigluDh,
     (gate, up): (ActRef, ActRef),
     (rows, cols): (usize, usize),
-    [(gr, gc), (ur, uc)]: [(&Fp8Quantized, ColDest); 2],
+    [(gr, gc), (ur, uc)]: [(RowDest, ColDest); 2],
 ) -> Result<()> {
     let (gate, up, gu16) = gu_args(gpu, gate, up, (rows, cols))?;
     let (head, dh16) = dh.args(gpu, rows, cols)?;
@@ -606,10 +698,10 @@ fn swiglu_fp8_launch(
         rp.checked_mul(cp).is_some_and(|e| e < i64::MAX as usize) && cp < i32::MAX as usize,
         || format!("swiglu backward (FP8) of [{rows}, {cols}]: too large"),
     )?;
-    ensure(gc.ldst == uc.ldst, || {
-        "swiglu backward (FP8): gate's and up's 128x1 scales need one row stride".into()
+    ensure(gc.ldst == uc.ldst && gr.ldc == ur.ldc, || {
+        "swiglu backward (FP8): gate's and up's operands need one row stride each".into()
     })?;
-    let row = |q: &Fp8Quantized| [Arg::P(gpu.ptr(&q.codes)), Arg::P(gpu.ptr(&q.scales))];
+    let row = |q: RowDest| [Arg::P(q.codes), Arg::P(q.scales)];
     gpu.launch(
         &QUANTIZE,
         match (dh16, gu16) {
@@ -627,7 +719,7 @@ fn swiglu_fp8_launch(
             &gc.args(),
             &row(ur),
             &uc.args(),
-            &[Arg::L(gc.ldst)],
+            &[Arg::L(gc.ldst), Arg::L(gr.ldc)],
         ]
         .concat(),
     )
@@ -725,6 +817,9 @@ impl<'a> From<ActRef<'a>> for DualIn<'a> {
 const DUAL_F32: i64 = 0;
 const DUAL_BF16: i64 = 1;
 const DUAL_NORM: i64 = 2;
+/// Added to the form: the 1x128 operand is a slice of a stacked one (its codes' row
+/// stride the 128x1 scales' one; quantize.cu's DUAL_ROWS_STACKED).
+const DUAL_ROWS_STACKED: i64 = 4;
 
 impl DualIn<'_> {
     /// Check it against `[rows, cols]`; the table's x, form ([`DUAL_F32`],
@@ -789,7 +884,8 @@ pub fn quantize_dual_multi(
         outs.push((row, unwritten_col128x1(gpu, rows, cols)?));
     }
     for (&(x, rows, cols, _), (row, col)) in xs.iter().zip(&outs) {
-        ents.push((x, rows, cols, row.as_ref(), ColDest::own(gpu, col)));
+        let row = row.as_ref().map(|r| RowDest::own(gpu, r));
+        ents.push((x, rows, cols, row, ColDest::own(gpu, col)));
     }
     dual_multi_launch(gpu, &ents)?;
     Ok(outs)
@@ -798,43 +894,39 @@ pub fn quantize_dual_multi(
 /// [`quantize_dual_multi`] (every matrix dual) of matrices `(x, cols)` of `rows`
 /// rows each, their 128x1 operands side by side in one `[rows, sum of cols]`
 /// operand, in order: the stacked dy of one WGrad GEMM for projections that share
-/// their input ([`super::linear::wgrad_fp8_stacked`]). The same tiles, so each
-/// matrix's codes and scales are those of its own operand. Returns the 1x128
-/// operands and the stacked 128x1 one; every `cols` must be a multiple of 16.
+/// their input ([`super::linear::wgrad_fp8_stacked`]); with `stack_rows` their 1x128
+/// operands too (one DGrad GEMM, [`super::linear::linear_dgrad_fp8_stacked`]). The
+/// same tiles, so each matrix's codes and scales are those of its own operand.
+/// Returns the 1x128 operands and the stacked 128x1 one; every `cols` must be a
+/// multiple of 16 (of 128 with `stack_rows`: whole groups).
 pub fn quantize_dual_stacked(
     gpu: &Gpu,
     xs: &[(DualIn, usize)],
     rows: usize,
-) -> Result<(Vec<Fp8Quantized>, Fp8Quantized)> {
+    stack_rows: bool,
+) -> Result<(DualRows, Fp8Quantized)> {
     let total: usize = xs.iter().map(|x| x.1).sum();
     check_dims("quantize 1x128 + stacked 128x1 input", rows, total)?;
     let col = unwritten_col128x1(gpu, rows, total)?;
-    let rows_q = xs
-        .iter()
-        .map(|&(_, cols)| unwritten_row1x128(gpu, rows, cols))
-        .collect::<Result<Vec<_>>>()?;
+    let cols: Vec<usize> = xs.iter().map(|x| x.1).collect();
+    let out = DualRows::new(gpu, rows, &cols, stack_rows)?;
     let mut ents = Vec::with_capacity(xs.len());
     let mut c0 = 0;
-    for (&(x, cols), row) in xs.iter().zip(&rows_q) {
+    for (i, &(x, cols)) in xs.iter().enumerate() {
         check_dims("quantize 1x128 + 128x1 input", rows, cols)?;
-        ents.push((
-            x,
-            rows,
-            cols,
-            Some(row),
-            ColDest::slice(gpu, &col, rows, c0, cols)?,
-        ));
+        let cd = ColDest::slice(gpu, &col, rows, c0, cols)?;
+        ents.push((x, rows, cols, Some(out.dest(gpu, i)?), cd));
         c0 += cols;
     }
     dual_multi_launch(gpu, &ents)?;
-    Ok((rows_q, col))
+    Ok((out.rows, col))
 }
 
 /// One `quant_dual_multi*` launch over `(x, rows, cols, 1x128 operand if dual,
 /// 128x1 destination)` (quantize.cu's table of DUAL_TAB entries a matrix).
 fn dual_multi_launch(
     gpu: &Gpu,
-    xs: &[(DualIn, usize, usize, Option<&Fp8Quantized>, ColDest)],
+    xs: &[(DualIn, usize, usize, Option<RowDest>, ColDest)],
 ) -> Result<()> {
     let mut tab: Vec<i64> = Vec::with_capacity(xs.len() * 14);
     let mut first = 0usize;
@@ -845,14 +937,23 @@ fn dual_multi_launch(
         let [xp, form, wp, rstdp] = x.entries(gpu, rows, cols)?;
         forms |= if form == DUAL_BF16 { 1 } else { 2 };
         let (rp, cp) = (pad16(rows), pad16(cols));
+        // A 1x128 destination at another row stride than its own width is a slice
+        // of a stacked operand as wide as the 128x1 one (quantize.cu's
+        // DUAL_ROWS_STACKED: the kernel takes ldst for both).
+        let stacked = row.is_some_and(|r| r.ldc != cp as i64);
+        ensure(!stacked || row.is_some_and(|r| r.ldc == col.ldst), || {
+            "quantize 1x128 + 128x1: a stacked 1x128 operand must be as wide as the 128x1 one"
+                .into()
+        })?;
+        let form = form | if stacked { DUAL_ROWS_STACKED } else { 0 };
         tab.extend([
             xp,
             rows as i64,
             cols as i64,
             rp as i64,
             cp as i64,
-            row.map_or(0, |r| gpu.ptr(&r.codes) as i64),
-            row.map_or(0, |r| gpu.ptr(&r.scales) as i64),
+            row.map_or(0, |r| r.codes as i64),
+            row.map_or(0, |r| r.scales as i64),
             col.codes_t as i64,
             col.scales_t as i64,
             first as i64,
@@ -997,13 +1098,54 @@ pub fn quantize_block128_multi(
     ws: &[(&CudaSlice<f32>, usize, usize)],
     transposed: bool,
 ) -> Result<Vec<(Fp8Quantized, Option<Fp8Quantized>)>> {
+    let t = match transposed {
+        true => TOut::Own,
+        false => TOut::None,
+    };
+    let ts = vec![t; ws.len()];
+    quantize_block128_multi_to(gpu, ws, &ts)
+}
+
+/// Where a 128x128 quantizer writes a weight's `W^T` blocks (DGrad's operand).
+#[derive(Clone, Copy)]
+pub enum TOut {
+    /// None written.
+    None,
+    /// Buffers of its own (returned).
+    Own,
+    /// Its columns of a stacked `W^T` ([`TDest::part`]).
+    Part(TDest),
+}
+
+/// [`quantize_block128_multi`] with each weight's `W^T` blocks written where `ts`
+/// says: its own buffers (returned), a column slice of a stacked `W^T` (the DGrad
+/// operand of projections that share their input, [`stacked_block128_t`]), or none.
+pub fn quantize_block128_multi_to(
+    gpu: &Gpu,
+    ws: &[(&CudaSlice<f32>, usize, usize)],
+    ts: &[TOut],
+) -> Result<Vec<(Fp8Quantized, Option<Fp8Quantized>)>> {
+    ensure(ws.len() == ts.len(), || {
+        format!(
+            "quantize 128x128: {} weights, {} W^T destinations",
+            ws.len(),
+            ts.len()
+        )
+    })?;
     let mut outs = Vec::with_capacity(ws.len());
-    let mut tab: Vec<i64> = Vec::with_capacity(ws.len() * 12);
+    let mut tab: Vec<i64> = Vec::with_capacity(ws.len() * 14);
     let mut first = 0usize;
-    for &(w, rows, cols) in ws {
+    for (&(w, rows, cols), &to) in ws.iter().zip(ts) {
         check_shape("quantize 128x128 input", w, rows, cols)?;
-        let out = Block128Out::new(gpu, rows, cols, transposed)?;
-        let t = out.t.as_ref();
+        let out = Block128Out::new(gpu, rows, cols, matches!(to, TOut::Own))?;
+        let dest = match (to, out.t.as_ref()) {
+            (TOut::Part(d), _) => {
+                d.check(rows, cols)?;
+                Some(d)
+            }
+            (_, Some(t)) => Some(TDest::own(gpu, t)),
+            _ => None,
+        };
         let f = &out.fwd;
         tab.extend([
             gpu.ptr(w) as i64,
@@ -1014,16 +1156,120 @@ pub fn quantize_block128_multi(
             gpu.ptr(&f.codes) as i64,
             gpu.ptr(&f.scales) as i64,
             f.lds as i64,
-            t.map_or(0, |t| gpu.ptr(&t.codes) as i64),
-            t.map_or(0, |t| gpu.ptr(&t.scales) as i64),
-            t.map_or(0, |t| t.lds as i64),
-            first as i64,
         ]);
+        tab.extend(TDest::entries(dest.as_ref(), first));
         first += rows.div_ceil(GROUP) * cols.div_ceil(GROUP);
         outs.push((out.fwd, out.t));
     }
     launch_table(gpu, "quant_block128_multi", &tab, ws.len(), first)?;
     Ok(outs)
+}
+
+/// A zeroed stacked `W^T [k, n]` of 128x128 blocks: the DGrad operand of projections
+/// that read one input (q, k, v; gate, up), their `W^T`s side by side (each a
+/// [`TDest::part`]), so one DGrad GEMM runs over all of them. `n` a multiple of 128;
+/// the scales' padding columns stay zero (cuBLASLt reads them).
+pub fn stacked_block128_t(gpu: &Gpu, k: usize, n: usize) -> Result<Fp8Quantized> {
+    ensure(k > 0 && n > 0 && n.is_multiple_of(GROUP), || {
+        format!("stacked W^T [{k}, {n}]: n must be a positive multiple of 128")
+    })?;
+    let (kp, kb, nb) = (pad16(k), k.div_ceil(GROUP), n / GROUP);
+    let lds = nb.div_ceil(4) * 4;
+    Ok(Fp8Quantized {
+        grouping: Grouping::Block128,
+        rows: k,
+        cols: n,
+        rows_pad: kp,
+        cols_pad: n,
+        codes: gpu.zeros::<u8>(kp * n)?,
+        scales: gpu.zeros::<f32>(kb * lds)?,
+        lds,
+    })
+}
+
+/// Where the blocks of one weight's `W^T` go: codes^T, scales^T and their row
+/// strides, the scales^T columns whose padding the writer zeroes (`zlim`: its own
+/// padding, or none for a slice of a stacked `W^T`), and the weight's `[n, k]`.
+/// Written by `quant_block128_multi` and AdamW's `adamw_block128_multi`.
+#[derive(Clone, Copy, Debug)]
+pub struct TDest {
+    codes: u64,
+    scales: u64,
+    lds: i64,
+    ldct: i64,
+    zlim: i64,
+    n: usize,
+    k: usize,
+}
+
+impl TDest {
+    /// The weight's own `W^T` blocks.
+    pub fn own(gpu: &Gpu, t: &Fp8Quantized) -> TDest {
+        TDest {
+            codes: gpu.ptr(&t.codes),
+            scales: gpu.ptr(&t.scales),
+            lds: t.lds as i64,
+            ldct: t.cols_pad as i64,
+            zlim: t.lds as i64,
+            n: t.cols,
+            k: t.rows,
+        }
+    }
+
+    /// Columns `[n0, n0 + n)` of the stacked `W^T [k, N]` `st`
+    /// ([`stacked_block128_t`]): the `W^T` of a weight `[n, k]`; `n0` and `n`
+    /// multiples of 128, so its blocks are whole blocks of `st`.
+    pub fn part(gpu: &Gpu, st: &Fp8Quantized, n0: usize, n: usize, k: usize) -> Result<TDest> {
+        ensure(
+            st.grouping == Grouping::Block128
+                && st.rows == k
+                && n0.is_multiple_of(GROUP)
+                && n.is_multiple_of(GROUP)
+                && n > 0
+                && n0 + n <= st.cols,
+            || {
+                format!(
+                    "W^T of a weight [{n}, {k}] at column {n0} of a stacked {:?} [{}, {}]: not whole 128-column blocks inside it",
+                    st.grouping, st.rows, st.cols
+                )
+            },
+        )?;
+        Ok(TDest {
+            codes: gpu.ptr(&st.codes) + n0 as u64,
+            scales: gpu.ptr(&st.scales) + 4 * (n0 / GROUP) as u64,
+            lds: st.lds as i64,
+            ldct: st.cols_pad as i64,
+            zlim: (n / GROUP) as i64,
+            n,
+            k,
+        })
+    }
+
+    /// That it is the `W^T` of a weight `[n, k]`.
+    pub(crate) fn check(&self, n: usize, k: usize) -> Result<()> {
+        ensure((self.n, self.k) == (n, k), || {
+            format!(
+                "W^T blocks of a weight [{}, {}] given for a weight [{n}, {k}]",
+                self.n, self.k
+            )
+        })
+    }
+
+    /// quant_block128_multi's codes_t, scales_t, lds_t, first block, ldct, zlim_t
+    /// (zeros for none).
+    pub(crate) fn entries(d: Option<&TDest>, first: usize) -> [i64; 6] {
+        match d {
+            Some(d) => [
+                d.codes as i64,
+                d.scales as i64,
+                d.lds,
+                first as i64,
+                d.ldct,
+                d.zlim,
+            ],
+            None => [0, 0, 0, first as i64, 0, 0],
+        }
+    }
 }
 
 /// A multi-tensor quantizer `name(tab, count)` over `blocks` blocks of 512 threads

@@ -127,9 +127,9 @@ extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, f
 // and quant_block128_multi of their new values: the same per-element operations and
 // the same blocks, so the same bits, without reading the new weights back).
 // tab[t] = {p, g, m, v, pend, pb, rows, cols, rows_pad, cols_pad, codes, scales, lds,
-// codes_t, scales_t, lds_t, decay, first block} as 18 int64 (p, g, m, v, pend, pb
-// [rows, cols] row-contiguous as in adamw_multi; codes .. lds_t as in
-// quant_block128_multi). Block b of tensor t is its 128x128 block (b % cb, b / cb),
+// codes_t, scales_t, lds_t, decay, first block, ldct, zlim_t} as 20 int64 (p, g, m,
+// v, pend, pb [rows, cols] row-contiguous as in adamw_multi; codes .. lds_t, ldct and
+// zlim_t as in quant_block128_multi). Block b of tensor t is its 128x128 block (b % cb, b / cb),
 // 512 threads in block128_encode's layout. The step runs a quad at a time (as
 // adamw_multi: its f64 update's registers), each new quad parked in the thread's own
 // slots of 64 KiB of dynamic shared memory, then read back for the encoding: two
@@ -143,9 +143,9 @@ extern "C" __global__ void __launch_bounds__(512, 2)
     extern __shared__ float4 parked[];  // [8][512]: slot i * 512 + t is thread t's row i
     if (scale_p) grad_scale = *scale_p;
     __shared__ int st;
-    if (threadIdx.x == 0) st = tensor_of(tab, 18, 17, T, blockIdx.x);
+    if (threadIdx.x == 0) st = tensor_of(tab, 20, 17, T, blockIdx.x);
     __syncthreads();
-    const long long* e = tab + (long)st * 18;
+    const long long* e = tab + (long)st * 20;
     float* __restrict__ p = (float*)e[0];
     float* __restrict__ m = (float*)e[2];
     float* __restrict__ v = (float*)e[3];
@@ -179,5 +179,5 @@ extern "C" __global__ void __launch_bounds__(512, 2)
         w[i][0] = q.x, w[i][1] = q.y, w[i][2] = q.z, w[i][3] = q.w;
     }
     block128_encode(w, rows, cols, (int)e[8], (int)e[9], (u8*)e[10], (float*)e[11], (int)e[12], (u8*)e[13],
-                    (float*)e[14], (int)e[15], kb, nb);
+                    (float*)e[14], (int)e[15], (long)e[18], (int)e[19], kb, nb);
 }

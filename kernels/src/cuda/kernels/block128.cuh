@@ -50,7 +50,7 @@ __device__ __forceinline__ void store_operand4(const float v[4], int r, int g, i
 // exactly: same codes, same scale), through a shared tile.
 __device__ __forceinline__ void block128_encode(const float (&v)[8][4], int rows, int cols, int rows_pad,
                                                 int cols_pad, u8* codes, float* scales, int lds, u8* codes_t,
-                                                float* scales_t, int lds_t, int kb, int nb) {
+                                                float* scales_t, int lds_t, long ldct, int zlim_t, int kb, int nb) {
     __shared__ u32 red[16];
     __shared__ u32 tile[128][33];  // codes of the block, 4 per word, for the transposed copy
     const int t = threadIdx.x;
@@ -78,7 +78,7 @@ __device__ __forceinline__ void block128_encode(const float (&v)[8][4], int rows
         if (scales_t) scales_t[(long)kb * lds_t + nb] = s;
     }
     if (kb == cb - 1 && t > 0 && cb + t - 1 < lds) scales[(long)nb * lds + cb + t - 1] = 0.0f;
-    if (scales_t && nb == rb - 1 && t > 0 && rb + t - 1 < lds_t) scales_t[(long)kb * lds_t + rb + t - 1] = 0.0f;
+    if (scales_t && nb == rb - 1 && t > 0 && rb + t - 1 < zlim_t) scales_t[(long)kb * lds_t + rb + t - 1] = 0.0f;
     if (!codes_t) return;
     __syncthreads();
     // codes^T row (column cl of the block): 128 bytes, 16 from each of 8 threads.
@@ -91,6 +91,6 @@ __device__ __forceinline__ void block128_encode(const float (&v)[8][4], int rows
             for (int j = 0; j < 4; j++)
                 o[k] |= ((tile[rl + 4 * k + j][cl >> 2] >> (8 * (cl & 3))) & 0xffu) << (8 * j);
         }
-        *reinterpret_cast<uint4*>(codes_t + (long)ct * rows_pad + r) = make_uint4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<uint4*>(codes_t + (long)ct * ldct + r) = make_uint4(o[0], o[1], o[2], o[3]);
     }
 }

@@ -96,13 +96,14 @@ struct DualShared {
 
 // Both groupings of the 128 x 128 tile (g, ty) (column and row tile) whose values v
 // the block's 512 threads hold (warp w rows 8w .. +8 of the tile, lane l columns 4l
-// .. +3, zero outside [rows, cols]); codes null: the 128x1 groups alone. ldst: the
-// 128x1 scales' row stride, cols_pad unless the 128x1 operand is a column slice of
-// a wider one (the stacked WGrad dy of projections that share x: codes_t and
-// scales_t then point at the slice's first column).
+// .. +3, zero outside [rows, cols]); codes null: the 128x1 groups alone. ldc, ldst:
+// the 1x128 codes' and the 128x1 scales' row strides, cols_pad unless the operand is
+// a column slice of a wider one (the stacked dy of projections that share x, for one
+// DGrad or WGrad GEMM of all of them: codes, scales, codes_t and scales_t then point
+// at the slice's first column).
 __device__ __forceinline__ void dual_tile(const float (&v)[8][4], int g, int ty, int rows_pad, int cols_pad,
-                                          u8* codes, float* scales, u8* codes_t, float* scales_t, long ldst,
-                                          DualShared& sh) {
+                                          u8* codes, float* scales, int ldc, u8* codes_t, float* scales_t,
+                                          int ldst, DualShared& sh) {
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const int c = g * 128 + lane * 4, r0 = ty * 128 + w * 8;
     if (codes) {  // row1x128
@@ -129,7 +130,7 @@ __device__ __forceinline__ void dual_tile(const float (&v)[8][4], int g, int ty,
                 const int r = r0 + i;
                 const Quot d = {__shfl_sync(0xffffffffu, dm.s, i), __shfl_sync(0xffffffffu, dm.r, i), true};
                 const u32 q = encode4_fast(v[i], d);
-                if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
+                if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * ldc + c) = q;
                 if (r < rows_pad && lane == 0) scales[(long)g * rows_pad + r] = d.s;
             }
         } else {
@@ -138,7 +139,7 @@ __device__ __forceinline__ void dual_tile(const float (&v)[8][4], int g, int ty,
                 const int r = r0 + i;
                 const Quot d = quot(e4m3_scale(rm[i]));
                 const u32 q = encode4(v[i], d);
-                if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * cols_pad + c) = q;
+                if (r < rows_pad && c < cols_pad) *reinterpret_cast<u32*>(codes + (long)r * ldc + c) = q;
                 if (r < rows_pad && lane == 0) scales[(long)g * rows_pad + r] = d.s;
             }
         }
@@ -209,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(512, 2)
     __shared__ DualShared sh;
     float v[8][4];
     dual_load(x, ldx, rows, cols, blockIdx.x, blockIdx.y, v);
-    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, cols_pad, sh);
+    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, cols_pad, codes_t, scales_t, cols_pad, sh);
 }
 
 // quant_dual_f32 over T matrices in one launch (the matrices a step of the backward
@@ -217,7 +218,10 @@ extern "C" __global__ void __launch_bounds__(512, 2)
 // in place of small launches of about one; the same tiles, so the same bits): tab[t]
 // = {x, rows, cols, rows_pad, cols_pad, codes, scales, codes_t, scales_t, first
 // block, form, w, rstd, ldst} as 14 int64, x row-contiguous; codes 0: the 128x1
-// groups alone; ldst the 128x1 scales' row stride (dual_tile). Block b of matrix t
+// groups alone; ldst the 128x1 scales' row stride (dual_tile). form | DUAL_ROWS_STACKED:
+// the 1x128 codes' row stride is ldst too (both operands column slices of stacked
+// ones as wide), else cols_pad (a flag, not a 15th entry: the f32 kernel spilled
+// with one more value live). Block b of matrix t
 // is its tile (b % ceil(cols_pad / 128), b / ceil(cols_pad / 128)). The form of
 // the values:
 //   DUAL_F32  x f32;
@@ -227,6 +231,7 @@ extern "C" __global__ void __launch_bounds__(512, 2)
 //             normed, w and its rstd (the same operations on the same values: y's
 //             bits, which the forward then need not write).
 #define DUAL_TAB 14
+#define DUAL_ROWS_STACKED 4
 #define DUAL_F32 0
 #define DUAL_BF16 1
 #define DUAL_NORM 2
@@ -245,11 +250,12 @@ __device__ __forceinline__ void quant_dual_multi_at(const long long* tab, int T)
     const long b = (long)blockIdx.x - e[9];
     const int g = (int)(b % nx), ty = (int)(b / nx);
     float v[8][4];
-    if (FORMS == 1 || ((FORMS & 1) && e[10] == DUAL_BF16)) {
+    const int form = (int)e[10] & 3;
+    if (FORMS == 1 || ((FORMS & 1) && form == DUAL_BF16)) {
         dual_load((const bf16_t*)e[0], cols, rows, cols, g, ty, v);
     } else {
         dual_load((const float*)e[0], cols, rows, cols, g, ty, v);
-        if (e[10] == DUAL_NORM) {
+        if (form == DUAL_NORM) {
             // rmsnorm_operand_at's y of the loaded x (zero outside stays zero).
             const float* w = (const float*)e[11];
             const float* rstd = (const float*)e[12];
@@ -263,7 +269,8 @@ __device__ __forceinline__ void quant_dual_multi_at(const long long* tab, int T)
             }
         }
     }
-    dual_tile(v, g, ty, (int)e[3], cols_pad, (u8*)e[5], (float*)e[6], (u8*)e[7], (float*)e[8], (long)e[13], sh);
+    const int ldst = (int)e[13], ldc = (e[10] & DUAL_ROWS_STACKED) ? ldst : cols_pad;
+    dual_tile(v, g, ty, (int)e[3], cols_pad, (u8*)e[5], (float*)e[6], ldc, (u8*)e[7], (float*)e[8], ldst, sh);
 }
 extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi(const long long* tab, int T) {
     pdl_entry();
@@ -283,8 +290,9 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi_f32(const 
 // same codes): gate, up [rows, cols] f32, dh f32 or (the _dh16 kernel) BF16, row
 // stride ldh; the gate projection's dy operands (gc, gs: 1x128; gct, gst: 128x1) and
 // the up projection's (uc .. ust), layouts as quant_dual_f32's but the 128x1 scales'
-// row stride ldst (cols_pad, or 2 cols_pad where gct and uct are the two halves of
-// one stacked operand, gate's then up's, for one WGrad of both). Grid
+// row stride ldst and the 1x128 codes' ldc (cols_pad, or 2 cols_pad where gate's and
+// up's operands are the two halves of one stacked operand, gate's then up's, for one
+// WGrad or DGrad of both). Grid
 // (ceil(cols_pad/128), ceil(rows/128)), 512 threads, SWIGLU_BWD_FP8_SMEM bytes of
 // dynamic shared memory, two blocks an SM: a block computes both gradients of its
 // tile (one sigmoid a value), holds dgate in registers as quant_dual_f32 holds its
@@ -304,7 +312,7 @@ template <typename DH, typename G>
 __device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const G* gate, const G* up,
                                                   int rows, int cols, int rows_pad, int cols_pad, u8* gc, float* gs,
                                                   u8* gct, float* gst, u8* uc, float* us, u8* uct, float* ust,
-                                                  long ldst) {
+                                                  long ldst, long ldc) {
     extern __shared__ __align__(16) unsigned char swiglu_sm[];
     SwigluBwdFp8Smem& sm = *reinterpret_cast<SwigluBwdFp8Smem*>(swiglu_sm);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -344,35 +352,35 @@ __device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const 
             sm.dup[h + i][threadIdx.x] = make_uint2(pack2_bf16(du[0], du[1]), pack2_bf16(du[2], du[3]));
         }
     }
-    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, gc, gs, gct, gst, ldst, sm.sh);
+    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, gc, gs, ldc, gct, gst, ldst, sm.sh);
     // dup back (the thread's own stores: no barrier), widened exactly: round_bf16's values.
 #pragma unroll
     for (int i = 0; i < 8; i++) bf16x4_to_f32(sm.dup[i][threadIdx.x], v[i]);
-    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, uc, us, uct, ust, ldst, sm.sh);
+    dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, uc, us, ldc, uct, ust, ldst, sm.sh);
 }
 extern "C" __global__ void __launch_bounds__(512, 2)
     swiglu_bwd_fp8(const float* dh, const float* gate, const float* up, int rows, int cols, int rows_pad,
                    int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us, u8* uct,
-                   float* ust, long ldst) {
+                   float* ust, long ldst, long ldc) {
     pdl_entry();
-    swiglu_bwd_fp8_at(dh, cols, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust, ldst);
+    swiglu_bwd_fp8_at(dh, cols, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust, ldst, ldc);
 }
 // dh as the down projection's BF16 DGrad output, row stride ldh (fuses its
 // linear_epilogue_bf16: the same values).
 extern "C" __global__ void __launch_bounds__(512, 2)
     swiglu_bwd_fp8_dh16(const bf16_t* dh, long ldh, const float* gate, const float* up, int rows, int cols,
                         int rows_pad, int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us,
-                        u8* uct, float* ust, long ldst) {
+                        u8* uct, float* ust, long ldst, long ldc) {
     pdl_entry();
-    swiglu_bwd_fp8_at(dh, ldh, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust, ldst);
+    swiglu_bwd_fp8_at(dh, ldh, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust, ldst, ldc);
 }
 // gate, up as the BF16 values the rows GEMM stored (the same numbers).
 extern "C" __global__ void __launch_bounds__(512, 2)
     swiglu_bwd_fp8_dh16_gu16(const bf16_t* dh, long ldh, const bf16_t* gate, const bf16_t* up, int rows, int cols,
                              int rows_pad, int cols_pad, u8* gc, float* gs, u8* gct, float* gst, u8* uc, float* us,
-                             u8* uct, float* ust, long ldst) {
+                             u8* uct, float* ust, long ldst, long ldc) {
     pdl_entry();
-    swiglu_bwd_fp8_at(dh, ldh, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust, ldst);
+    swiglu_bwd_fp8_at(dh, ldh, gate, up, rows, cols, rows_pad, cols_pad, gc, gs, gct, gst, uc, us, uct, ust, ldst, ldc);
 }
 
 // token_logprobs_bwd's dz with both FP8 groupings, the LM head's dy operands (fuses
@@ -434,7 +442,7 @@ __device__ __forceinline__ void token_logprobs_bwd_fp8_at(const Z* z, int out_ro
             v[i][j] = on[i] && c + j < vocab ? g : 0.0f;
         }
     }
-    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, cols_pad, sh);
+    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, cols_pad, codes_t, scales_t, cols_pad, sh);
 }
 extern "C" __global__ void __launch_bounds__(512, 2)
     token_logprobs_bwd_fp8(const float* z, int out_rows, int vocab, const int* slot, const int* targets,
@@ -460,7 +468,7 @@ extern "C" __global__ void __launch_bounds__(512, 2)
 // other's encoding).
 __device__ __forceinline__ void block128_tile(const float* w, long ldw, int rows, int cols, int rows_pad,
                                               int cols_pad, u8* codes, float* scales, int lds, u8* codes_t,
-                                              float* scales_t, int lds_t, int kb, int nb) {
+                                              float* scales_t, int lds_t, long ldct, int zlim_t, int kb, int nb) {
     const int t = threadIdx.x;
     const int cq = t & 31, c = kb * 128 + cq * 4;
     const bool vec = (ldw & 3) == 0 && ((u64)w & 15) == 0;
@@ -471,7 +479,8 @@ __device__ __forceinline__ void block128_tile(const float* w, long ldw, int rows
         for (int j = 0; j < 4; j++) v[i][j] = 0.0f;
         if (r < rows) load4(w + (long)r * ldw, c, cols, vec, v[i]);
     }
-    block128_encode(v, rows, cols, rows_pad, cols_pad, codes, scales, lds, codes_t, scales_t, lds_t, kb, nb);
+    block128_encode(v, rows, cols, rows_pad, cols_pad, codes, scales, lds, codes_t, scales_t, lds_t, ldct, zlim_t, kb,
+                    nb);
 }
 
 // Grid (ceil(cols/128), ceil(rows/128)).
@@ -479,25 +488,29 @@ extern "C" __global__ void __launch_bounds__(512, 2)
     quant_block128_f32(const float* w, long ldw, int rows, int cols, int rows_pad, int cols_pad, u8* codes,
                        float* scales, int lds, u8* codes_t, float* scales_t, int lds_t) {
     pdl_entry();
-    block128_tile(w, ldw, rows, cols, rows_pad, cols_pad, codes, scales, lds, codes_t, scales_t, lds_t, blockIdx.x,
-                  blockIdx.y);
+    block128_tile(w, ldw, rows, cols, rows_pad, cols_pad, codes, scales, lds, codes_t, scales_t, lds_t, rows_pad,
+                  lds_t, blockIdx.x, blockIdx.y);
 }
 
 // quant_block128_f32 over T weights in one launch (a model's, prepared at once: one
 // launch of many blocks instead of one small launch a weight; the same blocks, so
 // the same bits): tab[t] = {w, rows, cols, rows_pad, cols_pad, codes, scales, lds,
-// codes_t, scales_t, lds_t, first block} as 12 int64 (w row-contiguous, ldw = cols;
-// codes_t and scales_t 0 for none); block b of weight t is its block (b % cb, b / cb).
+// codes_t, scales_t, lds_t, first block, ldct, zlim_t} as 14 int64 (w row-contiguous,
+// ldw = cols; codes_t and scales_t 0 for none; ldct the codes^T row stride and zlim_t
+// the scales^T columns whose padding is zeroed: rows_pad and lds_t, or where W^T is
+// a column slice of a stacked W^T (block128_encode) the stacked one's stride and the
+// slice's own block count, so no slice writes another's scales); block b of weight t
+// is its block (b % cb, b / cb).
 extern "C" __global__ void __launch_bounds__(512, 2) quant_block128_multi(const long long* tab, int T) {
     pdl_entry();
     __shared__ int st;
-    if (threadIdx.x == 0) st = tensor_of(tab, 12, 11, T, blockIdx.x);
+    if (threadIdx.x == 0) st = tensor_of(tab, 14, 11, T, blockIdx.x);
     __syncthreads();
-    const long long* e = tab + (long)st * 12;
+    const long long* e = tab + (long)st * 14;
     const int rows = (int)e[1], cols = (int)e[2], cb = (cols + 127) / 128;
     const long b = (long)blockIdx.x - e[11];
     block128_tile((const float*)e[0], cols, rows, cols, (int)e[3], (int)e[4], (u8*)e[5], (float*)e[6], (int)e[7],
-                  (u8*)e[8], (float*)e[9], (int)e[10], (int)(b % cb), (int)(b / cb));
+                  (u8*)e[8], (float*)e[9], (int)e[10], (long)e[12], (int)e[13], (int)(b % cb), (int)(b / cb));
 }
 
 // y [rows_pad][cols_pad] bf16 = x [rows, cols] rounded to nearest even, zero padding.
@@ -763,7 +776,7 @@ __device__ __forceinline__ void swiglu_dual_at(const G* gate, const G* up, int r
 #pragma unroll
             for (int j = 0; j < 4; j++) v[h + i][j] = gv[i][j] * sigmoid(gv[i][j]) * uv[i][j];
     }
-    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, codes_t, scales_t, cols_pad, sh);
+    dual_tile(v, blockIdx.x, blockIdx.y, rows_pad, cols_pad, codes, scales, cols_pad, codes_t, scales_t, cols_pad, sh);
 }
 extern "C" __global__ void __launch_bounds__(512, 2)
     swiglu_dual(const float* gate, const float* up, int rows, int cols, int rows_pad, int cols_pad, u8* codes,

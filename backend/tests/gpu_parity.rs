@@ -28,6 +28,7 @@ use jet_backend::trainer::pass::{run_pass, TrainSeq};
 use jet_backend::trainer::pass_loss::{LossStats, PassLoss, PolicyLoss};
 use jet_backend::trainer::Trainer;
 use jet_backend::transformer::PreparedModel;
+use jet_kernels::cuda::linear::Stacked;
 use jet_kernels::cuda::policy_loss::{policy_loss, LossInputs, LossTerms as DeviceLossTerms};
 use jet_kernels::cuda::Gpu;
 use jet_kernels::{Flow, GemmRole};
@@ -357,8 +358,8 @@ fn optimizer_step_keeps_the_weight_copies_prepared() {
             // scales of W and W^T (whichever the flow has).
             let bits = |w: &jet_kernels::cuda::linear::GpuWeight| -> Vec<u32> {
                 let mut out: Vec<u32> = w
-                    .bf16()
-                    .map(|b| g.download(b).unwrap())
+                    .bf16_view()
+                    .map(|b| b.to_host(&g).unwrap())
                     .unwrap_or_default()
                     .into_iter()
                     .map(u32::from)
@@ -386,15 +387,30 @@ fn optimizer_step_keeps_the_weight_copies_prepared() {
                     total += x.len();
                     differ += x.iter().zip(&y).filter(|(p, q)| p != q).count();
                 }
-                // The layer's stacked W^T (fp8: q/k/v and gate/up, whose members
-                // hold none of their own), rewritten in place by AdamW.
-                for (x, y) in [(&a.qkv_t, &b.qkv_t), (&a.gu_t, &b.gu_t)] {
+                // The layer's stacked DGrad operands (q/k/v and gate/up: fp8 their
+                // W^T, whose members hold none of their own; the BF16 flows their
+                // BF16 weights, whose members are its rows), rewritten in place by
+                // AdamW.
+                for (x, y) in [(&a.qkv_st, &b.qkv_st), (&a.gu_st, &b.gu_st)] {
                     assert_eq!(
                         x.is_some(),
                         y.is_some(),
-                        "{name}: stacked W^T in one model only"
+                        "{name}: stacked DGrad operand in one model only"
                     );
-                    if let (Some(x), Some(y)) = (x, y) {
+                    let w16 = |s: &Option<Stacked>| {
+                        s.as_ref()
+                            .and_then(Stacked::bf16)
+                            .map(|b| g.download(b).unwrap())
+                    };
+                    if let (Some(x), Some(y)) = (w16(x), w16(y)) {
+                        total += x.len();
+                        differ += x.iter().zip(&y).filter(|(p, q)| p != q).count();
+                    }
+                    let (tx, ty) = (
+                        x.as_ref().and_then(Stacked::fp8_t),
+                        y.as_ref().and_then(Stacked::fp8_t),
+                    );
+                    if let (Some(x), Some(y)) = (tx, ty) {
                         let (xc, yc) =
                             (g.download(&x.codes).unwrap(), g.download(&y.codes).unwrap());
                         let (xs, ys) = (

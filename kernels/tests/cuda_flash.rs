@@ -129,6 +129,39 @@ fn flash_matches_cpu_reference() {
                 + bits_differ(&dl(&g, &oq, rows * qw), &dl(&g, &rq, rows * qw))
                 + bits_differ(&dl(&g, &ok, rows * kvw), &dl(&g, &rk, rows * kvw)),
         );
+        // dv's BF16 operand as its columns of q/k/v's stacked dy (`[rows][qw + 2 kvw]`,
+        // v's the last): the same bits, q's and k's columns untouched.
+        let ld = qw + 2 * kvw;
+        let st = g.zeros::<u16>(rows * ld).unwrap();
+        let (sq, sk, sv) = flash::flash_backward_operand_at(
+            &g,
+            &plan,
+            (Dout::F32(&gdout), &out),
+            &saved,
+            sh,
+            true,
+            (&st, qw + kvw, ld),
+        )
+        .unwrap();
+        let s16 = g.download(&st).unwrap();
+        let mut stacked = 0;
+        for r in 0..rows {
+            let row = &s16[r * ld..(r + 1) * ld];
+            stacked += row[qw + kvw..]
+                .iter()
+                .zip(&a[r * kvw..(r + 1) * kvw])
+                .filter(|(x, y)| x != y)
+                .count();
+            stacked += row[..qw + kvw].iter().filter(|&&v| v != 0).count();
+        }
+        report_exact(
+            "flash bwd, dv's BF16 operand at a stacked dy's columns == its own",
+            &label(c),
+            stacked
+                + bits_differ(&dl(&g, &sv, rows * kvw), &dl(&g, &ov, rows * kvw))
+                + bits_differ(&dl(&g, &sq, rows * qw), &dl(&g, &oq, rows * qw))
+                + bits_differ(&dl(&g, &sk, rows * kvw), &dl(&g, &ok, rows * kvw)),
+        );
         // dO given as BF16 values (the o projection's DGrad output, read in place of
         // its f32 epilogue): the bits of the backward of those values in f32.
         let d16 = gq::to_bf16_padded(&g, &gdout, rows, qw, rows, qw).unwrap();

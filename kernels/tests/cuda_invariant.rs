@@ -163,7 +163,7 @@ fn bf16_forward_rows_do_not_depend_on_the_batch() {
         let dw = up(&g, &w);
         let pw = gq::to_bf16_padded(&g, &dw, n, k, np, kp).unwrap();
         let wr = Bf16Rows {
-            v: &pw,
+            v: (&pw).into(),
             rows: n,
             cols: k,
             rows_pad: np,
@@ -589,7 +589,7 @@ fn rows_of_bf16(
     k_pad: usize,
 ) -> Bf16Rows<'_> {
     Bf16Rows {
-        v,
+        v: v.into(),
         rows,
         cols: k,
         rows_pad: rows,

@@ -2332,7 +2332,7 @@ fn multi_tensor_adamw_and_norm_match_per_tensor_launches() {
             m,
             v,
             decay: i % 2 == 0,
-            p_bf16: pb.as_mut(),
+            p_bf16: pb.as_ref().map(Into::into),
             blocks: None,
         })
         .collect();
@@ -2491,7 +2491,7 @@ fn adamw_with_fp8_blocks_matches_adamw_then_quantize() {
             m,
             v,
             decay: i % 2 == 0,
-            p_bf16: pb.as_mut(),
+            p_bf16: pb.as_ref().map(Into::into),
             blocks: Some(gadam::BlockTargets {
                 w,
                 t: wt.as_mut().map(gadam::TTarget::Own),

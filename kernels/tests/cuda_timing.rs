@@ -79,7 +79,7 @@ fn bf16_rows(
     (cols, cols_pad): (usize, usize),
 ) -> gemv_bf16::Bf16Rows<'_> {
     gemv_bf16::Bf16Rows {
-        v,
+        v: v.into(),
         rows,
         cols,
         rows_pad,

@@ -7,15 +7,19 @@
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::act::ActRef;
 use jet_kernels::cuda::attention::attention_backward;
-use jet_kernels::cuda::flash::{flash_backward, flash_backward_operand, Dout};
+use jet_kernels::cuda::flash::{
+    flash_backward, flash_backward_operand, flash_backward_operand_at, Dout,
+};
 use jet_kernels::cuda::linear::{
-    linear_backward_into, linear_backward_raw, linear_bias_grad_acc, linear_dgrad_fp8_raw,
-    linear_dgrad_fp8_stacked, wgrad_fp8_stacked, Dy, GemmOut, GpuWeight, XIn, XOperand,
+    linear_backward_into, linear_backward_raw, linear_bias_grad_acc, linear_dgrad_bf16_part,
+    linear_dgrad_bf16_stacked, linear_dgrad_fp8_raw, linear_dgrad_fp8_stacked, stacked_dy_bf16,
+    wgrad_bf16_stacked, wgrad_fp8_stacked, Dy, GemmOut, GpuWeight, Stacked, XIn, XOperand,
 };
 use jet_kernels::cuda::ops::{
-    embedding_backward_marked, qk_norm_rope_backward_pair, rmsnorm_backward_acc,
-    rmsnorm_backward_acc_operand, rmsnorm_backward_acc_operand_sum, rope_backward_dev,
-    swiglu_backward, swiglu_backward_bf16, QkNormGrad, SwigluDh,
+    embedding_backward_marked, qk_norm_rope_backward_pair, qk_norm_rope_backward_pair_stacked,
+    rmsnorm_backward_acc, rmsnorm_backward_acc_operand, rmsnorm_backward_acc_operand_sum,
+    rope_backward_dev, swiglu_backward, swiglu_backward_bf16, swiglu_backward_bf16_stacked,
+    QkNormGrad, SwigluDh,
 };
 use jet_kernels::cuda::quantize::{
     quantize_dual_multi, quantize_dual_stacked, swiglu_backward_fp8, swiglu_backward_fp8_stacked,
@@ -163,15 +167,41 @@ fn dgrad_fp8(
     }
 }
 
+/// BF16 DGrad of projections `ws` that read one input `[m, k]`, from their dy
+/// stacked `[m][ld]` (columns in `ws`' order): one GEMM over their stacked BF16
+/// weights (`w16`) whose output is the sum of their dx, or one GEMM a projection
+/// reading its columns.
+fn dgrad_bf16(
+    g: &Gpu,
+    (dy, ld): (&CudaSlice<u16>, usize),
+    ws: &[&GpuWeight],
+    w16: Option<&CudaSlice<u16>>,
+    (m, k): (usize, usize),
+) -> Result<Vec<GemmOut>> {
+    if let Some(w) = w16 {
+        return Ok(vec![linear_dgrad_bf16_stacked(g, (dy, ld), w, (m, k))?]);
+    }
+    let mut col = 0;
+    ws.iter()
+        .map(|w| {
+            let out = linear_dgrad_bf16_part(g, (dy, col, ld), w, m);
+            col += w.n;
+            out
+        })
+        .collect()
+}
+
 /// Whether the projections that read one input of width `k` (q, k, v: `ns` their
-/// widths; gate, up) take one FP8 WGrad GEMM over their stacked 128x1 dy operands
-/// ([`wgrad_fp8_stacked`]): the fp8 flow's FP8 DGrad and WGrad, every width a
-/// multiple of 16 (no padding columns between the stacked blocks). On unless
-/// `JET_WGRAD_STACK=0` (the separate GEMMs, for comparison).
-fn stack_wgrad(model: &GpuModel, k: usize, ns: &[usize]) -> bool {
+/// widths; gate, up) take one WGrad GEMM over their stacked dy operands, in the
+/// flow whose DGrad and WGrad are both `prec`: FP8 ([`wgrad_fp8_stacked`], their
+/// 128x1 operands stacked) or BF16 ([`wgrad_bf16_stacked`], their producers
+/// writing their columns of one operand); every width a multiple of 16 (no padding
+/// columns between the stacked blocks). On unless `JET_WGRAD_STACK=0` (the separate
+/// GEMMs, for comparison).
+fn stack_wgrad(model: &GpuModel, prec: GemmPrecision, k: usize, ns: &[usize]) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("JET_WGRAD_STACK").map_or(true, |v| v.trim() != "0"));
-    on && operand_dy(model) == Some(GemmPrecision::Fp8)
+    on && operand_dy(model) == Some(prec)
         && k.is_multiple_of(16)
         && ns.iter().all(|n| n.is_multiple_of(16))
 }
@@ -293,17 +323,37 @@ pub fn backward(
         // leave swiglu's backward as the GEMMs' operands where DGrad and WGrad
         // share a low precision; in FP8, with their 128x1 operands side by side
         // for one WGrad of both.
-        // With their W^T stacked (`GpuLayer::gu_t`) one DGrad too, which sums the
+        // With their W^T stacked (`GpuLayer::gu_st`) one DGrad too, which sums the
         // two projections' dx itself.
+        let gu_t = lp.gu_st.as_ref().and_then(Stacked::fp8_t);
+        let gu16 = lp.gu_st.as_ref().and_then(Stacked::bf16);
         let stack_gu = operand_dy(model) == Some(GemmPrecision::Fp8)
-            && (lp.gu_t.is_some() || stack_wgrad(model, h, &[inter, inter]));
-        if let (true, GemmOut::Bf16(d, ld)) = (stack_gu, &dmm) {
+            && (gu_t.is_some() || stack_wgrad(model, GemmPrecision::Fp8, h, &[inter, inter]));
+        // The BF16 flows: gate's and up's dy as the column halves of one operand,
+        // for one WGrad and (their weights stacked) one DGrad.
+        let stack_gu16 = stack_wgrad(model, GemmPrecision::Bf16, h, &[inter, inter]);
+        if let (true, GemmOut::Bf16(d, ld)) = (stack_gu16, &dmm) {
             let dh = SwigluDh::Bf16(d, *ld);
             let (gu, up) = (a.gate.view(), a.up.view());
-            let stack_rows = lp.gu_t.is_some();
+            let st = swiglu_backward_bf16_stacked(g, dh, gu, up, (m, inter))?;
+            drop(dmm);
+            let dy = (&st, 2 * inter);
+            let outs = dgrad_bf16(g, dy, &[&lp.gate, &lp.up], gu16, (m, h))?;
+            let dw = wgrad_bf16_stacked(g, dy, (a.b.as_ref().into(), m, h), bin)?;
+            grads.bufs[lx.gate].add_bf16_part(g, &dw, 0)?;
+            grads.bufs[lx.up].add_bf16_part(g, &dw, inter * h)?;
+            drop((st, dw));
+            let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
+            let dw2 = grads.acc(g, lx.post_attention_layernorm)?;
+            let outs: Vec<&GemmOut> = outs.iter().collect();
+            (dh_mid, dh16) = cx.norm_of_sum(&outs, post, (h, Some(&dx)), dw2, bf16_dy)?;
+        } else if let (true, GemmOut::Bf16(d, ld)) = (stack_gu, &dmm) {
+            let dh = SwigluDh::Bf16(d, *ld);
+            let (gu, up) = (a.gate.view(), a.up.view());
+            let stack_rows = gu_t.is_some();
             let (rows, col) = swiglu_backward_fp8_stacked(g, dh, gu, up, (m, inter), stack_rows)?;
             drop(dmm);
-            let outs = dgrad_fp8(g, rows, &[&lp.gate, &lp.up], lp.gu_t.as_ref(), m)?;
+            let outs = dgrad_fp8(g, rows, &[&lp.gate, &lp.up], gu_t, m)?;
             let dw = wgrad_fp8_stacked(g, &col, (a.b.as_ref().into(), m, h), bin)?;
             grads.bufs[lx.gate].add_bf16_part(g, &dw, 0)?;
             grads.bufs[lx.up].add_bf16_part(g, &dw, inter * h)?;
@@ -376,8 +426,29 @@ pub fn backward(
         let shape = model.attn_shape();
         let biases = [lx.q_bias, lx.k_bias, lx.v_bias];
         let no_bias = biases.iter().all(Option::is_none);
+        // The BF16 flows: q's, k's and v's dy written by their producers (the q/k
+        // norms' backward, the attention's) as the column blocks of one operand
+        // `[m][q + k + v]`, for one WGrad and (their weights stacked) one DGrad.
+        let qkv_ld = qd + 2 * kvd;
+        let qkv16 = match (&a.saved, &acts.flash, lx.q_norm, lx.k_norm, &a.qk_pre) {
+            (AttnSaved::Flash(_), Some(_), Some(_), Some(_), Some(_))
+                if no_bias
+                    && hd == 128
+                    && acts.share.is_none()
+                    && stack_wgrad(model, GemmPrecision::Bf16, h, &[qd, kvd, kvd]) =>
+            {
+                Some(stacked_dy_bf16(g, m, qkv_ld)?)
+            }
+            _ => None,
+        };
         let mut dv16 = None;
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
+            (AttnSaved::Flash(saved), Some(plan)) if qkv16.is_some() => {
+                // dv leaves the kernel rounded, as its columns of the stacked dy.
+                let st = qkv16.as_ref().expect("checked");
+                let (outs, at) = ((dout, &a.attn), (st, qd + kvd, qkv_ld));
+                flash_backward_operand_at(g, plan, outs, saved, shape, cx.round(), at)?
+            }
             (AttnSaved::Flash(saved), Some(plan)) if acts.share.is_some() => {
                 // Shared prompt rows: the backward on the expanded sequences, dq, dk
                 // and dv brought back to the rows (dv rounded where the flow rounds).
@@ -418,6 +489,32 @@ pub fn backward(
         };
         let pos = &acts.rows.positions;
         let qk_norms = (lx.q_norm, lx.k_norm, a.qk_pre.as_ref());
+        if let (Some(st), (Some(qn), Some(kn), Some((q_pre, k_pre, q_rstd, k_rstd)))) =
+            (&qkv16, qk_norms)
+        {
+            // q's and k's norm and RoPE backward in one launch, into their columns.
+            let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
+            let accs = grads.acc2(g, qn, kn)?;
+            let (rope, dims, at) = ((pos, &*model.rope), (m, [nh, nkv]), (st, qkv_ld));
+            qk_norm_rope_backward_pair_stacked(g, [qi, ki], rope, dims, round, accs, at)?;
+            drop((dq, dk, dv));
+            let ws = [(&lp.q, lx.q), (&lp.k, lx.k), (&lp.v, lx.v)];
+            let w16 = lp.qkv_st.as_ref().and_then(Stacked::bf16);
+            let dy = (st, qkv_ld);
+            let outs = dgrad_bf16(g, dy, &[&lp.q, &lp.k, &lp.v], w16, (m, h))?;
+            let dw = wgrad_bf16_stacked(g, dy, (a.a.as_ref().into(), m, h), ain)?;
+            let mut off = 0;
+            for (wq, ix) in ws {
+                grads.bufs[ix].add_bf16_part(g, &dw, off)?;
+                off += wq.n * h;
+            }
+            drop((qkv16, dw));
+            let inorm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
+            let dw1 = grads.acc(g, lx.input_layernorm)?;
+            let outs: Vec<&GemmOut> = outs.iter().collect();
+            (dx, dx16) = cx.norm_of_sum(&outs, inorm, (h, Some(&dh_mid)), dw1, bf16_dy)?;
+            continue;
+        }
         // q's and k's dy as BF16 operands (the bias gradients read dy in f32).
         let (mut dq16, mut dk16) = (None, None);
         if let (Some(qn), Some(kn), Some((q_pre, k_pre, q_rstd, k_rstd))) = qk_norms {
@@ -465,19 +562,20 @@ pub fn backward(
         // values where their producers stored them so; their 128x1 operands side
         // by side for one WGrad of the three where the shapes allow.
         let inorm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
+        let qkv_t = lp.qkv_st.as_ref().and_then(Stacked::fp8_t);
         if operand_dy(model) == Some(GemmPrecision::Fp8)
             && no_bias
-            && (lp.qkv_t.is_some() || stack_wgrad(model, h, &[qd, kvd, kvd]))
+            && (qkv_t.is_some() || stack_wgrad(model, GemmPrecision::Fp8, h, &[qd, kvd, kvd]))
         {
             let xs = [
                 (values(&dq16, &dq).into(), qd),
                 (values(&dk16, &dk).into(), kvd),
                 (values(&dv16, &dv).into(), kvd),
             ];
-            let (rows, col) = quantize_dual_stacked(g, &xs, m, lp.qkv_t.is_some())?;
+            let (rows, col) = quantize_dual_stacked(g, &xs, m, qkv_t.is_some())?;
             drop((dq, dk, dv, dq16, dk16, dv16));
             let ws = [(&lp.q, lx.q), (&lp.k, lx.k), (&lp.v, lx.v)];
-            let outs = dgrad_fp8(g, rows, &[&lp.q, &lp.k, &lp.v], lp.qkv_t.as_ref(), m)?;
+            let outs = dgrad_fp8(g, rows, &[&lp.q, &lp.k, &lp.v], qkv_t, m)?;
             let dw = wgrad_fp8_stacked(g, &col, (a.a.as_ref().into(), m, h), ain)?;
             let mut off = 0;
             for (wq, ix) in ws {

@@ -5,12 +5,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::adamw::BlockTargets;
 use jet_kernels::cuda::flash::flash_supported;
-use jet_kernels::cuda::linear::GpuWeight;
+use jet_kernels::cuda::linear::{GpuWeight, Stacked};
 use jet_kernels::cuda::ops::GpuRope;
-use jet_kernels::cuda::quantize::Fp8Quantized;
+use jet_kernels::cuda::part::Bf16View;
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 use jet_kernels::ops::attention::AttnShape;
 use jet_kernels::Flow;
@@ -28,13 +27,14 @@ pub struct GpuLayer {
     pub gate: GpuWeight,
     pub up: GpuWeight,
     pub down: GpuWeight,
-    /// In the fp8 flow: q's, k's and v's `W^T` blocks side by side `[hidden, q + k +
-    /// v]`, and gate's and up's `[hidden, 2 intermediate]`, for one DGrad GEMM each
-    /// (`GpuWeight::prepare_stacked`; the members hold their columns, which AdamW
-    /// rewrites in place). None where a member's width is not a multiple of 128 or
-    /// `JET_DGRAD_STACK=0`.
-    pub qkv_t: Option<Fp8Quantized>,
-    pub gu_t: Option<Fp8Quantized>,
+    /// q's, k's and v's DGrad operands side by side, and gate's and up's, for one
+    /// DGrad GEMM each (`GpuWeight::prepare_stacked`; the members hold their parts,
+    /// which AdamW rewrites in place): in the fp8 flow their `W^T` blocks `[hidden,
+    /// q + k + v]` (`[hidden, 2 intermediate]`), where DGrad is BF16 their BF16
+    /// weights `[q + k + v][hidden]`. None where a member's width does not allow it
+    /// (a multiple of 128 for FP8, of 16 for BF16) or `JET_DGRAD_STACK=0`.
+    pub qkv_st: Option<Stacked>,
+    pub gu_st: Option<Stacked>,
 }
 
 pub struct GpuModel<'w> {
@@ -54,7 +54,7 @@ pub struct GpuModel<'w> {
 /// the weight's length `n k`, its BF16 copy and its FP8 blocks, each if it has it.
 pub struct Rewrite<'a> {
     pub len: usize,
-    pub bf16: Option<&'a mut CudaSlice<u16>>,
+    pub bf16: Option<Bf16View<'a>>,
     pub blocks: Option<BlockTargets<'a>>,
 }
 
@@ -213,8 +213,8 @@ impl<'w> GpuModel<'w> {
                 gate: next()?,
                 up: next()?,
                 down: next()?,
-                qkv_t: stacks.next().flatten(),
-                gu_t: stacks.next().flatten(),
+                qkv_st: stacks.next().flatten(),
+                gu_st: stacks.next().flatten(),
             });
         }
         let lm_head = next()?;

@@ -7,8 +7,9 @@ use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, ADAMW};
 use super::grad::GradSrc;
+use super::part::Bf16View;
 use super::quantize::{Fp8Quantized, TDest};
-use super::{check_len, Gpu, Result};
+use super::{check_len, ensure, Gpu, Result};
 use crate::fp8::{Grouping, GROUP};
 
 /// The scalars of one AdamW step for one tensor.
@@ -141,7 +142,7 @@ pub struct AdamTensor<'a> {
     pub m: &'a mut CudaSlice<f32>,
     pub v: &'a mut CudaSlice<f32>,
     pub decay: bool,
-    pub p_bf16: Option<&'a mut CudaSlice<u16>>,
+    pub p_bf16: Option<Bf16View<'a>>,
     pub blocks: Option<BlockTargets<'a>>,
 }
 
@@ -200,7 +201,7 @@ pub fn adamw_multi_scaled(
             first as i64,
             t.decay as i64,
             pend,
-            t.p_bf16.as_deref().map_or(0, |b| gpu.ptr(b)) as i64,
+            t.p_bf16.map_or(0, |b| b.ptr(gpu)) as i64,
             t.g.mask_ptr(gpu, "adamw g")? as i64,
         ]);
         first += n.div_ceil(1024);
@@ -261,8 +262,10 @@ fn check_tensor(gpu: &Gpu, t: &AdamTensor) -> Result<([i64; 4], i64)> {
     for (what, b) in [("adamw m", &*t.m), ("adamw v", &*t.v)] {
         check_len(what, b, n, format!("[{n}]"))?;
     }
-    if let Some(b) = t.p_bf16.as_deref() {
-        check_len("adamw BF16 copy", b, n, format!("[{n}]"))?;
+    if let Some(b) = t.p_bf16 {
+        ensure(b.len() >= n, || {
+            format!("adamw BF16 copy: {} values for a tensor of {n}", b.len())
+        })?;
     }
     let ptr = |x: &CudaSlice<f32>| gpu.ptr(x) as i64;
     Ok(([ptr(&*t.p), g as i64, ptr(&*t.m), ptr(&*t.v)], pend as i64))
@@ -329,7 +332,7 @@ fn blocks_table(gpu: &Gpu, ts: Vec<&mut AdamTensor>) -> Result<(Vec<i64>, usize,
         tab.extend(state);
         tab.extend([
             pend,
-            t.p_bf16.as_deref().map_or(0, |x| gpu.ptr(x)) as i64,
+            t.p_bf16.map_or(0, |x| x.ptr(gpu)) as i64,
             rows as i64,
             cols as i64,
             b.w.rows_pad as i64,

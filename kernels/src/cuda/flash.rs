@@ -460,11 +460,42 @@ pub fn flash_backward_operand(
     CudaSlice<u16>,
 )> {
     let which = BwdKernel::default_for(gpu);
-    let dv16 = gpu.uninit::<u16>(plan.rows * shape.n_kv_heads * shape.head_dim)?;
+    let w = shape.n_kv_heads * shape.head_dim;
+    let dv16 = gpu.uninit::<u16>(plan.rows * w)?;
     let io = (dout, out);
-    let (dq, dk, dv) =
-        flash_backward_opts(gpu, plan, io, saved, shape, (which, round_dv, Some(&dv16)))?;
+    let at = Some(Dv16 {
+        buf: &dv16,
+        col: 0,
+        ld: w,
+    });
+    let (dq, dk, dv) = flash_backward_opts(gpu, plan, io, saved, shape, (which, round_dv, at))?;
     Ok((dq, dk, dv, dv16))
+}
+
+/// [`flash_backward_operand`] with dv's BF16 operand written as columns
+/// `[col, col + n_kv_heads * head_dim)` of `st` (`[rows][ld]`: q/k/v's stacked dy,
+/// for one BF16 WGrad and DGrad of the three): the same bits. `(dq, dk, dv)`.
+pub fn flash_backward_operand_at(
+    gpu: &Gpu,
+    plan: &FlashPlan,
+    (dout, out): (Dout, &CudaSlice<f32>),
+    saved: &FlashSaved,
+    shape: AttnShape,
+    round_dv: bool,
+    (st, col, ld): (&CudaSlice<u16>, usize, usize),
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+    let which = BwdKernel::default_for(gpu);
+    let at = Some(Dv16 { buf: st, col, ld });
+    flash_backward_opts(gpu, plan, (dout, out), saved, shape, (which, round_dv, at))
+}
+
+/// Where the dK/dV kernel writes dv's BF16 operand: columns from `col` of `buf`
+/// (`[rows][ld]` BF16).
+#[derive(Clone, Copy)]
+pub struct Dv16<'a> {
+    pub buf: &'a CudaSlice<u16>,
+    pub col: usize,
+    pub ld: usize,
 }
 
 /// [`flash_backward`] with a chosen build of the kernels.
@@ -496,7 +527,7 @@ fn flash_backward_opts(
     (dout, out): (Dout, &CudaSlice<f32>),
     saved: &FlashSaved,
     shape: AttnShape,
-    (which, round_dv, dv16): (BwdKernel, bool, Option<&CudaSlice<u16>>),
+    (which, round_dv, dv16): (BwdKernel, bool, Option<Dv16>),
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
     let prep = flash_backward_prep(gpu, (dout, out), plan.rows, shape)?;
     let dout16 = prep.dout16(dout)?;
@@ -586,7 +617,7 @@ pub fn flash_backward_kernels(
     (dout16, delta): (&CudaSlice<u16>, &CudaSlice<f32>),
     saved: &FlashSaved,
     shape: AttnShape,
-    (which, round_dv, dv16): (BwdKernel, bool, Option<&CudaSlice<u16>>),
+    (which, round_dv, dv16): (BwdKernel, bool, Option<Dv16>),
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
     check(shape)?;
     ensure(which == BwdKernel::MmaSync || gpu.wgmma(), || {
@@ -613,8 +644,13 @@ pub fn flash_backward_kernels(
             format!("[{n}, {w}]"),
         )?;
     }
-    if let Some(b) = dv16 {
-        check_len("dv (BF16)", b, n * nkv * hd, format!("[{n}, {}]", nkv * hd))?;
+    if let Some(Dv16 { buf, col, ld }) = dv16 {
+        let w = nkv * hd;
+        ensure(ld >= col + w && (col | ld).is_multiple_of(2), || {
+            format!("dv (BF16): columns {col}..{} at row stride {ld}", col + w)
+        })?;
+        let want = n.saturating_sub(1) * ld + col + w;
+        check_len("dv (BF16)", buf, want, format!("[{n}][{ld}]"))?;
     }
     let dq = gpu.uninit::<f32>(n * nh * hd)?;
     let dk = gpu.uninit::<f32>(n * nkv * hd)?;
@@ -657,7 +693,8 @@ pub fn flash_backward_kernels(
         Arg::P(gpu.ptr(&dk)),
         Arg::P(gpu.ptr(&dv)),
         Arg::I(round_dv as i32),
-        Arg::P(dv16.map_or(0, |b| gpu.ptr(b))),
+        Arg::P(dv16.map_or(0, |d| gpu.ptr(d.buf) + 2 * d.col as u64)),
+        Arg::L(dv16.map_or(0, |d| d.ld as i64)),
     ]);
     gpu.launch(src, kv, plan.grid(nkv)?, (128, 1, 1), kv_smem, &args)?;
     let mut args = common(&plan.tiles_q);

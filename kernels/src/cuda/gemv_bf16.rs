@@ -15,12 +15,13 @@ use cudarc::driver::CudaSlice;
 use super::gemv::{
     launch_rows, partial, partial_group, splitk_sum, Elem, Epi, Partial, SkOps, GEMV_MAX_TOKENS,
 };
+use super::part::Bf16View;
 use super::{ensure, Gpu, Result};
 
 /// A BF16 matrix on the device: `rows x cols` values stored `[rows_pad][cols_pad]`.
 #[derive(Clone, Copy)]
 pub struct Bf16Rows<'a> {
-    pub v: &'a CudaSlice<u16>,
+    pub v: Bf16View<'a>,
     pub rows: usize,
     pub cols: usize,
     pub rows_pad: usize,
@@ -60,8 +61,8 @@ fn check(x: &Bf16Rows, w: &Bf16Rows) -> Result<()> {
 fn ops(gpu: &Gpu, x: &Bf16Rows, w: &Bf16Rows, m0: usize) -> SkOps {
     SkOps {
         elem: Elem::Bf16,
-        w: (gpu.ptr(w.v), 0, 0),
-        x: (gpu.ptr(x.v) + (m0 * x.cols_pad * 2) as u64, 0, 0),
+        w: (w.v.ptr(gpu), 0, 0),
+        x: (x.v.ptr(gpu) + (m0 * x.cols_pad * 2) as u64, 0, 0),
         m: x.rows - m0,
         n: w.rows,
         n_pad: w.rows_pad,

@@ -21,9 +21,13 @@ use cudarc::driver::CudaSlice;
 
 mod fused;
 mod group;
+mod stacked_bf16;
 pub use super::gemv::set_gate_up_fused;
 pub use fused::{gate_up_swiglu, linear_residual_norm, qkv_partials, QkvPartials, ResidualNorm};
 pub use group::{linear_forward_group, linear_forward_group_act};
+pub use stacked_bf16::{
+    linear_dgrad_bf16_part, linear_dgrad_bf16_stacked, stacked_dy_bf16, wgrad_bf16_stacked,
+};
 
 use super::act::{Act, ActRef};
 use super::adamw::{BlockTargets, TTarget};
@@ -35,11 +39,12 @@ use super::gemv::{
 use super::gemv_bf16::{gemm_bf16_rows_fused, gemv_bf16_partial, Bf16Rows};
 use super::grad::GradAcc;
 use super::ops::{rmsnorm_forward, swiglu_forward};
+use super::part::Bf16View;
 use super::quantize::{
     quantize_block128, quantize_block128_multi, quantize_block128_multi_to, quantize_col128x1,
     quantize_dual, quantize_row1x128, rmsnorm_operand, rmsnorm_operand_opt, stacked_block128_t,
-    swiglu_dual, swiglu_operand, swiglu_operand_opt, to_bf16_padded, DualFp8, Fp8Quantized,
-    FusedOperand, TDest, TOut, NORM_OPERAND_MAX_DIM,
+    swiglu_dual, swiglu_operand, swiglu_operand_opt, to_bf16_into, to_bf16_padded, DualFp8,
+    Fp8Quantized, FusedOperand, TDest, TOut, NORM_OPERAND_MAX_DIM,
 };
 use super::{check_len, ensure, pad16, Ctx, Gpu, Result};
 use crate::fp8::{Grouping, GROUP};
@@ -53,8 +58,13 @@ pub struct GpuWeight {
     pub n: usize,
     pub k: usize,
     f32: Option<CudaSlice<f32>>,
-    /// BF16 bits `[pad16(N)][pad16(K)]`.
+    /// BF16 bits `[pad16(N)][pad16(K)]` ...
     bf16: Option<CudaSlice<u16>>,
+    /// ... or, instead, its rows of a stacked BF16 weight that the layer holds for
+    /// the projections that read the same input (the buffer and the element its
+    /// `n k` values start at; [`GpuWeight::prepare_stacked`]): their BF16 DGrad is
+    /// one GEMM ([`linear_dgrad_bf16_stacked`]).
+    bf16_part: Option<(Arc<CudaSlice<u16>>, usize)>,
     fp8: Option<Fp8Quantized>,
     /// Blocks of `W^T [K, N]`, when the flow's DGrad is FP8 ...
     fp8_t: Option<Fp8Quantized>,
@@ -77,7 +87,7 @@ impl GpuWeight {
     pub fn fingerprint(&self, gpu: &Gpu, out: &mut Vec<u64>) {
         out.extend([self.n as u64, self.k as u64, self.batch_invariant as u64]);
         out.push(self.f32.as_ref().map_or(0, |b| gpu.ptr(b)));
-        out.push(self.bf16.as_ref().map_or(0, |b| gpu.ptr(b)));
+        out.push(self.bf16_view().map_or(0, |b| b.ptr(gpu)));
         for q in [&self.fp8, &self.fp8_t] {
             match q {
                 Some(q) => out.extend([gpu.ptr(&q.codes), gpu.ptr(&q.scales)]),
@@ -124,25 +134,29 @@ impl GpuWeight {
 
     /// [`GpuWeight::prepare_many`] where each group of `groups` (`(first, count)`:
     /// consecutive weights of `ws` that read one input, q/k/v or gate/up) has its
-    /// members' `W^T` blocks side by side in one stacked `W^T` (returned for the
-    /// group, None where it is not stacked), for one FP8 DGrad GEMM over the group:
-    /// the fp8 flow's FP8 DGrad, one K, every N a multiple of 128. The same blocks,
-    /// so the same bits as each member's own. `JET_DGRAD_STACK=0`: none stacked.
+    /// members' DGrad operands side by side in one stacked operand (returned for the
+    /// group, None where it is not stacked), for one DGrad GEMM over the group:
+    /// - FP8 DGrad: their `W^T` blocks in one stacked `W^T` (every N a multiple of
+    ///   128);
+    /// - BF16 DGrad: their BF16 copies as the row blocks of one `[sum of n, k]`
+    ///   (every N a multiple of 16).
+    ///
+    /// One K, a multiple of 16. The same values, so the same bits as each member's
+    /// own. `JET_DGRAD_STACK=0`: none stacked.
     pub fn prepare_stacked(
         gpu: &Gpu,
         ws: &[(&CudaSlice<f32>, usize, usize)],
         flow: Flow,
         groups: &[(usize, usize)],
-    ) -> Result<(Vec<GpuWeight>, Vec<Option<Fp8Quantized>>)> {
-        let Some(transposed) = fp8_blocks(flow) else {
-            let none = groups.iter().map(|_| None).collect();
-            return Ok((Self::prepare_many(gpu, ws, flow)?, none));
-        };
-        let own = match transposed {
-            true => TOut::Own,
-            false => TOut::None,
+    ) -> Result<(Vec<GpuWeight>, Vec<Option<Stacked>>)> {
+        let fp8 = fp8_blocks(flow);
+        let bf16_dgrad = flow.precision(GemmRole::DGrad) == GemmPrecision::Bf16;
+        let own = match fp8 {
+            Some(true) => TOut::Own,
+            _ => TOut::None,
         };
         let mut ts = vec![own; ws.len()];
+        let mut parts16: Vec<Option<(Arc<CudaSlice<u16>>, usize)>> = vec![None; ws.len()];
         let mut stacks = Vec::with_capacity(groups.len());
         for &(first, count) in groups {
             let members = ws.get(first..first + count).ok_or_else(|| {
@@ -153,33 +167,45 @@ impl GpuWeight {
                 ))
             })?;
             let k = members.first().map_or(0, |m| m.2);
-            let ok = transposed
-                && dgrad_stack_on()
+            let one_k = dgrad_stack_on()
                 && count > 1
                 && k.is_multiple_of(16)
-                && members
-                    .iter()
-                    .all(|&(_, n, kk)| kk == k && n.is_multiple_of(GROUP));
-            if !ok {
-                stacks.push(None);
-                continue;
-            }
+                && members.iter().all(|&(_, _, kk)| kk == k);
+            let all_n = |q: usize| members.iter().all(|&(_, n, _)| n.is_multiple_of(q));
             let total: usize = members.iter().map(|m| m.1).sum();
-            let st = stacked_block128_t(gpu, k, total)?;
-            let mut n0 = 0;
-            for (i, &(_, n, _)) in members.iter().enumerate() {
-                ts[first + i] = TOut::Part(TDest::part(gpu, &st, n0, n, k)?);
-                n0 += n;
+            if one_k && fp8 == Some(true) && all_n(GROUP) {
+                let st = stacked_block128_t(gpu, k, total)?;
+                let mut n0 = 0;
+                for (i, &(_, n, _)) in members.iter().enumerate() {
+                    ts[first + i] = TOut::Part(TDest::part(gpu, &st, n0, n, k)?);
+                    n0 += n;
+                }
+                stacks.push(Some(Stacked::Fp8T(st)));
+            } else if one_k && bf16_dgrad && all_n(16) {
+                let st = Arc::new(gpu.uninit::<u16>(total * k)?);
+                let mut n0 = 0;
+                for (i, &(_, n, _)) in members.iter().enumerate() {
+                    parts16[first + i] = Some((st.clone(), n0 * k));
+                    n0 += n;
+                }
+                stacks.push(Some(Stacked::Bf16(st)));
+            } else {
+                stacks.push(None);
             }
-            stacks.push(Some(st));
         }
-        let blocks = quantize_block128_multi_to(gpu, ws, &ts)?;
+        let blocks: Vec<_> = match fp8 {
+            Some(_) => quantize_block128_multi_to(gpu, ws, &ts)?
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => ws.iter().map(|_| None).collect(),
+        };
         let weights = ws
             .iter()
             .zip(blocks)
-            .zip(ts)
-            .map(|((&(w, n, k), b), t)| {
-                let mut p = Self::with_blocks(gpu, w, n, k, flow, Some(b))?;
+            .zip(ts.into_iter().zip(parts16))
+            .map(|((&(w, n, k), b), (t, part16))| {
+                let mut p = Self::with_blocks_at(gpu, (w, n, k), flow, b, part16)?;
                 if let TOut::Part(d) = t {
                     p.t_part = Some(d);
                 }
@@ -199,6 +225,18 @@ impl GpuWeight {
         flow: Flow,
         blocks: Option<(Fp8Quantized, Option<Fp8Quantized>)>,
     ) -> Result<GpuWeight> {
+        Self::with_blocks_at(gpu, (w, n, k), flow, blocks, None)
+    }
+
+    /// [`GpuWeight::with_blocks`] with its BF16 copy written as the rows of a
+    /// stacked one from element `off` (`part16`) in place of a buffer of its own.
+    fn with_blocks_at(
+        gpu: &Gpu,
+        (w, n, k): (&CudaSlice<f32>, usize, usize),
+        flow: Flow,
+        blocks: Option<(Fp8Quantized, Option<Fp8Quantized>)>,
+        part16: Option<(Arc<CudaSlice<u16>>, usize)>,
+    ) -> Result<GpuWeight> {
         check_len("weight", w, n * k, format!("[{n}, {k}]"))?;
         let (fp8, fp8_t) = blocks.map_or((None, None), |(q, qt)| (Some(q), qt));
         let mut p = GpuWeight {
@@ -206,6 +244,7 @@ impl GpuWeight {
             k,
             f32: None,
             bf16: None,
+            bf16_part: None,
             fp8,
             fp8_t,
             t_part: None,
@@ -220,9 +259,14 @@ impl GpuWeight {
                             .ctx("copying a weight")?,
                     )
                 }
-                GemmPrecision::Bf16 if p.bf16.is_none() => {
-                    p.bf16 = Some(to_bf16_padded(gpu, w, n, k, pad16(n), pad16(k))?)
-                }
+                GemmPrecision::Bf16 if p.bf16_view().is_none() => match &part16 {
+                    Some((st, off)) => {
+                        let at = Bf16View::part("a stacked BF16 weight", st, *off, n * k)?;
+                        to_bf16_into(gpu, w, n, k, at)?;
+                        p.bf16_part = part16.clone();
+                    }
+                    None => p.bf16 = Some(to_bf16_padded(gpu, w, n, k, pad16(n), pad16(k))?),
+                },
                 _ => {}
             }
         }
@@ -254,14 +298,13 @@ impl GpuWeight {
     /// `adamw::AdamTensor::p_bf16`), and the 128x128 FP8 blocks with their
     /// transposes (`adamw::AdamTensor::blocks`). None when some copy cannot be
     /// rewritten; the weight then has to be prepared again after a step.
-    pub fn rewritable_mut(
-        &mut self,
-    ) -> Option<(Option<&mut CudaSlice<u16>>, Option<BlockTargets<'_>>)> {
+    pub fn rewritable_mut(&mut self) -> Option<(Option<Bf16View<'_>>, Option<BlockTargets<'_>>)> {
         let rows_whole = self.k.is_multiple_of(16);
-        if self.f32.is_some() || (self.bf16.is_some() && !rows_whole) {
+        let has_bf16 = self.bf16.is_some() || self.bf16_part.is_some();
+        if self.f32.is_some() || (has_bf16 && !rows_whole) {
             return None;
         }
-        if self.bf16.is_none() && self.fp8.is_none() {
+        if !has_bf16 && self.fp8.is_none() {
             return None;
         }
         let t = match (self.fp8_t.as_mut(), self.t_part) {
@@ -270,12 +313,25 @@ impl GpuWeight {
             (None, None) => None,
         };
         let blocks = self.fp8.as_mut().map(|w| BlockTargets { w, t });
-        Some((self.bf16.as_mut(), blocks))
+        let len = self.n * self.k;
+        let bf16 = match (&self.bf16, &self.bf16_part) {
+            (Some(b), _) => Some(b.into()),
+            (None, Some((st, off))) => Bf16View::part("a stacked BF16 weight", st, *off, len).ok(),
+            (None, None) => None,
+        };
+        Some((bf16, blocks))
     }
 
-    /// The BF16 copy `[pad16(n)][pad16(k)]`, when the flow has one.
-    pub fn bf16(&self) -> Option<&CudaSlice<u16>> {
-        self.bf16.as_ref()
+    /// The BF16 copy `[pad16(n)][pad16(k)]`, when the flow has one: its own, or its
+    /// rows of the layer's stacked one (checked when they were made).
+    pub fn bf16_view(&self) -> Option<Bf16View<'_>> {
+        match (&self.bf16, &self.bf16_part) {
+            (Some(b), _) => Some(b.into()),
+            (None, Some((st, off))) => {
+                Bf16View::part("a stacked BF16 weight", st, *off, self.n * self.k).ok()
+            }
+            (None, None) => None,
+        }
     }
 
     fn missing(&self, prec: GemmPrecision) -> super::CudaError {
@@ -283,6 +339,33 @@ impl GpuWeight {
             "weight [{}, {}] was not prepared for {prec:?}",
             self.n, self.k
         ))
+    }
+}
+
+/// One DGrad operand over the projections that read the same input
+/// ([`GpuWeight::prepare_stacked`]); the members hold their parts of it.
+pub enum Stacked {
+    /// Their `W^T` blocks side by side, `[k, sum of n]` (FP8 DGrad).
+    Fp8T(Fp8Quantized),
+    /// Their BF16 copies as row blocks, `[sum of n][k]` (BF16 DGrad).
+    Bf16(Arc<CudaSlice<u16>>),
+}
+
+impl Stacked {
+    /// The stacked `W^T` blocks, where FP8.
+    pub fn fp8_t(&self) -> Option<&Fp8Quantized> {
+        match self {
+            Stacked::Fp8T(t) => Some(t),
+            Stacked::Bf16(_) => None,
+        }
+    }
+
+    /// The stacked BF16 weights, where BF16.
+    pub fn bf16(&self) -> Option<&CudaSlice<u16>> {
+        match self {
+            Stacked::Bf16(w) => Some(w),
+            Stacked::Fp8T(_) => None,
+        }
     }
 }
 
@@ -375,8 +458,13 @@ fn dense(
     cols: usize,
     ld: usize,
 ) -> Dense {
+    dense_at(gpu.ptr(s), ty, rows, cols, ld)
+}
+
+/// A `[rows, cols]` operand at device address `ptr`, row stride `ld`.
+fn dense_at(ptr: u64, ty: LtType, rows: usize, cols: usize, ld: usize) -> Dense {
     Dense {
-        ptr: gpu.ptr(s),
+        ptr,
         ty,
         rows,
         cols,
@@ -801,9 +889,9 @@ fn split_k_partial(
     let (n, k) = (w.n, w.k);
     match prec {
         GemmPrecision::Bf16 => {
-            let wb = w.bf16.as_ref().ok_or_else(|| w.missing(prec))?;
+            let wb = w.bf16_view().ok_or_else(|| w.missing(prec))?;
             let xb = xo.bf16(gpu, x, m, k)?;
-            gemv_bf16_partial(gpu, x_rows(xb, m, k), w_rows(wb, n, k))
+            gemv_bf16_partial(gpu, x_rows(xb.into(), m, k), w_rows(wb, n, k))
         }
         GemmPrecision::Fp8 => {
             let wq = w.fp8.as_ref().ok_or_else(|| w.missing(prec))?;
@@ -816,7 +904,7 @@ fn split_k_partial(
 }
 
 /// x's BF16 copy `[m][pad16(k)]` as the BF16 kernels read it.
-fn x_rows(v: &CudaSlice<u16>, m: usize, k: usize) -> Bf16Rows<'_> {
+fn x_rows(v: Bf16View<'_>, m: usize, k: usize) -> Bf16Rows<'_> {
     Bf16Rows {
         v,
         rows: m,
@@ -827,7 +915,7 @@ fn x_rows(v: &CudaSlice<u16>, m: usize, k: usize) -> Bf16Rows<'_> {
 }
 
 /// A weight's BF16 copy `[pad16(n)][pad16(k)]` as the BF16 kernels read it.
-fn w_rows(v: &CudaSlice<u16>, n: usize, k: usize) -> Bf16Rows<'_> {
+fn w_rows(v: Bf16View<'_>, n: usize, k: usize) -> Bf16Rows<'_> {
     Bf16Rows {
         v,
         rows: n,
@@ -931,12 +1019,12 @@ fn forward_into(
             (d, np)
         }
         GemmPrecision::Bf16 => {
-            let wb = w.bf16.as_ref().ok_or_else(|| w.missing(prec))?;
+            let wb = w.bf16_view().ok_or_else(|| w.missing(prec))?;
             let xb = xo.bf16(gpu, x, m, k)?;
             let d = gpu.uninit::<f32>(m * np)?;
             let (a, b) = (
                 dense(gpu, xb, LtType::Bf16, m, k, kp),
-                dense(gpu, wb, LtType::Bf16, n, k, kp),
+                dense_at(wb.ptr(gpu), LtType::Bf16, n, k, kp),
             );
             dense_gemm(gpu, a, false, b, true, gpu.ptr(&d), np)?;
             (d, np)
@@ -963,9 +1051,9 @@ fn rows_fused(
     let (n, k) = (w.n, w.k);
     match prec {
         GemmPrecision::Bf16 => {
-            let wb = w.bf16.as_ref().ok_or_else(|| w.missing(prec))?;
+            let wb = w.bf16_view().ok_or_else(|| w.missing(prec))?;
             let xb = xo.bf16(gpu, x, m, k)?;
-            gemm_bf16_rows_fused(gpu, x_rows(xb, m, k), w_rows(wb, n, k), epi)
+            gemm_bf16_rows_fused(gpu, x_rows(xb.into(), m, k), w_rows(wb, n, k), epi)
         }
         GemmPrecision::Fp8 => {
             let wq = w.fp8.as_ref().ok_or_else(|| w.missing(prec))?;
@@ -1186,12 +1274,12 @@ fn backward_to(
             GemmOut::F32(d, kp)
         }
         GemmPrecision::Bf16 => {
-            let wb = w.bf16.as_ref().ok_or_else(|| w.missing(dgrad))?;
+            let wb = w.bf16_view().ok_or_else(|| w.missing(dgrad))?;
             let dyb = dy_bf16(gpu, dy, &mut dyb, (m, n))?;
             let d = gpu.uninit::<u16>(m * kp)?;
             let (a, b) = (
                 dense(gpu, dyb, LtType::Bf16, m, n, np),
-                dense(gpu, wb, LtType::Bf16, n, k, kp),
+                dense_at(wb.ptr(gpu), LtType::Bf16, n, k, kp),
             );
             dense_gemm_to(gpu, (a, false), (b, false), (gpu.ptr(&d), kp, LtType::Bf16))?;
             GemmOut::Bf16(d, kp)

@@ -44,6 +44,7 @@ pub mod graph;
 pub mod linear;
 pub mod logsoftmax;
 pub mod ops;
+pub mod part;
 pub mod pinned;
 pub mod policy_loss;
 pub mod profile;

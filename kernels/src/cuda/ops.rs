@@ -541,10 +541,17 @@ pub fn qk_norm_rope_backward_acc_operand(
     bf16: bool,
 ) -> Result<QkNormGrad> {
     check_qk_rope(table, positions, tokens)?;
-    let side = QkSide::new(gpu, "q/k", input, (tokens, n_heads), dw_acc, bf16)?;
+    let side = QkSide::new(
+        gpu,
+        "q/k",
+        input,
+        (tokens, n_heads),
+        dw_acc,
+        QkDst::of(bf16),
+    )?;
     qk_norm_rope_bwd_launch(gpu, (&side, None), (positions, table), round)?;
     colsum_final(gpu, &side.part, (side.chunks, 128), round, (dw_acc, true))?;
-    Ok(side.out)
+    side.made()
 }
 
 /// `qk_norm_rope_bwd` over q's chunks, then k's (none: q's alone, the kernel's k
@@ -581,9 +588,58 @@ pub fn qk_norm_rope_backward_pair(
     (dw_q, dw_k): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
     bf16: bool,
 ) -> Result<[QkNormGrad; 2]> {
+    let outs = [QkDst::of(bf16), QkDst::of(bf16)];
+    let [q, k] = qk_pair(
+        gpu,
+        inputs,
+        (positions, table),
+        (tokens, n_heads),
+        round,
+        (dw_q, dw_k),
+        outs,
+    )?;
+    Ok([q.made()?, k.made()?])
+}
+
+/// [`qk_norm_rope_backward_pair`] writing q's and k's dy only as BF16 column slices of
+/// `st` (`[tokens][ld]` BF16: q/k/v's stacked dy, v's written by the attention's
+/// backward), q's at column 0 and k's at `n_heads[0] * 128`: the bits of the BF16
+/// operands it makes, at another row stride (one BF16 WGrad and DGrad of q, k, v).
+pub fn qk_norm_rope_backward_pair_stacked(
+    gpu: &Gpu,
+    inputs: [NormBwdIn; 2],
+    rope: (&CudaSlice<i32>, &GpuRope),
+    (tokens, n_heads): (usize, [usize; 2]),
+    round: bool,
+    dws: (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    (st, ld): (&CudaSlice<u16>, usize),
+) -> Result<()> {
+    let (qw, kw) = (n_heads[0] * 128, n_heads[1] * 128);
+    ensure(ld >= qw + kw, || {
+        format!("stacked q/k dy: row stride {ld} < {qw} + {kw}")
+    })?;
+    let want = tokens.saturating_sub(1) * ld + qw + kw;
+    check_len("stacked q/k dy", st, want, format!("[{tokens}][{ld}]"))?;
+    let base = gpu.ptr(st);
+    let outs = [QkDst::At(base, ld), QkDst::At(base + 2 * qw as u64, ld)];
+    qk_pair(gpu, inputs, rope, (tokens, n_heads), round, dws, outs)?;
+    Ok(())
+}
+
+/// q's and k's `qk_norm_rope_bwd` in one launch, then `colsum_final2` for both
+/// weights: the sides, with what each made.
+fn qk_pair<'a>(
+    gpu: &Gpu,
+    inputs: [NormBwdIn<'a>; 2],
+    (positions, table): (&CudaSlice<i32>, &GpuRope),
+    (tokens, n_heads): (usize, [usize; 2]),
+    round: bool,
+    (dw_q, dw_k): (&mut CudaSlice<f32>, &mut CudaSlice<f32>),
+    [oq, ok]: [QkDst; 2],
+) -> Result<[QkSide<'a>; 2]> {
     check_qk_rope(table, positions, tokens)?;
-    let q = QkSide::new(gpu, "q", inputs[0], (tokens, n_heads[0]), dw_q, bf16)?;
-    let k = QkSide::new(gpu, "k", inputs[1], (tokens, n_heads[1]), dw_k, bf16)?;
+    let q = QkSide::new(gpu, "q", inputs[0], (tokens, n_heads[0]), dw_q, oq)?;
+    let k = QkSide::new(gpu, "k", inputs[1], (tokens, n_heads[1]), dw_k, ok)?;
     qk_norm_rope_bwd_launch(gpu, (&q, Some(&k)), (positions, table), round)?;
     gpu.launch(
         &OPS,
@@ -603,7 +659,7 @@ pub fn qk_norm_rope_backward_pair(
             Arg::I(round as i32),
         ],
     )?;
-    Ok([q.out, k.out])
+    Ok([q, k])
 }
 
 /// The RoPE table and positions `qk_norm_rope_bwd` reads: heads of 128, a position
@@ -619,14 +675,34 @@ fn check_qk_rope(table: &GpuRope, positions: &CudaSlice<i32>, tokens: usize) -> 
 }
 
 /// One of q and k in `qk_norm_rope_bwd`: its checked inputs, its output (f32 dx
-/// or dx's BF16 operand alone) and its 256-row chunks' column sums `part [chunks][128]`.
+/// or dx's BF16 operand alone, its own or at an address with a row stride: `at16`)
+/// and its 256-row chunks' column sums `part [chunks][128]`.
 struct QkSide<'a> {
     input: NormBwdIn<'a>,
     rows: usize,
     n_heads: usize,
     chunks: usize,
-    out: QkNormGrad,
+    out: Option<QkNormGrad>,
+    at16: (u64, usize),
     part: CudaSlice<f32>,
+}
+
+/// Where a side of `qk_norm_rope_bwd` writes dx: f32 or BF16 buffers of its own,
+/// or BF16 at a device address with a row stride (elements a token).
+#[derive(Clone, Copy)]
+enum QkDst {
+    F32,
+    Bf16,
+    At(u64, usize),
+}
+
+impl QkDst {
+    fn of(bf16: bool) -> QkDst {
+        match bf16 {
+            true => QkDst::Bf16,
+            false => QkDst::F32,
+        }
+    }
 }
 
 impl<'a> QkSide<'a> {
@@ -637,7 +713,7 @@ impl<'a> QkSide<'a> {
         input: NormBwdIn<'a>,
         (tokens, n_heads): (usize, usize),
         dw_acc: &CudaSlice<f32>,
-        bf16: bool,
+        how: QkDst,
     ) -> Result<Self> {
         const HD: usize = 128;
         let (dy, x, w, rstd) = input;
@@ -656,9 +732,14 @@ impl<'a> QkSide<'a> {
                 format!("{tokens} tokens, {n_heads} heads of {HD}"),
             )?;
         }
-        let out = match bf16 {
-            true => QkNormGrad::Bf16(gpu.uninit::<u16>(rows * HD)?),
-            false => QkNormGrad::F32(gpu.uninit::<f32>(rows * HD)?),
+        let (out, at16) = match how {
+            QkDst::Bf16 => {
+                let d = gpu.uninit::<u16>(rows * HD)?;
+                let at = (gpu.ptr(&d), n_heads * HD);
+                (Some(QkNormGrad::Bf16(d)), at)
+            }
+            QkDst::F32 => (Some(QkNormGrad::F32(gpu.uninit::<f32>(rows * HD)?)), (0, 0)),
+            QkDst::At(p, ld) => (None, (p, ld)),
         };
         let chunks = rows.div_ceil(256).max(1);
         let part = gpu.uninit::<f32>(chunks * HD)?;
@@ -668,18 +749,27 @@ impl<'a> QkSide<'a> {
             n_heads,
             chunks,
             out,
+            at16,
             part,
         })
     }
 
+    /// The output this side made in a buffer of its own.
+    fn made(self) -> Result<QkNormGrad> {
+        self.out.ok_or_else(|| {
+            CudaError::Invalid("q/k norm backward: the BF16 dy went to a stacked operand".into())
+        })
+    }
+
     /// `qk_norm_rope_bwd`'s arguments for this side: dy, x, w, rstd, rows, n_heads,
-    /// dx, part, dx16 (dx or dx16 null by the output's form).
+    /// dx, part, dx16, ld16 (dx or dx16 null by the output's form).
     fn args(&self, gpu: &Gpu) -> Vec<Arg> {
         let (dy, x, w, rstd) = self.input;
-        let (dx, dx16) = match &self.out {
-            QkNormGrad::F32(d) => (gpu.ptr(d), 0),
-            QkNormGrad::Bf16(d) => (0, gpu.ptr(d)),
+        let dx = match &self.out {
+            Some(QkNormGrad::F32(d)) => gpu.ptr(d),
+            _ => 0,
         };
+        let (dx16, ld16) = self.at16;
         vec![
             Arg::P(gpu.ptr(dy)),
             Arg::P(gpu.ptr(x)),
@@ -690,6 +780,7 @@ impl<'a> QkSide<'a> {
             Arg::P(dx),
             Arg::P(gpu.ptr(&self.part)),
             Arg::P(dx16),
+            Arg::L(ld16 as i64),
         ]
     }
 }
@@ -1343,22 +1434,57 @@ pub fn swiglu_backward_bf16<'a>(
     up: impl Into<ActRef<'a>>,
     (rows, cols): (usize, usize),
 ) -> Result<(CudaSlice<u16>, CudaSlice<u16>)> {
-    let (gate, up, gu16) = super::quantize::gu_args(gpu, gate.into(), up.into(), (rows, cols))?;
+    let ldb = super::pad16(cols);
+    let (dg, du) = (
+        gpu.uninit::<u16>(rows * ldb)?,
+        gpu.uninit::<u16>(rows * ldb)?,
+    );
+    let outs = (gpu.ptr(&dg), gpu.ptr(&du), ldb);
+    swiglu_bwd_bf16_launch(gpu, dh, (gate.into(), up.into()), (rows, cols), outs)?;
+    Ok((dg, du))
+}
+
+/// [`swiglu_backward_bf16`] with `dgate` and `dup` as the column halves of one
+/// stacked `[rows][2 cols]` BF16 operand (`[dgate | dup]`, for one WGrad and one
+/// DGrad of gate and up): the same bits. `cols` a multiple of 16 (no padding
+/// columns between the halves).
+pub fn swiglu_backward_bf16_stacked<'a>(
+    gpu: &Gpu,
+    dh: SwigluDh,
+    gate: impl Into<ActRef<'a>>,
+    up: impl Into<ActRef<'a>>,
+    (rows, cols): (usize, usize),
+) -> Result<CudaSlice<u16>> {
+    ensure(cols.is_multiple_of(16), || {
+        format!("stacked swiglu backward: {cols} columns, not a multiple of 16")
+    })?;
+    let st = gpu.uninit::<u16>(rows * 2 * cols)?;
+    let outs = (gpu.ptr(&st), gpu.ptr(&st) + 2 * cols as u64, 2 * cols);
+    swiglu_bwd_bf16_launch(gpu, dh, (gate.into(), up.into()), (rows, cols), outs)?;
+    Ok(st)
+}
+
+/// `swiglu_bwd_bf16*` writing dgate and dup at `outs` = (dgate, dup, row stride
+/// ldo >= pad16(cols)), each `[rows][ldo]` with its pad16(cols) columns written.
+fn swiglu_bwd_bf16_launch(
+    gpu: &Gpu,
+    dh: SwigluDh,
+    (gate, up): (ActRef, ActRef),
+    (rows, cols): (usize, usize),
+    (dg, du, ldo): (u64, u64, usize),
+) -> Result<()> {
+    let (gate, up, gu16) = super::quantize::gu_args(gpu, gate, up, (rows, cols))?;
     let (head, dh16) = dh.args(gpu, rows, cols)?;
     ensure(dh16 || !gu16, || {
         "swiglu backward: BF16 gate and up need the BF16 dh".into()
     })?;
     let ldb = super::pad16(cols);
     ensure(
-        rows * ldb < i64::MAX as usize && cols < i32::MAX as usize,
-        || format!("swiglu backward of [{rows}, {cols}]: too large"),
+        rows * ldo < i64::MAX as usize && cols < i32::MAX as usize && ldo >= ldb,
+        || format!("swiglu backward of [{rows}, {cols}] at row stride {ldo}: too large"),
     )?;
-    let (dg, du) = (
-        gpu.uninit::<u16>(rows * ldb)?,
-        gpu.uninit::<u16>(rows * ldb)?,
-    );
     if rows == 0 {
-        return Ok((dg, du));
+        return Ok(());
     }
     gpu.launch(
         &OPS,
@@ -1378,11 +1504,11 @@ pub fn swiglu_backward_bf16<'a>(
                 Arg::I(rows as i32),
                 Arg::I(cols as i32),
                 Arg::I(ldb as i32),
-                Arg::P(gpu.ptr(&dg)),
-                Arg::P(gpu.ptr(&du)),
+                Arg::L(ldo as i64),
+                Arg::P(dg),
+                Arg::P(du),
             ],
         ]
         .concat(),
-    )?;
-    Ok((dg, du))
+    )
 }

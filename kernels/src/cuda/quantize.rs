@@ -21,6 +21,7 @@ use cudarc::driver::CudaSlice;
 use super::act::ActRef;
 use super::context::{Arg, QUANTIZE};
 use super::ops::SwigluDh;
+use super::part::Bf16View;
 use super::{check_len, ensure, pad16, Gpu, Result};
 use crate::fp8::{decode, scale_shape, Fp8Matrix, Grouping, GROUP};
 
@@ -1360,14 +1361,48 @@ pub fn to_bf16_padded(
     ensure(rows_pad >= rows && cols_pad >= cols, || {
         format!("BF16 padding [{rows_pad}, {cols_pad}] is smaller than [{rows}, {cols}]")
     })?;
+    let y = gpu.uninit::<u16>(rows_pad * cols_pad)?;
+    pad_bf16(gpu, x, (rows, cols), (rows_pad, cols_pad), gpu.ptr(&y))?;
+    Ok(y)
+}
+
+/// [`to_bf16_padded`] without padding into `y` (`rows cols` values: a weight's
+/// rows of a stacked BF16 weight): the same bits.
+pub fn to_bf16_into(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+    y: Bf16View,
+) -> Result<()> {
+    check_shape("BF16 conversion input", x, rows, cols)?;
+    ensure(y.len() == rows * cols, || {
+        format!(
+            "BF16 conversion of [{rows}, {cols}] into {} values",
+            y.len()
+        )
+    })?;
+    pad_bf16(gpu, x, (rows, cols), (rows, cols), y.ptr(gpu))
+}
+
+/// `pad_bf16_f32(_x4)`: x `[rows, cols]` as BF16 `[rows_pad][cols_pad]` at `y`.
+fn pad_bf16(
+    gpu: &Gpu,
+    x: &CudaSlice<f32>,
+    (rows, cols): (usize, usize),
+    (rows_pad, cols_pad): (usize, usize),
+    y: u64,
+) -> Result<()> {
     let n = rows_pad * cols_pad;
-    let y = gpu.uninit::<u16>(n)?;
     // Four columns a thread where rows stay 16-byte aligned (every model shape).
     let x4 = cols_pad.is_multiple_of(4) && cols.is_multiple_of(4);
     let (name, threads) = match x4 {
         true => ("pad_bf16_f32_x4", n / 4),
         false => ("pad_bf16_f32", n),
     };
+    if n == 0 {
+        return Ok(());
+    }
     gpu.launch(
         &QUANTIZE,
         name,
@@ -1381,10 +1416,9 @@ pub fn to_bf16_padded(
             Arg::I(cols as i32),
             Arg::I(rows_pad as i32),
             Arg::I(cols_pad as i32),
-            Arg::P(gpu.ptr(&y)),
+            Arg::P(y),
         ],
-    )?;
-    Ok(y)
+    )
 }
 
 /// Fill `y` with deterministic pseudo-random values in `[-amp, amp)` on the device.

@@ -845,11 +845,12 @@ extern "C" __global__ void fa_bwd_prep(const float* dout, const float* out, int 
 // dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q.
 // Summed over the group's query heads, then query rows, in order. q, k, v, dout
 // in BF16; steps of FA_BQ query rows double-buffered. dv16 (when not null): dv's
-// BF16 GEMM operand as well (fuses pad_bf16_f32 of dv: the v projection's dy).
+// BF16 GEMM operand as well (fuses pad_bf16_f32 of dv: the v projection's dy), rows at
+// stride ld16 (nkv * D, or q + k + v's where it is a column slice of their stacked dy).
 template <int D>
 __device__ void fa_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                           const float* lse, const float* delta, const int* tiles, int nh, int nkv, float sl2,
-                          float scale, float* dk, float* dv, int round_dv, bf16_t* dv16) {
+                          float scale, float* dk, float* dv, int round_dv, bf16_t* dv16, long ld16) {
     extern __shared__ __align__(16) unsigned char fa_sm[];
     const int T = FA_BC * (D + 8), S = FA_BQ * (D + 8);
     bf16_t* sK = (bf16_t*)fa_sm;
@@ -943,7 +944,7 @@ __device__ void fa_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
             const float2 v2 = round_dv ? make_float2(round_bf16(av[nd][2 * i]), round_bf16(av[nd][2 * i + 1]))
                                        : make_float2(av[nd][2 * i], av[nd][2 * i + 1]);
             *(float2*)(dv + row + d) = v2;
-            if (dv16) *(u32*)(dv16 + row + d) = pack2_bf16(v2.x, v2.y);
+            if (dv16) *(u32*)(dv16 + (seq0 + key[i]) * ld16 + kvh * D + d) = pack2_bf16(v2.x, v2.y);
         }
     }
 }
@@ -1063,8 +1064,8 @@ __device__ void fa_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_kv_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse, \
                       const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale,        \
-                      float* dk, float* dv, int round_dv, bf16_t* dv16) { pdl_entry();                                                 \
-        fa_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv, round_dv, dv16);              \
+                      float* dk, float* dv, int round_dv, bf16_t* dv16, long ld16) { pdl_entry();                                      \
+        fa_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv, round_dv, dv16, ld16);        \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                       \
         fa_bwd_q_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,  \

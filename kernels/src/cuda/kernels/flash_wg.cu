@@ -93,7 +93,7 @@ __device__ __forceinline__ void fw_landed() {
 template <int D>
 __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,
                           const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale, float* dk,
-                          float* dv, int round_dv, bf16_t* dv16) {
+                          float* dv, int round_dv, bf16_t* dv16, long ld16) {
     constexpr int TB = FwTile<D>::BYTES, PL = D / 64;
     extern __shared__ u8 fw_raw[];
     u8* sm = align1024(fw_raw);
@@ -214,7 +214,7 @@ __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
                 const float2 v2 = round_dv ? make_float2(round_bf16(av[p][e]), round_bf16(av[p][e + 1]))
                                            : make_float2(av[p][e], av[p][e + 1]);
                 *(float2*)(dv + row + d) = v2;
-                if (dv16) *(u32*)(dv16 + row + d) = pack2_bf16(v2.x, v2.y);
+                if (dv16) *(u32*)(dv16 + (seq0 + key) * ld16 + kvh * D + d) = pack2_bf16(v2.x, v2.y);
             }
     }
 }
@@ -337,9 +337,9 @@ __device__ void fw_bwd_q(const bf16_t* dout, const bf16_t* q, const bf16_t* k, c
     extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
         fa_bwd_kv_wg_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,   \
                          const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale, float* dk,  \
-                         float* dv, int round_dv, bf16_t* dv16) {                                                                 \
+                         float* dv, int round_dv, bf16_t* dv16, long ld16) {                                                      \
         pdl_entry();                                                                                               \
-        fw_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv, round_dv, dv16);                     \
+        fw_bwd_kv<D>(dout, q, k, v, lse, delta, tiles, nh, nkv, sl2, scale, dk, dv, round_dv, dv16, ld16);               \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(128, 2)                                                           \
         fa_bwd_q_wg_##D(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,    \

@@ -332,7 +332,9 @@ __device__ __forceinline__ void colsum_add(float& s, float a, float x, float rs,
 // step: rotate, dx, then the row's dw terms into the lane's four column sums),
 // then the eight warps' sums in warp order into part[ch][128], as colsum_partial.
 // dx16 (when not null): dx's BF16 GEMM operand [tokens][n_heads * 128] as well (fuses
-// pad_bf16_f32 of dx: the q or k projection's dy); dx null: that operand alone.
+// pad_bf16_f32 of dx: the q or k projection's dy) at row stride ld16 (n_heads * 128,
+// or q + k + v's where it is a column slice of q/k/v's stacked dy); dx null: that
+// operand alone.
 // qk_norm_rope_bwd runs q's chunks and k's in one launch (blocks [0, q_chunks) q's
 // chunk blockIdx.x, the rest k's chunk blockIdx.x - q_chunks): each block does what
 // the single launch's block of that chunk does, so the same bits; k's 128 chunks
@@ -340,7 +342,7 @@ __device__ __forceinline__ void colsum_add(float& s, float a, float x, float rs,
 __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float* x, const float* w,
                                                     const float* rstd, const int* pos, const float* cos_t,
                                                     const float* sin_t, int rows, int n_heads, int round, float* dx,
-                                                    float* part, bf16_t* dx16, int ch) {
+                                                    float* part, bf16_t* dx16, long ld16, int ch) {
     __shared__ float sh[8][129];
     const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
     const int r1 = min(rows, (ch + 1) * 256);
@@ -375,6 +377,7 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float
             const int ri = r + 8 * i;
             if (ri >= r1) break;  // warp-uniform
             const long o = (long)ri * 128;
+            const long o16 = (long)(ri / n_heads) * ld16 + (ri % n_heads) * 128;
             float dyv[4], v[4];
             // Lane l's pairs: columns (l, l + 64) and (l + 32, l + 96), i.e. u and u + 2.
 #pragma unroll
@@ -384,7 +387,7 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float
             for (int u = 0; u < 4; u++) {
                 const float d = round ? round_bf16(v[u]) : v[u];
                 if (dx) dx[o + lane + 32 * u] = d;
-                if (dx16) dx16[o + lane + 32 * u] = f32_to_bf16(d);
+                if (dx16) dx16[o16 + lane + 32 * u] = f32_to_bf16(d);
                 colsum_add(cs[u], dyv[u], xv[i][u], rs[i], true);
             }
         }
@@ -406,17 +409,18 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float
 // block 256; for one of them alone, grid q_chunks (k's arguments are not read).
 extern "C" __global__ void qk_norm_rope_bwd(const float* dy_q, const float* x_q, const float* w_q,
                                              const float* rstd_q, int rows_q, int nh_q, float* dx_q, float* part_q,
-                                             bf16_t* dx16_q, const float* dy_k, const float* x_k, const float* w_k,
-                                             const float* rstd_k, int rows_k, int nh_k, float* dx_k, float* part_k,
-                                             bf16_t* dx16_k, const int* pos, const float* cos_t,
+                                             bf16_t* dx16_q, long ld16_q, const float* dy_k, const float* x_k,
+                                             const float* w_k, const float* rstd_k, int rows_k, int nh_k, float* dx_k,
+                                             float* part_k, bf16_t* dx16_k, long ld16_k, const int* pos, const float* cos_t,
                                              const float* sin_t, int round, int q_chunks) {
     pdl_entry();
     const int b = blockIdx.x;
     if (b < q_chunks)
-        qk_norm_rope_bwd_at(dy_q, x_q, w_q, rstd_q, pos, cos_t, sin_t, rows_q, nh_q, round, dx_q, part_q, dx16_q, b);
+        qk_norm_rope_bwd_at(dy_q, x_q, w_q, rstd_q, pos, cos_t, sin_t, rows_q, nh_q, round, dx_q, part_q, dx16_q,
+                            ld16_q, b);
     else
         qk_norm_rope_bwd_at(dy_k, x_k, w_k, rstd_k, pos, cos_t, sin_t, rows_k, nh_k, round, dx_k, part_k, dx16_k,
-                            b - q_chunks);
+                            ld16_k, b - q_chunks);
 }
 
 // Column sums in a fixed order (the shape's, not the GPU's): part[chunk][c] = the
@@ -661,14 +665,18 @@ extern "C" __global__ void swiglu_bwd(const float* dh, const float* gate, const 
 // output as cuBLASLt wrote it in BF16 (row stride ldh; fuses its linear_epilogue_bf16,
 // whose f32 values are these: the same bits). Four outputs a thread (ldb is a multiple
 // of 16, so they share a row; 16-byte loads and 8-byte stores where aligned): grid
-// ceil(rows * ldb / 1024), 256 threads.
+// ceil(rows * ldb / 1024), 256 threads. Outputs at row stride ldo (a multiple of 16,
+// >= ldb): ldb for their own buffers, 2 * cols where dgate and dup are the column
+// halves of one stacked [rows][2 * cols] operand (one BF16 WGrad / DGrad of both).
 template <typename DH, typename G>
 __device__ __forceinline__ void swiglu_bwd_bf16_at(const DH* dh, long ldh, const G* gate, const G* up,
-                                                   int rows, int cols, int ldb, bf16_t* dgate, bf16_t* dup) {
-    const long o = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
-    if (o >= (long)rows * ldb) return;
-    const int c = (int)(o % ldb);
-    const long r = o / ldb;
+                                                   int rows, int cols, int ldb, long ldo, bf16_t* dgate,
+                                                   bf16_t* dup) {
+    const long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i >= (long)rows * ldb) return;
+    const int c = (int)(i % ldb);
+    const long r = i / ldb;
+    const long o = r * ldo + c;
     const bool vec = ((cols | ldh) & 3) == 0 && (((u64)dh | (u64)gate | (u64)up) & 15) == 0;
     float d[4], gv[4], uv[4], dg[4], du[4];
     // The three loads in flight before the first is used (load4 widened each in its
@@ -695,21 +703,21 @@ __device__ __forceinline__ void swiglu_bwd_bf16_at(const DH* dh, long ldh, const
     }
 }
 extern "C" __global__ void swiglu_bwd_bf16(const float* dh, const float* gate, const float* up, int rows, int cols,
-                                           int ldb, bf16_t* dgate, bf16_t* dup) {
+                                           int ldb, long ldo, bf16_t* dgate, bf16_t* dup) {
     pdl_entry();
-    swiglu_bwd_bf16_at(dh, cols, gate, up, rows, cols, ldb, dgate, dup);
+    swiglu_bwd_bf16_at(dh, cols, gate, up, rows, cols, ldb, ldo, dgate, dup);
 }
 extern "C" __global__ void swiglu_bwd_bf16_dh16(const bf16_t* dh, long ldh, const float* gate, const float* up,
-                                                int rows, int cols, int ldb, bf16_t* dgate, bf16_t* dup) {
+                                                int rows, int cols, int ldb, long ldo, bf16_t* dgate, bf16_t* dup) {
     pdl_entry();
-    swiglu_bwd_bf16_at(dh, ldh, gate, up, rows, cols, ldb, dgate, dup);
+    swiglu_bwd_bf16_at(dh, ldh, gate, up, rows, cols, ldb, ldo, dgate, dup);
 }
 // gate, up as the BF16 values the rows GEMM stored (the same numbers).
 extern "C" __global__ void swiglu_bwd_bf16_dh16_gu16(const bf16_t* dh, long ldh, const bf16_t* gate,
-                                                     const bf16_t* up, int rows, int cols, int ldb, bf16_t* dgate,
-                                                     bf16_t* dup) {
+                                                     const bf16_t* up, int rows, int cols, int ldb, long ldo,
+                                                     bf16_t* dgate, bf16_t* dup) {
     pdl_entry();
-    swiglu_bwd_bf16_at(dh, ldh, gate, up, rows, cols, ldb, dgate, dup);
+    swiglu_bwd_bf16_at(dh, ldh, gate, up, rows, cols, ldb, ldo, dgate, dup);
 }
 
 // ---- linear epilogue ---------------------------------------------------------------

@@ -102,7 +102,7 @@ pub(super) fn group_partials(
                 && w.batch_invariant
                 && (m <= GEMV_MAX_TOKENS || split_k_pays(gpu, m, w.n))
                 && match prec {
-                    GemmPrecision::Bf16 => w.bf16.is_some(),
+                    GemmPrecision::Bf16 => w.bf16_view().is_some(),
                     _ => w.fp8.is_some(),
                 }
         });
@@ -113,12 +113,12 @@ pub(super) fn group_partials(
     let xo = xo.of(m, k)?;
     let parts = match prec {
         GemmPrecision::Bf16 => {
-            let xr = x_rows(xo.bf16(gpu, x, m, k)?, m, k);
+            let xr = x_rows(xo.bf16(gpu, x, m, k)?.into(), m, k);
             let ws = ws
                 .iter()
                 .map(|w| {
                     Ok(w_rows(
-                        w.bf16.as_ref().ok_or_else(|| w.missing(prec))?,
+                        w.bf16_view().ok_or_else(|| w.missing(prec))?,
                         w.n,
                         k,
                     ))

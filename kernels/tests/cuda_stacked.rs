@@ -418,35 +418,8 @@ fn stacked_wt_blocks_and_dgrad() {
     );
 
     // AdamW rewriting the members' W^T in the stacked buffer == in their own.
-    let s = gadam::AdamStep {
-        lr: 3e-4,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        bc1: 1.0 - 0.9f64.powi(3),
-        bc2: 1.0 - 0.95f64.powi(3),
-        wd_factor: 1.0 - 3e-4 * 0.1,
-        decay: true,
-        grad_scale: 1.0,
-    };
-    let state = || -> Vec<[CudaSlice<f32>; 4]> {
-        ws.iter()
-            .zip(&ns)
-            .enumerate()
-            .map(|(i, (w, &n))| {
-                let sd = 900 + 10 * i as u64;
-                let v: Vec<f32> = rnd(n * k, sd + 3, 1e-2).iter().map(|x| x * x).collect();
-                let gr = rnd(n * k, sd + 1, 1.0);
-                [
-                    up(&g, w),
-                    up(&g, &gr),
-                    up(&g, &rnd(n * k, sd + 2, 1e-2)),
-                    up(&g, &v),
-                ]
-            })
-            .collect()
-    };
-    let (mut a, mut b) = (state(), state());
+    let s = adam_step();
+    let (mut a, mut b) = (adam_state(&g, &ws, &ns, k), adam_state(&g, &ws, &ns, k));
     let mut own = gq::quantize_block128_multi(&g, &refs, true).unwrap();
     let mut fwd = gq::quantize_block128_multi_to(&g, &refs, &ts).unwrap();
     {

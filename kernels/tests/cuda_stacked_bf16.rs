@@ -184,7 +184,7 @@ fn stacked_bf16_weights_gemms_and_adamw() {
         dws.iter().zip(&ns).map(|(w, &n)| (w, n, k)).collect();
 
     // The stacked weights: each member's rows the bits of its own BF16 copy.
-    let own = glin::GpuWeight::prepare_many(&g, &refs, Flow::Bf16).unwrap();
+    let mut own = glin::GpuWeight::prepare_many(&g, &refs, Flow::Bf16).unwrap();
     let (mut parts, stacks) =
         glin::GpuWeight::prepare_stacked(&g, &refs, Flow::Bf16, &[(0, 3)]).unwrap();
     let [Some(glin::Stacked::Bf16(st))] = &stacks[..] else {
@@ -305,35 +305,8 @@ fn stacked_bf16_weights_gemms_and_adamw() {
     );
 
     // AdamW rewriting the members' rows of the stacked weight == their own copies.
-    let s = gadam::AdamStep {
-        lr: 3e-4,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        bc1: 1.0 - 0.9f64.powi(3),
-        bc2: 1.0 - 0.95f64.powi(3),
-        wd_factor: 1.0 - 3e-4 * 0.1,
-        decay: true,
-        grad_scale: 1.0,
-    };
-    let state = || -> Vec<[CudaSlice<f32>; 4]> {
-        ws.iter()
-            .zip(&ns)
-            .enumerate()
-            .map(|(i, (w, &n))| {
-                let sd = 900 + 10 * i as u64;
-                let v: Vec<f32> = rnd(n * k, sd + 3, 1e-2).iter().map(|x| x * x).collect();
-                [
-                    up(&g, w),
-                    up(&g, &rnd(n * k, sd + 1, 1.0)),
-                    up(&g, &rnd(n * k, sd + 2, 1e-2)),
-                    up(&g, &v),
-                ]
-            })
-            .collect()
-    };
-    let mut own = own;
-    let (mut a, mut b) = (state(), state());
+    let s = adam_step();
+    let (mut a, mut b) = (adam_state(&g, &ws, &ns, k), adam_state(&g, &ws, &ns, k));
     for (st8, ws8) in [(&mut a, &mut own), (&mut b, &mut parts)] {
         let mut ts: Vec<gadam::AdamTensor> = st8
             .iter_mut()

@@ -459,16 +459,11 @@ pub fn flash_backward_operand(
     CudaSlice<f32>,
     CudaSlice<u16>,
 )> {
-    let which = BwdKernel::default_for(gpu);
     let w = shape.n_kv_heads * shape.head_dim;
     let dv16 = gpu.uninit::<u16>(plan.rows * w)?;
     let io = (dout, out);
-    let at = Some(Dv16 {
-        buf: &dv16,
-        col: 0,
-        ld: w,
-    });
-    let (dq, dk, dv) = flash_backward_opts(gpu, plan, io, saved, shape, (which, round_dv, at))?;
+    let (dq, dk, dv) =
+        flash_backward_operand_at(gpu, plan, io, saved, shape, round_dv, (&dv16, 0, w))?;
     Ok((dq, dk, dv, dv16))
 }
 

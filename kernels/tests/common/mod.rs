@@ -82,3 +82,43 @@ pub fn bits_differ(a: &[f32], b: &[f32]) -> usize {
         .filter(|(x, y)| x.to_bits() != y.to_bits())
         .count()
 }
+
+/// The AdamW step the stacked-weight tests take (the third step's bias corrections,
+/// decay on).
+pub fn adam_step() -> jet_kernels::cuda::adamw::AdamStep {
+    jet_kernels::cuda::adamw::AdamStep {
+        lr: 3e-4,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        bc1: 1.0 - 0.9f64.powi(3),
+        bc2: 1.0 - 0.95f64.powi(3),
+        wd_factor: 1.0 - 3e-4 * 0.1,
+        decay: true,
+        grad_scale: 1.0,
+    }
+}
+
+/// AdamW's state `[p, g, m, v]` on the device for weights `ws` (`ns[i] k` values
+/// each), seeded per weight (v positive).
+pub fn adam_state(
+    g: &Gpu,
+    ws: &[Vec<f32>],
+    ns: &[usize],
+    k: usize,
+) -> Vec<[cudarc::driver::CudaSlice<f32>; 4]> {
+    ws.iter()
+        .zip(ns)
+        .enumerate()
+        .map(|(i, (w, &n))| {
+            let sd = 900 + 10 * i as u64;
+            let v: Vec<f32> = rnd(n * k, sd + 3, 1e-2).iter().map(|x| x * x).collect();
+            [
+                up(g, w),
+                up(g, &rnd(n * k, sd + 1, 1.0)),
+                up(g, &rnd(n * k, sd + 2, 1e-2)),
+                up(g, &v),
+            ]
+        })
+        .collect()
+}

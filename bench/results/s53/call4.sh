@@ -1,9 +1,14 @@
 #!/bin/bash
-# Fifty-third session, call 4: the headline tables refreshed on one machine: jetd bench (all
+# Fifty-third session, call 4: checks of f07ad8d, then the headline tables refreshed on one machine: jetd bench (all
 # flows, the defaults) at 0.6B and 8B-4l, then the torch.compile and SDPA training peers at 0.6B.
 R=$OUT; export OUT=/tmp/g; mkdir -p $OUT; export JET_KERNEL_CACHE_DIR=/tmp/jetk
 pack() { tar czf $R/logs.tgz -C /tmp g; }
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+# flash_backward_operand now runs through flash_backward_operand_at: its checks first.
+for t in cuda_flash cuda_stacked_bf16 cuda_stacked; do
+  timeout 90 ./.carry/$t --test-threads=1 --nocapture > $OUT/$t.log 2>&1
+  echo "$t rc $? (${SECONDS}s): $(grep -E '^test result' $OUT/$t.log | tail -1 | cut -c1-60)"; grep -E "panicked|FAILED|failed" $OUT/$t.log | head -5 | cut -c1-200
+done
 timeout 170 ./.carry/jetd bench --device cuda --preset qwen3-0.6b --json > $OUT/bench-qwen3-0.6b.json 2> $OUT/bench-qwen3-0.6b.err
 echo "bench 0.6b rc $? (${SECONDS}s)"; tail -2 $OUT/bench-qwen3-0.6b.err | cut -c1-200; pack
 timeout 150 ./.carry/jetd bench --device cuda --preset qwen3-8b --layers 4 --json > $OUT/bench-qwen3-8b-4l.json 2> $OUT/bench-qwen3-8b-4l.err
@@ -18,7 +23,7 @@ for f in ['bench-qwen3-0.6b', 'bench-qwen3-8b-4l']:
     for s in d.get('step', []): print(f, 'step', {k: (round(v, 4) if isinstance(v, float) else v) for k, v in s.items() if not isinstance(v, (list, dict))})
 PY
 for p in compile sdpa; do
-  [ $SECONDS -gt 520 ] && break
+  [ $SECONDS -gt 330 ] && break
   timeout $((570 - SECONDS)) python3 bench/peer_torch.py --peer $p --no-rollout --preset qwen3-0.6b --json > $OUT/peer-$p-qwen3-0.6b.txt 2> $OUT/peer-$p-qwen3-0.6b.err
   echo "peer $p rc $? (${SECONDS}s)"; grep -E '^train' $OUT/peer-$p-qwen3-0.6b.txt | cut -c1-120; pack
 done

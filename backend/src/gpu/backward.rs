@@ -308,7 +308,6 @@ pub fn backward(
         // The down projection's DGrad output as cuBLASLt wrote it (BF16 in the
         // low-precision flows): swiglu's backward reads it without an epilogue.
         let dgrad = cx.precs().0;
-        let (dh_mid, dh16);
         let dw_down = &mut grads.bufs[lx.down];
         let dy_down = dx16.as_ref().map_or(Dy::F32(&dx), Dy::Bf16);
         let dmm = linear_backward_raw(
@@ -332,21 +331,19 @@ pub fn backward(
         // The BF16 flows: gate's and up's dy as the column halves of one operand,
         // for one WGrad and (their weights stacked) one DGrad.
         let stack_gu16 = stack_wgrad(model, GemmPrecision::Bf16, h, &[inter, inter]);
-        if let (true, GemmOut::Bf16(d, ld)) = (stack_gu16, &dmm) {
+        // The DGrad outputs (one, or one a projection) and, where gate's and up's
+        // WGrad is one GEMM, its output for their gradients to hold.
+        let (outs, dw) = if let (true, GemmOut::Bf16(d, ld)) = (stack_gu16, &dmm) {
             let dh = SwigluDh::Bf16(d, *ld);
             let (gu, up) = (a.gate.view(), a.up.view());
             let st = swiglu_backward_bf16_stacked(g, dh, gu, up, (m, inter))?;
             drop(dmm);
             let dy = (&st, 2 * inter);
             let outs = dgrad_bf16(g, dy, &[&lp.gate, &lp.up], gu16, (m, h))?;
-            let dw = wgrad_bf16_stacked(g, dy, (a.b.as_ref().into(), m, h), bin)?;
-            grads.bufs[lx.gate].add_bf16_part(g, &dw, 0)?;
-            grads.bufs[lx.up].add_bf16_part(g, &dw, inter * h)?;
-            drop((st, dw));
-            let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
-            let dw2 = grads.acc(g, lx.post_attention_layernorm)?;
-            let outs: Vec<&GemmOut> = outs.iter().collect();
-            (dh_mid, dh16) = cx.norm_of_sum(&outs, post, (h, Some(&dx)), dw2, bf16_dy)?;
+            (
+                outs,
+                Some(wgrad_bf16_stacked(g, dy, (a.b.as_ref().into(), m, h), bin)?),
+            )
         } else if let (true, GemmOut::Bf16(d, ld)) = (stack_gu, &dmm) {
             let dh = SwigluDh::Bf16(d, *ld);
             let (gu, up) = (a.gate.view(), a.up.view());
@@ -354,14 +351,15 @@ pub fn backward(
             let (rows, col) = swiglu_backward_fp8_stacked(g, dh, gu, up, (m, inter), stack_rows)?;
             drop(dmm);
             let outs = dgrad_fp8(g, rows, &[&lp.gate, &lp.up], gu_t, m)?;
-            let dw = wgrad_fp8_stacked(g, &col, (a.b.as_ref().into(), m, h), bin)?;
-            grads.bufs[lx.gate].add_bf16_part(g, &dw, 0)?;
-            grads.bufs[lx.up].add_bf16_part(g, &dw, inter * h)?;
-            drop((col, dw));
-            let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
-            let dw2 = grads.acc(g, lx.post_attention_layernorm)?;
-            let outs: Vec<&GemmOut> = outs.iter().collect();
-            (dh_mid, dh16) = cx.norm_of_sum(&outs, post, (h, Some(&dx)), dw2, bf16_dy)?;
+            (
+                outs,
+                Some(wgrad_fp8_stacked(
+                    g,
+                    &col,
+                    (a.b.as_ref().into(), m, h),
+                    bin,
+                )?),
+            )
         } else {
             let (gb, ub, gq, uq, gf, uf, dmf);
             let (dgate, dup) = match (operand_dy(model), &dmm) {
@@ -400,10 +398,15 @@ pub fn backward(
                 grads,
                 (lx.up, None),
             )?;
-            let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
-            let dw2 = grads.acc(g, lx.post_attention_layernorm)?;
-            (dh_mid, dh16) = cx.norm_of_sum(&[&dbg, &dbu], post, (h, Some(&dx)), dw2, bf16_dy)?;
+            (vec![dbg, dbu], None)
+        };
+        if let Some(dw) = dw {
+            grads.hold_blocks(g, &dw, &[(lx.gate, inter * h), (lx.up, inter * h)])?;
         }
+        let post = (&a.h_mid, w.t(lx.post_attention_layernorm), &a.rstd2);
+        let dw2 = grads.acc(g, lx.post_attention_layernorm)?;
+        let outs: Vec<&GemmOut> = outs.iter().collect();
+        let (dh_mid, dh16) = cx.norm_of_sum(&outs, post, (h, Some(&dx)), dw2, bf16_dy)?;
 
         // Attention: h_mid = x_in + o(attn(rope(norm(q(a))), rope(norm(k(a))), v(a))).
         // The o projection's DGrad output, read by the flash backward as its BF16
@@ -430,6 +433,8 @@ pub fn backward(
         // norms' backward, the attention's) as the column blocks of one operand
         // `[m][q + k + v]`, for one WGrad and (their weights stacked) one DGrad.
         let qkv_ld = qd + 2 * kvd;
+        // q's, k's and v's gradients, in the order of a stacked WGrad's row blocks.
+        let qkv_parts = [(lx.q, lp.q.n * h), (lx.k, lp.k.n * h), (lx.v, lp.v.n * h)];
         let qkv16 = match (&a.saved, &acts.flash, lx.q_norm, lx.k_norm, &a.qk_pre) {
             (AttnSaved::Flash(_), Some(_), Some(_), Some(_), Some(_))
                 if no_bias
@@ -498,16 +503,11 @@ pub fn backward(
             let (rope, dims, at) = ((pos, &*model.rope), (m, [nh, nkv]), (st, qkv_ld));
             qk_norm_rope_backward_pair_stacked(g, [qi, ki], rope, dims, round, accs, at)?;
             drop((dq, dk, dv));
-            let ws = [(&lp.q, lx.q), (&lp.k, lx.k), (&lp.v, lx.v)];
             let w16 = lp.qkv_st.as_ref().and_then(Stacked::bf16);
             let dy = (st, qkv_ld);
             let outs = dgrad_bf16(g, dy, &[&lp.q, &lp.k, &lp.v], w16, (m, h))?;
             let dw = wgrad_bf16_stacked(g, dy, (a.a.as_ref().into(), m, h), ain)?;
-            let mut off = 0;
-            for (wq, ix) in ws {
-                grads.bufs[ix].add_bf16_part(g, &dw, off)?;
-                off += wq.n * h;
-            }
+            grads.hold_blocks(g, &dw, &qkv_parts)?;
             drop((qkv16, dw));
             let inorm = (&a.x_in, w.t(lx.input_layernorm), &a.rstd1);
             let dw1 = grads.acc(g, lx.input_layernorm)?;
@@ -574,14 +574,9 @@ pub fn backward(
             ];
             let (rows, col) = quantize_dual_stacked(g, &xs, m, qkv_t.is_some())?;
             drop((dq, dk, dv, dq16, dk16, dv16));
-            let ws = [(&lp.q, lx.q), (&lp.k, lx.k), (&lp.v, lx.v)];
             let outs = dgrad_fp8(g, rows, &[&lp.q, &lp.k, &lp.v], qkv_t, m)?;
             let dw = wgrad_fp8_stacked(g, &col, (a.a.as_ref().into(), m, h), ain)?;
-            let mut off = 0;
-            for (wq, ix) in ws {
-                grads.bufs[ix].add_bf16_part(g, &dw, off)?;
-                off += wq.n * h;
-            }
+            grads.hold_blocks(g, &dw, &qkv_parts)?;
             drop((col, dw));
             let dw1 = grads.acc(g, lx.input_layernorm)?;
             let outs: Vec<&GemmOut> = outs.iter().collect();

@@ -3,6 +3,8 @@
 //! norm and AdamW read them (`jet_kernels::cuda::grad`); everything else adds into
 //! the f32 accumulators through [`GpuGrads::acc`].
 
+use std::sync::Arc;
+
 use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::grad::{GradAcc, GradSrc};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
@@ -58,6 +60,23 @@ impl GpuGrads {
     /// find nothing to settle one matrix at a time.
     pub fn settle_all(&mut self, gpu: &Gpu) -> Result<()> {
         jet_kernels::cuda::grad::settle_multi(gpu, &mut self.bufs)
+    }
+
+    /// Gradients `parts` (`(tensor, its n k values)`, in the order of their row
+    /// blocks) each hold its block of one stacked WGrad output `dw` (`[sum of n, k]`
+    /// BF16, [`GradAcc::add_bf16_part`]) until the norm and the optimizer read it.
+    pub fn hold_blocks(
+        &mut self,
+        gpu: &Gpu,
+        dw: &Arc<CudaSlice<u16>>,
+        parts: &[(usize, usize)],
+    ) -> Result<()> {
+        let mut off = 0;
+        for &(ix, len) in parts {
+            self.bufs[ix].add_bf16_part(gpu, dw, off)?;
+            off += len;
+        }
+        Ok(())
     }
 
     /// Tensors `i`'s and `j`'s accumulators at once (`i != j`).

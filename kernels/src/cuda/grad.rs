@@ -35,6 +35,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 
 use super::context::{Arg, TENSOR};
+use super::part::Bf16View;
 use super::{check_len, ensure, Ctx, Gpu, Result};
 
 /// A gradient `[len]`: an f32 accumulator (read as +0 until first written) plus, at
@@ -99,7 +100,7 @@ impl<'a> GradSrc<'a> {
             check_len(what, a, n, format!("[{n}]"))?;
         }
         if let Some((p, off)) = self.pend {
-            check_part(&format!("{what} (BF16 addend)"), p, off, n)?;
+            Bf16View::part(&format!("{what} (BF16 addend)"), p, off, n)?;
         }
         Ok((
             self.acc.map_or(0, |a| gpu.ptr(a)),
@@ -185,7 +186,7 @@ impl GradAcc {
         buf: &Arc<CudaSlice<u16>>,
         off: usize,
     ) -> Result<()> {
-        check_part("gradient addend (BF16)", buf, off, self.len())?;
+        Bf16View::part("gradient addend (BF16)", buf, off, self.len())?;
         self.settle(gpu)?;
         self.pending = Some(Held {
             buf: Arc::clone(buf),
@@ -330,18 +331,6 @@ pub fn settle_multi(gpu: &Gpu, accs: &mut [GradAcc]) -> Result<()> {
         a.zero = false;
     }
     Ok(())
-}
-
-/// Check that values `[off, off + n)` lie inside `buf` (`what` names it in the
-/// error): a held addend's block of a WGrad output.
-fn check_part(what: &str, buf: &CudaSlice<u16>, off: usize, n: usize) -> Result<()> {
-    ensure(off.checked_add(n).is_some_and(|e| e <= buf.len()), || {
-        format!(
-            "{what}: values [{off}, {}) of a buffer of {}",
-            off.saturating_add(n),
-            buf.len()
-        )
-    })
 }
 
 /// Check that `mask` has a byte for each [`MASK_CHUNK`] of a gradient's `len`

@@ -64,7 +64,7 @@ pub struct GpuWeight {
     /// the projections that read the same input (the buffer and the element its
     /// `n k` values start at; [`GpuWeight::prepare_stacked`]): their BF16 DGrad is
     /// one GEMM ([`linear_dgrad_bf16_stacked`]).
-    bf16_part: Option<(Arc<CudaSlice<u16>>, usize)>,
+    bf16_part: Option<Bf16Part>,
     fp8: Option<Fp8Quantized>,
     /// Blocks of `W^T [K, N]`, when the flow's DGrad is FP8 ...
     fp8_t: Option<Fp8Quantized>,
@@ -156,7 +156,7 @@ impl GpuWeight {
             _ => TOut::None,
         };
         let mut ts = vec![own; ws.len()];
-        let mut parts16: Vec<Option<(Arc<CudaSlice<u16>>, usize)>> = vec![None; ws.len()];
+        let mut parts16: Vec<Option<Bf16Part>> = vec![None; ws.len()];
         let mut stacks = Vec::with_capacity(groups.len());
         for &(first, count) in groups {
             let members = ws.get(first..first + count).ok_or_else(|| {
@@ -235,7 +235,7 @@ impl GpuWeight {
         (w, n, k): (&CudaSlice<f32>, usize, usize),
         flow: Flow,
         blocks: Option<(Fp8Quantized, Option<Fp8Quantized>)>,
-        part16: Option<(Arc<CudaSlice<u16>>, usize)>,
+        part16: Option<Bf16Part>,
     ) -> Result<GpuWeight> {
         check_len("weight", w, n * k, format!("[{n}, {k}]"))?;
         let (fp8, fp8_t) = blocks.map_or((None, None), |(q, qt)| (Some(q), qt));
@@ -313,25 +313,14 @@ impl GpuWeight {
             (None, None) => None,
         };
         let blocks = self.fp8.as_mut().map(|w| BlockTargets { w, t });
-        let len = self.n * self.k;
-        let bf16 = match (&self.bf16, &self.bf16_part) {
-            (Some(b), _) => Some(b.into()),
-            (None, Some((st, off))) => Bf16View::part("a stacked BF16 weight", st, *off, len).ok(),
-            (None, None) => None,
-        };
+        let bf16 = bf16_of((&self.bf16, &self.bf16_part), self.n * self.k);
         Some((bf16, blocks))
     }
 
     /// The BF16 copy `[pad16(n)][pad16(k)]`, when the flow has one: its own, or its
     /// rows of the layer's stacked one (checked when they were made).
     pub fn bf16_view(&self) -> Option<Bf16View<'_>> {
-        match (&self.bf16, &self.bf16_part) {
-            (Some(b), _) => Some(b.into()),
-            (None, Some((st, off))) => {
-                Bf16View::part("a stacked BF16 weight", st, *off, self.n * self.k).ok()
-            }
-            (None, None) => None,
-        }
+        bf16_of((&self.bf16, &self.bf16_part), self.n * self.k)
     }
 
     fn missing(&self, prec: GemmPrecision) -> super::CudaError {
@@ -339,6 +328,24 @@ impl GpuWeight {
             "weight [{}, {}] was not prepared for {prec:?}",
             self.n, self.k
         ))
+    }
+}
+
+/// A weight's rows of a stacked BF16 weight: the buffer and the element its `n k`
+/// values start at.
+type Bf16Part = (Arc<CudaSlice<u16>>, usize);
+
+/// A weight's BF16 copy from its fields (so [`GpuWeight::rewritable_mut`] can
+/// borrow it beside the FP8 blocks): its own buffer, or its `len` values of the
+/// stacked one (checked when they were made).
+fn bf16_of<'a>(
+    (own, part): (&'a Option<CudaSlice<u16>>, &'a Option<Bf16Part>),
+    len: usize,
+) -> Option<Bf16View<'a>> {
+    match (own, part) {
+        (Some(b), _) => Some(b.into()),
+        (None, Some((st, off))) => Bf16View::part("a stacked BF16 weight", st, *off, len).ok(),
+        (None, None) => None,
     }
 }
 

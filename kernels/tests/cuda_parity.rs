@@ -6,7 +6,7 @@
 //!
 //! Errors are norm-wise relative, ||gpu - cpu|| / ||cpu||, unless "bit-exact".
 
-use jet_kernels::cuda::act::Act;
+use jet_kernels::cuda::act::{Act, ActRef};
 use jet_kernels::cuda::{
     self, adamw as gadam, attention as gatt, draw as gdraw, gemm, gemv, linear as glin,
     logsoftmax as glsm, ops as gops, quantize as gq, row_map as grm, sample as gsam,
@@ -1314,7 +1314,7 @@ fn qk_norm_rope_matches_cpu() {
         // copies of the f32 outputs, and the same rstd.
         let (q16, k16, qr16, kr16) = gops::qk_norm_rope_bf16(
             &g,
-            (&dq, &dk),
+            ((&dq).into(), (&dk).into()),
             (&dqw, &dkw),
             (rows, nh, nkv),
             1e-6,
@@ -1338,6 +1338,48 @@ fn qk_norm_rope_matches_cpu() {
             "qk_norm_rope BF16 outputs == copies of the f32",
             &shape,
             differ,
+        );
+        // q and k before their norms as BF16 values (the projections' stored form):
+        // the bits of the f32 kernel given the same values.
+        let (qb, kb): (Vec<f32>, Vec<f32>) = (
+            q.iter().map(|&x| jet_kernels::bf16::round(x)).collect(),
+            k.iter().map(|&x| jet_kernels::bf16::round(x)).collect(),
+        );
+        let bits16 = |v: &[f32]| -> Vec<u16> {
+            v.iter()
+                .map(|&x| half::bf16::from_f32(x).to_bits())
+                .collect()
+        };
+        let (fq, fk) = (up(&g, &qb), up(&g, &kb));
+        let (hq, hk) = (
+            g.upload(&bits16(&qb)).unwrap(),
+            g.upload(&bits16(&kb)).unwrap(),
+        );
+        let run = |pre: (ActRef, ActRef)| {
+            gops::qk_norm_rope_bf16(&g, pre, (&dqw, &dkw), (rows, nh, nkv), 1e-6, &dpos, &gt)
+                .unwrap()
+        };
+        let (a, b) = (
+            run(((&fq).into(), (&fk).into())),
+            run(((&hq).into(), (&hk).into())),
+        );
+        let u16s = |x: &cudarc::driver::CudaSlice<u16>| g.download(x).unwrap();
+        let d16 = u16s(&a.0)
+            .iter()
+            .zip(&u16s(&b.0))
+            .filter(|(x, y)| x != y)
+            .count()
+            + u16s(&a.1)
+                .iter()
+                .zip(&u16s(&b.1))
+                .filter(|(x, y)| x != y)
+                .count()
+            + bits_differ(&dl(&g, &a.2, rows * nh), &dl(&g, &b.2, rows * nh))
+            + bits_differ(&dl(&g, &a.3, rows * nkv), &dl(&g, &b.3, rows * nkv));
+        report_exact(
+            "qk_norm_rope from BF16 q, k == from their f32 values",
+            &shape,
+            d16,
         );
     }
     done();
@@ -1413,7 +1455,7 @@ fn qk_norm_rope_backward_equals_the_two_passes() {
             let mut acc = up(&g, &acc0);
             let got = gops::qk_norm_rope_backward_acc(
                 &g,
-                (&dy, &x, &w, &rstd),
+                (&dy, (&x).into(), &w, &rstd),
                 (&dpos, &gt),
                 (tokens, nh),
                 round,
@@ -1441,7 +1483,7 @@ fn qk_norm_rope_backward_equals_the_two_passes() {
             let mut acc16 = up(&g, &acc0);
             let o16 = gops::qk_norm_rope_backward_acc_operand(
                 &g,
-                (&dy, &x, &w, &rstd),
+                (&dy, (&x).into(), &w, &rstd),
                 (&dpos, &gt),
                 (tokens, nh),
                 round,
@@ -1460,6 +1502,42 @@ fn qk_norm_rope_backward_equals_the_two_passes() {
                 a.iter().zip(&b).filter(|(x, y)| x != y).count()
                     + bits_differ(&dl(&g, &acc16, 128), &dl(&g, &want_acc, 128)),
             );
+            // x as BF16 values (q or k as their projection stored them): the bits of
+            // the f32 kernel given the same values.
+            let xr: Vec<f32> = dl(&g, &x, rows * 128)
+                .iter()
+                .map(|&v| jet_kernels::bf16::round(v))
+                .collect();
+            let xh: Vec<u16> = xr
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect();
+            let (xf, x16) = (up(&g, &xr), g.upload(&xh).unwrap());
+            let (mut a1, mut a2) = (up(&g, &acc0), up(&g, &acc0));
+            let r1 = gops::qk_norm_rope_backward_acc(
+                &g,
+                (&dy, (&xf).into(), &w, &rstd),
+                (&dpos, &gt),
+                (tokens, nh),
+                round,
+                &mut a1,
+            )
+            .unwrap();
+            let r2 = gops::qk_norm_rope_backward_acc(
+                &g,
+                (&dy, (&x16).into(), &w, &rstd),
+                (&dpos, &gt),
+                (tokens, nh),
+                round,
+                &mut a2,
+            )
+            .unwrap();
+            report_exact(
+                &format!("q/k norm + rope bwd from BF16 x == from its f32 values (round {round})"),
+                &format!("{tokens} tokens x {nh} heads of 128"),
+                bits_differ(&dl(&g, &r1, rows * 128), &dl(&g, &r2, rows * 128))
+                    + bits_differ(&dl(&g, &a1, 128), &dl(&g, &a2, 128)),
+            );
         }
     }
     done();
@@ -1467,31 +1545,64 @@ fn qk_norm_rope_backward_equals_the_two_passes() {
 
 /// q's and k's norm + RoPE backward in one launch: each side the bits of its own
 /// launch (dx or its BF16 operand, and dw added into its accumulator), with q's and
-/// k's chunk counts different and partial.
+/// k's chunk counts different and partial, and x in f32 and as BF16. At 4,096
+/// tokens of 16 + 8 heads the pair is 384 blocks, more than two an SM on an H100 or
+/// H200 (132 SMs), so it takes the three-an-SM kernels (`_o3`) and each side alone
+/// does not: the two builds' bits compared.
 #[test]
 fn qk_norm_rope_backward_pair_equals_one_launch_each() {
     let Some(g) = gpu() else { return };
     let table = rope::RopeTable::new(128, 4096, 1_000_000.0, None);
     let gt = gops::GpuRope::new(&g, &table).unwrap();
-    for (tokens, nh, nkv) in [(130usize, 16usize, 8usize), (7, 8, 2), (64, 4, 4)] {
+    for (tokens, nh, nkv) in [
+        (130usize, 16usize, 8usize),
+        (7, 8, 2),
+        (64, 4, 4),
+        (4096, 16, 8),
+    ] {
         let positions: Vec<usize> = (0..tokens).map(|i| (i * 53) % 4096).collect();
         let dpos = gops::upload_positions(&g, &positions, &gt).unwrap();
         let side = |heads: usize, seed: u64| {
             let rows = tokens * heads;
+            // x's values BF16 ones, so its f32 and BF16 forms hold the same numbers.
+            let xr: Vec<f32> = rnd(rows * 128, seed + 1, 2.0)
+                .iter()
+                .map(|&v| jet_kernels::bf16::round(v))
+                .collect();
+            let xh: Vec<u16> = xr
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect();
             let (dy, x, w) = (
                 up(&g, &rnd(rows * 128, seed, 1.0)),
-                up(&g, &rnd(rows * 128, seed + 1, 2.0)),
+                up(&g, &xr),
                 up(&g, &rnd(128, seed + 2, 1.0)),
             );
             let (_, rstd) = gops::rmsnorm_forward(&g, &x, &w, rows, 128, 1e-6).unwrap();
-            (dy, x, w, rstd, rnd(128, seed + 3, 1.0))
+            let x16 = g.upload(&xh).unwrap();
+            (dy, x, w, rstd, rnd(128, seed + 3, 1.0), x16)
         };
         let (q, k) = (side(nh, 700), side(nkv, 710));
-        for (round, bf16) in [(false, false), (true, false), (true, true)] {
+        let modes = [(false, false), (true, false), (true, true)];
+        for ((round, bf16), x16) in modes.into_iter().flat_map(|m| [(m, false), (m, true)]) {
+            // x's form for this pass: f32, or the BF16 copy of the same values.
+            fn xin<'a>(
+                x16: bool,
+                x: &'a cudarc::driver::CudaSlice<f32>,
+                h: &'a cudarc::driver::CudaSlice<u16>,
+            ) -> ActRef<'a> {
+                match x16 {
+                    false => ActRef::F32(x),
+                    true => ActRef::Bf16(h),
+                }
+            }
             let (mut aq, mut ak) = (up(&g, &q.4), up(&g, &k.4));
             let [gq, gk] = gops::qk_norm_rope_backward_pair(
                 &g,
-                [(&q.0, &q.1, &q.2, &q.3), (&k.0, &k.1, &k.2, &k.3)],
+                [
+                    (&q.0, xin(x16, &q.1, &q.5), &q.2, &q.3),
+                    (&k.0, xin(x16, &k.1, &k.5), &k.2, &k.3),
+                ],
                 (&dpos, &gt),
                 (tokens, [nh, nkv]),
                 round,
@@ -1506,7 +1617,7 @@ fn qk_norm_rope_backward_pair_equals_one_launch_each() {
                 let mut want_acc = up(&g, &s.4);
                 let want = gops::qk_norm_rope_backward_acc_operand(
                     &g,
-                    (&s.0, &s.1, &s.2, &s.3),
+                    (&s.0, xin(x16, &s.1, &s.5), &s.2, &s.3),
                     (&dpos, &gt),
                     (tokens, heads),
                     round,
@@ -1526,7 +1637,7 @@ fn qk_norm_rope_backward_pair_equals_one_launch_each() {
                     _ => panic!("{name}: the pair and the single launch made different forms"),
                 };
                 report_exact(
-                    &format!("q/k norm + rope bwd, q and k in one launch == one each ({name}, round {round}, bf16 {bf16})"),
+                    &format!("q/k norm + rope bwd, q and k in one launch == one each ({name}, round {round}, bf16 {bf16}, x16 {x16})"),
                     &format!("{tokens} tokens x {heads} heads of 128"),
                     differ + bits_differ(&dl(&g, acc, 128), &dl(&g, &want_acc, 128)),
                 );

@@ -107,7 +107,10 @@ fn stacked_bf16_producers_write_each_operand() {
         let (qw, kw) = (nh * 128, nkv * 128);
         let ld = qw + 2 * kw + 32;
         for round in [false, true] {
-            let ins = [(&q.0, &q.1, &q.2, &q.3), (&k.0, &k.1, &k.2, &k.3)];
+            let ins = [
+                (&q.0, (&q.1).into(), &q.2, &q.3),
+                (&k.0, (&k.1).into(), &k.2, &k.3),
+            ];
             let (mut aq, mut ak) = (up(&g, &q.4), up(&g, &k.4));
             let [oq, ok] = gops::qk_norm_rope_backward_pair(
                 &g,
@@ -156,7 +159,10 @@ fn stacked_bf16_producers_write_each_operand() {
         let (mut bq, mut bk) = (up(&g, &q.4), up(&g, &k.4));
         let bad = gops::qk_norm_rope_backward_pair_stacked(
             &g,
-            [(&q.0, &q.1, &q.2, &q.3), (&k.0, &k.1, &k.2, &k.3)],
+            [
+                (&q.0, (&q.1).into(), &q.2, &q.3),
+                (&k.0, (&k.1).into(), &k.2, &k.3),
+            ],
             (&dpos, &gt),
             (tokens, [nh, nkv]),
             false,

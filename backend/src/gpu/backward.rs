@@ -446,31 +446,39 @@ pub fn backward(
             }
             _ => None,
         };
+        // dv in f32, or (None) its BF16 operand `dv16` alone where that is all that
+        // is read: the kernel then writes no f32 dv.
         let mut dv16 = None;
         let (mut dq, mut dk, dv) = match (&a.saved, &acts.flash) {
             (AttnSaved::Flash(saved), Some(plan)) if qkv16.is_some() => {
                 // dv leaves the kernel rounded, as its columns of the stacked dy.
                 let st = qkv16.as_ref().expect("checked");
                 let (outs, at) = ((dout, &a.attn), (st, qd + kvd, qkv_ld));
-                flash_backward_operand_at(g, plan, outs, saved, shape, cx.round(), at)?
+                let (dq, dk) =
+                    flash_backward_operand_at(g, plan, outs, saved, shape, cx.round(), at)?;
+                (dq, dk, None)
             }
             (AttnSaved::Flash(saved), Some(plan)) if acts.share.is_some() => {
                 // Shared prompt rows: the backward on the expanded sequences, dq, dk
                 // and dv brought back to the rows (dv rounded where the flow rounds).
                 let sh = acts.share.as_ref().expect("checked");
-                sh.backward(g, plan, (dout, &a.attn), saved, shape, cx.round())?
+                let (dq, dk, dv) =
+                    sh.backward(g, plan, (dout, &a.attn), saved, shape, cx.round())?;
+                (dq, dk, Some(dv))
             }
             (AttnSaved::Flash(saved), Some(plan)) if dy16 && no_bias => {
-                // dv leaves the kernel rounded, and as the v projection's BF16 dy.
+                // dv leaves the kernel rounded, as the v projection's BF16 dy alone.
                 let outs = (dout, &a.attn);
-                let (dq, dk, dv, v16) =
+                let (dq, dk, v16) =
                     flash_backward_operand(g, plan, outs, saved, shape, cx.round())?;
                 dv16 = Some(v16);
-                (dq, dk, dv)
+                (dq, dk, None)
             }
             (AttnSaved::Flash(saved), Some(plan)) => {
                 // dv leaves the kernel rounded where the flow rounds gradients.
-                flash_backward(g, plan, dout, &a.attn, saved, shape, cx.round())?
+                let (dq, dk, dv) =
+                    flash_backward(g, plan, dout, &a.attn, saved, shape, cx.round())?;
+                (dq, dk, Some(dv))
             }
             (AttnSaved::Probs(p), _) => {
                 let Dout::F32(dattn) = dout else {
@@ -484,7 +492,7 @@ pub fn backward(
                     ));
                 };
                 let (dq, dk, dv) = attention_backward(g, dattn, q, k, v, p, &acts.seq_lens, shape)?;
-                (dq, dk, cx.lp(dv)?)
+                (dq, dk, Some(cx.lp(dv)?))
             }
             (AttnSaved::Flash(_), None) => {
                 return Err(CudaError::Invalid(
@@ -498,7 +506,8 @@ pub fn backward(
             (&qkv16, qk_norms)
         {
             // q's and k's norm and RoPE backward in one launch, into their columns.
-            let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
+            let (qp, kp) = (q_pre.view(), k_pre.view());
+            let (qi, ki) = ((&dq, qp, w.t(qn), q_rstd), (&dk, kp, w.t(kn), k_rstd));
             let accs = grads.acc2(g, qn, kn)?;
             let (rope, dims, at) = ((pos, &*model.rope), (m, [nh, nkv]), (st, qkv_ld));
             qk_norm_rope_backward_pair_stacked(g, [qi, ki], rope, dims, round, accs, at)?;
@@ -520,7 +529,8 @@ pub fn backward(
         if let (Some(qn), Some(kn), Some((q_pre, k_pre, q_rstd, k_rstd))) = qk_norms {
             if hd == 128 {
                 // RoPE's and the norms' backward in one pass each (the same bits).
-                let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
+                let (qp, kp) = (q_pre.view(), k_pre.view());
+                let (qi, ki) = ((&dq, qp, w.t(qn), q_rstd), (&dk, kp, w.t(kn), k_rstd));
                 let rope = (pos, &*model.rope);
                 // With BF16 operands only those are written (nothing reads the f32
                 // values): dq, dk then stay the attention's gradients, read no further.
@@ -547,7 +557,10 @@ pub fn backward(
             } else {
                 rope_backward_dev(g, &mut dq, pos, (m, nh), &model.rope, round)?;
                 rope_backward_dev(g, &mut dk, pos, (m, nkv), &model.rope, round)?;
-                let (qi, ki) = ((&dq, q_pre, w.t(qn), q_rstd), (&dk, k_pre, w.t(kn), k_rstd));
+                // The f32 norm backward reads f32 x: BF16-kept q, k widened (exact).
+                let (mut qf, mut kf) = (None, None);
+                let (qp, kp) = (q_pre.as_f32(g, &mut qf)?, k_pre.as_f32(g, &mut kf)?);
+                let (qi, ki) = ((&dq, qp, w.t(qn), q_rstd), (&dk, kp, w.t(kn), k_rstd));
                 let rq = (round, None);
                 let dqp = rmsnorm_backward_acc(g, qi, (m * nh, hd), rq, grads.acc(g, qn)?)?;
                 let dkp = rmsnorm_backward_acc(g, ki, (m * nkv, hd), rq, grads.acc(g, kn)?)?;
@@ -570,7 +583,7 @@ pub fn backward(
             let xs = [
                 (values(&dq16, &dq).into(), qd),
                 (values(&dk16, &dk).into(), kvd),
-                (values(&dv16, &dv).into(), kvd),
+                (dv_values(&dv16, &dv)?.into(), kvd),
             ];
             let (rows, col) = quantize_dual_stacked(g, &xs, m, qkv_t.is_some())?;
             drop((dq, dk, dv, dq16, dk16, dv16));
@@ -588,7 +601,7 @@ pub fn backward(
             let xs = [
                 (values(&dq16, &dq).into(), m, qd, true),
                 (values(&dk16, &dk).into(), m, kvd, true),
-                (values(&dv16, &dv).into(), m, kvd, true),
+                (dv_values(&dv16, &dv)?.into(), m, kvd, true),
             ];
             let mut qs = quantize_dual_multi(g, &xs)?.into_iter();
             let mut next = || match qs.next() {
@@ -602,7 +615,11 @@ pub fn backward(
         } else {
             let q = dq16.as_ref().map_or(Dy::F32(&dq), Dy::Bf16);
             let k = dk16.as_ref().map_or(Dy::F32(&dk), Dy::Bf16);
-            (q, k, dv16.as_ref().map_or(Dy::F32(&dv), Dy::Bf16))
+            let v = match dv_values(&dv16, &dv)? {
+                ActRef::Bf16(b) => Dy::Bf16(b),
+                ActRef::F32(f) => Dy::F32(f),
+            };
+            (q, k, v)
         };
         // da = q's dx + k's dx + v's dx, summed where the norm's backward reads it.
         let daq = cx.linear_raw(
@@ -653,6 +670,21 @@ fn norm_out<'a>(
 /// A gradient's values: its BF16 copy where its producer wrote one, else its f32.
 fn values<'a>(b16: &'a Option<CudaSlice<u16>>, f: &'a CudaSlice<f32>) -> ActRef<'a> {
     b16.as_ref().map_or(ActRef::F32(f), ActRef::Bf16)
+}
+
+/// dv's values: the BF16 operand where the attention's backward wrote that alone,
+/// else its f32 dv.
+fn dv_values<'a>(
+    b16: &'a Option<CudaSlice<u16>>,
+    f: &'a Option<CudaSlice<f32>>,
+) -> Result<ActRef<'a>> {
+    match (b16, f) {
+        (Some(b), _) => Ok(ActRef::Bf16(b)),
+        (None, Some(f)) => Ok(ActRef::F32(f)),
+        (None, None) => Err(CudaError::Invalid(
+            "attention backward: dv written neither as f32 nor as BF16".into(),
+        )),
+    }
 }
 
 /// An activation FP8's WGrad quantizes from its f32 values, which its forward kept

@@ -6,7 +6,7 @@ use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::flash::{attention_operand_bf16, FlashSaved};
 use jet_kernels::cuda::linear::{
-    gate_up_swiglu, linear_forward, linear_forward_act, linear_forward_group,
+    forward_writes_bf16, gate_up_swiglu, linear_forward, linear_forward_act, linear_forward_group,
     linear_forward_group_act, linear_forward_into, linear_forward_residual, linear_residual_norm,
     qkv_partials, rmsnorm_with_operand_opt, swiglu_with_dual, swiglu_with_operand_opt, QkvPartials,
     XIn, XOperand,
@@ -26,13 +26,9 @@ use super::model::GpuModel;
 /// projection's operand of its output (empty where it made none).
 pub type Attended = (CudaSlice<f32>, Option<AttnSaved>, XOperand);
 
-/// Qwen3's q, k before the per-head norm and the norms' rstd.
-pub type QkPre = (
-    CudaSlice<f32>,
-    CudaSlice<f32>,
-    CudaSlice<f32>,
-    CudaSlice<f32>,
-);
+/// Qwen3's q, k before the per-head norm (f32, or the BF16 values their
+/// projections stored: the same numbers in half the bytes) and the norms' rstd.
+pub type QkPre = (Act, Act, CudaSlice<f32>, CudaSlice<f32>);
 
 /// What one layer's backward needs; M rows.
 pub struct GpuLayerActs {
@@ -385,14 +381,14 @@ fn qkv_unfused(
             let (qq, kk, qr, kr) =
                 qk_norm_rope(g, (&q, &k), norms, (m, nh, nkv), eps, pos, &model.rope)?;
             let (q_pre, k_pre) = (std::mem::replace(&mut q, qq), std::mem::replace(&mut k, kk));
-            qk_pre = Some((q_pre, k_pre, qr, kr));
+            qk_pre = Some((Act::F32(q_pre), Act::F32(k_pre), qr, kr));
         }
         (qn, kn) => {
             if let (Some(qn), Some(kn)) = (qn, kn) {
                 let (qq, qr) = rmsnorm_forward(g, &q, w.t(qn), m * nh, hd, eps)?;
                 let (kk, kr) = rmsnorm_forward(g, &k, w.t(kn), m * nkv, hd, eps)?;
                 let (q_pre, k_pre) = (std::mem::replace(&mut q, qq), std::mem::replace(&mut k, kk));
-                qk_pre = Some((q_pre, k_pre, qr, kr));
+                qk_pre = Some((Act::F32(q_pre), Act::F32(k_pre), qr, kr));
             }
             rope_forward_dev(g, &mut q, &rows.positions, m, nh, &model.rope)?;
             rope_forward_dev(g, &mut k, &rows.positions, m, nkv, &model.rope)?;
@@ -422,15 +418,32 @@ fn qkv_bf16(
             "q, k, v as BF16 operands: the q/k norms are missing".into(),
         ));
     };
-    let [q_pre, k_pre]: [_; 2] =
-        linear_forward_group(g, a, ao, m, &[(&lp.q, None), (&lp.k, None)], prec)?
-            .try_into()
-            .map_err(|_| CudaError::Invalid("q, k: two outputs expected".into()))?;
+    // q and k before their norms as the BF16 values their GEMMs store where both
+    // do (the low-precision flows' rows GEMMs), which the norm's forward and the
+    // paired backward (`qk_norm_rope_bwd_x16`, heads of 128) read: half the bytes
+    // written, kept and read twice; else f32. One form for both, which the norm's
+    // kernels take: where one GEMM takes split-K (k's narrower one at a GRPO
+    // micro-batch's 256 rows), widening the other's BF16 cost more than it saved.
+    let qk = [(&lp.q, None), (&lp.k, None)];
+    let both16 = [&lp.q, &lp.k]
+        .iter()
+        .all(|w| forward_writes_bf16(g, m, w, prec));
+    let pre: Vec<Act> = if cfg.head_dim == 128 && both16 && qk_pre_bf16() {
+        linear_forward_group_act(g, a, ao, m, &qk, prec)?
+    } else {
+        linear_forward_group(g, a, ao, m, &qk, prec)?
+            .into_iter()
+            .map(Act::F32)
+            .collect()
+    };
+    let [q_pre, k_pre]: [Act; 2] = pre
+        .try_into()
+        .map_err(|_| CudaError::Invalid("q, k: two outputs expected".into()))?;
     let [v]: [_; 1] = linear_forward_group_act(g, a, ao, m, &[(&lp.v, None)], prec)?
         .try_into()
         .map_err(|_| CudaError::Invalid("v: one output expected".into()))?;
     let norms = (w.t(qn), w.t(kn));
-    let pre = (&q_pre, &k_pre);
+    let pre = (q_pre.view(), k_pre.view());
     let (q16, k16, qr, kr) = qk_norm_rope_bf16(
         g,
         pre,
@@ -445,6 +458,13 @@ fn qkv_bf16(
         Act::F32(v) => attention_operand_bf16(g, &v, m * nkv * cfg.head_dim)?,
     };
     Ok(([q16, k16, v16], (q_pre, k_pre, qr, kr)))
+}
+
+/// Whether the training forward keeps q and k before their norms as the BF16 values
+/// their GEMMs store ([`qkv_bf16`]); on unless `JET_QK_PRE16=0` (f32, for comparison).
+fn qk_pre_bf16() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("JET_QK_PRE16").map_or(true, |v| v.trim() != "0"))
 }
 
 /// The f32 values of an activation a fused (rollout) path reads, which such a

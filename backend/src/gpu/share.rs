@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 use cudarc::driver::{CudaSlice, DeviceRepr};
 use jet_kernels::cuda::flash::{
-    flash_backward_kernels, flash_backward_prep, BwdKernel, Dout, FlashPlan, FlashSaved,
+    flash_backward_kernels, flash_backward_prep, with_dv, BwdKernel, Dout, FlashPlan, FlashSaved,
 };
 use jet_kernels::cuda::row_map::{RowMap, RowSums};
 use jet_kernels::cuda::{Gpu, Result};
@@ -211,8 +211,8 @@ impl SharedRows {
         let dout16 = self.dout.gather(gpu, prep.dout16(dout)?, qd)?;
         let delta = self.dout.gather(gpu, &prep.delta, nh)?;
         let opts = (BwdKernel::default_for(gpu), round, None);
-        let (dq, dk, dv) =
-            flash_backward_kernels(gpu, plan, (&dout16, &delta), saved, shape, opts)?;
+        let grads = flash_backward_kernels(gpu, plan, (&dout16, &delta), saved, shape, opts)?;
+        let (dq, dk, dv) = with_dv(grads)?;
         Ok((
             self.first.gather(gpu, &dq, qd)?,
             self.sums.sum(gpu, &dk, kvd, false)?,

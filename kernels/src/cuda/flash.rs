@@ -432,20 +432,20 @@ pub fn flash_backward(
     round_dv: bool,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
     let which = BwdKernel::default_for(gpu);
-    flash_backward_opts(
+    let opts = (which, round_dv, None);
+    with_dv(flash_backward_opts(
         gpu,
         plan,
         (dout, out),
         saved,
         shape,
-        (which, round_dv, None),
-    )
+        opts,
+    )?)
 }
 
-/// [`flash_backward`] that also returns dv's BF16 GEMM operand `[rows][n_kv_heads *
-/// head_dim]` (the v projection's dy: the bits of `to_bf16_padded` of dv), written
-/// by the kernel that writes dv.
-#[allow(clippy::type_complexity)]
+/// [`flash_backward`] with dv as its BF16 GEMM operand `[rows][n_kv_heads *
+/// head_dim]` alone (the v projection's dy: the bits of `to_bf16_padded` of dv),
+/// written by the kernel in place of f32 dv: `(dq, dk, dv16)`.
 pub fn flash_backward_operand(
     gpu: &Gpu,
     plan: &FlashPlan,
@@ -453,23 +453,17 @@ pub fn flash_backward_operand(
     saved: &FlashSaved,
     shape: AttnShape,
     round_dv: bool,
-) -> Result<(
-    CudaSlice<f32>,
-    CudaSlice<f32>,
-    CudaSlice<f32>,
-    CudaSlice<u16>,
-)> {
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<u16>)> {
     let w = shape.n_kv_heads * shape.head_dim;
     let dv16 = gpu.uninit::<u16>(plan.rows * w)?;
     let io = (dout, out);
-    let (dq, dk, dv) =
-        flash_backward_operand_at(gpu, plan, io, saved, shape, round_dv, (&dv16, 0, w))?;
-    Ok((dq, dk, dv, dv16))
+    let (dq, dk) = flash_backward_operand_at(gpu, plan, io, saved, shape, round_dv, (&dv16, 0, w))?;
+    Ok((dq, dk, dv16))
 }
 
 /// [`flash_backward_operand`] with dv's BF16 operand written as columns
 /// `[col, col + n_kv_heads * head_dim)` of `st` (`[rows][ld]`: q/k/v's stacked dy,
-/// for one BF16 WGrad and DGrad of the three): the same bits. `(dq, dk, dv)`.
+/// for one BF16 WGrad and DGrad of the three): the same bits. `(dq, dk)`.
 pub fn flash_backward_operand_at(
     gpu: &Gpu,
     plan: &FlashPlan,
@@ -478,10 +472,12 @@ pub fn flash_backward_operand_at(
     shape: AttnShape,
     round_dv: bool,
     (st, col, ld): (&CudaSlice<u16>, usize, usize),
-) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
     let which = BwdKernel::default_for(gpu);
     let at = Some(Dv16 { buf: st, col, ld });
-    flash_backward_opts(gpu, plan, (dout, out), saved, shape, (which, round_dv, at))
+    let io = (dout, out);
+    let (dq, dk, _) = flash_backward_opts(gpu, plan, io, saved, shape, (which, round_dv, at))?;
+    Ok((dq, dk))
 }
 
 /// Where the dK/dV kernel writes dv's BF16 operand: columns from `col` of `buf`
@@ -504,18 +500,32 @@ pub fn flash_backward_with(
     shape: AttnShape,
     which: BwdKernel,
 ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
-    flash_backward_opts(
+    let opts = (which, false, None);
+    with_dv(flash_backward_opts(
         gpu,
         plan,
         (Dout::F32(dout), out),
         saved,
         shape,
-        (which, false, None),
-    )
+        opts,
+    )?)
+}
+
+/// `(dq, dk, dv)` of the backward's kernels, dv `None` where a [`Dv16`] was given
+/// (the kernel then writes dv's BF16 operand alone: nothing read the f32 dv).
+pub type BwdGrads = (CudaSlice<f32>, CudaSlice<f32>, Option<CudaSlice<f32>>);
+
+/// The `(dq, dk, dv)` of a backward that was given no [`Dv16`].
+pub fn with_dv((dq, dk, dv): BwdGrads) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+    let dv = dv.ok_or_else(|| {
+        super::CudaError::Invalid("attention backward: dv was written as BF16 alone".into())
+    })?;
+    Ok((dq, dk, dv))
 }
 
 /// The backward with a chosen build, dv rounded to BF16 when `round_dv`, and dv's
-/// BF16 operand into `dv16` when given (`[rows][n_kv_heads * head_dim]`).
+/// BF16 operand into `dv16` when given (`[rows][n_kv_heads * head_dim]`), in place
+/// of f32 dv.
 fn flash_backward_opts(
     gpu: &Gpu,
     plan: &FlashPlan,
@@ -523,7 +533,7 @@ fn flash_backward_opts(
     saved: &FlashSaved,
     shape: AttnShape,
     (which, round_dv, dv16): (BwdKernel, bool, Option<Dv16>),
-) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+) -> Result<BwdGrads> {
     let prep = flash_backward_prep(gpu, (dout, out), plan.rows, shape)?;
     let dout16 = prep.dout16(dout)?;
     flash_backward_kernels(
@@ -605,7 +615,7 @@ pub fn flash_backward_prep(
 
 /// The backward's dK/dV and dQ kernels over `plan` from dO's BF16 values and the
 /// rows' delta ([`flash_backward_prep`]'s, or copied from it), with
-/// [`flash_backward_opts`]'s options: `(dq, dk, dv)`.
+/// [`flash_backward_opts`]'s options: [`BwdGrads`].
 pub fn flash_backward_kernels(
     gpu: &Gpu,
     plan: &FlashPlan,
@@ -613,7 +623,7 @@ pub fn flash_backward_kernels(
     saved: &FlashSaved,
     shape: AttnShape,
     (which, round_dv, dv16): (BwdKernel, bool, Option<Dv16>),
-) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+) -> Result<BwdGrads> {
     check(shape)?;
     ensure(which == BwdKernel::MmaSync || gpu.wgmma(), || {
         "attention backward: the wgmma kernels need an sm_90 GPU (and JET_WGMMA not 0)".into()
@@ -649,7 +659,10 @@ pub fn flash_backward_kernels(
     }
     let dq = gpu.uninit::<f32>(n * nh * hd)?;
     let dk = gpu.uninit::<f32>(n * nkv * hd)?;
-    let dv = gpu.uninit::<f32>(n * nkv * hd)?;
+    let dv = match dv16 {
+        None => Some(gpu.uninit::<f32>(n * nkv * hd)?),
+        Some(_) => None,
+    };
     let (scale, sl2) = scales(hd);
     let common = |tiles: &CudaSlice<i32>| {
         vec![
@@ -686,7 +699,7 @@ pub fn flash_backward_kernels(
     let mut args = common(&plan.tiles_kv);
     args.extend([
         Arg::P(gpu.ptr(&dk)),
-        Arg::P(gpu.ptr(&dv)),
+        Arg::P(dv.as_ref().map_or(0, |d| gpu.ptr(d))),
         Arg::I(round_dv as i32),
         Arg::P(dv16.map_or(0, |d| gpu.ptr(d.buf) + 2 * d.col as u64)),
         Arg::L(dv16.map_or(0, |d| d.ld as i64)),

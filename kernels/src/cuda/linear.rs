@@ -870,6 +870,14 @@ fn forward_act(
     forward_to(gpu, x, xo, m, w, bias, prec, None, true)
 }
 
+/// Whether a forward of `m > 0` rows through `w` in `prec` that may write BF16
+/// (`linear_forward_group_act`, no residual) does: the batch-invariant rows kernel
+/// writes its BF16 output itself; split-K and cuBLASLt write f32. Lets a caller
+/// ask for one form for several projections before running them.
+pub fn forward_writes_bf16(gpu: &Gpu, m: usize, w: &GpuWeight, prec: GemmPrecision) -> bool {
+    !takes_split_k(gpu, m, w, prec) && prec != GemmPrecision::F32 && w.batch_invariant
+}
+
 /// Whether [`forward`] of `m > 0` rows through `w` takes the split-K path (a
 /// decode step's few rows): its output is then `linear_epilogue` of
 /// [`split_k_partial`]'s slices, which the fused kernels of `linear::fused`
@@ -974,8 +982,7 @@ fn forward_to(
     if m == 0 {
         return gpu.uninit(0).map(Act::F32);
     }
-    let rows = !takes_split_k(gpu, m, w, prec) && prec != GemmPrecision::F32 && w.batch_invariant;
-    if rows && bf16_out && res.is_none() {
+    if forward_writes_bf16(gpu, m, w, prec) && bf16_out && res.is_none() {
         // The rows kernel writes y itself (linear_epilogue fused), as BF16.
         let y = gpu.uninit::<u16>(m * n)?;
         let epi = fused_epi(gpu, (gpu.ptr(&y), true), n, bias, prec, None);

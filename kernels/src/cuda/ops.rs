@@ -514,7 +514,7 @@ fn bwd_rows(
 /// then [`rmsnorm_backward_acc`] over rows of 128 (`cuda_parity`).
 pub fn qk_norm_rope_backward_acc(
     gpu: &Gpu,
-    input: NormBwdIn,
+    input: QkBwdIn,
     rope: (&CudaSlice<i32>, &GpuRope),
     shape: (usize, usize),
     round: bool,
@@ -533,7 +533,7 @@ pub fn qk_norm_rope_backward_acc(
 /// are not written).
 pub fn qk_norm_rope_backward_acc_operand(
     gpu: &Gpu,
-    input: NormBwdIn,
+    input: QkBwdIn,
     (positions, table): (&CudaSlice<i32>, &GpuRope),
     (tokens, n_heads): (usize, usize),
     round: bool,
@@ -573,7 +573,20 @@ fn qk_norm_rope_bwd_launch(
         Arg::I(q.chunks as i32),
     ]);
     let grid = (blocks as u32, 1, 1);
-    gpu.launch(&OPS, "qk_norm_rope_bwd", grid, (256, 1, 1), 0, &args)
+    let x16 = q.input.1.is_bf16();
+    ensure(k.is_none_or(|k| k.input.1.is_bf16() == x16), || {
+        "q/k norm backward: q and k before their norms in different forms".into()
+    })?;
+    // More blocks than fit two an SM: the three-an-SM build, so they run as one wave
+    // (ops.cu, `_o3`; the same bits).
+    let name = match blocks > 2 * gpu.sm_count() {
+        false => q.input.1.kernel("qk_norm_rope_bwd", "qk_norm_rope_bwd_x16"),
+        true => q
+            .input
+            .1
+            .kernel("qk_norm_rope_bwd_o3", "qk_norm_rope_bwd_x16_o3"),
+    };
+    gpu.launch(&OPS, name, grid, (256, 1, 1), 0, &args)
 }
 
 /// [`qk_norm_rope_backward_acc_operand`] for q and k in one launch
@@ -581,7 +594,7 @@ fn qk_norm_rope_bwd_launch(
 /// two calls. `inputs`, `n_heads` and `dw_acc` are q's, then k's.
 pub fn qk_norm_rope_backward_pair(
     gpu: &Gpu,
-    inputs: [NormBwdIn; 2],
+    inputs: [QkBwdIn; 2],
     (positions, table): (&CudaSlice<i32>, &GpuRope),
     (tokens, n_heads): (usize, [usize; 2]),
     round: bool,
@@ -607,7 +620,7 @@ pub fn qk_norm_rope_backward_pair(
 /// operands it makes, at another row stride (one BF16 WGrad and DGrad of q, k, v).
 pub fn qk_norm_rope_backward_pair_stacked(
     gpu: &Gpu,
-    inputs: [NormBwdIn; 2],
+    inputs: [QkBwdIn; 2],
     rope: (&CudaSlice<i32>, &GpuRope),
     (tokens, n_heads): (usize, [usize; 2]),
     round: bool,
@@ -630,7 +643,7 @@ pub fn qk_norm_rope_backward_pair_stacked(
 /// weights: the sides, with what each made.
 fn qk_pair<'a>(
     gpu: &Gpu,
-    inputs: [NormBwdIn<'a>; 2],
+    inputs: [QkBwdIn<'a>; 2],
     (positions, table): (&CudaSlice<i32>, &GpuRope),
     (tokens, n_heads): (usize, [usize; 2]),
     round: bool,
@@ -678,7 +691,7 @@ fn check_qk_rope(table: &GpuRope, positions: &CudaSlice<i32>, tokens: usize) -> 
 /// or dx's BF16 operand alone, its own or at an address with a row stride: `at16`)
 /// and its 256-row chunks' column sums `part [chunks][128]`.
 struct QkSide<'a> {
-    input: NormBwdIn<'a>,
+    input: QkBwdIn<'a>,
     rows: usize,
     n_heads: usize,
     chunks: usize,
@@ -710,7 +723,7 @@ impl<'a> QkSide<'a> {
     fn new(
         gpu: &Gpu,
         who: &str,
-        input: NormBwdIn<'a>,
+        input: QkBwdIn<'a>,
         (tokens, n_heads): (usize, usize),
         dw_acc: &CudaSlice<f32>,
         how: QkDst,
@@ -718,9 +731,10 @@ impl<'a> QkSide<'a> {
         const HD: usize = 128;
         let (dy, x, w, rstd) = input;
         let rows = tokens * n_heads;
+        let shape = format!("{tokens} tokens, {n_heads} heads of {HD}");
+        x.check(&format!("{who} norm x"), rows * HD, &shape)?;
         for (what, b, n) in [
             ("dy", dy, rows * HD),
-            ("x", x, rows * HD),
             ("w", w, HD),
             ("rstd", rstd, rows),
             ("dw accumulator", dw_acc, HD),
@@ -772,7 +786,7 @@ impl<'a> QkSide<'a> {
         let (dx16, ld16) = self.at16;
         vec![
             Arg::P(gpu.ptr(dy)),
-            Arg::P(gpu.ptr(x)),
+            x.ptr_arg(gpu),
             Arg::P(gpu.ptr(w)),
             Arg::P(gpu.ptr(rstd)),
             Arg::I(self.rows as i32),
@@ -792,6 +806,16 @@ pub enum QkNormGrad {
     F32(CudaSlice<f32>),
     Bf16(CudaSlice<u16>),
 }
+
+/// The q/k norm + RoPE backward's inputs: dy, the forward's x (the heads before
+/// their norm: f32, or the BF16 values the q or k projection stored), the norm's
+/// weight and rstd.
+pub type QkBwdIn<'a> = (
+    &'a CudaSlice<f32>,
+    ActRef<'a>,
+    &'a CudaSlice<f32>,
+    &'a CudaSlice<f32>,
+);
 
 /// rmsnorm backward's inputs: dy, the forward's x, the weight and rstd.
 pub type NormBwdIn<'a> = (
@@ -1127,16 +1151,19 @@ pub fn qk_norm_rope(
     CudaSlice<f32>,
     CudaSlice<f32>,
 )> {
+    let pre = (pre.0.into(), pre.1.into());
     qk_norm_rope_as(gpu, pre, norms, shape, eps, (positions, t))
 }
 
 /// [`qk_norm_rope`] writing only the BF16 copies of q and k (RNE, the bits of the
 /// tensor-core attention's operand copies: `flash::flash_forward_operand_bf16`
-/// reads them): `(q16, k16, q rstd, k rstd)`.
+/// reads them): `(q16, k16, q rstd, k rstd)`. q and k before their norms in f32,
+/// or both as the BF16 values their projections stored (the same numbers: the
+/// same bits).
 #[allow(clippy::type_complexity)]
 pub fn qk_norm_rope_bf16(
     gpu: &Gpu,
-    pre: (&CudaSlice<f32>, &CudaSlice<f32>),
+    pre: (ActRef, ActRef),
     norms: (&CudaSlice<f32>, &CudaSlice<f32>),
     shape: (usize, usize, usize),
     eps: f64,
@@ -1166,7 +1193,7 @@ impl QkOut for u16 {
 #[allow(clippy::type_complexity)]
 fn qk_norm_rope_as<T: QkOut>(
     gpu: &Gpu,
-    pre: (&CudaSlice<f32>, &CudaSlice<f32>),
+    pre: (ActRef, ActRef),
     norms: (&CudaSlice<f32>, &CudaSlice<f32>),
     (rows, nh, nkv): (usize, usize, usize),
     eps: f64,
@@ -1193,7 +1220,7 @@ const QKNR_HEADS: usize = 4;
 
 fn qk_norm_rope_launch(
     gpu: &Gpu,
-    (q_pre, k_pre): (&CudaSlice<f32>, &CudaSlice<f32>),
+    (q_pre, k_pre): (ActRef, ActRef),
     (qw, kw): (&CudaSlice<f32>, &CudaSlice<f32>),
     (rows, nh, nkv): (usize, usize, usize),
     eps: f64,
@@ -1204,12 +1231,15 @@ fn qk_norm_rope_launch(
     ensure(qk_norm_rope_fits(hd), || {
         format!("q/k norm with RoPE: head_dim {hd} (must be a multiple of 64, at most 256)")
     })?;
-    check_len("q", q_pre, rows * nh * hd, format!("[{rows}, {nh} * {hd}]"))?;
-    check_len(
+    ensure(q_pre.is_bf16() == k_pre.is_bf16(), || {
+        "q/k norm with RoPE: q and k before their norms in different forms".into()
+    })?;
+    let q_arg = q_pre.arg(gpu, "q", rows * nh * hd, &format!("[{rows}, {nh} * {hd}]"))?;
+    let k_arg = k_pre.arg(
+        gpu,
         "k",
-        k_pre,
         rows * nkv * hd,
-        format!("[{rows}, {nkv} * {hd}]"),
+        &format!("[{rows}, {nkv} * {hd}]"),
     )?;
     check_len("q_norm weight", qw, hd, format!("[{hd}]"))?;
     check_len("k_norm weight", kw, hd, format!("[{hd}]"))?;
@@ -1221,19 +1251,23 @@ fn qk_norm_rope_launch(
     if rows > 0 {
         gpu.launch(
             &OPS,
-            match hd {
-                64 => "qk_norm_rope_64",
-                128 => "qk_norm_rope_128",
-                192 => "qk_norm_rope_192",
-                _ => "qk_norm_rope_256",
+            match (hd, q_pre.is_bf16()) {
+                (64, false) => "qk_norm_rope_64",
+                (128, false) => "qk_norm_rope_128",
+                (192, false) => "qk_norm_rope_192",
+                (_, false) => "qk_norm_rope_256",
+                (64, true) => "qk_norm_rope_64_x16",
+                (128, true) => "qk_norm_rope_128_x16",
+                (192, true) => "qk_norm_rope_192_x16",
+                (_, true) => "qk_norm_rope_256_x16",
             },
             // QKNR_HEADS heads a warp, eight warps a block.
             (rows as u32, (nh + nkv).div_ceil(8 * QKNR_HEADS) as u32, 1),
             (256, 1, 1),
             0,
             &[
-                Arg::P(gpu.ptr(q_pre)),
-                Arg::P(gpu.ptr(k_pre)),
+                q_arg,
+                k_arg,
                 Arg::P(gpu.ptr(qw)),
                 Arg::P(gpu.ptr(kw)),
                 Arg::I(nh as i32),

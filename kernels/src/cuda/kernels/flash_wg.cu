@@ -89,7 +89,7 @@ __device__ __forceinline__ void fw_landed() {
 // heads, then query rows, in order; Q, dO and the rows' lse, delta double-buffered).
 // Per step: S^T = K Q^T and dP^T = V dO^T; P^T from lse, dS^T = P^T (dP^T - delta);
 // dV += P^T dO, dK += dS^T Q. Thread rows: keys 16 warp + lane / 4 (+8). dv16 (when
-// not null): dv's BF16 GEMM operand as well, as fa_bwd_kv.
+// not null): dv's BF16 GEMM operand as well, and dv null, as fa_bwd_kv.
 template <int D>
 __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* lse,
                           const float* delta, const int* tiles, int nh, int nkv, float sl2, float scale, float* dk,
@@ -213,7 +213,7 @@ __device__ void fw_bwd_kv(const bf16_t* dout, const bf16_t* q, const bf16_t* k, 
                 *(float2*)(dk + row + d) = make_float2(ak[p][e] * scale, ak[p][e + 1] * scale);
                 const float2 v2 = round_dv ? make_float2(round_bf16(av[p][e]), round_bf16(av[p][e + 1]))
                                            : make_float2(av[p][e], av[p][e + 1]);
-                *(float2*)(dv + row + d) = v2;
+                if (dv) *(float2*)(dv + row + d) = v2;
                 if (dv16) *(u32*)(dv16 + (seq0 + key) * ld16 + kvh * D + d) = pack2_bf16(v2.x, v2.y);
             }
     }

@@ -339,7 +339,8 @@ __device__ __forceinline__ void colsum_add(float& s, float a, float x, float rs,
 // chunk blockIdx.x, the rest k's chunk blockIdx.x - q_chunks): each block does what
 // the single launch's block of that chunk does, so the same bits; k's 128 chunks
 // (0.6B, 8 x 512) alone left one block an SM, the pair ~3.
-__device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float* x, const float* w,
+template <typename TX, int QR>
+__device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const TX* x, const float* w,
                                                     const float* rstd, const int* pos, const float* cos_t,
                                                     const float* sin_t, int rows, int n_heads, int round, float* dx,
                                                     float* part, bf16_t* dx16, long ld16, int ch) {
@@ -347,13 +348,18 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float
     const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
     const int r1 = min(rows, (ch + 1) * 256);
     float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    // Four rows' loads in flight (rows r, r + 8, r + 16, r + 24), then the rows in order:
-    // one row at a time left the kernel waiting on each row's loads.
+    // QR rows' loads in flight (rows r, r + 8, .., r + 8 (QR - 1)), then the rows in
+    // order: one row at a time left the kernel waiting on each row's loads.
     // QR 8 was 4% slower at 8 x 512 (H100, twenty-second session) and 20% slower in
     // the GRPO-shaped step's 24-block launches (H100, fifty-first session).
-    constexpr int QR = 4;
+    // BF16 x: a row's 64 words, lane l's words l and 32 + l (columns 2l, 2l + 1 and
+    // 64 + 2l, 65 + 2l), then shuffled into the f32 kernel's layout (lane l: columns
+    // l + 32u) before the row's arithmetic, so every sum keeps its order: the same
+    // bits. (Two-byte loads at that layout made the kernel 20% slower, H100.)
+    constexpr bool X16 = sizeof(TX) == 2;
     for (int r = ch * 256 + g; r < r1; r += 8 * QR) {
         float d[QR][4], xv[QR][4], cv[QR][2], sv[QR][2], rs[QR];
+        u32 xw[QR][2];
 #pragma unroll
         for (int i = 0; i < QR; i++) {
             const int ri = r + 8 * i;
@@ -362,9 +368,14 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float
             const long t = (long)pos[ri / n_heads] * 64;
             rs[i] = rstd[ri];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                d[i][u] = dy[o + lane + 32 * u];
-                xv[i][u] = x[o + lane + 32 * u];
+            for (int u = 0; u < 4; u++) d[i][u] = dy[o + lane + 32 * u];
+            if constexpr (X16) {
+                const u32* xr = reinterpret_cast<const u32*>(x + o);
+                xw[i][0] = xr[lane];
+                xw[i][1] = xr[32 + lane];
+            } else {
+#pragma unroll
+                for (int u = 0; u < 4; u++) xv[i][u] = to_f32(x[o + lane + 32 * u]);
             }
 #pragma unroll
             for (int u = 0; u < 2; u++) {
@@ -378,6 +389,15 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float
             if (ri >= r1) break;  // warp-uniform
             const long o = (long)ri * 128;
             const long o16 = (long)(ri / n_heads) * ld16 + (ri % n_heads) * 128;
+            if constexpr (X16) {
+                // Column c = l + 32u sits in word (c mod 64) / 2 of half c / 64, at
+                // bits 16 (c & 1) of lane ((l + 32u) mod 64) / 2's word.
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const u32 w = __shfl_sync(0xffffffffu, xw[i][u >> 1], ((lane + 32 * (u & 1)) >> 1));
+                    xv[i][u] = __uint_as_float((lane & 1) ? (w & 0xffff0000u) : (w << 16));
+                }
+            }
             float dyv[4], v[4];
             // Lane l's pairs: columns (l, l + 64) and (l + 32, l + 96), i.e. u and u + 2.
 #pragma unroll
@@ -407,21 +427,33 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const float
 }
 // q's arguments, then k's, then the shared ones. Grid q_chunks + ceil(k rows / 256),
 // block 256; for one of them alone, grid q_chunks (k's arguments are not read).
-extern "C" __global__ void qk_norm_rope_bwd(const float* dy_q, const float* x_q, const float* w_q,
-                                             const float* rstd_q, int rows_q, int nh_q, float* dx_q, float* part_q,
-                                             bf16_t* dx16_q, long ld16_q, const float* dy_k, const float* x_k,
-                                             const float* w_k, const float* rstd_k, int rows_k, int nh_k, float* dx_k,
-                                             float* part_k, bf16_t* dx16_k, long ld16_k, const int* pos, const float* cos_t,
-                                             const float* sin_t, int round, int q_chunks) {
-    pdl_entry();
-    const int b = blockIdx.x;
-    if (b < q_chunks)
-        qk_norm_rope_bwd_at(dy_q, x_q, w_q, rstd_q, pos, cos_t, sin_t, rows_q, nh_q, round, dx_q, part_q, dx16_q,
-                            ld16_q, b);
-    else
-        qk_norm_rope_bwd_at(dy_k, x_k, w_k, rstd_k, pos, cos_t, sin_t, rows_k, nh_k, round, dx_k, part_k, dx16_k,
-                            ld16_k, b - q_chunks);
-}
+// _x16: x (q and k before their norms) as the BF16 values the forward stored.
+// QR: rows in flight a warp (qk_norm_rope_bwd_at). _o3: three blocks an SM (at
+// most 80 registers: QR 3 with BF16 x; 2 with f32 x, which spilled at 3). At two
+// (96-105 registers) a 0.6B 8 x 512 launch's 384 blocks ran as 264, then a
+// half-empty wave of 120 (H100: 1.86 -> 1.49 ms a step). Launches of at most two
+// blocks an SM keep QR 4: QR 3 was 8% slower in the GRPO-shaped step's 24-block
+// launches. The same rows, sums and order, so the same bits.
+#define QK_NORM_ROPE_BWD(NAME, TX, QR, BOUNDS)                                                                 \
+    extern "C" __global__ void BOUNDS NAME(const float* dy_q, const TX* x_q, const float* w_q, const float* rstd_q,   \
+                                    int rows_q, int nh_q, float* dx_q, float* part_q, bf16_t* dx16_q,           \
+                                    long ld16_q, const float* dy_k, const TX* x_k, const float* w_k,            \
+                                    const float* rstd_k, int rows_k, int nh_k, float* dx_k, float* part_k,      \
+                                    bf16_t* dx16_k, long ld16_k, const int* pos, const float* cos_t,            \
+                                    const float* sin_t, int round, int q_chunks) {                              \
+        pdl_entry();                                                                                            \
+        const int b = blockIdx.x;                                                                               \
+        if (b < q_chunks)                                                                                       \
+            qk_norm_rope_bwd_at<TX, QR>(dy_q, x_q, w_q, rstd_q, pos, cos_t, sin_t, rows_q, nh_q, round, dx_q, part_q,    \
+                                dx16_q, ld16_q, b);                                                             \
+        else                                                                                                    \
+            qk_norm_rope_bwd_at<TX, QR>(dy_k, x_k, w_k, rstd_k, pos, cos_t, sin_t, rows_k, nh_k, round, dx_k, part_k,    \
+                                dx16_k, ld16_k, b - q_chunks);                                                  \
+    }
+QK_NORM_ROPE_BWD(qk_norm_rope_bwd, float, 4, )
+QK_NORM_ROPE_BWD(qk_norm_rope_bwd_x16, bf16_t, 4, )
+QK_NORM_ROPE_BWD(qk_norm_rope_bwd_o3, float, 2, __launch_bounds__(256, 3))
+QK_NORM_ROPE_BWD(qk_norm_rope_bwd_x16_o3, bf16_t, 3, __launch_bounds__(256, 3))
 
 // Column sums in a fixed order (the shape's, not the GPU's): part[chunk][c] = the
 // sum over the chunk's rows of a[r, c] (times x[r, c] * rstd[r] when x is given:
@@ -536,8 +568,8 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, co
 // the outputs [rows, heads * hd] and the norms' rstd [rows * heads]; q16, k16: the
 // outputs' BF16 copies (fuses fa_to_bf16_x3 of q and k). Either form may be null.
 #define QKNR_HEADS 4
-template <int HD>
-__device__ __forceinline__ void qk_norm_rope_at(const float* q_pre, const float* k_pre, const float* qw,
+template <int HD, typename TI>
+__device__ __forceinline__ void qk_norm_rope_at(const TI* q_pre, const TI* k_pre, const float* qw,
                                                 const float* kw, int nh, int nkv, float eps, const int* pos,
                                                 const float* cos_t, const float* sin_t, float* q, float* k,
                                                 float* qr, float* kr, bf16_t* q16, bf16_t* k16) {
@@ -549,10 +581,10 @@ __device__ __forceinline__ void qk_norm_rope_at(const float* q_pre, const float*
         const int head = h0 + 8 * e;
         const bool isq = head < nh;
         const int hh = isq ? head : head - nh, heads = isq ? nh : nkv;
-        const float* src = (isq ? q_pre : k_pre) + ((long)r * heads + hh) * HD;
+        const TI* src = (isq ? q_pre : k_pre) + ((long)r * heads + hh) * HD;
 #pragma unroll
         for (int i = 0; i < n; i++)
-            if (head < nh + nkv) v[e][i] = src[lane + 32 * i];  // warp-uniform
+            if (head < nh + nkv) v[e][i] = to_f32(src[lane + 32 * i]);  // warp-uniform
     }
     const long t0 = (long)pos[r] * (HD / 2);
 #pragma unroll
@@ -575,19 +607,24 @@ __device__ __forceinline__ void qk_norm_rope_at(const float* q_pre, const float*
 }
 // qk_norm_rope_{64,128,192,256}: one kernel a head_dim (the head's loop bounds
 // known to the compiler, so a warp's heads stay in registers); the grid's x is the
-// rows.
-#define QK_NORM_ROPE(NAME, HD)                                                                                  \
-    extern "C" __global__ void NAME(const float* q_pre, const float* k_pre, const float* qw, const float* kw,  \
+// rows. _x16: q_pre, k_pre as the BF16 values the q and k projections stored (the
+// low-precision flows round them to BF16: the same numbers, half the bytes).
+#define QK_NORM_ROPE(NAME, HD, TI)                                                                              \
+    extern "C" __global__ void NAME(const TI* q_pre, const TI* k_pre, const float* qw, const float* kw,        \
                                     int nh, int nkv, float eps, const int* pos, const float* cos_t,             \
                                     const float* sin_t, float* q, float* k, float* qr, float* kr, bf16_t* q16,  \
                                     bf16_t* k16) {                                                               \
         pdl_entry();                                                                                            \
-        qk_norm_rope_at<HD>(q_pre, k_pre, qw, kw, nh, nkv, eps, pos, cos_t, sin_t, q, k, qr, kr, q16, k16);     \
+        qk_norm_rope_at<HD, TI>(q_pre, k_pre, qw, kw, nh, nkv, eps, pos, cos_t, sin_t, q, k, qr, kr, q16, k16); \
     }
-QK_NORM_ROPE(qk_norm_rope_64, 64)
-QK_NORM_ROPE(qk_norm_rope_128, 128)
-QK_NORM_ROPE(qk_norm_rope_192, 192)
-QK_NORM_ROPE(qk_norm_rope_256, 256)
+QK_NORM_ROPE(qk_norm_rope_64, 64, float)
+QK_NORM_ROPE(qk_norm_rope_128, 128, float)
+QK_NORM_ROPE(qk_norm_rope_192, 192, float)
+QK_NORM_ROPE(qk_norm_rope_256, 256, float)
+QK_NORM_ROPE(qk_norm_rope_64_x16, 64, bf16_t)
+QK_NORM_ROPE(qk_norm_rope_128_x16, 128, bf16_t)
+QK_NORM_ROPE(qk_norm_rope_192_x16, 192, bf16_t)
+QK_NORM_ROPE(qk_norm_rope_256_x16, 256, bf16_t)
 
 // The q, k, v projections' epilogues (split-K partials, no bias) with qk_norm_rope
 // (fuses linear_epilogue_group of a decode step and qk_norm_rope, the norms' rstd

@@ -774,11 +774,11 @@ fn embedding_matches_cpu() {
     done();
 }
 
-/// `rmsnorm_bwd_rows1` with eight rows' loads in flight (taken below one block an SM)
-/// gives the bits of four: dx and dw, rows a whole and a partial block, rounded or
-/// not.
+/// `rmsnorm_bwd_rows1` with eight rows' loads in flight, and a row a block with the dw
+/// terms summed after (the forms taken below one block an SM), give the bits of four
+/// rows in flight: dx and dw, rows a whole and a partial block, rounded or not.
 #[test]
-fn rmsnorm_bwd_rows_eight_in_flight_equal_four() {
+fn rmsnorm_bwd_rows_forms_give_the_same_bits() {
     let Some(g) = gpu() else { return };
     for (rows, dim) in [(256usize, 1024usize), (77, 1024), (40, 896), (2200, 512)] {
         let (x, w, dy) = (
@@ -789,7 +789,7 @@ fn rmsnorm_bwd_rows_eight_in_flight_equal_four() {
         let (_, rs) = gops::rmsnorm_forward(&g, &x, &w, rows, dim, 1e-6).unwrap();
         let acc0 = rnd(dim, 33, 1.0);
         for round in [false, true] {
-            let run = |g8: bool| {
+            let run = |form: gops::Rows1| {
                 let mut acc = up(&g, &acc0);
                 let dx = gops::rmsnorm_backward_acc_rows1(
                     &g,
@@ -797,17 +797,20 @@ fn rmsnorm_bwd_rows_eight_in_flight_equal_four() {
                     (rows, dim),
                     round,
                     &mut acc,
-                    g8,
+                    form,
                 )
                 .unwrap();
                 (dl(&g, &dx, rows * dim), dl(&g, &acc, dim))
             };
-            let ((a, aw), (b, bw)) = (run(true), run(false));
-            report_exact(
-                &format!("rmsnorm bwd rows, eight rows in flight == four (round {round})"),
-                &format!("[{rows}, {dim}]"),
-                bits_differ(&a, &b) + bits_differ(&aw, &bw),
-            );
+            let (b, bw) = run(gops::Rows1::Four);
+            for form in [gops::Rows1::Eight, gops::Rows1::Terms] {
+                let (a, aw) = run(form);
+                report_exact(
+                    &format!("rmsnorm bwd rows, {form:?} == four rows in flight (round {round})"),
+                    &format!("[{rows}, {dim}]"),
+                    bits_differ(&a, &b) + bits_differ(&aw, &bw),
+                );
+            }
         }
     }
     done();

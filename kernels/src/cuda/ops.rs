@@ -236,16 +236,28 @@ pub fn rmsnorm_backward_acc(
     Ok(norm_bwd_acc(gpu, input, shape, dx_opts, dw_acc, false)?.0)
 }
 
-/// [`rmsnorm_backward_acc`] by `rmsnorm_bwd_rows1` with eight rows' loads in flight
-/// (`g8`) or four, whatever the grid: the check that both give the same bits. Rows
-/// of 4 to 1,024 values (a multiple of 4, not 128), f32 dy, no residual.
+/// How `rmsnorm_bwd_rows1` runs a launch's rows (the same bits each way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows1 {
+    /// `NORM_ROWS` rows a block, four rows' loads in flight.
+    Four,
+    /// `NORM_ROWS` rows a block, eight in flight (`rmsnorm_bwd_rows1g8`).
+    Eight,
+    /// A row a block, the dw terms summed by a second launch (`rmsnorm_bwd_rows1t`,
+    /// `norm_terms_part`).
+    Terms,
+}
+
+/// [`rmsnorm_backward_acc`] by `rmsnorm_bwd_rows1` in the given form, whatever the
+/// grid: the check that every form gives the same bits. Rows of 4 to 1,024 values
+/// (a multiple of 4, not 128), f32 dy, no residual.
 pub fn rmsnorm_backward_acc_rows1(
     gpu: &Gpu,
     (dy, x, w, rstd): NormBwdIn,
     (rows, dim): (usize, usize),
     round: bool,
     dw_acc: &mut CudaSlice<f32>,
-    g8: bool,
+    form: Rows1,
 ) -> Result<CudaSlice<f32>> {
     let input = (DySrc::F32(dy), x, w, rstd);
     check_norm_bwd(input, (rows, dim), None)?;
@@ -262,7 +274,7 @@ pub fn rmsnorm_backward_acc_rows1(
         (round, None),
         (dw_acc, true),
         false,
-        (1, Some(g8)),
+        (1, Some(form)),
     )?;
     Ok(out.0)
 }
@@ -471,7 +483,8 @@ fn rows_groups(
 
 /// rmsnorm's dx (and its BF16 operand when `bf16`) and dw by `rmsnorm_bwd_rows{ng}`,
 /// `NORM_ROWS` rows a block, then `colsum_final` of the blocks' column sums into
-/// `dw` (written, or added when `add`).
+/// `dw` (written, or added when `add`). `form` (rows of at most 1,024, `ng` 1):
+/// how `rmsnorm_bwd_rows1` runs, or by the grid where None.
 fn bwd_rows(
     gpu: &Gpu,
     (dy, x, w, rstd): DySrcIn,
@@ -479,19 +492,24 @@ fn bwd_rows(
     (round, res): (bool, Option<&CudaSlice<f32>>),
     (dw, add): (&mut CudaSlice<f32>, bool),
     bf16: bool,
-    (ng, g8): (usize, Option<bool>),
+    (ng, form): (usize, Option<Rows1>),
 ) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
     let (dx, dx16) = dx_outputs(gpu, (rows, dim), bf16)?;
     let blocks = rows.div_ceil(NORM_ROWS).max(1);
-    let part = gpu.uninit::<f32>(blocks * dim)?;
-    // Fewer blocks than SMs (a GRPO group's few hundred rows): eight rows' loads in
-    // flight a block, not four (the same bits), unless `g8` says which.
-    let g8 = g8.unwrap_or(blocks < gpu.sm_count());
-    let name = match ng {
-        1 if g8 => "rmsnorm_bwd_rows1g8",
-        1 => "rmsnorm_bwd_rows1",
-        2 => "rmsnorm_bwd_rows2",
-        4 => "rmsnorm_bwd_rows4",
+    // Fewer blocks than SMs (a GRPO micro-batch's few hundred rows): a row a block,
+    // the dw terms summed after (the same bits; 16 blocks each a chain of 16 rows
+    // left most SMs idle), unless `form` says which.
+    let form = form.unwrap_or(match blocks < gpu.sm_count() {
+        true if norm_terms_on() => Rows1::Terms,
+        true => Rows1::Eight,
+        false => Rows1::Four,
+    });
+    let name = match (ng, form) {
+        (1, Rows1::Terms) => "rmsnorm_bwd_rows1t",
+        (1, Rows1::Eight) => "rmsnorm_bwd_rows1g8",
+        (1, Rows1::Four) => "rmsnorm_bwd_rows1",
+        (2, _) => "rmsnorm_bwd_rows2",
+        (4, _) => "rmsnorm_bwd_rows4",
         _ => "rmsnorm_bwd_rows8",
     };
     let mut args = dx_args(
@@ -501,10 +519,36 @@ fn bwd_rows(
         (round, res),
         (&dx, &dx16),
     );
-    args.push(Arg::P(gpu.ptr(&part)));
-    gpu.launch(&OPS, name, (blocks as u32, 1, 1), (256, 1, 1), 0, &args)?;
+    let part = gpu.uninit::<f32>(blocks * dim)?;
+    if ng == 1 && form == Rows1::Terms {
+        // The rows' dw terms `[rows][dim]`, then each block's sums as the
+        // NORM_ROWS kernel makes them.
+        let terms = gpu.uninit::<f32>(rows.max(1) * dim)?;
+        args.push(Arg::P(gpu.ptr(&terms)));
+        let grid = (rows.max(1) as u32, 1, 1);
+        gpu.launch(&OPS, name, grid, (256, 1, 1), 0, &args)?;
+        let sums = [
+            Arg::P(gpu.ptr(&terms)),
+            Arg::I(rows as i32),
+            Arg::I(dim as i32),
+            Arg::P(gpu.ptr(&part)),
+        ];
+        let grid = (blocks as u32, 1, 1);
+        gpu.launch(&OPS, "norm_terms_part", grid, (256, 1, 1), 0, &sums)?;
+    } else {
+        args.push(Arg::P(gpu.ptr(&part)));
+        gpu.launch(&OPS, name, (blocks as u32, 1, 1), (256, 1, 1), 0, &args)?;
+    }
     colsum_final(gpu, &part, (blocks, dim), round, (dw, add))?;
     Ok((dx, dx16))
+}
+
+/// Whether launches of fewer blocks than SMs take the terms forms of the norms'
+/// backward ([`Rows1::Terms`], `qk_norm_rope_bwd_t`): on unless `JET_NORM_TERMS=0`
+/// (a measurement switch; the same bits either way).
+fn norm_terms_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("JET_NORM_TERMS").map_or(true, |v| v.trim() != "0"))
 }
 
 /// The backward of Qwen3's q (or k) RMSNorm and RoPE for heads of 128 in one pass
@@ -562,7 +606,14 @@ fn qk_norm_rope_bwd_launch(
     (positions, table): (&CudaSlice<i32>, &GpuRope),
     round: bool,
 ) -> Result<()> {
+    let x16 = q.input.1.is_bf16();
+    ensure(k.is_none_or(|k| k.input.1.is_bf16() == x16), || {
+        "q/k norm backward: q and k before their norms in different forms".into()
+    })?;
     let blocks = q.chunks + k.map_or(0, |k| k.chunks);
+    if blocks < gpu.sm_count() && norm_terms_on() {
+        return qk_bwd_terms(gpu, (q, k), (positions, table), round);
+    }
     let mut args = q.args(gpu);
     args.extend(k.unwrap_or(q).args(gpu));
     args.extend([
@@ -573,10 +624,6 @@ fn qk_norm_rope_bwd_launch(
         Arg::I(q.chunks as i32),
     ]);
     let grid = (blocks as u32, 1, 1);
-    let x16 = q.input.1.is_bf16();
-    ensure(k.is_none_or(|k| k.input.1.is_bf16() == x16), || {
-        "q/k norm backward: q and k before their norms in different forms".into()
-    })?;
     // More blocks than fit two an SM: the three-an-SM build, so they run as one wave
     // (ops.cu, `_o3`; the same bits).
     let name = match blocks > 2 * gpu.sm_count() {
@@ -587,6 +634,61 @@ fn qk_norm_rope_bwd_launch(
             .kernel("qk_norm_rope_bwd_o3", "qk_norm_rope_bwd_x16_o3"),
     };
     gpu.launch(&OPS, name, grid, (256, 1, 1), 0, &args)
+}
+
+/// [`qk_norm_rope_bwd_launch`] for fewer 256-row chunks than SMs (a GRPO
+/// micro-batch's rows, where each chunk's block was a chain of 32 rows a warp on a
+/// few SMs): a row a warp (`qk_norm_rope_bwd_t`, 8 rows a block), each row's dw
+/// terms to a `[rows][128]` buffer, then `qk_terms_part` sums them per chunk as
+/// `qk_norm_rope_bwd`'s block does (the same adds in the same order: the same bits).
+fn qk_bwd_terms(
+    gpu: &Gpu,
+    (q, k): (&QkSide, Option<&QkSide>),
+    (positions, table): (&CudaSlice<i32>, &GpuRope),
+    round: bool,
+) -> Result<()> {
+    const TERMS_ARG: usize = 7; // `QkSide::args`'s part
+    let tq = gpu.uninit::<f32>(q.rows * 128)?;
+    let tk = k.map(|k| gpu.uninit::<f32>(k.rows * 128)).transpose()?;
+    let (k_side, k_terms) = (k.unwrap_or(q), tk.as_ref().unwrap_or(&tq));
+    let mut args = q.args(gpu);
+    args[TERMS_ARG] = Arg::P(gpu.ptr(&tq));
+    let mut ka = k_side.args(gpu);
+    ka[TERMS_ARG] = Arg::P(gpu.ptr(k_terms));
+    args.extend(ka);
+    let q_blocks = q.rows.div_ceil(8).max(1);
+    let k_blocks = k.map_or(0, |k| k.rows.div_ceil(8).max(1));
+    args.extend([
+        Arg::P(gpu.ptr(positions)),
+        Arg::P(gpu.ptr(&table.cos)),
+        Arg::P(gpu.ptr(&table.sin)),
+        Arg::I(round as i32),
+        Arg::I(q_blocks as i32),
+    ]);
+    let name = q
+        .input
+        .1
+        .kernel("qk_norm_rope_bwd_t", "qk_norm_rope_bwd_x16_t");
+    let grid = ((q_blocks + k_blocks) as u32, 1, 1);
+    gpu.launch(&OPS, name, grid, (256, 1, 1), 0, &args)?;
+    let chunks = q.chunks + k.map_or(0, |k| k.chunks);
+    let sums = [
+        Arg::P(gpu.ptr(&tq)),
+        Arg::I(q.rows as i32),
+        Arg::P(gpu.ptr(&q.part)),
+        Arg::P(gpu.ptr(k_terms)),
+        Arg::I(k_side.rows as i32),
+        Arg::P(gpu.ptr(&k_side.part)),
+        Arg::I(q.chunks as i32),
+    ];
+    gpu.launch(
+        &OPS,
+        "qk_terms_part",
+        (chunks as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &sums,
+    )
 }
 
 /// [`qk_norm_rope_backward_acc_operand`] for q and k in one launch

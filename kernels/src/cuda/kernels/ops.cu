@@ -125,14 +125,18 @@ extern "C" __global__ void rmsnorm_bwd_dx(const float* dy, const float* x, const
 // sums over its rows in row order go to part[block][dim]; colsum_final adds the
 // blocks' sums in its fixed order. dx, round, res and dx16 as rmsnorm_bwd_dx.
 #define NORM_ROWS 16
-template <int NG, int G = (NG >= 4 ? 1 : 4 / NG)>
+// TERMS (rmsnorm_bwd_rows1t, launches of fewer blocks than SMs): a row a block, its
+// dw terms dy * (x * rstd) written to part as terms [rows][dim] in place of summed;
+// norm_terms_part adds them as a NORM_ROWS block does here (the same bits).
+template <int NG, int G = (NG >= 4 ? 1 : 4 / NG), bool TERMS = false>
 __device__ __forceinline__ void rmsnorm_bwd_rows(const float* dy, const float* x, const float* w,
                                                  const float* rstd, int rows, int dim, float* dx, int round,
                                                  const float* res, bf16_t* dx16, const bf16_t* p0,
                                                  const bf16_t* p1, const bf16_t* p2, float* part) {
     __shared__ float red[2][8][G];
     const int t = threadIdx.x, lane = t & 31, wp = t >> 5, nq = dim >> 2;
-    const int r0 = blockIdx.x * NORM_ROWS, r1 = min(rows, r0 + NORM_ROWS);
+    constexpr int SPAN = TERMS ? 1 : NORM_ROWS;  // rows a block
+    const int r0 = blockIdx.x * SPAN, r1 = min(rows, r0 + SPAN);
     float4 wv[NG];
     float cs[NG][4];
 #pragma unroll
@@ -212,27 +216,32 @@ __device__ __forceinline__ void rmsnorm_bwd_rows(const float* dy, const float* x
                 const int q = t + 256 * j;
                 if (q >= nq) continue;
                 const float wj[4] = {wv[j].x, wv[j].y, wv[j].z, wv[j].w};
-                float d[4];
+                float d[4], tm[4];
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
                     const float gy = dv[i][j][k] * wj[k];
                     float v = rs[i] * (gy - xv[i][j][k] * rs[i] * mean);
                     v = round ? round_bf16(v) : v;
                     d[k] = res ? __fadd_rn(v, rv[i][j][k]) : v;
-                    cs[j][k] += dv[i][j][k] * (xv[i][j][k] * rs[i]);  // colsum_add's term
+                    tm[k] = dv[i][j][k] * (xv[i][j][k] * rs[i]);  // colsum_add's term
+                    if constexpr (!TERMS) cs[j][k] += tm[k];
                 }
+                if constexpr (TERMS)
+                    *reinterpret_cast<float4*>(part + o + 4 * q) = make_float4(tm[0], tm[1], tm[2], tm[3]);
                 if (dx) *reinterpret_cast<float4*>(dx + o + 4 * q) = make_float4(d[0], d[1], d[2], d[3]);
                 if (dx16)
                     *reinterpret_cast<uint2*>(dx16 + o + 4 * q) = make_uint2(pack2_bf16(d[0], d[1]), pack2_bf16(d[2], d[3]));
             }
         }
     }
+    if constexpr (!TERMS) {
 #pragma unroll
-    for (int j = 0; j < NG; j++) {
-        const int q = t + 256 * j;
-        if (q < nq)
-            *reinterpret_cast<float4*>(part + (long)blockIdx.x * dim + 4 * q) =
-                make_float4(cs[j][0], cs[j][1], cs[j][2], cs[j][3]);
+        for (int j = 0; j < NG; j++) {
+            const int q = t + 256 * j;
+            if (q < nq)
+                *reinterpret_cast<float4*>(part + (long)blockIdx.x * dim + 4 * q) =
+                    make_float4(cs[j][0], cs[j][1], cs[j][2], cs[j][3]);
+        }
     }
 }
 #define NORM_BWD_ROWS(NAME, NG)                                                                                  \
@@ -260,6 +269,39 @@ NORM_BWD_ROWS(rmsnorm_bwd_rows8, 8)
         rmsnorm_bwd_rows<NG, G>(dy, x, w, rstd, rows, dim, dx, round, res, dx16, p0, p1, p2, part);            \
     }
 NORM_BWD_ROWS_G(rmsnorm_bwd_rows1g8, 1, 8)
+// A row a block, the dw terms written (TERMS above): for launches of fewer NORM_ROWS
+// blocks than SMs (a GRPO micro-batch's 256 rows were 16 blocks, each a chain of its
+// 16 rows), then norm_terms_part.
+extern "C" __global__ void __launch_bounds__(256)
+    rmsnorm_bwd_rows1t(const float* dy, const float* x, const float* w, const float* rstd, int rows, int dim,
+                       float* dx, int round, const float* res, bf16_t* dx16, const bf16_t* p0, const bf16_t* p1,
+                       const bf16_t* p2, float* terms) {
+    pdl_entry();
+    rmsnorm_bwd_rows<1, 1, true>(dy, x, w, rstd, rows, dim, dx, round, res, dx16, p0, p1, p2, terms);
+}
+// rmsnorm_bwd_rows1's part[block][dim] from rmsnorm_bwd_rows1t's terms [rows][dim]:
+// thread t's four columns 4t .. 4t + 3 (dim <= 1,024) summed over block b's
+// NORM_ROWS rows in row order from 0, as that kernel's thread t sums them (the
+// same bits); the rows' loads all in flight first. Grid ceil(rows / NORM_ROWS),
+// block 256. (Fused into colsum_final, a warp a column reading the terms a row
+// apart, it ran 0.5 ms slower over a GRPO-shaped step's 456 launches, H100.)
+extern "C" __global__ void __launch_bounds__(256)
+    norm_terms_part(const float* terms, int rows, int dim, float* part) {
+    pdl_entry();
+    const int q = threadIdx.x, r0 = blockIdx.x * NORM_ROWS, r1 = min(rows, r0 + NORM_ROWS);
+    if (4 * q >= dim) return;
+    float4 v[NORM_ROWS];
+#pragma unroll
+    for (int i = 0; i < NORM_ROWS; i++)
+        if (r0 + i < r1) v[i] = *reinterpret_cast<const float4*>(terms + (long)(r0 + i) * dim + 4 * q);
+    float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < NORM_ROWS; i++) {
+        if (r0 + i >= r1) break;
+        cs[0] += v[i].x, cs[1] += v[i].y, cs[2] += v[i].z, cs[3] += v[i].w;
+    }
+    *reinterpret_cast<float4*>(part + (long)blockIdx.x * dim + 4 * q) = make_float4(cs[0], cs[1], cs[2], cs[3]);
+}
 
 // rmsnorm_bwd_dx for rows of exactly 128 (the q/k norms' heads): one warp a row,
 // eight rows a block (a block a row left the SMs scheduling tiny blocks). Lane l
@@ -339,14 +381,19 @@ __device__ __forceinline__ void colsum_add(float& s, float a, float x, float rs,
 // chunk blockIdx.x, the rest k's chunk blockIdx.x - q_chunks): each block does what
 // the single launch's block of that chunk does, so the same bits; k's 128 chunks
 // (0.6B, 8 x 512) alone left one block an SM, the pair ~3.
-template <typename TX, int QR>
+// TERMS (the _t kernels, launches of fewer blocks than SMs): block ch takes rows
+// 8 ch .. 8 ch + 7, a row a warp, and writes each row's dw terms dy' * (x * rstd) to
+// part as terms [rows][128] in place of summing them; qk_terms_part sums them as a
+// 256-row chunk's block does here (the same adds in the same order: the same bits).
+template <typename TX, int QR, bool TERMS = false>
 __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const TX* x, const float* w,
                                                     const float* rstd, const int* pos, const float* cos_t,
                                                     const float* sin_t, int rows, int n_heads, int round, float* dx,
                                                     float* part, bf16_t* dx16, long ld16, int ch) {
     __shared__ float sh[8][129];
     const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
-    const int r1 = min(rows, (ch + 1) * 256);
+    constexpr int SPAN = TERMS ? 8 : 256;  // rows a block
+    const int r1 = min(rows, (ch + 1) * SPAN);
     float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     // QR rows' loads in flight (rows r, r + 8, .., r + 8 (QR - 1)), then the rows in
     // order: one row at a time left the kernel waiting on each row's loads.
@@ -357,7 +404,7 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const TX* x
     // l + 32u) before the row's arithmetic, so every sum keeps its order: the same
     // bits. (Two-byte loads at that layout made the kernel 20% slower, H100.)
     constexpr bool X16 = sizeof(TX) == 2;
-    for (int r = ch * 256 + g; r < r1; r += 8 * QR) {
+    for (int r = ch * SPAN + g; r < r1; r += 8 * QR) {
         float d[QR][4], xv[QR][4], cv[QR][2], sv[QR][2], rs[QR];
         u32 xw[QR][2];
 #pragma unroll
@@ -408,8 +455,82 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const TX* x
                 const float d = round ? round_bf16(v[u]) : v[u];
                 if (dx) dx[o + lane + 32 * u] = d;
                 if (dx16) dx16[o16 + lane + 32 * u] = f32_to_bf16(d);
-                colsum_add(cs[u], dyv[u], xv[i][u], rs[i], true);
+                if constexpr (TERMS)
+                    part[o + lane + 32 * u] = dyv[u] * (xv[i][u] * rs[i]);  // colsum_add's term
+                else
+                    colsum_add(cs[u], dyv[u], xv[i][u], rs[i], true);
             }
+        }
+    }
+    if constexpr (!TERMS) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) sh[g][lane + 32 * u] = cs[u];
+        __syncthreads();
+        if (g != 0) return;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int c = lane + 32 * u;
+            float t = sh[0][c];
+#pragma unroll
+            for (int k = 1; k < 8; k++) t += sh[k][c];
+            part[(long)ch * 128 + c] = t;
+        }
+    }
+}
+// q's arguments, then k's, then the shared ones. Grid q_chunks + ceil(k rows / 256),
+// block 256; for one of them alone, grid q_chunks (k's arguments are not read).
+// _x16: x (q and k before their norms) as the BF16 values the forward stored.
+// QR: rows in flight a warp (qk_norm_rope_bwd_at). _o3: three blocks an SM (at
+// most 80 registers: QR 3 with BF16 x; 2 with f32 x, which spilled at 3). At two
+// (96-105 registers) a 0.6B 8 x 512 launch's 384 blocks ran as 264, then a
+// half-empty wave of 120 (H100: 1.86 -> 1.49 ms a step). Launches of at most two
+// blocks an SM keep QR 4: QR 3 was 8% slower in the GRPO-shaped step's 24-block
+// launches. The same rows, sums and order, so the same bits.
+#define QK_NORM_ROPE_BWD(NAME, TX, QR, BOUNDS, TERMS)                                                                 \
+    extern "C" __global__ void BOUNDS NAME(const float* dy_q, const TX* x_q, const float* w_q, const float* rstd_q,   \
+                                    int rows_q, int nh_q, float* dx_q, float* part_q, bf16_t* dx16_q,           \
+                                    long ld16_q, const float* dy_k, const TX* x_k, const float* w_k,            \
+                                    const float* rstd_k, int rows_k, int nh_k, float* dx_k, float* part_k,      \
+                                    bf16_t* dx16_k, long ld16_k, const int* pos, const float* cos_t,            \
+                                    const float* sin_t, int round, int q_chunks) {                              \
+        pdl_entry();                                                                                            \
+        const int b = blockIdx.x;                                                                               \
+        if (b < q_chunks)                                                                                       \
+            qk_norm_rope_bwd_at<TX, QR, TERMS>(dy_q, x_q, w_q, rstd_q, pos, cos_t, sin_t, rows_q, nh_q, round, dx_q, part_q,    \
+                                dx16_q, ld16_q, b);                                                             \
+        else                                                                                                    \
+            qk_norm_rope_bwd_at<TX, QR, TERMS>(dy_k, x_k, w_k, rstd_k, pos, cos_t, sin_t, rows_k, nh_k, round, dx_k, part_k,    \
+                                dx16_k, ld16_k, b - q_chunks);                                                  \
+    }
+QK_NORM_ROPE_BWD(qk_norm_rope_bwd, float, 4, , false)
+QK_NORM_ROPE_BWD(qk_norm_rope_bwd_x16, bf16_t, 4, , false)
+QK_NORM_ROPE_BWD(qk_norm_rope_bwd_o3, float, 2, __launch_bounds__(256, 3), false)
+QK_NORM_ROPE_BWD(qk_norm_rope_bwd_x16_o3, bf16_t, 3, __launch_bounds__(256, 3), false)
+QK_NORM_ROPE_BWD(qk_norm_rope_bwd_t, float, 1, , true)
+QK_NORM_ROPE_BWD(qk_norm_rope_bwd_x16_t, bf16_t, 1, , true)
+
+// The 256-row chunks' dw column sums of qk_norm_rope_bwd from the _t kernels' terms
+// [rows][128] (q's, then k's): block ch (q's chunks first, q_chunks of them) as
+// qk_norm_rope_bwd_at's block ch sums them: warp g its rows g, g + 8, .. in order
+// from 0 (lane l columns l + 32u), then the eight warps in warp order into
+// part[ch][128]. The loads of eight rows in flight before their adds. Block 256.
+__device__ __forceinline__ void qk_terms_part_at(const float* terms, int rows, float* part, int ch) {
+    __shared__ float sh[8][129];
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+    const int r1 = min(rows, (ch + 1) * 256);
+    float cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int r = ch * 256 + g; r < r1; r += 64) {
+        float t[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                t[i][u] = r + 8 * i < r1 ? terms[(long)(r + 8 * i) * 128 + lane + 32 * u] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if (r + 8 * i >= r1) break;  // warp-uniform
+#pragma unroll
+            for (int u = 0; u < 4; u++) cs[u] += t[i][u];
         }
     }
 #pragma unroll
@@ -425,35 +546,15 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const TX* x
         part[(long)ch * 128 + c] = t;
     }
 }
-// q's arguments, then k's, then the shared ones. Grid q_chunks + ceil(k rows / 256),
-// block 256; for one of them alone, grid q_chunks (k's arguments are not read).
-// _x16: x (q and k before their norms) as the BF16 values the forward stored.
-// QR: rows in flight a warp (qk_norm_rope_bwd_at). _o3: three blocks an SM (at
-// most 80 registers: QR 3 with BF16 x; 2 with f32 x, which spilled at 3). At two
-// (96-105 registers) a 0.6B 8 x 512 launch's 384 blocks ran as 264, then a
-// half-empty wave of 120 (H100: 1.86 -> 1.49 ms a step). Launches of at most two
-// blocks an SM keep QR 4: QR 3 was 8% slower in the GRPO-shaped step's 24-block
-// launches. The same rows, sums and order, so the same bits.
-#define QK_NORM_ROPE_BWD(NAME, TX, QR, BOUNDS)                                                                 \
-    extern "C" __global__ void BOUNDS NAME(const float* dy_q, const TX* x_q, const float* w_q, const float* rstd_q,   \
-                                    int rows_q, int nh_q, float* dx_q, float* part_q, bf16_t* dx16_q,           \
-                                    long ld16_q, const float* dy_k, const TX* x_k, const float* w_k,            \
-                                    const float* rstd_k, int rows_k, int nh_k, float* dx_k, float* part_k,      \
-                                    bf16_t* dx16_k, long ld16_k, const int* pos, const float* cos_t,            \
-                                    const float* sin_t, int round, int q_chunks) {                              \
-        pdl_entry();                                                                                            \
-        const int b = blockIdx.x;                                                                               \
-        if (b < q_chunks)                                                                                       \
-            qk_norm_rope_bwd_at<TX, QR>(dy_q, x_q, w_q, rstd_q, pos, cos_t, sin_t, rows_q, nh_q, round, dx_q, part_q,    \
-                                dx16_q, ld16_q, b);                                                             \
-        else                                                                                                    \
-            qk_norm_rope_bwd_at<TX, QR>(dy_k, x_k, w_k, rstd_k, pos, cos_t, sin_t, rows_k, nh_k, round, dx_k, part_k,    \
-                                dx16_k, ld16_k, b - q_chunks);                                                  \
-    }
-QK_NORM_ROPE_BWD(qk_norm_rope_bwd, float, 4, )
-QK_NORM_ROPE_BWD(qk_norm_rope_bwd_x16, bf16_t, 4, )
-QK_NORM_ROPE_BWD(qk_norm_rope_bwd_o3, float, 2, __launch_bounds__(256, 3))
-QK_NORM_ROPE_BWD(qk_norm_rope_bwd_x16_o3, bf16_t, 3, __launch_bounds__(256, 3))
+extern "C" __global__ void qk_terms_part(const float* terms_q, int rows_q, float* part_q, const float* terms_k,
+                                         int rows_k, float* part_k, int q_chunks) {
+    pdl_entry();
+    const int b = blockIdx.x;
+    if (b < q_chunks)
+        qk_terms_part_at(terms_q, rows_q, part_q, b);
+    else
+        qk_terms_part_at(terms_k, rows_k, part_k, b - q_chunks);
+}
 
 // Column sums in a fixed order (the shape's, not the GPU's): part[chunk][c] = the
 // sum over the chunk's rows of a[r, c] (times x[r, c] * rstd[r] when x is given:

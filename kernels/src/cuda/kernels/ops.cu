@@ -381,6 +381,24 @@ __device__ __forceinline__ void colsum_add(float& s, float a, float x, float rs,
 // chunk blockIdx.x, the rest k's chunk blockIdx.x - q_chunks): each block does what
 // the single launch's block of that chunk does, so the same bits; k's 128 chunks
 // (0.6B, 8 x 512) alone left one block an SM, the pair ~3.
+// The eight warps' column sums cs (lane l: columns l + 32u) of chunk ch into
+// part[ch][128], in warp order (colsum_partial's): the last step of both
+// qk_norm_rope_bwd_at and qk_terms_part_at, so the two give the same bits.
+__device__ __forceinline__ void qk_warps_part(const float (&cs)[4], float (*sh)[129], float* part, int ch) {
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+#pragma unroll
+    for (int u = 0; u < 4; u++) sh[g][lane + 32 * u] = cs[u];
+    __syncthreads();
+    if (g != 0) return;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int c = lane + 32 * u;
+        float t = sh[0][c];
+#pragma unroll
+        for (int k = 1; k < 8; k++) t += sh[k][c];
+        part[(long)ch * 128 + c] = t;
+    }
+}
 // TERMS (the _t kernels, launches of fewer blocks than SMs): block ch takes rows
 // 8 ch .. 8 ch + 7, a row a warp, and writes each row's dw terms dy' * (x * rstd) to
 // part as terms [rows][128] in place of summing them; qk_terms_part sums them as a
@@ -462,20 +480,7 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const TX* x
             }
         }
     }
-    if constexpr (!TERMS) {
-#pragma unroll
-        for (int u = 0; u < 4; u++) sh[g][lane + 32 * u] = cs[u];
-        __syncthreads();
-        if (g != 0) return;
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int c = lane + 32 * u;
-            float t = sh[0][c];
-#pragma unroll
-            for (int k = 1; k < 8; k++) t += sh[k][c];
-            part[(long)ch * 128 + c] = t;
-        }
-    }
+    if constexpr (!TERMS) qk_warps_part(cs, sh, part, ch);
 }
 // q's arguments, then k's, then the shared ones. Grid q_chunks + ceil(k rows / 256),
 // block 256; for one of them alone, grid q_chunks (k's arguments are not read).
@@ -533,18 +538,7 @@ __device__ __forceinline__ void qk_terms_part_at(const float* terms, int rows, f
             for (int u = 0; u < 4; u++) cs[u] += t[i][u];
         }
     }
-#pragma unroll
-    for (int u = 0; u < 4; u++) sh[g][lane + 32 * u] = cs[u];
-    __syncthreads();
-    if (g != 0) return;
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const int c = lane + 32 * u;
-        float t = sh[0][c];
-#pragma unroll
-        for (int k = 1; k < 8; k++) t += sh[k][c];
-        part[(long)ch * 128 + c] = t;
-    }
+    qk_warps_part(cs, sh, part, ch);
 }
 extern "C" __global__ void qk_terms_part(const float* terms_q, int rows_q, float* part_q, const float* terms_k,
                                          int rows_k, float* part_k, int q_chunks) {

@@ -647,15 +647,11 @@ fn qk_bwd_terms(
     (positions, table): (&CudaSlice<i32>, &GpuRope),
     round: bool,
 ) -> Result<()> {
-    const TERMS_ARG: usize = 7; // `QkSide::args`'s part
     let tq = gpu.uninit::<f32>(q.rows * 128)?;
     let tk = k.map(|k| gpu.uninit::<f32>(k.rows * 128)).transpose()?;
     let (k_side, k_terms) = (k.unwrap_or(q), tk.as_ref().unwrap_or(&tq));
-    let mut args = q.args(gpu);
-    args[TERMS_ARG] = Arg::P(gpu.ptr(&tq));
-    let mut ka = k_side.args(gpu);
-    ka[TERMS_ARG] = Arg::P(gpu.ptr(k_terms));
-    args.extend(ka);
+    let mut args = q.args_into(gpu, gpu.ptr(&tq));
+    args.extend(k_side.args_into(gpu, gpu.ptr(k_terms)));
     let q_blocks = q.rows.div_ceil(8).max(1);
     let k_blocks = k.map_or(0, |k| k.rows.div_ceil(8).max(1));
     args.extend([
@@ -880,6 +876,11 @@ impl<'a> QkSide<'a> {
     /// `qk_norm_rope_bwd`'s arguments for this side: dy, x, w, rstd, rows, n_heads,
     /// dx, part, dx16, ld16 (dx or dx16 null by the output's form).
     fn args(&self, gpu: &Gpu) -> Vec<Arg> {
+        self.args_into(gpu, gpu.ptr(&self.part))
+    }
+
+    /// [`QkSide::args`] with `part` at another address (the `_t` kernels' terms).
+    fn args_into(&self, gpu: &Gpu, part: u64) -> Vec<Arg> {
         let (dy, x, w, rstd) = self.input;
         let dx = match &self.out {
             Some(QkNormGrad::F32(d)) => gpu.ptr(d),
@@ -894,7 +895,7 @@ impl<'a> QkSide<'a> {
             Arg::I(self.rows as i32),
             Arg::I(self.n_heads as i32),
             Arg::P(dx),
-            Arg::P(gpu.ptr(&self.part)),
+            Arg::P(part),
             Arg::P(dx16),
             Arg::L(ld16 as i64),
         ]

@@ -1344,20 +1344,7 @@ fn qk_norm_rope_matches_cpu() {
         );
         // q and k before their norms as BF16 values (the projections' stored form):
         // the bits of the f32 kernel given the same values.
-        let (qb, kb): (Vec<f32>, Vec<f32>) = (
-            q.iter().map(|&x| jet_kernels::bf16::round(x)).collect(),
-            k.iter().map(|&x| jet_kernels::bf16::round(x)).collect(),
-        );
-        let bits16 = |v: &[f32]| -> Vec<u16> {
-            v.iter()
-                .map(|&x| half::bf16::from_f32(x).to_bits())
-                .collect()
-        };
-        let (fq, fk) = (up(&g, &qb), up(&g, &kb));
-        let (hq, hk) = (
-            g.upload(&bits16(&qb)).unwrap(),
-            g.upload(&bits16(&kb)).unwrap(),
-        );
+        let ((fq, hq), (fk, hk)) = (up_bf16_values(&g, &q), up_bf16_values(&g, &k));
         let run = |pre: (ActRef, ActRef)| {
             gops::qk_norm_rope_bf16(&g, pre, (&dqw, &dkw), (rows, nh, nkv), 1e-6, &dpos, &gt)
                 .unwrap()
@@ -1507,15 +1494,7 @@ fn qk_norm_rope_backward_equals_the_two_passes() {
             );
             // x as BF16 values (q or k as their projection stored them): the bits of
             // the f32 kernel given the same values.
-            let xr: Vec<f32> = dl(&g, &x, rows * 128)
-                .iter()
-                .map(|&v| jet_kernels::bf16::round(v))
-                .collect();
-            let xh: Vec<u16> = xr
-                .iter()
-                .map(|&v| half::bf16::from_f32(v).to_bits())
-                .collect();
-            let (xf, x16) = (up(&g, &xr), g.upload(&xh).unwrap());
+            let (xf, x16) = up_bf16_values(&g, &dl(&g, &x, rows * 128));
             let (mut a1, mut a2) = (up(&g, &acc0), up(&g, &acc0));
             let r1 = gops::qk_norm_rope_backward_acc(
                 &g,
@@ -1568,21 +1547,12 @@ fn qk_norm_rope_backward_pair_equals_one_launch_each() {
         let side = |heads: usize, seed: u64| {
             let rows = tokens * heads;
             // x's values BF16 ones, so its f32 and BF16 forms hold the same numbers.
-            let xr: Vec<f32> = rnd(rows * 128, seed + 1, 2.0)
-                .iter()
-                .map(|&v| jet_kernels::bf16::round(v))
-                .collect();
-            let xh: Vec<u16> = xr
-                .iter()
-                .map(|&v| half::bf16::from_f32(v).to_bits())
-                .collect();
-            let (dy, x, w) = (
+            let (x, x16) = up_bf16_values(&g, &rnd(rows * 128, seed + 1, 2.0));
+            let (dy, w) = (
                 up(&g, &rnd(rows * 128, seed, 1.0)),
-                up(&g, &xr),
                 up(&g, &rnd(128, seed + 2, 1.0)),
             );
             let (_, rstd) = gops::rmsnorm_forward(&g, &x, &w, rows, 128, 1e-6).unwrap();
-            let x16 = g.upload(&xh).unwrap();
             (dy, x, w, rstd, rnd(128, seed + 3, 1.0), x16)
         };
         let (q, k) = (side(nh, 700), side(nkv, 710));

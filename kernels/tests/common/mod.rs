@@ -74,6 +74,23 @@ pub fn up(g: &Gpu, x: &[f32]) -> cudarc::driver::CudaSlice<f32> {
     g.upload(x).unwrap()
 }
 
+/// `x` rounded to BF16 values, uploaded in both forms a kernel may read them in:
+/// f32, and the BF16 bits (the same numbers).
+pub fn up_bf16_values(
+    g: &Gpu,
+    x: &[f32],
+) -> (
+    cudarc::driver::CudaSlice<f32>,
+    cudarc::driver::CudaSlice<u16>,
+) {
+    let r: Vec<f32> = x.iter().map(|&v| jet_kernels::bf16::round(v)).collect();
+    let h: Vec<u16> = r
+        .iter()
+        .map(|&v| half::bf16::from_f32(v).to_bits())
+        .collect();
+    (up(g, &r), g.upload(&h).unwrap())
+}
+
 /// Values whose bits differ between `a` and `b`.
 pub fn bits_differ(a: &[f32], b: &[f32]) -> usize {
     assert_eq!(a.len(), b.len());

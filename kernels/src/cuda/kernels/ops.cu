@@ -491,21 +491,22 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const TX* x
 // half-empty wave of 120 (H100: 1.86 -> 1.49 ms a step). Launches of at most two
 // blocks an SM keep QR 4: QR 3 was 8% slower in the GRPO-shaped step's 24-block
 // launches. The same rows, sums and order, so the same bits.
-#define QK_NORM_ROPE_BWD(NAME, TX, QR, BOUNDS, TERMS)                                                                 \
-    extern "C" __global__ void BOUNDS NAME(const float* dy_q, const TX* x_q, const float* w_q, const float* rstd_q,   \
-                                    int rows_q, int nh_q, float* dx_q, float* part_q, bf16_t* dx16_q,           \
-                                    long ld16_q, const float* dy_k, const TX* x_k, const float* w_k,            \
-                                    const float* rstd_k, int rows_k, int nh_k, float* dx_k, float* part_k,      \
-                                    bf16_t* dx16_k, long ld16_k, const int* pos, const float* cos_t,            \
-                                    const float* sin_t, int round, int q_chunks) {                              \
+#define QK_NORM_ROPE_BWD(NAME, TX, QR, BOUNDS, TERMS)                                                          \
+    extern "C" __global__ void BOUNDS NAME(const float* dy_q, const TX* x_q, const float* w_q,                   \
+                                           const float* rstd_q, int rows_q, int nh_q, float* dx_q, float* part_q, \
+                                           bf16_t* dx16_q, long ld16_q, const float* dy_k, const TX* x_k,        \
+                                           const float* w_k, const float* rstd_k, int rows_k, int nh_k,          \
+                                           float* dx_k, float* part_k, bf16_t* dx16_k, long ld16_k,              \
+                                           const int* pos, const float* cos_t, const float* sin_t, int round,    \
+                                           int q_chunks) {                                                       \
         pdl_entry();                                                                                            \
         const int b = blockIdx.x;                                                                               \
         if (b < q_chunks)                                                                                       \
-            qk_norm_rope_bwd_at<TX, QR, TERMS>(dy_q, x_q, w_q, rstd_q, pos, cos_t, sin_t, rows_q, nh_q, round, dx_q, part_q,    \
-                                dx16_q, ld16_q, b);                                                             \
+            qk_norm_rope_bwd_at<TX, QR, TERMS>(dy_q, x_q, w_q, rstd_q, pos, cos_t, sin_t, rows_q, nh_q, round,  \
+                                               dx_q, part_q, dx16_q, ld16_q, b);                                \
         else                                                                                                    \
-            qk_norm_rope_bwd_at<TX, QR, TERMS>(dy_k, x_k, w_k, rstd_k, pos, cos_t, sin_t, rows_k, nh_k, round, dx_k, part_k,    \
-                                dx16_k, ld16_k, b - q_chunks);                                                  \
+            qk_norm_rope_bwd_at<TX, QR, TERMS>(dy_k, x_k, w_k, rstd_k, pos, cos_t, sin_t, rows_k, nh_k, round,  \
+                                               dx_k, part_k, dx16_k, ld16_k, b - q_chunks);                     \
     }
 QK_NORM_ROPE_BWD(qk_norm_rope_bwd, float, 4, , false)
 QK_NORM_ROPE_BWD(qk_norm_rope_bwd_x16, bf16_t, 4, , false)

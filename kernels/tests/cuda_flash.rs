@@ -116,9 +116,15 @@ fn flash_matches_cpu_reference() {
         );
         // dv's BF16 operand from the same kernel, in place of f32 dv: the copy of
         // the rounded dv, bit for bit, and dq, dk those of the rounded backward.
-        let (oq, ok, o16) =
-            flash::flash_backward_operand(&g, &plan, (Dout::F32(&gdout), &out), &saved, sh, true)
-                .unwrap();
+        let (oq, ok, o16) = flash::flash_backward_operand(
+            &g,
+            &plan,
+            (Dout::F32(&gdout), (&out).into()),
+            &saved,
+            sh,
+            true,
+        )
+        .unwrap();
         let copy = gq::to_bf16_padded(&g, &rv, rows, kvw, rows, kvw).unwrap();
         let (a, b) = (g.download(&o16).unwrap(), g.download(&copy).unwrap());
         report_exact(
@@ -135,7 +141,7 @@ fn flash_matches_cpu_reference() {
         let (sq, sk) = flash::flash_backward_operand_at(
             &g,
             &plan,
-            (Dout::F32(&gdout), &out),
+            (Dout::F32(&gdout), (&out).into()),
             &saved,
             sh,
             true,
@@ -165,12 +171,24 @@ fn flash_matches_cpu_reference() {
         let d16 = gq::to_bf16_padded(&g, &gdout, rows, qw, rows, qw).unwrap();
         let dr: Vec<f32> = dout.iter().map(|&x| jet_kernels::bf16::round(x)).collect();
         let gdr = up(&g, &dr);
-        let (fq, fk, f16) =
-            flash::flash_backward_operand(&g, &plan, (Dout::F32(&gdr), &out), &saved, sh, true)
-                .unwrap();
-        let (bq, bk, b16) =
-            flash::flash_backward_operand(&g, &plan, (Dout::Bf16(&d16), &out), &saved, sh, true)
-                .unwrap();
+        let (fq, fk, f16) = flash::flash_backward_operand(
+            &g,
+            &plan,
+            (Dout::F32(&gdr), (&out).into()),
+            &saved,
+            sh,
+            true,
+        )
+        .unwrap();
+        let (bq, bk, b16) = flash::flash_backward_operand(
+            &g,
+            &plan,
+            (Dout::Bf16(&d16), (&out).into()),
+            &saved,
+            sh,
+            true,
+        )
+        .unwrap();
         let (a, b) = (g.download(&f16).unwrap(), g.download(&b16).unwrap());
         report_exact(
             "flash bwd, dO in BF16 == dO's BF16 values in f32",
@@ -194,7 +212,9 @@ fn flash_matches_cpu_reference() {
         let copies = [(&gq, qw), (&gk, kvw), (&gv, kvw)]
             .map(|(x, w)| flash::attention_operand_bf16(&g, x, rows * w).unwrap());
         let (bo, bsaved, b16) =
-            flash::flash_forward_operand_bf16(&g, &plan, copies, sh, true).unwrap();
+            flash::flash_forward_operand_bf16(&g, &plan, copies, sh, flash::FwdOut::F32Bf16)
+                .unwrap();
+        let bo = bo.unwrap();
         let (_, fsaved, _) = flash::flash_forward_operand(&g, &plan, (&gq, &gk, &gv), sh).unwrap();
         let (a, b) = (
             g.download(&b16.unwrap()).unwrap(),
@@ -209,6 +229,38 @@ fn flash_matches_cpu_reference() {
                     &dl(&g, &bsaved.lse, rows * sh.n_heads),
                     &dl(&g, &fsaved.lse, rows * sh.n_heads),
                 ),
+        );
+        // The output's BF16 values alone (a BF16 flow's training): the same operand
+        // and log-sum-exp, no f32 output; a backward whose delta reads those BF16
+        // values equals one given them widened to f32, bit for bit.
+        let copies = [(&gq, qw), (&gk, kvw), (&gv, kvw)]
+            .map(|(x, w)| flash::attention_operand_bf16(&g, x, rows * w).unwrap());
+        let (none, osaved, only16) =
+            flash::flash_forward_operand_bf16(&g, &plan, copies, sh, flash::FwdOut::Bf16).unwrap();
+        let only16 = only16.unwrap();
+        let h16 = g.download(&only16).unwrap();
+        let wide: Vec<f32> = h16
+            .iter()
+            .map(|&x| half::bf16::from_bits(x).to_f32())
+            .collect();
+        let gwide = up(&g, &wide);
+        let (aq, ak, av) =
+            flash::flash_backward(&g, &plan, Dout::F32(&gdout), &only16, &osaved, sh, true)
+                .unwrap();
+        let (wq, wk, wv) =
+            flash::flash_backward(&g, &plan, Dout::F32(&gdout), &gwide, &osaved, sh, true).unwrap();
+        report_exact(
+            "flash fwd, BF16 output alone == the operand; bwd from it == from its f32 values",
+            &label(c),
+            usize::from(none.is_some())
+                + h16.iter().zip(&a).filter(|(x, y)| x != y).count()
+                + bits_differ(
+                    &dl(&g, &osaved.lse, rows * sh.n_heads),
+                    &dl(&g, &fsaved.lse, rows * sh.n_heads),
+                )
+                + bits_differ(&dl(&g, &aq, rows * qw), &dl(&g, &wq, rows * qw))
+                + bits_differ(&dl(&g, &ak, rows * kvw), &dl(&g, &wk, rows * kvw))
+                + bits_differ(&dl(&g, &av, rows * kvw), &dl(&g, &wv, rows * kvw)),
         );
         // The capped-register build of the forward computes the same bits.
         let (out3, _) =

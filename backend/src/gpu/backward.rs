@@ -295,7 +295,7 @@ pub fn backward(
             }
             want.push((norm_out(&a.b, post_norm), h, &mut *bin));
             if !attn_in.has_fp8_t() {
-                want.push(((&a.attn).into(), qd, &mut *attn_in));
+                want.push((kept(&a.attn, "attn")?.into(), qd, &mut *attn_in));
             }
             want.push((norm_out(&a.a, in_norm), h, &mut *ain));
             let xs: Vec<_> = want.iter().map(|&(x, k, _)| (x, m, k, false)).collect();
@@ -413,11 +413,25 @@ pub fn backward(
         // dO where it is BF16 without padding.
         let dattn_raw = cx.linear_raw(
             dh16.as_ref().map_or(Dy::F32(&dh_mid), Dy::Bf16),
-            ((&a.attn).into(), attn_in),
+            (a.attn.as_ref().into(), &mut *attn_in),
             &lp.o,
             grads,
             (lx.o, None),
         )?;
+        // The attention's output as delta reads it: f32, or the BF16 values of the
+        // o projection's operand where the forward kept only those.
+        let attn_out: ActRef = match &a.attn {
+            Some(o) => o.into(),
+            None => attn_in
+                .bf16_values(m, qd)
+                .map(ActRef::Bf16)
+                .ok_or_else(|| {
+                    CudaError::Invalid(
+                        "attention backward: neither the output nor its BF16 operand was kept"
+                            .into(),
+                    )
+                })?,
+        };
         let dattn_f32;
         let dout = match (&a.saved, dattn_raw.bf16_rows(qd)) {
             (AttnSaved::Flash(_), Some(d16)) => Dout::Bf16(d16),
@@ -453,7 +467,7 @@ pub fn backward(
             (AttnSaved::Flash(saved), Some(plan)) if qkv16.is_some() => {
                 // dv leaves the kernel rounded, as its columns of the stacked dy.
                 let st = qkv16.as_ref().expect("checked");
-                let (outs, at) = ((dout, &a.attn), (st, qd + kvd, qkv_ld));
+                let (outs, at) = ((dout, attn_out), (st, qd + kvd, qkv_ld));
                 let (dq, dk) =
                     flash_backward_operand_at(g, plan, outs, saved, shape, cx.round(), at)?;
                 (dq, dk, None)
@@ -463,12 +477,12 @@ pub fn backward(
                 // and dv brought back to the rows (dv rounded where the flow rounds).
                 let sh = acts.share.as_ref().expect("checked");
                 let (dq, dk, dv) =
-                    sh.backward(g, plan, (dout, &a.attn), saved, shape, cx.round())?;
+                    sh.backward(g, plan, (dout, attn_out), saved, shape, cx.round())?;
                 (dq, dk, Some(dv))
             }
             (AttnSaved::Flash(saved), Some(plan)) if dy16 && no_bias => {
                 // dv leaves the kernel rounded, as the v projection's BF16 dy alone.
-                let outs = (dout, &a.attn);
+                let outs = (dout, attn_out);
                 let (dq, dk, v16) =
                     flash_backward_operand(g, plan, outs, saved, shape, cx.round())?;
                 dv16 = Some(v16);
@@ -477,7 +491,7 @@ pub fn backward(
             (AttnSaved::Flash(saved), Some(plan)) => {
                 // dv leaves the kernel rounded where the flow rounds gradients.
                 let (dq, dk, dv) =
-                    flash_backward(g, plan, dout, &a.attn, saved, shape, cx.round())?;
+                    flash_backward(g, plan, dout, attn_out, saved, shape, cx.round())?;
                 (dq, dk, Some(dv))
             }
             (AttnSaved::Probs(p), _) => {

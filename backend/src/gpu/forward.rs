@@ -4,7 +4,7 @@ use cudarc::driver::CudaSlice;
 use jet_kernels::cuda::act::Act;
 use jet_kernels::cuda::attention::attention_forward;
 use jet_kernels::cuda::flash::{
-    flash_forward, flash_forward_operand, flash_forward_operand_bf16, FlashPlan,
+    flash_forward, flash_forward_operand, flash_forward_operand_bf16, FlashPlan, FwdOut,
 };
 use jet_kernels::cuda::linear::XOperand;
 use jet_kernels::cuda::quantize::FusedOperand;
@@ -99,6 +99,9 @@ impl<'a> PackedCausal<'a> {
     }
 }
 
+/// The attention's f32 output and its BF16 copy, either of which may be absent.
+type OutForms = (Option<CudaSlice<f32>>, Option<CudaSlice<u16>>);
+
 impl PackedCausal<'_> {
     /// The attention of one layer and, when `o16` and the tensor-core kernels run,
     /// the o projection's BF16 operand of its output, written by the attention
@@ -149,12 +152,27 @@ impl PackedCausal<'_> {
         o: CudaSlice<f32>,
         o16: Option<CudaSlice<u16>>,
     ) -> Result<(CudaSlice<f32>, Option<CudaSlice<u16>>)> {
+        match self.compact_opt(Some(o), o16)? {
+            (Some(o), o16) => Ok((o, o16)),
+            (None, _) => Err(CudaError::Invalid(
+                "attention output lost in compaction".into(),
+            )),
+        }
+    }
+
+    /// [`PackedCausal::compact`] of an output that may have no f32 form.
+    fn compact_opt(
+        &self,
+        o: Option<CudaSlice<f32>>,
+        o16: Option<CudaSlice<u16>>,
+    ) -> Result<OutForms> {
         let Some(sh) = &self.share else {
             return Ok((o, o16));
         };
         let qd = self.shape.n_heads * self.shape.head_dim;
+        let o = o.map(|o| sh.compact(self.gpu, &o, qd)).transpose()?;
         let o16 = o16.map(|b| sh.compact(self.gpu, &b, qd)).transpose()?;
-        Ok((sh.compact(self.gpu, &o, qd)?, o16))
+        Ok((o, o16))
     }
 
     /// Shared rows need the tensor-core attention (the per-row kernels would read
@@ -229,7 +247,8 @@ impl GpuAttention for PackedCausal<'_> {
         layer: usize,
         qkv16: [CudaSlice<u16>; 3],
         prec: GemmPrecision,
-    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
+        f32_out: bool,
+    ) -> Result<(Option<CudaSlice<f32>>, Option<AttnSaved>, XOperand)> {
         let Some(plan) = &self.flash else {
             return Err(CudaError::Invalid(
                 "BF16 q, k, v: the attention needs its tensor-core kernels".into(),
@@ -244,9 +263,13 @@ impl GpuAttention for PackedCausal<'_> {
             Some(sh) => sh.expand_qkv(g, s, [&qkv16[0], &qkv16[1], &qkv16[2]])?,
             None => qkv16,
         };
-        let o16 = prec == GemmPrecision::Bf16;
-        let (o, saved, b) = flash_forward_operand_bf16(g, plan, qkv16, s, o16)?;
-        let (o, b) = self.compact(o, b)?;
+        let form = match (prec == GemmPrecision::Bf16, f32_out) {
+            (false, _) => FwdOut::F32,
+            (true, true) => FwdOut::F32Bf16,
+            (true, false) => FwdOut::Bf16,
+        };
+        let (o, saved, b) = flash_forward_operand_bf16(g, plan, qkv16, s, form)?;
+        let (o, b) = self.compact_opt(o, b)?;
         let op = self.o_operand(b);
         Ok((o, self.keep_probs.then_some(AttnSaved::Flash(saved)), op))
     }

@@ -48,8 +48,10 @@ pub struct GpuLayerActs {
     pub qkv: Option<[CudaSlice<f32>; 3]>,
     /// What the attention backward needs beyond q, k, v and its output.
     pub saved: AttnSaved,
-    /// Attention output `[M, nh*hd]`, residual after attention, its norm and rstd.
-    pub attn: CudaSlice<f32>,
+    /// Attention output `[M, nh*hd]` (None where only its BF16 values were kept,
+    /// the o projection's operand in `ops[1]`: a BF16 flow's training), residual
+    /// after attention, its norm and rstd.
+    pub attn: Option<CudaSlice<f32>>,
     pub h_mid: CudaSlice<f32>,
     pub b: Option<CudaSlice<f32>>,
     pub rstd2: CudaSlice<f32>,
@@ -119,13 +121,16 @@ pub trait GpuAttention {
 
     /// [`GpuAttention::attend_operand`] of `[q16, k16, v16]`, the BF16 copies of
     /// q, k, v (the bits the f32 form's conversion would make), where
-    /// [`GpuAttention::takes_bf16`].
+    /// [`GpuAttention::takes_bf16`]. `f32_out` false: no f32 output where the
+    /// operand is BF16 (a BF16 training forward: the o projection and the
+    /// backward read the output's BF16 values in the operand); `None` then.
     fn attend_bf16(
         &mut self,
         _layer: usize,
         _qkv16: [CudaSlice<u16>; 3],
         _prec: GemmPrecision,
-    ) -> Result<(CudaSlice<f32>, Option<AttnSaved>, XOperand)> {
+        _f32_out: bool,
+    ) -> Result<(Option<CudaSlice<f32>>, Option<AttnSaved>, XOperand)> {
         Err(CudaError::Invalid(
             "this attention takes q, k, v in f32 only".into(),
         ))
@@ -193,6 +198,11 @@ pub fn run_layers(
     // The attention's output `[m, qd]`, which the o projection reads.
     let qd = cfg.num_attention_heads * cfg.head_dim;
     let keep_norm = keep_f32 || (prec == GemmPrecision::Fp8 && !wgrad_fp8);
+    // The tensor-core attention's f32 output: read by the fused paths, FP8's
+    // quantizers and the backward's delta; a BF16 training pass keeps only its
+    // BF16 values (the o projection's operand, which WGrad and delta read too).
+    let wgrad_bf16 = model.flow.precision(GemmRole::WGrad) == GemmPrecision::Bf16;
+    let attn_f32 = keep_f32 || prec != GemmPrecision::Bf16 || !wgrad_bf16 || !attn_out16();
     let mut next_in = None;
     for (li, (lx, lp)) in w.ix.layers.iter().zip(&model.layers).enumerate() {
         // q, k and v read one low-precision copy of a, made by the norm; gate and up
@@ -224,25 +234,35 @@ pub fn run_layers(
         let qk_norms =
             lx.q_norm.is_some() && lx.k_norm.is_some() && qk_norm_rope_fits(cfg.head_dim);
         let bf16_attn = !biased && qk_norms && attn.takes_bf16();
+        let some = |(o, saved, oo): Attended| (Some(o), saved, oo);
         let (qkv, qk_pre, (o, saved, mut oo)) = match fused_qkv {
             Some(p) => match attn.attend_qkv(li, &p, prec)? {
-                Some(out) => (None, None, out),
+                Some(out) => (None, None, some(out)),
                 None => {
                     let [q, k, v] = p.norm_rope(g)?;
                     let out = attn.attend_operand(li, (&q, &k, &v), prec)?;
-                    (Some([q, k, v]), None, out)
+                    (Some([q, k, v]), None, some(out))
                 }
             },
             None if bf16_attn => {
                 let (qkv16, pre) = qkv_bf16(model, li, rows, (a.as_ref().into(), &mut ao), prec)?;
-                (None, Some(pre), attn.attend_bf16(li, qkv16, prec)?)
+                (
+                    None,
+                    Some(pre),
+                    attn.attend_bf16(li, qkv16, prec, attn_f32)?,
+                )
             }
             None => {
                 let (q, k, v, pre) =
                     qkv_unfused(model, li, rows, (a.as_ref().into(), &mut ao), prec)?;
                 let out = attn.attend_operand(li, (&q, &k, &v), prec)?;
-                (Some([q, k, v]), pre, out)
+                (Some([q, k, v]), pre, some(out))
             }
+        };
+        let o_f32 = || {
+            o.as_ref().ok_or_else(|| {
+                CudaError::Invalid("the attention kept only its output's BF16 values".into())
+            })
         };
         // f32 q, k, v only where the attention's backward reads them.
         let qkv = qkv.filter(|_| matches!(saved, Some(AttnSaved::Probs(_))));
@@ -254,18 +274,18 @@ pub fn run_layers(
         // while in a GRPO-shaped step's micro-batches (256 rows, 32 tiles) it
         // added ~2 ms (forty-eighth session, H100).
         if dual_m && dual_fills_gpu(g, m, qd) {
-            oo.make_dual(g, &o, m, qd)?;
+            oo.make_dual(g, o_f32()?, m, qd)?;
         }
         // The residual adds ride in the o and down projections' epilogues.
         let post = (w.t(lx.post_attention_layernorm), eps);
         let o_norm = match fuse {
-            true => linear_residual_norm(g, &o, &mut oo, m, &lp.o, prec, &x, post)?,
+            true => linear_residual_norm(g, o_f32()?, &mut oo, m, &lp.o, prec, &x, post)?,
             false => None,
         };
         let (h_mid, b, rstd2, mut bo) = match o_norm {
             Some((h_mid, b, rstd2, bo)) => (h_mid, Some(b), rstd2, bo),
             None => {
-                let h_mid = linear_forward_residual(g, &o, &mut oo, m, &lp.o, prec, &x)?;
+                let h_mid = linear_forward_residual(g, o.as_ref(), &mut oo, m, &lp.o, prec, &x)?;
                 let (b, rstd2, bo) =
                     rmsnorm_with_operand_opt(g, &h_mid, post.0, (m, h), eps, prec, keep_norm)?;
                 (h_mid, b, rstd2, bo)
@@ -338,6 +358,14 @@ pub fn run_layers(
         }
     }
     Ok(x)
+}
+
+/// Whether a BF16 training pass keeps the attention's output as its BF16 values
+/// alone: on unless `JET_ATTN_OUT16=0` (a measurement switch; the f32 output then
+/// feeds the backward's delta as before).
+fn attn_out16() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("JET_ATTN_OUT16").map_or(true, |v| v.trim() != "0"))
 }
 
 /// q, k, v after norm and RoPE `[M, heads * hd]`, and q, k before.

@@ -21,6 +21,7 @@
 use std::collections::HashMap;
 
 use cudarc::driver::{CudaSlice, DeviceRepr};
+use jet_kernels::cuda::act::ActRef;
 use jet_kernels::cuda::flash::{
     flash_backward_kernels, flash_backward_prep, with_dv, BwdKernel, Dout, FlashPlan, FlashSaved,
 };
@@ -200,7 +201,7 @@ impl SharedRows {
         &self,
         gpu: &Gpu,
         plan: &FlashPlan,
-        (dout, out): (Dout, &CudaSlice<f32>),
+        (dout, out): (Dout, ActRef),
         saved: &FlashSaved,
         shape: AttnShape,
         round: bool,

@@ -24,6 +24,7 @@
 
 use cudarc::driver::CudaSlice;
 
+use super::act::ActRef;
 use super::context::{Arg, FLASH, FLASH_WG};
 use super::gemv::CStruct;
 use super::linear::QkvPartials;
@@ -326,20 +327,38 @@ fn flash_forward_opts(
         gpu,
         [(q, n * nh * hd), (k, n * nkv * hd), (v, n * nkv * hd)],
     )?;
-    flash_forward_from(gpu, plan, qkv16, shape, (which, o16))
+    let (out, saved) = flash_forward_from(gpu, plan, qkv16, shape, (which, o16), true)?;
+    let out =
+        out.ok_or_else(|| super::CudaError::Invalid("attention forward: no f32 output".into()))?;
+    Ok((out, saved))
+}
+
+/// What the training forward writes of the attention's output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FwdOut {
+    /// The f32 output alone.
+    F32,
+    /// The f32 output and its BF16 copy (the o projection's BF16 operand).
+    F32Bf16,
+    /// The BF16 values alone: where the o projection reads only its BF16 operand
+    /// and the backward's `delta` takes the output in that form (a BF16 flow's
+    /// training: the f32 output was written and read for `delta` alone).
+    Bf16,
 }
 
 /// [`flash_forward_operand`] from q, k and v already BF16 (`[rows][heads * hd]`,
 /// the bits `to_bf16_x3` would make of their f32 values: q and k from
 /// `ops::qk_norm_rope_bf16`, v from its projection's rows GEMM), which the
-/// backward keeps; the output's BF16 operand too when `o16`.
+/// backward keeps: the f32 output (none with [`FwdOut::Bf16`]), the saved state
+/// and the output's BF16 operand (with [`FwdOut::F32Bf16`] and [`FwdOut::Bf16`]).
+#[allow(clippy::type_complexity)]
 pub fn flash_forward_operand_bf16(
     gpu: &Gpu,
     plan: &FlashPlan,
     [q16, k16, v16]: [CudaSlice<u16>; 3],
     shape: AttnShape,
-    o16: bool,
-) -> Result<(CudaSlice<f32>, FlashSaved, Option<CudaSlice<u16>>)> {
+    form: FwdOut,
+) -> Result<(Option<CudaSlice<f32>>, FlashSaved, Option<CudaSlice<u16>>)> {
     check(shape)?;
     let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
     for (what, b, w) in [("q", &q16, nh), ("k", &k16, nkv), ("v", &v16, nkv)] {
@@ -350,9 +369,9 @@ pub fn flash_forward_operand_bf16(
             format!("[{n}, {w} * {hd}]"),
         )?;
     }
-    let o16 = match o16 {
-        true => Some(gpu.uninit::<u16>(n * nh * hd)?),
-        false => None,
+    let o16 = match form {
+        FwdOut::F32 => None,
+        FwdOut::F32Bf16 | FwdOut::Bf16 => Some(gpu.uninit::<u16>(n * nh * hd)?),
     };
     let (out, saved) = flash_forward_from(
         gpu,
@@ -360,19 +379,22 @@ pub fn flash_forward_operand_bf16(
         [q16, k16, v16],
         shape,
         (FwdKernel::Regs, o16.as_ref()),
+        form != FwdOut::Bf16,
     )?;
     Ok((out, saved, o16))
 }
 
 /// The forward kernel over BF16 q, k, v (checked by the callers), kept in the
-/// returned [`FlashSaved`].
+/// returned [`FlashSaved`]; the f32 output where `f32_out` (else `o16` must be
+/// given: the kernel writes that alone).
 fn flash_forward_from(
     gpu: &Gpu,
     plan: &FlashPlan,
     [q16, k16, v16]: [CudaSlice<u16>; 3],
     shape: AttnShape,
     (which, o16): (FwdKernel, Option<&CudaSlice<u16>>),
-) -> Result<(CudaSlice<f32>, FlashSaved)> {
+    f32_out: bool,
+) -> Result<(Option<CudaSlice<f32>>, FlashSaved)> {
     let (hd, nh, nkv, n) = (shape.head_dim, shape.n_heads, shape.n_kv_heads, plan.rows);
     let saved = FlashSaved {
         lse: gpu.uninit::<f32>(n * nh)?,
@@ -380,7 +402,13 @@ fn flash_forward_from(
         k16,
         v16,
     };
-    let out = gpu.uninit::<f32>(n * nh * hd)?;
+    ensure(f32_out || o16.is_some(), || {
+        "attention forward: neither an f32 output nor a BF16 one asked for".to_string()
+    })?;
+    let out = match f32_out {
+        true => Some(gpu.uninit::<f32>(n * nh * hd)?),
+        false => None,
+    };
     let name = match which {
         FwdKernel::Regs => kernel("fwd", hd)?,
         FwdKernel::Occupancy3 => kernel("fwd3", hd)?,
@@ -399,7 +427,7 @@ fn flash_forward_from(
             Arg::I(nh as i32),
             Arg::I(nkv as i32),
             Arg::F(scales(hd).1),
-            Arg::P(gpu.ptr(&out)),
+            Arg::P(out.as_ref().map_or(0, |b| gpu.ptr(b))),
             Arg::P(gpu.ptr(&saved.lse)),
             Arg::P(o16.map_or(0, |b| gpu.ptr(b))),
         ],
@@ -422,11 +450,11 @@ pub enum Dout<'a> {
 /// with `round_dv`, dv rounded to BF16 values by the kernel that writes it (the
 /// low-precision flows' rounding of the gradients between ops, fused: the bits of
 /// `tensor::round_bf16` of the unrounded dv).
-pub fn flash_backward(
+pub fn flash_backward<'a>(
     gpu: &Gpu,
     plan: &FlashPlan,
-    dout: Dout,
-    out: &CudaSlice<f32>,
+    dout: Dout<'a>,
+    out: impl Into<ActRef<'a>>,
     saved: &FlashSaved,
     shape: AttnShape,
     round_dv: bool,
@@ -436,7 +464,7 @@ pub fn flash_backward(
     with_dv(flash_backward_opts(
         gpu,
         plan,
-        (dout, out),
+        (dout, out.into()),
         saved,
         shape,
         opts,
@@ -449,7 +477,7 @@ pub fn flash_backward(
 pub fn flash_backward_operand(
     gpu: &Gpu,
     plan: &FlashPlan,
-    (dout, out): (Dout, &CudaSlice<f32>),
+    (dout, out): (Dout, ActRef),
     saved: &FlashSaved,
     shape: AttnShape,
     round_dv: bool,
@@ -467,7 +495,7 @@ pub fn flash_backward_operand(
 pub fn flash_backward_operand_at(
     gpu: &Gpu,
     plan: &FlashPlan,
-    (dout, out): (Dout, &CudaSlice<f32>),
+    (dout, out): (Dout, ActRef),
     saved: &FlashSaved,
     shape: AttnShape,
     round_dv: bool,
@@ -504,7 +532,7 @@ pub fn flash_backward_with(
     with_dv(flash_backward_opts(
         gpu,
         plan,
-        (Dout::F32(dout), out),
+        (Dout::F32(dout), out.into()),
         saved,
         shape,
         opts,
@@ -529,7 +557,7 @@ pub fn with_dv((dq, dk, dv): BwdGrads) -> Result<(CudaSlice<f32>, CudaSlice<f32>
 fn flash_backward_opts(
     gpu: &Gpu,
     plan: &FlashPlan,
-    (dout, out): (Dout, &CudaSlice<f32>),
+    (dout, out): (Dout, ActRef),
     saved: &FlashSaved,
     shape: AttnShape,
     (which, round_dv, dv16): (BwdKernel, bool, Option<Dv16>),
@@ -569,16 +597,26 @@ impl BwdPrep {
 }
 
 /// `fa_bwd_prep` over `rows` rows of `dout` and the forward's output `out`
-/// (`[rows, nh * hd]`): a row's delta and BF16 dO depend on that row alone.
+/// (`[rows, nh * hd]`: f32, or BF16 where the forward kept only its BF16 values,
+/// [`FwdOut::Bf16`]): a row's delta and BF16 dO depend on that row alone.
 pub fn flash_backward_prep(
     gpu: &Gpu,
-    (dout, out): (Dout, &CudaSlice<f32>),
+    (dout, out): (Dout, ActRef),
     n: usize,
     shape: AttnShape,
 ) -> Result<BwdPrep> {
     check(shape)?;
     let (hd, nh) = (shape.head_dim, shape.n_heads);
-    check_rows("out", out, n, nh * hd)?;
+    let (out_f32, out16) = match out {
+        ActRef::F32(o) => {
+            check_rows("out", o, n, nh * hd)?;
+            (gpu.ptr(o), 0)
+        }
+        ActRef::Bf16(o) => {
+            check_len("out (BF16)", o, n * nh * hd, format!("[{n}, {}]", nh * hd))?;
+            (0, gpu.ptr(o))
+        }
+    };
     match dout {
         Dout::F32(d) => check_rows("dout", d, n, nh * hd)?,
         Dout::Bf16(d) => check_len("dout (BF16)", d, n * nh * hd, format!("[{n}, {}]", nh * hd))?,
@@ -602,7 +640,8 @@ pub fn flash_backward_prep(
             0,
             &[
                 Arg::P(dout_f32),
-                Arg::P(gpu.ptr(out)),
+                Arg::P(out_f32),
+                Arg::P(out16),
                 Arg::I(nh as i32),
                 Arg::I(hd as i32),
                 Arg::P(gpu.ptr(dout16)),

@@ -621,6 +621,15 @@ impl XOperand {
         self.fp8_t.is_some()
     }
 
+    /// The BF16 copy of an input `[m, k]` as `[m, k]` values, where it was made and
+    /// has no padding columns (k a multiple of 16): the values the BF16 GEMMs read.
+    pub fn bf16_values(&self, m: usize, k: usize) -> Option<&CudaSlice<u16>> {
+        match (&self.bf16, self.shape) {
+            (Some(b), Some(s)) if s == (m, k) && pad16(k) == k => Some(b),
+            _ => None,
+        }
+    }
+
     /// The operand of an input `[m, k]` that its producer made (`rmsnorm_operand`,
     /// `swiglu_operand`, the decode attention).
     pub fn fused(m: usize, k: usize, op: FusedOperand) -> XOperand {

@@ -1360,6 +1360,7 @@ fn qk_norm_rope_launch(
                 (192, false) => "qk_norm_rope_192",
                 (_, false) => "qk_norm_rope_256",
                 (64, true) => "qk_norm_rope_64_x16",
+                (128, true) if qknr_words() => "qk_norm_rope_128_x16w",
                 (128, true) => "qk_norm_rope_128_x16",
                 (192, true) => "qk_norm_rope_192_x16",
                 (_, true) => "qk_norm_rope_256_x16",
@@ -1389,6 +1390,13 @@ fn qk_norm_rope_launch(
         )?;
     }
     Ok((qr, kr))
+}
+
+/// Whether BF16 heads of 128 take `qk_norm_rope_128_x16w` (word loads): on unless
+/// `JET_QKNR_WORDS=0` (a measurement switch; the same bits either way).
+fn qknr_words() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("JET_QKNR_WORDS").map_or(true, |v| v.trim() != "0"))
 }
 
 /// [`rope_forward`] with the positions on the device ([`upload_positions`]):

@@ -398,6 +398,57 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
     return (u32)a;
 }
+
+// stmatrix is sm_90 on.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// A warp's 16 rows x 128 BF16 outputs in mma C-fragment layout (register 4 j + 2 h
+// + i holds row lane / 4 + 8 h of the warp's 16, column 8 j + 2 (lane % 4) + i: the
+// FP8 rows kernel's tokens-as-A accumulators, gemm_wg.cu, and the attention
+// forward's o, flash.cu) through 2,048 bytes of shared memory, 64 columns a pass:
+// stmatrix (not transposed: an 8 x 8 block's memory row is a row's 8 outputs, 16
+// bytes) into a [16 rows][8 units of 16 bytes] stage, unit u of row r at u ^ (r & 7)
+// so a block's eight rows, 128 bytes apart, fill all 32 banks; then each row's 128
+// bytes leave as eight 16-byte stores. out: the warp's (row 0, column 0) of y, row
+// stride ld; toks (1-16) rows and cols (1-128) columns to write.
+__device__ __forceinline__ void warp_tile_store_tm(const float (&v)[64], bf16_t* out, long ld, int toks, int cols,
+                                                   u8* st, int lane) {
+    const bool vec = (((u64)out | (u64)(ld * 2)) & 15) == 0;
+    const u32 sbase = smem_addr(st);
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        if (c * 64 >= cols) break;  // warp-uniform
+        // Instruction m stores blocks (j, h) = (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1),
+        // j0 = 8 c + 2 m; lane l gives the address of block l / 8's row l % 8.
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const int q = lane >> 3, r = 8 * (q & 1) + (lane & 7), u = 2 * m + (q >> 1);
+            const u32 addr = sbase + r * 128 + ((u ^ (r & 7)) << 4);
+            const int j0 = 8 * c + 2 * m;
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                         "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
+                         "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
+                         : "memory");
+        }
+        __syncwarp();
+        const int left = cols - c * 64;
+        bf16_t* oc = out + c * 64;
+#pragma unroll
+        for (int pp = 0; pp < 4; pp++) {
+            const int e = pp * 32 + lane, r = e >> 3, u = e & 7;
+            if (r >= toks) continue;
+            const bf16_t* src = reinterpret_cast<const bf16_t*>(st + r * 128 + ((u ^ (r & 7)) << 4));
+            if (vec && u * 8 + 8 <= left) {
+                *reinterpret_cast<uint4*>(oc + (long)r * ld + u * 8) = *reinterpret_cast<const uint4*>(src);
+            } else {
+                for (int k = 0; k < 8; k++)
+                    if (u * 8 + k < left) oc[(long)r * ld + u * 8 + k] = src[k];
+            }
+        }
+        __syncwarp();
+    }
+}
+#endif
+
 // 16-byte asynchronous copy global -> shared; zero-filled when !valid (a copy of
 // source size 0 reads nothing).
 __device__ __forceinline__ void cp16(void* s, const void* g, bool valid) {

@@ -29,6 +29,9 @@
 #define FA_BC 64     // keys per tile
 #define FA_BQ 32     // query rows per step of the dK/dV kernel
 #define FA_NEG_INF (-__int_as_float(0x7f800000))
+#ifndef FA_O16_STAGE
+#define FA_O16_STAGE 1  // fa_finish's o16 through shared memory (0: its direct 4-byte stores)
+#endif
 
 __device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const bf16_t* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -283,27 +286,57 @@ __device__ __forceinline__ void fa_tile(const u32 (&qf)[D / 16][4], const bf16_t
 }
 
 // Normalise and store the warp's rows: row i of the tile goes to out + orow[i]
-// (negative: not stored); lse (log2 domain, scaled scores) to lse[lrow[i]].
+// (negative: not stored; out null: no f32 output, only o16); lse (log2 domain,
+// scaled scores) to lse[lrow[i]]. o16 (not null): the same values rounded to BF16
+// at the same offsets; with `stage` (the warp's 2,048 bytes of shared memory, sm_90
+// on, D = 128) through warp_tile_store_tm, whose 16-byte stores took the place of
+// 4-byte ones a quad wrote 16 bytes a row with (~0.4 ms of a 0.6B bf16 step,
+// H100): the same pack2_bf16 of the same values, so the same bits. toks: the
+// warp's rows below L (rows past it are the tail); ld: the rows' stride.
 template <int D>
 __device__ __forceinline__ void fa_finish(float (&o)[D / 8][4], const float (&m)[2], float (&l)[2], float* out,
                                           const long (&orow)[2], float* lse, const long (&lrow)[2],
-                                          int lane, bf16_t* o16 = nullptr) {
+                                          int lane, bf16_t* o16 = nullptr, u8* stage = nullptr, int toks = 0,
+                                          long ld = 0) {
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
     }
+    // o becomes the output in place (o * (1 / l), the values stored), so no second
+    // copy of it is live (with one, the kernel took 209 registers against 168).
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const float inv = 1.0f / l[i];
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) {
+            o[nd][2 * i] *= inv;
+            o[nd][2 * i + 1] *= inv;
+        }
+    }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         if (orow[i] < 0) continue;
-        float inv = 1.0f / l[i];
 #pragma unroll
-        for (int nd = 0; nd < D / 8; nd++) {
-            float2 v = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
-            *(float2*)(out + orow[i] + nd * 8 + 2 * (lane & 3)) = v;
-            if (o16) *(u32*)(o16 + orow[i] + nd * 8 + 2 * (lane & 3)) = pack2_bf16(v.x, v.y);
-        }
+        for (int nd = 0; nd < D / 8; nd++)
+            if (out) *(float2*)(out + orow[i] + nd * 8 + 2 * (lane & 3)) = make_float2(o[nd][2 * i], o[nd][2 * i + 1]);
         if (lse && (lane & 3) == 0) lse[lrow[i]] = m[i] + log2f(l[i]);
+    }
+    if (!o16) return;
+#if __CUDA_ARCH__ >= 900
+    if constexpr (D == 128 && FA_O16_STAGE) {
+        // The warp's row 0 is lane 0's first row (orow < 0 only past toks).
+        const long r0 = __shfl_sync(0xffffffffu, orow[0], 0);
+        if (toks > 0) warp_tile_store_tm(reinterpret_cast<const float(&)[64]>(o), o16 + r0, ld, toks, D, stage, lane);
+        return;
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (orow[i] < 0) continue;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++)
+            *(u32*)(o16 + orow[i] + nd * 8 + 2 * (lane & 3)) = pack2_bf16(o[nd][2 * i], o[nd][2 * i + 1]);
     }
 }
 
@@ -362,7 +395,10 @@ __device__ void fa_fwd(const bf16_t* q, const bf16_t* k, const bf16_t* v, const 
         orow[i] = ok ? (seq0 + ri) * qw + h * D : -1;
         lrow[i] = (long)(seq0 + ri) * nh + h;
     }
-    fa_finish<D>(o, m, l, out, orow, lse, lrow, lane, o16);
+    // The K/V buffers are free (the last tile's copies waited for, every warp past
+    // the loop's barrier): warp w stages its o16 rows in bytes [2048 w, 2048 (w + 1)).
+    const int toks = max(0, min(16, L - (q0 + warp * 16)));
+    fa_finish<D>(o, m, l, out, orow, lse, lrow, lane, o16, reinterpret_cast<u8*>(sb) + 2048 * warp, toks, qw);
 }
 
 // The o projection's operand of a decode step's attention output [rows, nh*D]
@@ -812,8 +848,11 @@ extern "C" __global__ void fa_scatter_kv16(bf16_t* dk, bf16_t* dv, const long* r
 // values 4 l .. 4 l + 3 (+128 ..), summed in that order, then across lanes. dout
 // null: dout16 is the input (the o projection's DGrad output as cuBLASLt wrote it,
 // whose f32 values its epilogue would have written as dout: the same delta).
-extern "C" __global__ void fa_bwd_prep(const float* dout, const float* out, int nh, int hd, bf16_t* dout16,
-                                       float* delta) {
+// out null: out16 is the output read (BF16), where the forward kept only its BF16
+// values (the BF16 flows' training: the o projection reads those, and the f32
+// output was 33.5 MB a 0.6B 8 x 512 layer written and read for delta alone).
+extern "C" __global__ void fa_bwd_prep(const float* dout, const float* out, const bf16_t* out16, int nh, int hd,
+                                       bf16_t* dout16, float* delta) {
     pdl_entry();
     int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int h = warp; h < nh; h += 4) {
@@ -829,7 +868,14 @@ extern "C" __global__ void fa_bwd_prep(const float* dout, const float* out, int 
                 bf16x4_to_f32(*(const uint2*)(dout16 + o0 + d), v);
                 a = make_float4(v[0], v[1], v[2], v[3]);
             }
-            const float4 b = *(const float4*)(out + o0 + d);
+            float4 b;
+            if (out) {
+                b = *(const float4*)(out + o0 + d);
+            } else {
+                float v[4];
+                bf16x4_to_f32(*(const uint2*)(out16 + o0 + d), v);
+                b = make_float4(v[0], v[1], v[2], v[3]);
+            }
             s += a.x * b.x;
             s += a.y * b.y;
             s += a.z * b.z;

@@ -664,23 +664,34 @@ extern "C" __global__ void rope(float* x, const int* pos, const float* cos_t, co
 // the outputs [rows, heads * hd] and the norms' rstd [rows * heads]; q16, k16: the
 // outputs' BF16 copies (fuses fa_to_bf16_x3 of q and k). Either form may be null.
 #define QKNR_HEADS 4
-template <int HD, typename TI>
+// W (_x16w, BF16 heads of 128): a head's 64 words loaded as lane l's words l and
+// 32 + l, then moved to the lane layout above by four shuffles (qk_norm_rope_bwd_at's
+// X16 load): the same values, so the same bits; two-byte loads cost the backward 20%.
+template <int HD, typename TI, bool W = false>
 __device__ __forceinline__ void qk_norm_rope_at(const TI* q_pre, const TI* k_pre, const float* qw,
                                                 const float* kw, int nh, int nkv, float eps, const int* pos,
                                                 const float* cos_t, const float* sin_t, float* q, float* k,
                                                 float* qr, float* kr, bf16_t* q16, bf16_t* k16) {
+    static_assert(!W || (HD == 128 && sizeof(TI) == 2), "word loads: BF16 heads of 128");
     constexpr int n = HD / 32;
     const int r = blockIdx.x, h0 = blockIdx.y * 8 * QKNR_HEADS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     float v[QKNR_HEADS][8];
+    u32 xw[QKNR_HEADS][2];
 #pragma unroll
     for (int e = 0; e < QKNR_HEADS; e++) {
         const int head = h0 + 8 * e;
         const bool isq = head < nh;
         const int hh = isq ? head : head - nh, heads = isq ? nh : nkv;
         const TI* src = (isq ? q_pre : k_pre) + ((long)r * heads + hh) * HD;
+        if (head >= nh + nkv) continue;  // warp-uniform
+        if constexpr (W) {
+            const u32* s32 = reinterpret_cast<const u32*>(src);
+            xw[e][0] = s32[lane];
+            xw[e][1] = s32[32 + lane];
+        } else {
 #pragma unroll
-        for (int i = 0; i < n; i++)
-            if (head < nh + nkv) v[e][i] = to_f32(src[lane + 32 * i]);  // warp-uniform
+            for (int i = 0; i < n; i++) v[e][i] = to_f32(src[lane + 32 * i]);
+        }
     }
     const long t0 = (long)pos[r] * (HD / 2);
 #pragma unroll
@@ -695,8 +706,17 @@ __device__ __forceinline__ void qk_norm_rope_at(const TI* q_pre, const TI* k_pre
         float* dst = isq ? q : k;
         bf16_t* dst16 = isq ? q16 : k16;
         float hv[8];
+        if constexpr (W) {
+            // Column c = l + 32u: word ((l + 32 (u & 1)) >> 1) of half u >> 1, bits 16 (l & 1).
 #pragma unroll
-        for (int i = 0; i < n; i++) hv[i] = v[e][i];
+            for (int u = 0; u < 4; u++) {
+                const u32 w = __shfl_sync(0xffffffffu, xw[e][u >> 1], (lane + 32 * (u & 1)) >> 1);
+                hv[u] = __uint_as_float((lane & 1) ? (w & 0xffff0000u) : (w << 16));
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < n; i++) hv[i] = v[e][i];
+        }
         qk_norm_rope_warp(hv, HD, eps, nr, dst ? dst + o : nullptr, dst16 ? dst16 + o : nullptr,
                           (isq ? qr : kr) + (long)r * heads + hh);
     }
@@ -721,6 +741,14 @@ QK_NORM_ROPE(qk_norm_rope_64_x16, 64, bf16_t)
 QK_NORM_ROPE(qk_norm_rope_128_x16, 128, bf16_t)
 QK_NORM_ROPE(qk_norm_rope_192_x16, 192, bf16_t)
 QK_NORM_ROPE(qk_norm_rope_256_x16, 256, bf16_t)
+extern "C" __global__ void qk_norm_rope_128_x16w(const bf16_t* q_pre, const bf16_t* k_pre, const float* qw,
+                                                 const float* kw, int nh, int nkv, float eps, const int* pos,
+                                                 const float* cos_t, const float* sin_t, float* q, float* k,
+                                                 float* qr, float* kr, bf16_t* q16, bf16_t* k16) {
+    pdl_entry();
+    qk_norm_rope_at<128, bf16_t, true>(q_pre, k_pre, qw, kw, nh, nkv, eps, pos, cos_t, sin_t, q, k, qr, kr, q16,
+                                       k16);
+}
 
 // The q, k, v projections' epilogues (split-K partials, no bias) with qk_norm_rope
 // (fuses linear_epilogue_group of a decode step and qk_norm_rope, the norms' rstd

@@ -447,11 +447,11 @@ fn qkv_bf16(
         ));
     };
     // q and k before their norms as the BF16 values their GEMMs store where both
-    // do (the low-precision flows' rows GEMMs), which the norm's forward and the
-    // paired backward (`qk_norm_rope_bwd_x16`, heads of 128) read: half the bytes
-    // written, kept and read twice; else f32. One form for both, which the norm's
-    // kernels take: where one GEMM takes split-K (k's narrower one at a GRPO
-    // micro-batch's 256 rows), widening the other's BF16 cost more than it saved.
+    // do (the low-precision flows' rows GEMMs and split-K epilogues), which the
+    // norm's forward and the paired backward (`qk_norm_rope_bwd_x16`, heads of 128)
+    // read: half the bytes written, kept and read twice; else f32. One form for
+    // both, which the norm's kernels take (widening one to the other's f32 cost
+    // more than it saved).
     let qk = [(&lp.q, None), (&lp.k, None)];
     let both16 = [&lp.q, &lp.k]
         .iter()

@@ -427,15 +427,60 @@ impl Add<'_> {
 fn epilogue_to(
     gpu: &Gpu,
     d: &CudaSlice<f32>,
-    (ldd, splits, sstride): (usize, usize, usize),
+    parts: (usize, usize, usize),
     bias: Option<&CudaSlice<f32>>,
     (rows, cols): (usize, usize),
     prec: GemmPrecision,
     (y, add): (&mut CudaSlice<f32>, Add),
 ) -> Result<()> {
+    check_len("linear output", y, rows * cols, format!("[{rows}, {cols}]"))?;
+    let out = (gpu.ptr(y), 0, add.ptr(gpu, y));
+    epilogue_launch(gpu, d, parts, bias, (rows, cols), prec, out)
+}
+
+/// [`epilogue_to`] with no `add`, `y` written as its BF16 values (exact: the low-
+/// precision flows round it), where a forward keeps its output in that form.
+fn epilogue_to_bf16(
+    gpu: &Gpu,
+    d: &CudaSlice<f32>,
+    parts: (usize, usize, usize),
+    bias: Option<&CudaSlice<f32>>,
+    (rows, cols): (usize, usize),
+    prec: GemmPrecision,
+    y16: &CudaSlice<u16>,
+) -> Result<()> {
+    ensure(prec != GemmPrecision::F32, || {
+        "linear epilogue: BF16 output of an f32 GEMM".into()
+    })?;
+    check_len(
+        "linear output (BF16)",
+        y16,
+        rows * cols,
+        format!("[{rows}, {cols}]"),
+    )?;
+    epilogue_launch(
+        gpu,
+        d,
+        parts,
+        bias,
+        (rows, cols),
+        prec,
+        (0, gpu.ptr(y16), 0),
+    )
+}
+
+/// `linear_epilogue` into f32 `y` or BF16 `y16` (device addresses, the other 0),
+/// `add` (0: none).
+fn epilogue_launch(
+    gpu: &Gpu,
+    d: &CudaSlice<f32>,
+    (ldd, splits, sstride): (usize, usize, usize),
+    bias: Option<&CudaSlice<f32>>,
+    (rows, cols): (usize, usize),
+    prec: GemmPrecision,
+    (y, y16, add): (u64, u64, u64),
+) -> Result<()> {
     let n = rows * cols;
-    check_len("linear output", y, n, format!("[{rows}, {cols}]"))?;
-    let add = add.ptr(gpu, y);
     gpu.launch(
         &OPS,
         "linear_epilogue",
@@ -452,7 +497,8 @@ fn epilogue_to(
             Arg::I(cols as i32),
             Arg::I((prec != GemmPrecision::F32) as i32),
             Arg::P(add),
-            Arg::P(gpu.ptr(y)),
+            Arg::P(y),
+            Arg::P(y16),
         ],
     )
 }
@@ -865,8 +911,8 @@ pub fn linear_forward_shared<'a>(
 }
 
 /// [`forward`] without a residual, its output kept as BF16 values where the rows
-/// GEMM writes it (a low-precision batch-invariant weight, past the split-K sizes):
-/// the same numbers in half the bytes. Elsewhere f32.
+/// GEMM or the split-K epilogue writes it (a low-precision batch-invariant weight,
+/// [`forward_writes_bf16`]): the same numbers in half the bytes. Elsewhere f32.
 fn forward_act(
     gpu: &Gpu,
     x: XIn,
@@ -880,11 +926,24 @@ fn forward_act(
 }
 
 /// Whether a forward of `m > 0` rows through `w` in `prec` that may write BF16
-/// (`linear_forward_group_act`, no residual) does: the batch-invariant rows kernel
-/// writes its BF16 output itself; split-K and cuBLASLt write f32. Lets a caller
-/// ask for one form for several projections before running them.
+/// (`forward_act`, no residual) does: the batch-invariant rows kernel writes its
+/// BF16 output itself, and so does the split-K path's epilogue (a GRPO
+/// micro-batch's k and v at 256 rows; until the fifty-fifth session it wrote f32,
+/// which kept a micro-batch's q and k before their norms in f32); cuBLASLt writes
+/// f32. Lets a caller ask for one form for several projections before running them.
+/// The grouped split-K launches of `linear_forward_group_act` (a decode step's)
+/// still write f32.
 pub fn forward_writes_bf16(gpu: &Gpu, m: usize, w: &GpuWeight, prec: GemmPrecision) -> bool {
-    !takes_split_k(gpu, m, w, prec) && prec != GemmPrecision::F32 && w.batch_invariant
+    prec != GemmPrecision::F32
+        && w.batch_invariant
+        && (!takes_split_k(gpu, m, w, prec) || split_k_bf16())
+}
+
+/// Whether the split-K path of [`forward_act`] writes BF16: on unless
+/// `JET_SPLITK_BF16=0` (a measurement switch; the same values either way).
+fn split_k_bf16() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("JET_SPLITK_BF16").map_or(true, |v| v.trim() != "0"))
 }
 
 /// Whether [`forward`] of `m > 0` rows through `w` takes the split-K path (a
@@ -968,8 +1027,8 @@ fn forward(
     }
 }
 
-/// [`forward`], the output BF16 where `bf16_out` and the rows GEMM writes it
-/// without a residual ([`forward_act`]).
+/// [`forward`], the output BF16 where `bf16_out` and the rows GEMM or the split-K
+/// epilogue writes it without a residual ([`forward_act`]).
 #[allow(clippy::too_many_arguments)]
 fn forward_to(
     gpu: &Gpu,
@@ -991,11 +1050,19 @@ fn forward_to(
     if m == 0 {
         return gpu.uninit(0).map(Act::F32);
     }
-    if forward_writes_bf16(gpu, m, w, prec) && bf16_out && res.is_none() {
-        // The rows kernel writes y itself (linear_epilogue fused), as BF16.
+    if bf16_out && res.is_none() && forward_writes_bf16(gpu, m, w, prec) {
+        let rows16 = !takes_split_k(gpu, m, w, prec);
         let y = gpu.uninit::<u16>(m * n)?;
-        let epi = fused_epi(gpu, (gpu.ptr(&y), true), n, bias, prec, None);
-        rows_fused(gpu, x, xo, m, w, prec, epi)?;
+        if rows16 {
+            // The rows kernel writes y itself (linear_epilogue fused), as BF16.
+            let epi = fused_epi(gpu, (gpu.ptr(&y), true), n, bias, prec, None);
+            rows_fused(gpu, x, xo, m, w, prec, epi)?;
+        } else {
+            // Split-K: its epilogue writes the same values as BF16.
+            let p = split_k_partial(gpu, x, xo, m, w, prec)?;
+            let parts = (p.ldp, p.splits, p.sstride);
+            epilogue_to_bf16(gpu, &p.p, parts, bias, (m, n), prec, &y)?;
+        }
         return Ok(Act::Bf16(y));
     }
     let mut y = gpu.uninit::<f32>(m * n)?;

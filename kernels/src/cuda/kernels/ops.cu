@@ -889,9 +889,12 @@ extern "C" __global__ void swiglu_bwd_bf16_dh16_gu16(const bf16_t* dh, long ldh,
 // WGrad adds into the step's gradient (add = y) without a dW buffer of its own, and
 // the o and down projections add the residual (fuses the layer's add_into).
 // Block `blk` (256 threads) of it: outputs blk * 1024 + 4 * threadIdx.x ...
+// y16 (not null, round set, no add): y's values as BF16 in place of y (exact: they
+// are BF16 values), for a forward that keeps its output in that form (a GRPO
+// micro-batch's split-K k and v projections, as the rows kernel's BF16 output).
 __device__ __forceinline__ void linear_epilogue_at(const float* d, long ldd, int splits, long sstride,
                                                    const float* bias, int rows, int cols, int round, const float* add,
-                                                   float* y, int blk) {
+                                                   float* y, int blk, bf16_t* y16 = nullptr) {
     // Four consecutive outputs a thread, loaded as float4 when every row and slice
     // keeps them 16-byte aligned; each value's adds are in the same order either way.
     long i0 = ((long)blk * blockDim.x + threadIdx.x) * 4, n = (long)rows * cols;
@@ -905,7 +908,11 @@ __device__ __forceinline__ void linear_epilogue_at(const float* d, long ldd, int
             const float* dr = d + (long)r * ldd + c;
             float v = dr[0];
             for (int s = 1; s < splits; s++) v += dr[s * sstride];
-            y[i] = epi_value(v, bias, bias ? bias[c] : 0.0f, round, add, add ? add[i] : 0.0f);
+            const float e = epi_value(v, bias, bias ? bias[c] : 0.0f, round, add, add ? add[i] : 0.0f);
+            if (y16)
+                y16[i] = f32_to_bf16(e);
+            else
+                y[i] = e;
         }
         return;
     }
@@ -928,15 +935,18 @@ __device__ __forceinline__ void linear_epilogue_at(const float* d, long ldd, int
     }
     const float4 b = bias ? *reinterpret_cast<const float4*>(bias + c) : make_float4(0, 0, 0, 0);
     const float4 a = add ? *reinterpret_cast<const float4*>(add + i0) : make_float4(0, 0, 0, 0);
-    *reinterpret_cast<float4*>(y + i0) =
-        make_float4(epi_value(v.x, bias, b.x, round, add, a.x), epi_value(v.y, bias, b.y, round, add, a.y),
-                    epi_value(v.z, bias, b.z, round, add, a.z), epi_value(v.w, bias, b.w, round, add, a.w));
+    const float4 e = make_float4(epi_value(v.x, bias, b.x, round, add, a.x), epi_value(v.y, bias, b.y, round, add, a.y),
+                                 epi_value(v.z, bias, b.z, round, add, a.z), epi_value(v.w, bias, b.w, round, add, a.w));
+    if (y16)
+        *reinterpret_cast<uint2*>(y16 + i0) = make_uint2(pack2_bf16(e.x, e.y), pack2_bf16(e.z, e.w));
+    else
+        *reinterpret_cast<float4*>(y + i0) = e;
 }
 
 extern "C" __global__ void linear_epilogue(const float* d, long ldd, int splits, long sstride, const float* bias,
-                                           int rows, int cols, int round, const float* add, float* y) {
+                                           int rows, int cols, int round, const float* add, float* y, bf16_t* y16) {
     pdl_entry();
-    linear_epilogue_at(d, ldd, splits, sstride, bias, rows, cols, round, add, y, blockIdx.x);
+    linear_epilogue_at(d, ldd, splits, sstride, bias, rows, cols, round, add, y, blockIdx.x, y16);
 }
 
 // linear_epilogue of a BF16 GEMM output (the backward's DGrad and WGrad: cuBLASLt

@@ -37,8 +37,9 @@ pub fn linear_forward_group<'a>(
 }
 
 /// [`linear_forward_group`] with each output an [`Act`]: where a layer's rows
-/// GEMM writes it, the BF16 values themselves (half the bytes; gate and up of a
-/// training forward or a long prefill), else f32. The same numbers either way.
+/// GEMM or split-K epilogue writes it, the BF16 values themselves (half the bytes;
+/// gate and up of a training forward or a long prefill, a GRPO micro-batch's k and
+/// v), else f32 (the grouped split-K launches). The same numbers either way.
 pub fn linear_forward_group_act<'a>(
     gpu: &Gpu,
     x: impl Into<XIn<'a>>,

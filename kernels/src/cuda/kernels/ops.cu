@@ -935,8 +935,9 @@ __device__ __forceinline__ void linear_epilogue_at(const float* d, long ldd, int
     }
     const float4 b = bias ? *reinterpret_cast<const float4*>(bias + c) : make_float4(0, 0, 0, 0);
     const float4 a = add ? *reinterpret_cast<const float4*>(add + i0) : make_float4(0, 0, 0, 0);
-    const float4 e = make_float4(epi_value(v.x, bias, b.x, round, add, a.x), epi_value(v.y, bias, b.y, round, add, a.y),
-                                 epi_value(v.z, bias, b.z, round, add, a.z), epi_value(v.w, bias, b.w, round, add, a.w));
+    const float4 e =
+        make_float4(epi_value(v.x, bias, b.x, round, add, a.x), epi_value(v.y, bias, b.y, round, add, a.y),
+                    epi_value(v.z, bias, b.z, round, add, a.z), epi_value(v.w, bias, b.w, round, add, a.w));
     if (y16)
         *reinterpret_cast<uint2*>(y16 + i0) = make_uint2(pack2_bf16(e.x, e.y), pack2_bf16(e.z, e.w));
     else

@@ -842,6 +842,14 @@ extern "C" __global__ void fa_scatter_kv16(bf16_t* dk, bf16_t* dv, const long* r
     for (long c = threadIdx.x; c < cols / 8; c += blockDim.x) dst[c] = src[c];
 }
 
+// Values i .. i + 3 as f32: of f when not null, else of h's BF16 values (exact).
+__device__ __forceinline__ float4 quad_f32(const float* f, const bf16_t* h, long i) {
+    if (f) return *(const float4*)(f + i);
+    float v[4];
+    bf16x4_to_f32(*(const uint2*)(h + i), v);
+    return make_float4(v[0], v[1], v[2], v[3]);
+}
+
 // The backward's inputs in one pass over dout: delta[r, h] = dout[r, h, :] .
 // out[r, h, :] (the softmax backward's row term) and dout16 = BF16(dout) (RNE, as
 // fa_to_bf16_x3). Grid rows, 128 threads: warp w takes heads w, w+4, ..; lane l the
@@ -859,23 +867,9 @@ extern "C" __global__ void fa_bwd_prep(const float* dout, const float* out, cons
         const long o0 = ((long)r * nh + h) * hd;
         float s = 0.f;
         for (int d = lane * 4; d < hd; d += 128) {
-            float4 a;
-            if (dout) {
-                a = *(const float4*)(dout + o0 + d);
-                *(uint2*)(dout16 + o0 + d) = make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
-            } else {
-                float v[4];
-                bf16x4_to_f32(*(const uint2*)(dout16 + o0 + d), v);
-                a = make_float4(v[0], v[1], v[2], v[3]);
-            }
-            float4 b;
-            if (out) {
-                b = *(const float4*)(out + o0 + d);
-            } else {
-                float v[4];
-                bf16x4_to_f32(*(const uint2*)(out16 + o0 + d), v);
-                b = make_float4(v[0], v[1], v[2], v[3]);
-            }
+            const float4 a = quad_f32(dout, dout16, o0 + d);
+            if (dout) *(uint2*)(dout16 + o0 + d) = make_uint2(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w));
+            const float4 b = quad_f32(out, out16, o0 + d);
             s += a.x * b.x;
             s += a.y * b.y;
             s += a.z * b.z;

@@ -200,7 +200,7 @@ fn dgrad_bf16(
 /// GEMMs, for comparison).
 fn stack_wgrad(model: &GpuModel, prec: GemmPrecision, k: usize, ns: &[usize]) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("JET_WGRAD_STACK").map_or(true, |v| v.trim() != "0"));
+    let on = *ON.get_or_init(|| jet_kernels::cuda::switch_on("JET_WGRAD_STACK"));
     on && operand_dy(model) == Some(prec)
         && k.is_multiple_of(16)
         && ns.iter().all(|n| n.is_multiple_of(16))

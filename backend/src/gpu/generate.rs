@@ -88,7 +88,7 @@ fn eager_steps() -> usize {
 /// off (read once), for measuring what it saves.
 fn ahead_default() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("JET_DECODE_AHEAD").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| jet_kernels::cuda::switch_on("JET_DECODE_AHEAD"))
 }
 
 pub struct GpuDecoder<'m, 'w> {

@@ -365,7 +365,7 @@ pub fn run_layers(
 /// feeds the backward's delta as before).
 fn attn_out16() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("JET_ATTN_OUT16").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| jet_kernels::cuda::switch_on("JET_ATTN_OUT16"))
 }
 
 /// q, k, v after norm and RoPE `[M, heads * hd]`, and q, k before.
@@ -492,7 +492,7 @@ fn qkv_bf16(
 /// their GEMMs store ([`qkv_bf16`]); on unless `JET_QK_PRE16=0` (f32, for comparison).
 fn qk_pre_bf16() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("JET_QK_PRE16").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| jet_kernels::cuda::switch_on("JET_QK_PRE16"))
 }
 
 /// The f32 values of an activation a fused (rollout) path reads, which such a

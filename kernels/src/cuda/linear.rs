@@ -398,7 +398,7 @@ fn fp8_blocks(flow: Flow) -> Option<bool> {
 /// `JET_DGRAD_STACK=0` (one GEMM a projection, for comparison).
 fn dgrad_stack_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("JET_DGRAD_STACK").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| crate::cuda::switch_on("JET_DGRAD_STACK"))
 }
 
 /// What an epilogue adds to its result (one f32 add a value, as `tensor::add_into`).
@@ -943,7 +943,7 @@ pub fn forward_writes_bf16(gpu: &Gpu, m: usize, w: &GpuWeight, prec: GemmPrecisi
 /// `JET_SPLITK_BF16=0` (a measurement switch; the same values either way).
 fn split_k_bf16() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("JET_SPLITK_BF16").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| crate::cuda::switch_on("JET_SPLITK_BF16"))
 }
 
 /// Whether [`forward`] of `m > 0` rows through `w` takes the split-K path (a

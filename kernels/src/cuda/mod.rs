@@ -108,6 +108,13 @@ impl<T> Ctx<T> for std::result::Result<T, cudarc::cublaslt::result::CublasError>
     }
 }
 
+/// A measurement switch read from the environment: on unless `var` is `0` (the
+/// kernels' alternative forms kept side by side, each the same bits, so one binary
+/// can time both). Callers cache it (a `OnceLock`): it is read on hot paths.
+pub fn switch_on(var: &str) -> bool {
+    std::env::var(var).map_or(true, |v| v.trim() != "0")
+}
+
 /// `Err(CudaError::Invalid)` unless `cond`.
 pub(crate) fn ensure(cond: bool, msg: impl FnOnce() -> String) -> Result<()> {
     if cond {

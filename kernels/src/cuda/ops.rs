@@ -548,7 +548,7 @@ fn bwd_rows(
 /// (a measurement switch; the same bits either way).
 fn norm_terms_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("JET_NORM_TERMS").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| crate::cuda::switch_on("JET_NORM_TERMS"))
 }
 
 /// The backward of Qwen3's q (or k) RMSNorm and RoPE for heads of 128 in one pass
@@ -1396,7 +1396,7 @@ fn qk_norm_rope_launch(
 /// `JET_QKNR_WORDS=0` (a measurement switch; the same bits either way).
 fn qknr_words() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("JET_QKNR_WORDS").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| crate::cuda::switch_on("JET_QKNR_WORDS"))
 }
 
 /// [`rope_forward`] with the positions on the device ([`upload_positions`]):

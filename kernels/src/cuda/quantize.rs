@@ -263,7 +263,7 @@ pub fn rmsnorm_operand(
 /// `JET_NORM_WARP_ROWS=0` (read once), for measuring what it saves.
 fn norm_warp_rows() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("JET_NORM_WARP_ROWS").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| crate::cuda::switch_on("JET_NORM_WARP_ROWS"))
 }
 
 /// [`rmsnorm_operand`], the f32 output written only when `keep_y` (the operand

@@ -310,7 +310,10 @@ fn held_wgrad_outputs_settle_to_the_same_gradients() {
                 };
                 run_pass_gpu(&model, &seqs, 1.0, 1, Some((loss, &mut dg))).unwrap();
                 let held = dg.bufs.iter().map(|b| b.held()).max().unwrap_or(0);
-                assert!(held <= 1, "{name} {flow}: {held} addends held after the pass");
+                assert!(
+                    held <= 1,
+                    "{name} {flow}: {held} addends held after the pass"
+                );
                 let norm = global_norm_gpu(&g, &dg).unwrap();
                 let mut h = ModelWeights::zeros(&cfg);
                 dg.download_into(&g, &mut h).unwrap();

@@ -97,7 +97,7 @@ pub fn run_pass_gpu_with(
     let mut at = 0;
     let batches = micro_batches(seqs, micro);
     if let Some(gr) = grads.as_deref_mut() {
-        let cap = gr.hold_cap.unwrap_or_else(grad_hold);
+        let cap = grad_hold_switch().or(gr.hold_cap).unwrap_or(1);
         gr.set_hold(cap.min(batches.len()));
     }
     for range in batches {
@@ -198,16 +198,16 @@ pub fn run_pass_gpu_with(
 }
 
 /// WGrad outputs a matrix's gradient holds before they are settled into its f32
-/// accumulator together (at most the pass's micro-batches), unless the gradients
-/// say (`GpuGrads::hold_cap`): `JET_GRAD_HOLD` (a measurement switch), else 1
-/// (each settled before the next backward pass).
-fn grad_hold() -> usize {
-    static HOLD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+/// accumulator together (at most the pass's micro-batches): `JET_GRAD_HOLD` where
+/// set (a measurement switch; 1: each settled before the next backward pass),
+/// else the gradients' `hold_cap` (`gpu::micro::grad_hold`, set by the trainer),
+/// else 1.
+fn grad_hold_switch() -> Option<usize> {
+    static HOLD: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *HOLD.get_or_init(|| {
         std::env::var("JET_GRAD_HOLD")
             .ok()
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(1)
     })
 }
 

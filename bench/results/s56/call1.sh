@@ -6,9 +6,9 @@
 # 2. cuda_timing split_k_rule_timing: split-K against the rows kernel at every token
 #    count where today's rule (tiles < SMs) picks split-K.
 # 3. The GRPO-shaped step (0.6B, batch 64, gen 16: 8 micro-batches of 1,152 rows),
-#    two reps: base = main (fused norm off), fn = fused norm, d2 / dinf = fused norm
-#    with JET_SPLITK_DIV=2 / never split-K past 64 rows (all four JET_GRAD_HOLD=1),
-#    ha = d2 with the held WGrad outputs as the memory leaves room (8 here).
+#    two reps: base = main (fused norm off), fn = fused norm, d2 = fused norm with
+#    JET_SPLITK_DIV=2 (all three JET_GRAD_HOLD=1; dinf, never split-K past 64 rows,
+#    only made), ha = d2 with the held WGrad outputs as memory leaves room (8 here).
 # 4. ncu --set full of one qk_norm_rope_bwd_x16_o3 launch (0.6B 8 x 512 bf16 step).
 R=$OUT; export OUT=/tmp/g; mkdir -p $OUT; export JET_KERNEL_CACHE_DIR=/tmp/jetk
 pack() { tar czf $R/logs.tgz -C /tmp g; }

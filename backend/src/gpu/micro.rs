@@ -130,11 +130,17 @@ pub fn auto_micro_tokens(
     device_bytes: usize,
     reference: bool,
 ) -> usize {
+    let left = left_for_passes(cfg, device_bytes, reference);
+    ((left / (bytes_per_token(cfg, kind) as f64 * MARGIN)) as usize).max(1)
+}
+
+/// Bytes of a device of `device_bytes` a training pass may plan to use once the
+/// run's resident state (and the fixed share) is in.
+fn left_for_passes(cfg: &ModelConfig, device_bytes: usize, reference: bool) -> f64 {
     let per_param = RESIDENT_PER_PARAM + if reference { REFERENCE_PER_PARAM } else { 0 };
     let resident = cfg.param_count() * per_param + FIXED_BYTES;
     let usable = (device_bytes as f64 * USABLE) as usize;
-    let left = usable.saturating_sub(resident) as f64;
-    ((left / (bytes_per_token(cfg, kind) as f64 * MARGIN)) as usize).max(1)
+    usable.saturating_sub(resident) as f64
 }
 
 /// WGrad outputs a matrix's gradient may hold before they are settled into its
@@ -153,11 +159,8 @@ pub fn grad_hold(
     reference: bool,
     tokens: usize,
 ) -> usize {
-    let per_param = RESIDENT_PER_PARAM + if reference { REFERENCE_PER_PARAM } else { 0 };
-    let resident = cfg.param_count() * per_param + FIXED_BYTES;
     let acts = bytes_per_token(cfg, kind) as f64 * tokens as f64 * MARGIN;
-    let usable = (device_bytes as f64 * USABLE) as usize;
-    let left = (usable.saturating_sub(resident) as f64 - acts).max(0.0);
+    let left = (left_for_passes(cfg, device_bytes, reference) - acts).max(0.0);
     let addend = (2 * cfg.param_count()).max(1) as f64;
     (1 + (left / addend) as usize).min(jet_kernels::cuda::grad::HOLD_MAX)
 }

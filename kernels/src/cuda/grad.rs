@@ -431,18 +431,22 @@ fn mark_all(gpu: &Gpu, mask: Option<&mut CudaSlice<u8>>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::MASK_CHUNK;
+    use super::{HOLD_MAX, MASK_CHUNK};
+
+    /// The value of `#define NAME` in a kernel source.
+    fn define(src: &str, name: &str) -> usize {
+        let at = format!("#define {name} ");
+        src.lines()
+            .find_map(|l| l.strip_prefix(at.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the kernel source defines {name}"))
+    }
 
     /// The kernels index the mask by `value >> GRAD_MASK_SHIFT` (common.cuh); the
     /// host sizes it and launches over it by MASK_CHUNK. They must agree.
     #[test]
     fn kernels_use_the_hosts_mask_chunk() {
-        let src = include_str!("kernels/common.cuh");
-        let shift: u32 = src
-            .lines()
-            .find_map(|l| l.strip_prefix("#define GRAD_MASK_SHIFT "))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("common.cuh defines GRAD_MASK_SHIFT");
+        let shift = define(include_str!("kernels/common.cuh"), "GRAD_MASK_SHIFT");
         assert_eq!(1usize << shift, MASK_CHUNK);
     }
 
@@ -450,12 +454,7 @@ mod tests {
     /// may hold: the host's HOLD_MAX is the kernel's SETTLE_MAX.
     #[test]
     fn settle_table_holds_every_addend() {
-        let src = include_str!("kernels/tensor.cu");
-        let max: usize = src
-            .lines()
-            .find_map(|l| l.strip_prefix("#define SETTLE_MAX "))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("tensor.cu defines SETTLE_MAX");
-        assert_eq!(max, super::HOLD_MAX);
+        let max = define(include_str!("kernels/tensor.cu"), "SETTLE_MAX");
+        assert_eq!(max, HOLD_MAX);
     }
 }

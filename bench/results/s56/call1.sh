@@ -34,7 +34,7 @@ timeout 230 bash bench/gpu_check.sh compare qwen3-0.6b 2 base-bf16,fn-bf16,d2-bf
 echo "compare rc $? (${SECONDS}s)"; pack
 echo "== split-K rule"; grep TIMING $OUT/sk_rule.log | sed 's/TIMING split-K rule //' | cut -c1-200
 echo "== compare"; grep -E "step training|step whole|train \|" $OUT/compare.txt | cut -c1-330
-if [ $SECONDS -lt 480 ]; then
+if [ $SECONDS -lt 380 ]; then
 ./.carry/jetd bench --device cuda --json --no-kernels --no-cublaslt --flow bf16 --batch 1 --gen-len 2 --prompt-len 16 --train-steps 1 > /dev/null 2>&1
 timeout 80 ncu --clock-control none --set full --import-source no -k 'regex:^qk_norm_rope_bwd_x16_o3$' --launch-skip 30 --launch-count 1 -o $OUT/ncu-qknb -f \
   ./.carry/jetd bench --device cuda --json --no-kernels --no-cublaslt --flow bf16 --batch 1 --gen-len 2 --prompt-len 16 --train-steps 1 > $OUT/ncu-qknb.log 2>&1

@@ -206,8 +206,8 @@ pub fn run_layers(
     // The o and down projections' split-K epilogue, residual add and the next norm
     // with its operand in one launch (`linear_residual_norm`: the bits of the
     // three launches) in a training pass too, where those projections take split-K
-    // (a GRPO micro-batch's 256 rows): its output's f32 values kept only where the
-    // unfused path keeps them.
+    // (micro-batches of a few hundred rows: `gemv::split_k_pays`): its output's f32
+    // values kept only where the unfused path keeps them.
     let fuse_norm = fuse || (keep_norm_fused() && acts.is_some());
     let mut next_in = None;
     for (li, (lx, lp)) in w.ix.layers.iter().zip(&model.layers).enumerate() {

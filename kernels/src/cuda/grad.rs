@@ -375,7 +375,10 @@ pub fn settle_multi(gpu: &Gpu, accs: &mut [GradAcc], which: Settle) -> Result<()
             continue;
         };
         ensure(d.len() <= HOLD_MAX, || {
-            format!("grad_settle_multi: {} addends held (at most {HOLD_MAX})", d.len())
+            format!(
+                "grad_settle_multi: {} addends held (at most {HOLD_MAX})",
+                d.len()
+            )
         })?;
         let blocks = n.div_ceil(1024);
         // {acc, n, blocks, first block, y, addends, d[0] .. d[HOLD_MAX - 1]}

@@ -282,6 +282,63 @@ fn whole_step_matches_cpu() {
     }
 }
 
+/// A pass of one micro-batch a sequence whose matrices' gradients hold their
+/// WGrad outputs two or three at a time (`GpuGrads::hold_cap`, settled together)
+/// gives the gradients of one settled a pass, bit for bit, in the flows whose
+/// WGrad outputs are held (BF16 and FP8, tied and untied LM heads); the gradient
+/// norm (which reads them held) agrees bit for bit too.
+#[test]
+fn held_wgrad_outputs_settle_to_the_same_gradients() {
+    let Some(g) = gpu() else { return };
+    let seqs = seqs();
+    let n_tok: usize = seqs.iter().map(|s| s.response_len()).sum();
+    let untied = ModelConfig {
+        tie_word_embeddings: false,
+        ..qwen3_widths()
+    };
+    for (name, cfg) in [("qwen3 widths", qwen3_widths()), ("untied", untied)] {
+        for flow in [Flow::Bf16, Flow::Fp8] {
+            let w0 = init_random(&cfg, 6);
+            let dw = GpuWeights::upload(&g, &w0).unwrap();
+            let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
+            let run = |cap: usize| {
+                let mut dg = GpuGrads::zeros_like(&g, &dw).unwrap();
+                dg.hold_cap = Some(cap);
+                let loss = PassLoss::Const {
+                    dlogp: -1.0 / n_tok as f64,
+                    dentropy: 0.0,
+                };
+                run_pass_gpu(&model, &seqs, 1.0, 1, Some((loss, &mut dg))).unwrap();
+                let held = dg.bufs.iter().map(|b| b.held()).max().unwrap_or(0);
+                assert!(
+                    held <= 1,
+                    "{name} {flow}: {held} addends held after the pass"
+                );
+                let norm = global_norm_gpu(&g, &dg).unwrap();
+                let mut h = ModelWeights::zeros(&cfg);
+                dg.download_into(&g, &mut h).unwrap();
+                let bits: Vec<u32> = h
+                    .tensors()
+                    .into_iter()
+                    .flat_map(|(_, t)| t.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                    .collect();
+                (norm, bits)
+            };
+            let (n1, b1) = run(1);
+            for cap in [2, 3] {
+                let (n, b) = run(cap);
+                let differ = b1.iter().zip(&b).filter(|(x, y)| x != y).count();
+                println!(
+                    "PARITY held {cap} a matrix vs settled a pass ({name}, {flow}): {differ} of {} gradient values differ, norm {n1:e} vs {n:e}",
+                    b1.len()
+                );
+                assert_eq!(differ, 0, "{name} {flow} hold {cap}: gradients");
+                assert_eq!(n1.to_bits(), n.to_bits(), "{name} {flow} hold {cap}: norm");
+            }
+        }
+    }
+}
+
 /// The optimizer step that rewrites the prepared weight copies (BF16 copies, FP8
 /// 128x128 blocks and their transposes) from the new values
 /// (`GpuAdam::step_prepared`) leaves them equal, bit for bit, to copies made

@@ -2332,13 +2332,14 @@ fn masked_gradient_matches_a_plain_one() {
         .unwrap();
         // The norm's sums of squares and an AdamW step from the same state.
         let mut sums = g.zeros::<f64>(2).unwrap();
-        gten::sum_squares_multi(&g, &[plain.src(), masked.src()], &mut sums).unwrap();
+        let both = [plain.src().unwrap(), masked.src().unwrap()];
+        gten::sum_squares_multi(&g, &both, &mut sums).unwrap();
         let s2 = g.download(&sums).unwrap();
         differ += usize::from(s2[0].to_bits() != s2[1].to_bits());
         let (p0, m0, v0) = (rnd(n, 500, 1.0), rnd(n, 501, 0.1), rnd(n, 502, 0.01));
         let v0: Vec<f32> = v0.iter().map(|x| x.abs()).collect();
         let mut out = Vec::new();
-        for src in [plain.src(), masked.src()] {
+        for src in both {
             let (mut p, mut m, mut v) = (up(&g, &p0), up(&g, &m0), up(&g, &v0));
             let mut ts = [gadam::AdamTensor {
                 p: &mut p,
@@ -2713,11 +2714,12 @@ fn clip_scale_matches_the_host_optimizer() {
 /// A gradient whose last WGrad output is held in BF16 (`GradAcc`) reads, in the
 /// gradient norm and AdamW, as the f32 gradient its epilogue would have written:
 /// accumulators never written (+0, signed zeros among the addends), written, and
-/// with two addends (the first added when the second arrives); settling it gives
-/// those values too.
+/// with two addends (the first added when the second arrives), with five held
+/// three or eight at a time (settled together: the same adds in the same order);
+/// settling it gives those values too.
 #[test]
 fn held_bf16_gradients_read_as_the_epilogue_wrote_them() {
-    use cuda::grad::{GradAcc, GradSrc};
+    use cuda::grad::{GradAcc, GradSrc, Settle};
     let Some(g) = gpu() else { return };
     let sizes = [1_000_003usize, 5, 4096, 70_001];
     // BF16 codes of random values, with +-0 and a few large ones among them.
@@ -2749,42 +2751,61 @@ fn held_bf16_gradients_read_as_the_epilogue_wrote_them() {
         grad_scale: 0.37,
     };
     // case 0: never written + one addend; 1: written + one addend; 2: never
-    // written + two addends; 3: written, no addend.
-    for case in 0..4 {
+    // written + two addends; 3: written, no addend; 4: never written + five
+    // addends held three at a time (`set_hold`: settled three together, then all
+    // but the last before the reads); 5: written + five addends held eight at a
+    // time (four settled together before the reads).
+    for case in 0..6 {
         let (mut accs, mut multi): (Vec<GradAcc>, Vec<GradAcc>) = (Vec::new(), Vec::new());
         let mut want: Vec<Vec<f32>> = Vec::new();
         for (t, &n) in sizes.iter().enumerate() {
             let seed = 300 + 10 * t as u64 + case;
             let base = nasty(1, n, seed);
-            let (b1, b2) = (bf(n, seed + 1), bf(n, seed + 2));
-            let mut a = match case {
-                1 | 3 => GradAcc::from_f32(up(&g, &base)),
-                _ => GradAcc::new(&g, n).unwrap(),
+            let bs: Vec<Vec<u16>> = (1..=5).map(|i| bf(n, seed + i)).collect();
+            let written = matches!(case, 1 | 3 | 5);
+            let mut a = match written {
+                true => GradAcc::from_f32(up(&g, &base)),
+                false => GradAcc::new(&g, n).unwrap(),
             };
+            a.set_hold(match case {
+                4 => 3,
+                5 => 8,
+                _ => 1,
+            });
             // The epilogue's values: a zeroed (or written) f32, each dW added.
-            let mut w: Vec<f32> = match case {
-                1 | 3 => base.clone(),
-                _ => vec![0.0; n],
+            let mut w: Vec<f32> = match written {
+                true => base.clone(),
+                false => vec![0.0; n],
             };
-            let adds: Vec<&Vec<u16>> = match case {
-                0 | 1 => vec![&b1],
-                2 => vec![&b1, &b2],
-                _ => vec![],
+            let adds: &[Vec<u16>] = match case {
+                0 | 1 => &bs[..1],
+                2 => &bs[..2],
+                4 | 5 => &bs[..],
+                _ => &[],
             };
             // The same gradient for settle_multi (masked where never written and
             // two addends come, settled together between them).
             let mut a2 = match case {
-                1 | 3 => GradAcc::from_f32(up(&g, &base)),
+                1 | 3 | 5 => GradAcc::from_f32(up(&g, &base)),
                 2 => GradAcc::new_masked(&g, n).unwrap(),
                 _ => GradAcc::new(&g, n).unwrap(),
             };
-            for (i, b) in adds.into_iter().enumerate() {
+            let all = Settle::All;
+            for (i, b) in adds.iter().enumerate() {
+                // A backward pass's start, then its WGrad output held.
+                cuda::grad::settle_multi(&g, std::slice::from_mut(&mut a), Settle::Full).unwrap();
                 a.add_bf16(&g, g.upload(b).unwrap()).unwrap();
                 if i > 0 {
-                    cuda::grad::settle_multi(&g, std::slice::from_mut(&mut a2)).unwrap();
+                    cuda::grad::settle_multi(&g, std::slice::from_mut(&mut a2), all).unwrap();
                 }
                 a2.add_bf16(&g, g.upload(b).unwrap()).unwrap();
                 w.iter_mut().zip(f(b)).for_each(|(x, y)| *x += y);
+            }
+            if case >= 4 {
+                assert!(a.src().is_err(), "a gradient holding addends was read");
+                let last = Settle::AllButLast;
+                cuda::grad::settle_multi(&g, std::slice::from_mut(&mut a), last).unwrap();
+                assert_eq!(a.held(), 1, "all but the last addend settled");
             }
             accs.push(a);
             multi.push(a2);
@@ -2792,7 +2813,7 @@ fn held_bf16_gradients_read_as_the_epilogue_wrote_them() {
         }
         let sh = format!("case {case}, {} tensors", sizes.len());
         // Gradient norm.
-        let srcs: Vec<GradSrc> = accs.iter().map(|a| a.src()).collect();
+        let srcs: Vec<GradSrc> = accs.iter().map(|a| a.src().unwrap()).collect();
         let (mut s1, mut s2) = (g.zeros::<f64>(4).unwrap(), g.zeros::<f64>(4).unwrap());
         gten::sum_squares_multi(&g, &srcs, &mut s1).unwrap();
         let ups: Vec<_> = want.iter().map(|w| up(&g, w)).collect();
@@ -2848,11 +2869,11 @@ fn held_bf16_gradients_read_as_the_epilogue_wrote_them() {
         }
         report_exact("held BF16 gradient settled into f32", &sh, diff);
         // Settled all together in one launch.
-        cuda::grad::settle_multi(&g, &mut multi).unwrap();
+        cuda::grad::settle_multi(&g, &mut multi, Settle::All).unwrap();
         let mut diff = 0;
         for (t, a) in multi.iter_mut().enumerate() {
             assert!(
-                a.src().pend.is_none(),
+                a.src().unwrap().pend.is_none(),
                 "settle_multi left tensor {t} an addend"
             );
             diff += bits_differ(&dl(&g, a.f32_mut(&g).unwrap(), sizes[t]), &want[t]);

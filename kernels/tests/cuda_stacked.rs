@@ -267,7 +267,7 @@ fn stacked_wgrad_equals_one_gemm_each() {
         let v = dl(&g, acc.f32_mut(&g).unwrap(), n);
         d += bits_differ(&v, &want);
     }
-    grad::settle_multi(&g, &mut multi).unwrap();
+    grad::settle_multi(&g, &mut multi, grad::Settle::All).unwrap();
     for (acc, want) in multi.iter_mut().zip(&expect) {
         let n = acc.len();
         d += bits_differ(&dl(&g, acc.f32_mut(&g).unwrap(), n), want);

@@ -772,3 +772,73 @@ fn backward_gemm_timing() {
         );
     }
 }
+
+/// The forward of one projection as a training pass runs it (x's operand made once,
+/// BF16 out without a residual, f32 plus the residual with one), through the
+/// split-K path and through the rows kernel (`gemv::set_split_k_div`: 1 takes
+/// split-K wherever today's rule does, `usize::MAX` never past a decode's 64 rows),
+/// at every token count where today's rule sends the shape to split-K. Prints each
+/// pair and which is faster: the data for `split_k_pays`'s divisor. Both paths give
+/// the same bits (`cuda_parity`), so the rule is speed alone.
+#[test]
+#[ignore]
+fn split_k_rule_timing() {
+    let Some(g) = gpu() else { return };
+    let mut pre = g.zeros::<u8>(4 << 30).unwrap();
+    let pre = &mut pre;
+    let sms = g.sm_count();
+    // (name, K, N): 0.6B, then 8B widths.
+    let shapes: &[(&str, usize, usize)] = &[
+        ("0.6B k/v", 1024, 1024),
+        ("0.6B o", 2048, 1024),
+        ("0.6B down", 3072, 1024),
+        ("0.6B q", 1024, 2048),
+        ("0.6B gate/up", 1024, 3072),
+        ("8B k/v", 4096, 1024),
+        ("8B q/o", 4096, 4096),
+        ("8B down", 12288, 4096),
+    ];
+    for &(name, k, n) in shapes {
+        for m in [128usize, 256, 384, 512, 768, 1024, 1152, 1536, 2048] {
+            let tiles = m.div_ceil(128) * n.div_ceil(128);
+            if tiles >= sms {
+                continue;
+            }
+            let (x, w, res) = (
+                rand_dev(&g, m * k, 1, 2.0),
+                rand_dev(&g, n * k, 2, 0.05),
+                rand_dev(&g, m * n, 3, 1.0),
+            );
+            for (flow, prec) in [
+                (Flow::Bf16, GemmPrecision::Bf16),
+                (Flow::Fp8, GemmPrecision::Fp8),
+            ] {
+                let gw = glin::GpuWeight::prepare(&g, &w, n, k, flow).unwrap();
+                let mut t = [[0.0f64; 2]; 2];
+                for (i, div) in [1usize, usize::MAX].into_iter().enumerate() {
+                    gemv::set_split_k_div(div);
+                    let xo = &mut glin::XOperand::default();
+                    let layer = [(&gw, None)];
+                    drop(glin::linear_forward_group_act(&g, &x, xo, m, &layer, prec).unwrap());
+                    t[i][0] = time_us(&g, pre, 20, |_| {
+                        drop(glin::linear_forward_group_act(&g, &x, xo, m, &layer, prec).unwrap())
+                    });
+                    t[i][1] = time_us(&g, pre, 20, |_| {
+                        drop(glin::linear_forward_residual(&g, &x, xo, m, &gw, prec, &res).unwrap())
+                    });
+                }
+                gemv::set_split_k_div(0);
+                let win = |s: f64, r: f64| if s < r { "split-K" } else { "rows" };
+                println!(
+                    "TIMING split-K rule {flow:<4} {name:<12} {m:>5}x{k}x{n} ({tiles:>3} tiles): act split-K {:7.1} us rows {:7.1} us ({}) | residual split-K {:7.1} us rows {:7.1} us ({})",
+                    t[0][0],
+                    t[1][0],
+                    win(t[0][0], t[1][0]),
+                    t[0][1],
+                    t[1][1],
+                    win(t[0][1], t[1][1]),
+                );
+            }
+        }
+    }
+}

@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::eos::{EosAt, EOS};
 use super::{mem_used_gib, BenchArgs, Report};
 use crate::gpu::decode::GpuKvCache;
-use crate::gpu::micro::{micro_tokens, PassKind};
+use crate::gpu::micro::{grad_hold_for, micro_tokens, PassKind};
 use crate::gpu::{
     run_pass_gpu_queued, GpuAdam, GpuDecoder, GpuGrads, GpuModel, GpuWeights, PreparedParts,
 };
@@ -367,6 +367,10 @@ fn train(
 ) -> Result<(f64, Option<PreparedParts>)> {
     let t = Instant::now();
     grads.clear();
+    // As the trainer: WGrad outputs held as the largest micro-batch leaves room.
+    let longest = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
+    let kind = PassKind::of(cfg, var.flow, 1.0, var.invariant, longest);
+    grads.hold_cap = Some(grad_hold_for(g, cfg, kind, false, (seqs, micro))?);
     let n: usize = seqs.iter().map(|s| s.response_len()).sum();
     let inv = 1.0 / n.max(1) as f64;
     // On the device: the pass queues its micro-batches without waiting for the host.

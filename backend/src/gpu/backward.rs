@@ -235,9 +235,9 @@ pub fn backward(
     let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
     let m = acts.tokens.len();
     let cx = Ctx { model, g, m };
-    // The last pass's held WGrad outputs, settled together (the same values as one
-    // by one as this pass's arrive).
-    grads.settle_all(g)?;
+    // The last passes' held WGrad outputs, settled together where as many are held
+    // as may be (the same values as one by one as this pass's arrive).
+    grads.settle_full(g)?;
 
     // Head: logits = normed[head_rows] lm_head^T; normed = rmsnorm(h_final). The
     // head's GEMMs run over its R rows; dn is 0 on the rows it did not read.

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
-use jet_kernels::cuda::grad::{GradAcc, GradSrc};
+use jet_kernels::cuda::grad::{GradAcc, GradSrc, Settle};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 
 use super::weights::{download_tensors, GpuWeights, Index};
@@ -16,6 +16,9 @@ pub struct GpuGrads {
     pub names: Vec<String>,
     pub bufs: Vec<GradAcc>,
     pub ix: Index,
+    /// WGrad outputs a matrix may hold before a pass settles them (None: the
+    /// pass's own choice, `gpu::pass`).
+    pub hold_cap: Option<usize>,
 }
 
 impl GpuGrads {
@@ -40,6 +43,7 @@ impl GpuGrads {
             names: like.names.clone(),
             bufs,
             ix: like.ix.clone(),
+            hold_cap: None,
         })
     }
 
@@ -55,11 +59,25 @@ impl GpuGrads {
         self.bufs[i].f32_mut(gpu)
     }
 
-    /// Every held BF16 addend added into its accumulator, in one launch
-    /// (`grad::settle_multi`): before a backward pass, whose WGrad outputs then
-    /// find nothing to settle one matrix at a time.
-    pub fn settle_all(&mut self, gpu: &Gpu) -> Result<()> {
-        jet_kernels::cuda::grad::settle_multi(gpu, &mut self.bufs)
+    /// Hold up to `n` WGrad outputs a matrix before settling them into the f32
+    /// gradients together (`GradAcc::set_hold`: the same bits; 2 bytes a
+    /// parameter of the matrices each).
+    pub fn set_hold(&mut self, n: usize) {
+        self.bufs.iter_mut().for_each(|b| b.set_hold(n));
+    }
+
+    /// The held BF16 addends of every gradient holding as many as it may added
+    /// into its accumulator, in one launch (`grad::settle_multi`): before a
+    /// backward pass, whose WGrad outputs then find room to be held without a
+    /// settle launch a matrix.
+    pub fn settle_full(&mut self, gpu: &Gpu) -> Result<()> {
+        jet_kernels::cuda::grad::settle_multi(gpu, &mut self.bufs, Settle::Full)
+    }
+
+    /// All but the last held addend of each gradient settled (one launch): what
+    /// the gradient norm and AdamW read ([`GpuGrads::srcs`]) after a pass.
+    pub fn settle_for_read(&mut self, gpu: &Gpu) -> Result<()> {
+        jet_kernels::cuda::grad::settle_multi(gpu, &mut self.bufs, Settle::AllButLast)
     }
 
     /// Gradients `parts` (`(tensor, its n k values)`, in the order of their row
@@ -107,8 +125,9 @@ impl GpuGrads {
         self.bufs[i].f32_marked_mut(gpu)
     }
 
-    /// How the gradient norm and AdamW read each tensor, in order.
-    pub fn srcs(&self) -> Vec<GradSrc<'_>> {
+    /// How the gradient norm and AdamW read each tensor, in order; an error where
+    /// one holds more than one addend ([`GpuGrads::settle_for_read`] first).
+    pub fn srcs(&self) -> Result<Vec<GradSrc<'_>>> {
         self.bufs.iter().map(GradAcc::src).collect()
     }
 

@@ -203,12 +203,18 @@ pub fn run_layers(
     // BF16 values (the o projection's operand, which WGrad and delta read too).
     let wgrad_bf16 = model.flow.precision(GemmRole::WGrad) == GemmPrecision::Bf16;
     let attn_f32 = keep_f32 || prec != GemmPrecision::Bf16 || !wgrad_bf16 || !attn_out16();
+    // The o and down projections' split-K epilogue, residual add and the next norm
+    // with its operand in one launch (`linear_residual_norm`: the bits of the
+    // three launches) in a training pass too, where those projections take split-K
+    // (micro-batches of a few hundred rows: `gemv::split_k_pays`): its output's f32
+    // values kept only where the unfused path keeps them.
+    let fuse_norm = fuse || (keep_norm_fused() && acts.is_some());
     let mut next_in = None;
     for (li, (lx, lp)) in w.ix.layers.iter().zip(&model.layers).enumerate() {
         // q, k and v read one low-precision copy of a, made by the norm; gate and up
         // one of b.
         let (a, rstd1, mut ao) = match next_in.take() {
-            Some((a, rstd, ao)) => (Some(a), rstd, ao),
+            Some((a, rstd, ao)) => (a, rstd, ao),
             None => {
                 let iw = w.t(lx.input_layernorm);
                 rmsnorm_with_operand_opt(g, &x, iw, (m, h), eps, prec, keep_norm)?
@@ -278,12 +284,12 @@ pub fn run_layers(
         }
         // The residual adds ride in the o and down projections' epilogues.
         let post = (w.t(lx.post_attention_layernorm), eps);
-        let o_norm = match fuse {
-            true => linear_residual_norm(g, o_f32()?, &mut oo, m, &lp.o, prec, &x, post)?,
+        let o_norm = match fuse_norm {
+            true => linear_residual_norm(g, o.as_ref(), &mut oo, m, &lp.o, prec, &x, post)?,
             false => None,
         };
         let (h_mid, b, rstd2, mut bo) = match o_norm {
-            Some((h_mid, b, rstd2, bo)) => (h_mid, Some(b), rstd2, bo),
+            Some((h_mid, b, rstd2, bo)) => (h_mid, keep_norm.then_some(b), rstd2, bo),
             None => {
                 let h_mid = linear_forward_residual(g, o.as_ref(), &mut oo, m, &lp.o, prec, &x)?;
                 let (b, rstd2, bo) =
@@ -322,15 +328,15 @@ pub fn run_layers(
             false => None,
         }
         .map(|nx| (w.t(nx.input_layernorm), eps));
-        let down_norm = match (fuse, next_norm) {
+        let down_norm = match (fuse_norm, next_norm) {
             (true, Some(nn)) => {
-                linear_residual_norm(g, f32_of(&mm, "m")?, &mut mo, m, &lp.down, prec, &h_mid, nn)?
+                linear_residual_norm(g, mm.as_ref(), &mut mo, m, &lp.down, prec, &h_mid, nn)?
             }
             _ => None,
         };
         let out = match down_norm {
             Some((out, a, rstd, ao)) => {
-                next_in = Some((a, rstd, ao));
+                next_in = Some((keep_norm.then_some(a), rstd, ao));
                 out
             }
             None => linear_forward_residual(g, mm.as_ref(), &mut mo, m, &lp.down, prec, &h_mid)?,
@@ -358,6 +364,13 @@ pub fn run_layers(
         }
     }
     Ok(x)
+}
+
+/// Whether a training pass takes `linear_residual_norm` where its projections take
+/// split-K: on unless `JET_TRAIN_FUSED_NORM=0` (a measurement switch; the same bits).
+fn keep_norm_fused() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| jet_kernels::cuda::switch_on("JET_TRAIN_FUSED_NORM"))
 }
 
 /// Whether a BF16 training pass keeps the attention's output as its BF16 values

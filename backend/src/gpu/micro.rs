@@ -20,6 +20,7 @@ use jet_kernels::Flow;
 
 use crate::config::MicroTokens;
 use crate::model::ModelConfig;
+use crate::trainer::pass::{micro_batches, Micro, TrainSeq};
 
 /// Bytes each parameter keeps resident through a training step: f32 master
 /// weights and the two AdamW moments (12), the gradient (an f32 accumulator
@@ -129,11 +130,55 @@ pub fn auto_micro_tokens(
     device_bytes: usize,
     reference: bool,
 ) -> usize {
+    let left = left_for_passes(cfg, device_bytes, reference);
+    ((left / (bytes_per_token(cfg, kind) as f64 * MARGIN)) as usize).max(1)
+}
+
+/// Bytes of a device of `device_bytes` a training pass may plan to use once the
+/// run's resident state (and the fixed share) is in.
+fn left_for_passes(cfg: &ModelConfig, device_bytes: usize, reference: bool) -> f64 {
     let per_param = RESIDENT_PER_PARAM + if reference { REFERENCE_PER_PARAM } else { 0 };
     let resident = cfg.param_count() * per_param + FIXED_BYTES;
     let usable = (device_bytes as f64 * USABLE) as usize;
-    let left = usable.saturating_sub(resident) as f64;
-    ((left / (bytes_per_token(cfg, kind) as f64 * MARGIN)) as usize).max(1)
+    usable.saturating_sub(resident) as f64
+}
+
+/// WGrad outputs a matrix's gradient may hold before they are settled into its
+/// f32 accumulator together (`GpuGrads::hold_cap`), for passes whose largest
+/// micro-batch has `tokens` tokens on a device of `device_bytes`: one, plus as
+/// many more of the matrices' BF16 outputs (2 bytes a parameter each) as fit in
+/// what is left once the resident state and that micro-batch's activations
+/// (the auto bound's estimate with its margin) are in; at most
+/// `grad::HOLD_MAX`. Micro-batches sized by `train.micro_batch_tokens = "auto"`
+/// leave no room (one: each settled before the next pass); small ones leave
+/// room, and each held output saves a read and a write of the f32 gradient.
+pub fn grad_hold(
+    cfg: &ModelConfig,
+    kind: PassKind,
+    device_bytes: usize,
+    reference: bool,
+    tokens: usize,
+) -> usize {
+    let acts = bytes_per_token(cfg, kind) as f64 * tokens as f64 * MARGIN;
+    let left = (left_for_passes(cfg, device_bytes, reference) - acts).max(0.0);
+    let addend = (2 * cfg.param_count()).max(1) as f64;
+    (1 + (left / addend) as usize).min(jet_kernels::cuda::grad::HOLD_MAX)
+}
+
+/// [`grad_hold`] on `gpu` for a pass over `seqs` in micro-batches of `micro`.
+pub fn grad_hold_for(
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    kind: PassKind,
+    reference: bool,
+    (seqs, micro): (&[TrainSeq], Micro),
+) -> Result<usize> {
+    let tokens = micro_batches(seqs, micro)
+        .into_iter()
+        .map(|r| seqs[r].iter().map(|s| s.tokens.len()).sum::<usize>())
+        .max()
+        .unwrap_or(0);
+    Ok(grad_hold(cfg, kind, gpu.total_memory()?, reference, tokens))
 }
 
 /// A micro-batch's token bound on `gpu` for a pass of `kind`: `setting`'s
@@ -203,6 +248,17 @@ mod tests {
             false,
         );
         assert!(f32_4k < f32_640 && f32_640 < n, "{f32_4k} {f32_640} {n}");
+        // Held WGrad outputs: room for all eight beside a GRPO micro-batch of 1,152
+        // tokens at 0.6B on 80 GB, none beside the auto bound's micro-batch, and none
+        // where the state alone overdraws the card.
+        let k = kind(&small, Flow::Bf16);
+        assert_eq!(grad_hold(&small, k, h100, true, 1152), 8);
+        assert_eq!(grad_hold(&small, k, h100, false, n), 1);
+        let full8 = preset("qwen3-8b").unwrap();
+        assert_eq!(
+            grad_hold(&full8, kind(&full8, Flow::Fp8), h100, true, 512),
+            1
+        );
         // A model whose state alone overdraws the card still gets a token.
         let full8 = preset("qwen3-8b").unwrap();
         assert_eq!(

@@ -25,7 +25,7 @@ pub struct GpuAdam {
 /// Each tensor's f64 sum of squares of `g`, on the device, in tensor order.
 fn tensor_sums(gpu: &Gpu, g: &GpuGrads) -> Result<CudaSlice<f64>> {
     let mut acc = gpu.zeros::<f64>(g.bufs.len())?;
-    sum_squares_multi(gpu, &g.srcs(), &mut acc)?;
+    sum_squares_multi(gpu, &g.srcs()?, &mut acc)?;
     Ok(acc)
 }
 
@@ -125,7 +125,7 @@ impl GpuAdam {
         let mut ts: Vec<AdamTensor> = w
             .bufs
             .iter_mut()
-            .zip(g.srcs())
+            .zip(g.srcs()?)
             .zip(self.m.bufs.iter_mut().zip(self.v.bufs.iter_mut()))
             .zip(w.names.iter().zip(copies))
             .map(|(((p, g), (m, v)), (name, r))| {

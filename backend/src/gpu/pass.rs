@@ -95,7 +95,12 @@ pub fn run_pass_gpu_with(
     };
     // The pass's scored tokens before this micro-batch's.
     let mut at = 0;
-    for range in micro_batches(seqs, micro) {
+    let batches = micro_batches(seqs, micro);
+    if let Some(gr) = grads.as_deref_mut() {
+        let cap = grad_hold_switch().or(gr.hold_cap).unwrap_or(1);
+        gr.set_hold(cap.min(batches.len()));
+    }
+    for range in batches {
         let (first, chunk) = (range.start, &seqs[range]);
         let refs: Vec<&[u32]> = chunk.iter().map(|s| s.tokens.as_slice()).collect();
         // Sequences that share a prompt keep its rows once (`share`), where the
@@ -179,6 +184,10 @@ pub fn run_pass_gpu_with(
         };
         backward(model, acts, dlogits, grads)?;
     }
+    // The gradient norm and AdamW read one held addend a gradient.
+    if let Some(gr) = grads {
+        gr.settle_for_read(g)?;
+    }
     Ok(PendingScored(match sink {
         Sink::Host(_, scored) => Pending::Ready(scored),
         Sink::Device(d) => {
@@ -186,6 +195,20 @@ pub fn run_pass_gpu_with(
             Pending::Device(model.gpu.clone(), d, lens)
         }
     }))
+}
+
+/// WGrad outputs a matrix's gradient holds before they are settled into its f32
+/// accumulator together (at most the pass's micro-batches): `JET_GRAD_HOLD` where
+/// set (a measurement switch; 1: each settled before the next backward pass),
+/// else the gradients' `hold_cap` (`gpu::micro::grad_hold`, set by the trainer),
+/// else 1.
+fn grad_hold_switch() -> Option<usize> {
+    static HOLD: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *HOLD.get_or_init(|| {
+        std::env::var("JET_GRAD_HOLD")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    })
 }
 
 /// A queued pass's scored tokens ([`run_pass_gpu_queued`]): on the host already

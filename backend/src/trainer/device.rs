@@ -7,7 +7,7 @@ use rand::RngCore;
 
 use crate::config::MicroTokens;
 use crate::gpu::decode::GpuKvCache;
-use crate::gpu::micro::{micro_tokens, PassKind};
+use crate::gpu::micro::{grad_hold_for, micro_tokens, PassKind};
 use crate::gpu::{
     cached_model, keep_model, keep_parts, run_pass_gpu_queued, take_parts, GpuDecoder, GpuState,
     GpuWeights, PendingScored, Slot,
@@ -142,6 +142,16 @@ impl Trainer {
             Some(d) => {
                 if want {
                     d.grads.clear();
+                    // WGrad outputs held a matrix between settles: as many as the
+                    // largest micro-batch leaves room for (`gpu::micro::grad_hold`).
+                    let longest = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
+                    let invariant = self.cfg.run.batch_invariant;
+                    let kind =
+                        PassKind::of(&self.model_cfg, self.flow, temperature, invariant, longest);
+                    let reference = d.reference.is_some();
+                    let on = (seqs, micro);
+                    let cap = grad_hold_for(&d.gpu, &self.model_cfg, kind, reference, on)?;
+                    d.grads.hold_cap = Some(cap);
                 }
                 let GpuState {
                     gpu,

@@ -776,10 +776,47 @@ pub(crate) fn gemm_fp8_rows_fused(
 /// Tokens a rows-kernel block covers.
 const ROWS_TOKENS: usize = 128;
 
-/// Whether the split-K kernel fills the GPU better than [`gemm_fp8_rows`] for `m`
-/// tokens: the rows kernel has one block per 128 tokens x 128 outputs.
+/// Whether the split-K kernel is faster than [`gemm_fp8_rows`] for `m` tokens: the
+/// rows kernel has one block per 128 tokens x 128 outputs, and split-K pays where
+/// those blocks would fill under a quarter of the SMs ([`split_k_div`]). Either
+/// path gives the same bits (the splits' order is the rows kernel's), so the rule
+/// is speed alone. Measured (H100, `cuda_timing split_k_rule_timing`, fifty-sixth
+/// session): at 0.6B and 8B widths, 128-2,048 tokens, both precisions, with and
+/// without the residual, this rule's picks sum to within 0.4% of the faster path
+/// at every point; the old rule (under all the SMs) sent up to 128 tiles to
+/// split-K, 2-4x slower than the rows kernel there (a GRPO micro-batch's k, v, o
+/// and down at 1,152 rows).
 pub(crate) fn split_k_pays(gpu: &Gpu, m: usize, n: usize) -> bool {
-    m.div_ceil(ROWS_TOKENS) * n.div_ceil(128) < gpu.sm_count()
+    let tiles = m.div_ceil(ROWS_TOKENS) * n.div_ceil(128);
+    tiles.saturating_mul(split_k_div()) < gpu.sm_count()
+}
+
+/// 0: not read yet.
+static SPLIT_K_DIV: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// [`split_k_pays`]'s divisor: `JET_SPLITK_DIV` (a measurement switch; 1 was the
+/// rule until the fifty-sixth session), else 4.
+fn split_k_div() -> usize {
+    use std::sync::atomic::Ordering::Relaxed;
+    match SPLIT_K_DIV.load(Relaxed) {
+        0 => {
+            let d = std::env::var("JET_SPLITK_DIV")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|&d| d > 0)
+                .unwrap_or(4);
+            SPLIT_K_DIV.store(d, Relaxed);
+            d
+        }
+        d => d,
+    }
+}
+
+/// Set [`split_k_pays`]'s divisor for this process (timings that compare the two
+/// paths at one shape; 0 reads `JET_SPLITK_DIV` again).
+#[doc(hidden)]
+pub fn set_split_k_div(d: usize) {
+    SPLIT_K_DIV.store(d, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// `y [M][ldy] = x [M, K] w [N, K]^T` for quantized `x` (1x128) and `w` (blocks);

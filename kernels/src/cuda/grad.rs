@@ -38,14 +38,18 @@ use super::context::{Arg, TENSOR};
 use super::part::Bf16View;
 use super::{check_len, ensure, Ctx, Gpu, Result};
 
-/// A gradient `[len]`: an f32 accumulator (read as +0 until first written) plus, at
-/// most, one BF16 addend `[len]` not yet added into it.
+/// A gradient `[len]`: an f32 accumulator (read as +0 until first written) plus
+/// BF16 addends `[len]` not yet added into it: at most [`GradAcc::set_hold`]'s
+/// count (one unless set), and one when a reader takes [`GradAcc::src`].
 pub struct GradAcc {
     acc: CudaSlice<f32>,
     /// `acc` holds no value yet: the gradient is +0 plus `pending`.
     zero: bool,
-    /// The last WGrad output, still in BF16 (added after `acc`).
-    pending: Option<Held>,
+    /// The last WGrad outputs, still in BF16, oldest first (added after `acc` in
+    /// this order).
+    pending: Vec<Held>,
+    /// Addends held at most (at least 1).
+    hold: usize,
     /// `[ceil(len / MASK_CHUNK)]`: 0 where `acc`'s chunk holds +0 (see the module).
     mask: Option<CudaSlice<u8>>,
 }
@@ -59,6 +63,10 @@ struct Held {
 
 /// Values a mask byte covers (`GRAD_MASK_SHIFT` in common.cuh, held to it by a test).
 pub const MASK_CHUNK: usize = 1024;
+
+/// Addends a gradient may hold at most (`SETTLE_MAX` in tensor.cu, held to it by a
+/// test): `grad_settle_multi`'s table has a pointer for each.
+pub const HOLD_MAX: usize = 8;
 
 /// How a kernel reads one gradient of `len` values: `acc` (None: +0) plus, when
 /// given, `pend`'s BF16 values (`grad_val`). What [`super::adamw::adamw_multi`] and
@@ -115,7 +123,8 @@ impl GradAcc {
         Ok(GradAcc {
             acc: gpu.zeros(len)?,
             zero: true,
-            pending: None,
+            pending: Vec::new(),
+            hold: 1,
             mask: None,
         })
     }
@@ -133,7 +142,8 @@ impl GradAcc {
         GradAcc {
             acc,
             zero: false,
-            pending: None,
+            pending: Vec::new(),
+            hold: 1,
             mask: None,
         }
     }
@@ -152,30 +162,61 @@ impl GradAcc {
     /// addend's buffer.
     pub fn clear(&mut self) {
         self.zero = true;
-        self.pending = None;
+        self.pending.clear();
     }
 
-    /// How the gradient norm and AdamW read it now.
-    pub fn src(&self) -> GradSrc<'_> {
-        GradSrc {
+    /// Hold up to `n` addends (clamped to 1 ..= [`HOLD_MAX`]) before adding them
+    /// into the f32 accumulator, all in one pass over it: with micro-batches, a
+    /// settle reads and writes the f32 gradient once for `n` WGrad outputs instead
+    /// of once each (the same adds in the same order, so the same bits). Each held
+    /// addend keeps 2 bytes a value until it is settled.
+    pub fn set_hold(&mut self, n: usize) {
+        self.hold = n.clamp(1, HOLD_MAX);
+    }
+
+    /// Addends held now.
+    pub fn held(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// How the gradient norm and AdamW read it now: the accumulator plus the last
+    /// addend. Holding more than one is an error: [`settle_multi`] with
+    /// [`Settle::AllButLast`] first.
+    pub fn src(&self) -> Result<GradSrc<'_>> {
+        ensure(self.pending.len() <= 1, || {
+            format!(
+                "a gradient read with {} BF16 addends held (one at most)",
+                self.pending.len()
+            )
+        })?;
+        Ok(GradSrc {
             acc: (!self.zero).then_some(&self.acc),
-            pend: self.pending.as_ref().map(|h| (&*h.buf, h.off)),
+            pend: self.pending.last().map(|h| (&*h.buf, h.off)),
             len: self.acc.len(),
             mask: self.mask.as_ref(),
-        }
+        })
     }
 
     /// Hold `dw` (BF16, `[len]`: a WGrad output without padding columns) as the
-    /// next addend; the one held before, if any, is added into the f32 first.
+    /// next addend; where as many as [`GradAcc::set_hold`] allows are held already,
+    /// they are added into the f32 first.
     pub fn add_bf16(&mut self, gpu: &Gpu, dw: CudaSlice<u16>) -> Result<()> {
         let n = self.len();
         check_len("gradient addend (BF16)", &dw, n, format!("[{n}]"))?;
-        self.settle(gpu)?;
-        self.pending = Some(Held {
+        self.make_room(gpu)?;
+        self.pending.push(Held {
             buf: Arc::new(dw),
             off: 0,
         });
         Ok(())
+    }
+
+    /// The held addends settled where one more would exceed the hold.
+    fn make_room(&mut self, gpu: &Gpu) -> Result<()> {
+        match self.pending.len() >= self.hold {
+            true => self.settle(gpu),
+            false => Ok(()),
+        }
     }
 
     /// [`GradAcc::add_bf16`] of values `[off, off + len)` of `buf`, a WGrad output
@@ -187,8 +228,8 @@ impl GradAcc {
         off: usize,
     ) -> Result<()> {
         Bf16View::part("gradient addend (BF16)", buf, off, self.len())?;
-        self.settle(gpu)?;
-        self.pending = Some(Held {
+        self.make_room(gpu)?;
+        self.pending.push(Held {
             buf: Arc::clone(buf),
             off,
         });
@@ -243,10 +284,14 @@ impl GradAcc {
         Ok((&mut self.acc, self.mask.as_mut()))
     }
 
-    /// Add the held BF16 addend into the f32 accumulator (`grad_settle`: the WGrad
-    /// epilogue's values).
+    /// Add the held BF16 addends into the f32 accumulator, oldest first: one
+    /// (`grad_settle`: the WGrad epilogue's values) or several
+    /// ([`settle_multi`]'s launch over this gradient alone).
     fn settle(&mut self, gpu: &Gpu) -> Result<()> {
-        let Some((acc, d, n)) = self.settle_args(gpu)? else {
+        if self.pending.len() > 1 {
+            return settle_multi(gpu, std::slice::from_mut(self), Settle::All);
+        }
+        let Some((acc, d, n)) = self.settle_args(gpu, 1)? else {
             return Ok(());
         };
         gpu.launch(
@@ -257,60 +302,99 @@ impl GradAcc {
             0,
             &[
                 Arg::P(acc),
-                Arg::P(d),
+                Arg::P(d[0]),
                 Arg::L(n as i64),
                 Arg::P(gpu.ptr(&self.acc)),
             ],
         )?;
         // Dropped only once the launch is queued: an error keeps the addend held.
-        self.pending = None;
-        self.zero = false;
+        self.settled(1);
         Ok(())
     }
 
-    /// What `grad_settle` reads for the held addend: the accumulator (0: read as
-    /// +0), the addend and the length, its mask marked whole. None where nothing
-    /// is held, or the gradient is empty (the addend then dropped).
-    fn settle_args(&mut self, gpu: &Gpu) -> Result<Option<(u64, u64, usize)>> {
-        let Some(h) = self.pending.as_ref() else {
+    /// What a settle of the oldest `count` held addends reads: the accumulator (0:
+    /// read as +0), the addends and the length, the mask marked whole. None where
+    /// nothing is to be settled, or the gradient is empty (the addends then
+    /// dropped).
+    fn settle_args(&mut self, gpu: &Gpu, count: usize) -> Result<Option<(u64, Vec<u64>, usize)>> {
+        let count = count.min(self.pending.len());
+        if count == 0 {
             return Ok(None);
-        };
-        let d = gpu.ptr(&*h.buf) + 2 * h.off as u64;
+        }
+        let d = self.pending[..count]
+            .iter()
+            .map(|h| gpu.ptr(&*h.buf) + 2 * h.off as u64)
+            .collect();
         mark_all(gpu, self.mask.as_mut())?;
         let n = self.acc.len();
         if n == 0 {
-            self.pending = None;
+            self.pending.clear();
             return Ok(None);
         }
         let acc = if self.zero { 0 } else { gpu.ptr(&self.acc) };
         Ok(Some((acc, d, n)))
     }
+
+    /// The oldest `count` addends are in the accumulator now.
+    fn settled(&mut self, count: usize) {
+        self.pending.drain(..count.min(self.pending.len()));
+        self.zero = false;
+    }
 }
 
-/// [`GradAcc::settle`] of every gradient in `accs` that holds an addend, in one
-/// launch (`grad_settle_multi`: the same values as one `grad_settle` each). Before a
-/// backward pass, so that pass's WGrad outputs find nothing to settle: with
-/// micro-batches of a few hundred rows the ~200 launches a pass of one small
-/// matrix each took longer than the bytes they move.
-pub fn settle_multi(gpu: &Gpu, accs: &mut [GradAcc]) -> Result<()> {
+/// Which held addends [`settle_multi`] adds into their accumulators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settle {
+    /// Every one.
+    All,
+    /// Every one of the gradients that hold as many as they may
+    /// ([`GradAcc::set_hold`]): before a backward pass, whose WGrad outputs then
+    /// find room to be held.
+    Full,
+    /// All but the last of each: before the gradient norm and AdamW read
+    /// ([`GradAcc::src`] takes one addend).
+    AllButLast,
+}
+
+/// [`GradAcc::settle`] of the gradients in `accs` as `which` says, in one launch
+/// (`grad_settle_multi`: each value's adds in the order of one `grad_settle` an
+/// addend, so the same values). With micro-batches of a few hundred rows the ~200
+/// launches a pass of one small matrix each took longer than the bytes they move.
+pub fn settle_multi(gpu: &Gpu, accs: &mut [GradAcc], which: Settle) -> Result<()> {
     let mut tab: Vec<i64> = Vec::new();
+    let mut done: Vec<(usize, usize)> = Vec::new();
     let mut first = 0usize;
-    for a in accs.iter_mut() {
-        let Some((acc, d, n)) = a.settle_args(gpu)? else {
+    for (i, a) in accs.iter_mut().enumerate() {
+        let count = match which {
+            Settle::All => a.pending.len(),
+            Settle::Full if a.pending.len() >= a.hold => a.pending.len(),
+            Settle::Full => 0,
+            Settle::AllButLast => a.pending.len().saturating_sub(1),
+        };
+        let Some((acc, d, n)) = a.settle_args(gpu, count)? else {
             continue;
         };
+        ensure(d.len() <= HOLD_MAX, || {
+            format!(
+                "grad_settle_multi: {} addends held (at most {HOLD_MAX})",
+                d.len()
+            )
+        })?;
         let blocks = n.div_ceil(1024);
+        // {acc, n, blocks, first block, y, addends, d[0] .. d[HOLD_MAX - 1]}
         tab.extend([
             acc as i64,
-            d as i64,
             n as i64,
             blocks as i64,
             first as i64,
             gpu.ptr(&a.acc) as i64,
+            d.len() as i64,
         ]);
+        tab.extend((0..HOLD_MAX).map(|j| d.get(j).map_or(0, |&p| p as i64)));
         first += blocks;
+        done.push((i, d.len()));
     }
-    let t = tab.len() / 6;
+    let t = tab.len() / SETTLE_ROW;
     if first > 0 {
         ensure(first <= u32::MAX as usize && t <= i32::MAX as usize, || {
             format!("grad_settle_multi: {first} blocks over {t} gradients")
@@ -326,12 +410,14 @@ pub fn settle_multi(gpu: &Gpu, accs: &mut [GradAcc]) -> Result<()> {
         )?;
     }
     // Dropped only once the launch is queued: an error keeps the addends held.
-    for a in accs.iter_mut().filter(|a| a.pending.is_some()) {
-        a.pending = None;
-        a.zero = false;
+    for (i, count) in done {
+        accs[i].settled(count);
     }
     Ok(())
 }
+
+/// Int64 fields of a `grad_settle_multi` table row.
+const SETTLE_ROW: usize = 6 + HOLD_MAX;
 
 /// Check that `mask` has a byte for each [`MASK_CHUNK`] of a gradient's `len`
 /// values (`what` names it in the error).
@@ -351,18 +437,30 @@ fn mark_all(gpu: &Gpu, mask: Option<&mut CudaSlice<u8>>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::MASK_CHUNK;
+    use super::{HOLD_MAX, MASK_CHUNK};
+
+    /// The value of `#define NAME` in a kernel source.
+    fn define(src: &str, name: &str) -> usize {
+        let at = format!("#define {name} ");
+        src.lines()
+            .find_map(|l| l.strip_prefix(at.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the kernel source defines {name}"))
+    }
 
     /// The kernels index the mask by `value >> GRAD_MASK_SHIFT` (common.cuh); the
     /// host sizes it and launches over it by MASK_CHUNK. They must agree.
     #[test]
     fn kernels_use_the_hosts_mask_chunk() {
-        let src = include_str!("kernels/common.cuh");
-        let shift: u32 = src
-            .lines()
-            .find_map(|l| l.strip_prefix("#define GRAD_MASK_SHIFT "))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("common.cuh defines GRAD_MASK_SHIFT");
+        let shift = define(include_str!("kernels/common.cuh"), "GRAD_MASK_SHIFT");
         assert_eq!(1usize << shift, MASK_CHUNK);
+    }
+
+    /// `grad_settle_multi`'s table rows have a pointer for each addend a gradient
+    /// may hold: the host's HOLD_MAX is the kernel's SETTLE_MAX.
+    #[test]
+    fn settle_table_holds_every_addend() {
+        let max = define(include_str!("kernels/tensor.cu"), "SETTLE_MAX");
+        assert_eq!(max, HOLD_MAX);
     }
 }

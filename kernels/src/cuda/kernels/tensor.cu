@@ -211,16 +211,55 @@ extern "C" __global__ void grad_settle(const float* acc, const bf16_t* d, long n
     pdl_entry();
     grad_settle_at(acc, d, n, y, blockIdx.x);
 }
-// grad_settle of T gradients in one launch (every addend a micro-batch's backward left
-// held, settled before the next one's: one launch of many waves in place of one small
-// launch a matrix; each block does what its own launch's block does, so the same
-// bits): tab[t] = {acc (null: +0), d, n, blocks, first block, y} as 6 int64, first
-// ascending; grid the blocks in all, block 256.
+// grad_settle of T gradients in one launch, each with up to SETTLE_MAX held addends
+// (micro-batches' WGrad outputs, settled before the next backward pass or, all but the
+// last, before AdamW reads): y[i] = ((acc[i] + d0[i]) + d1[i]) + .., each add an
+// __fadd_rn as one grad_settle an addend does, so the same bits as settling them one
+// launch each, with the f32 gradient read and written once. tab[t] = {acc (null: +0),
+// n, blocks, first block, y, nd, d[0] .. d[SETTLE_MAX - 1]} as int64 (grad.rs's
+// SETTLE_ROW), first ascending; grid the blocks in all, block 256; four values a
+// thread (16-byte f32, 8-byte BF16 accesses where every pointer is aligned).
+#define SETTLE_MAX 8
 extern "C" __global__ void grad_settle_multi(const long long* tab, int T) {
     pdl_entry();
+    constexpr int ROW = 6 + SETTLE_MAX;
     __shared__ int st;
-    if (threadIdx.x == 0) st = tensor_of(tab, 6, 4, T, blockIdx.x);
+    if (threadIdx.x == 0) st = tensor_of(tab, ROW, 3, T, blockIdx.x);
     __syncthreads();
-    const long long* e = tab + (long)st * 6;
-    grad_settle_at((const float*)e[0], (const bf16_t*)e[1], e[2], (float*)e[5], (long)blockIdx.x - e[4]);
+    const long long* e = tab + (long)st * ROW;
+    const float* acc = (const float*)e[0];
+    const long n = e[1];
+    float* y = (float*)e[4];
+    const int nd = (int)e[5];
+    const long long* d = e + 6;
+    const long i0 = (((long)blockIdx.x - e[3]) * blockDim.x + threadIdx.x) * 4;
+    if (i0 >= n) return;
+    bool vec = i0 + 3 < n && (((u64)acc | (u64)y) & 15) == 0;
+#pragma unroll
+    for (int j = 0; j < SETTLE_MAX; j++)
+        if (j < nd) vec = vec && (((u64)d[j]) & 7) == 0;
+    if (!vec) {
+        for (long i = i0; i < min(i0 + 4, n); i++) {
+            float v = grad_val(acc, (const bf16_t*)d[0], i);
+            for (int j = 1; j < nd; j++) v = __fadd_rn(v, bf16_to_f32(((const bf16_t*)d[j])[i]));
+            y[i] = v;
+        }
+        return;
+    }
+    // Every addend's four values loaded before the first add.
+    uint2 raw[SETTLE_MAX];
+#pragma unroll
+    for (int j = 1; j < SETTLE_MAX; j++)
+        if (j < nd) raw[j] = *reinterpret_cast<const uint2*>((const bf16_t*)d[j] + i0);
+    float v[4];
+    grad_val4(acc, (const bf16_t*)d[0], i0, v);
+#pragma unroll
+    for (int j = 1; j < SETTLE_MAX; j++) {
+        if (j >= nd) break;
+        float f[4];
+        bf16x4_to_f32(raw[j], f);
+#pragma unroll
+        for (int u = 0; u < 4; u++) v[u] = __fadd_rn(v[u], f[u]);
+    }
+    *reinterpret_cast<float4*>(y + i0) = make_float4(v[0], v[1], v[2], v[3]);
 }

@@ -18,7 +18,7 @@ use super::super::gemv::{gate_up_swiglu_fits, gate_up_swiglu_fp8, CStruct, Parti
 use super::super::ops::{qk_norm_rope_fits, GpuRope};
 use super::super::quantize::{FusedOperand, NORM_OPERAND_MAX_DIM};
 use super::group::group_partials;
-use super::{split_k_partial, takes_split_k, GpuWeight, XOperand};
+use super::{split_k_partial, takes_split_k, GpuWeight, XIn, XOperand};
 use crate::cuda::{check_len, ensure, Gpu, Result};
 use crate::fp8::GROUP;
 use crate::GemmPrecision;
@@ -59,9 +59,9 @@ pub type ResidualNorm = (CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>, XOperan
 /// then `rmsnorm_with_operand`. `None` (nothing launched) where those would not
 /// take the split-K and fused-norm paths.
 #[allow(clippy::too_many_arguments)]
-pub fn linear_residual_norm(
+pub fn linear_residual_norm<'a>(
     gpu: &Gpu,
-    x: &CudaSlice<f32>,
+    x: impl Into<XIn<'a>>,
     xo: &mut XOperand,
     m: usize,
     w: &GpuWeight,
@@ -74,10 +74,11 @@ pub fn linear_residual_norm(
     if m == 0 || !fits || !takes_split_k(gpu, m, w, prec) {
         return Ok(None);
     }
-    check_len("linear input", x, m * k, format!("[{m}, {k}]"))?;
+    let x = x.into();
+    x.check(m, k)?;
     check_len("linear residual", res, m * n, format!("[{m}, {n}]"))?;
     check_len("rmsnorm w", norm_w, n, format!("[{n}]"))?;
-    let p = split_k_partial(gpu, x.into(), xo.of(m, k)?, m, w, prec)?;
+    let p = split_k_partial(gpu, x, xo.of(m, k)?, m, w, prec)?;
     let y = gpu.uninit::<f32>(m * n)?;
     let normed = gpu.uninit::<f32>(m * n)?;
     let rstd = gpu.uninit::<f32>(m)?;

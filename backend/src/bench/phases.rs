@@ -368,8 +368,7 @@ fn train(
     let t = Instant::now();
     grads.clear();
     // As the trainer: WGrad outputs held as the largest micro-batch leaves room.
-    let longest = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
-    let kind = PassKind::of(cfg, var.flow, 1.0, var.invariant, longest);
+    let kind = PassKind::of_seqs(cfg, var.flow, 1.0, var.invariant, seqs);
     grads.hold_cap = Some(grad_hold_for(g, cfg, kind, false, (seqs, micro))?);
     let n: usize = seqs.iter().map(|s| s.response_len()).sum();
     let inv = 1.0 / n.max(1) as f64;

@@ -80,6 +80,18 @@ impl PassKind {
             max_len,
         }
     }
+
+    /// [`PassKind::of`] a pass over `seqs` (its longest sequence the `max_len`).
+    pub fn of_seqs(
+        cfg: &ModelConfig,
+        flow: Flow,
+        temperature: f64,
+        invariant: bool,
+        seqs: &[TrainSeq],
+    ) -> Self {
+        let longest = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
+        Self::of(cfg, flow, temperature, invariant, longest)
+    }
 }
 
 /// Bytes a token of a training pass keeps until its backward (no margin).

@@ -128,6 +128,7 @@ impl Trainer {
         grad: Option<PassLoss>,
     ) -> Result<(PassScores, Option<Grads>), SetupError> {
         let micro = self.micro(seqs, temperature)?;
+        let kind = self.pass_kind(seqs, temperature);
         let want = grad.is_some();
         match self.device.as_mut() {
             None => {
@@ -144,10 +145,6 @@ impl Trainer {
                     d.grads.clear();
                     // WGrad outputs held a matrix between settles: as many as the
                     // largest micro-batch leaves room for (`gpu::micro::grad_hold`).
-                    let longest = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
-                    let invariant = self.cfg.run.batch_invariant;
-                    let kind =
-                        PassKind::of(&self.model_cfg, self.flow, temperature, invariant, longest);
                     let reference = d.reference.is_some();
                     let on = (seqs, micro);
                     let cap = grad_hold_for(&d.gpu, &self.model_cfg, kind, reference, on)?;
@@ -176,6 +173,12 @@ impl Trainer {
         }
     }
 
+    /// What a GPU pass over `seqs` at `temperature` keeps a token (`gpu::micro`).
+    fn pass_kind(&self, seqs: &[TrainSeq], temperature: f64) -> PassKind {
+        let invariant = self.cfg.run.batch_invariant;
+        PassKind::of_seqs(&self.model_cfg, self.flow, temperature, invariant, seqs)
+    }
+
     /// The micro-batches' bounds for a pass over `seqs` at `temperature`:
     /// `train.micro_batch_tokens`, its `"auto"` sized to the GPU (`gpu::micro`),
     /// or no token bound on the CPU.
@@ -185,10 +188,7 @@ impl Trainer {
             (MicroTokens::Max(n), None) => n,
             (MicroTokens::Auto, None) => 0,
             (_, Some(d)) => {
-                let longest = seqs.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
-                let invariant = self.cfg.run.batch_invariant;
-                let kind =
-                    PassKind::of(&self.model_cfg, self.flow, temperature, invariant, longest);
+                let kind = self.pass_kind(seqs, temperature);
                 let reference = d.reference.is_some();
                 micro_tokens(setting, &d.gpu, &self.model_cfg, kind, reference)?
             }

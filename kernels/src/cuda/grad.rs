@@ -8,14 +8,15 @@
 //! the value, with the epilogue's `__fadd_rn(acc, dW)`; an accumulator nothing has
 //! written yet is read as +0 and never zeroed. The values, so the bits, are the
 //! epilogue's. With one micro-batch a matrix's gradient is not written in f32 at
-//! all unless something else adds into it too (the tied LM head's, which the
-//! embedding's scatter settles; a WGrad output with padding columns and the f32
+//! all unless something else adds into it too (the tied LM head's, whose held
+//! output the embedding's scatter settles in the rows it writes alone,
+//! [`GradAcc::f32_scatter_mut`]; a WGrad output with padding columns and the f32
 //! flow's take the epilogue as before); with more, each dW but the last is added
 //! before the next backward pass, all of them in one launch ([`settle_multi`]), or
 //! when the next one arrives.
 //!
-//! A gradient written by a scatter (the untied embedding's, a few thousand rows of
-//! 150k) can carry a mask: a byte a [`MASK_CHUNK`]-value chunk, 0 where the chunk holds +0.
+//! A gradient written by a scatter (the embedding's, a few thousand rows of 150k,
+//! tied or not) can carry a mask: a byte a [`MASK_CHUNK`]-value chunk, 0 where the chunk holds +0.
 //! The scatter marks the chunks it writes; clearing zeroes the marked chunks alone
 //! (`grad_mask_clear`, in place of a memset of the whole table: 2.5 GB at Qwen3-8B),
 //! and the gradient norm and AdamW take the unmarked chunks as the +0 they hold

@@ -435,7 +435,7 @@ pub enum Settle {
     AllButLast,
 }
 
-/// [`GradAcc::settle`] of the gradients in `accs` as `which` says, in one launch
+/// `GradAcc::settle` of the gradients in `accs` as `which` says, in one launch
 /// (`grad_settle_multi`: each value's adds in the order of one `grad_settle` an
 /// addend, so the same values). With micro-batches of a few hundred rows the ~200
 /// launches a pass of one small matrix each took longer than the bytes they move.

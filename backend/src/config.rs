@@ -271,6 +271,10 @@ pub struct TrainSection {
     pub mini_batches: usize,
 }
 
+/// `train.micro_batch`'s default: sequences a forward/backward pass takes at most
+/// (`jetd bench`'s GRPO-shaped step takes it too).
+pub const DEFAULT_MICRO_BATCH: usize = 64;
+
 /// `train.micro_batch_tokens`: `"auto"` or a number of tokens (0: no bound).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MicroTokens {
@@ -357,7 +361,7 @@ impl Default for TrainSection {
             kl_coef: 0.0,
             entropy_coef: 0.0,
             scale_adv_by_std: true,
-            micro_batch: 64,
+            micro_batch: DEFAULT_MICRO_BATCH,
             micro_batch_tokens: MicroTokens::Auto,
             mini_batches: 1,
         }

@@ -28,6 +28,7 @@ use jet_backend::trainer::pass::{run_pass, TrainSeq};
 use jet_backend::trainer::pass_loss::{LossStats, PassLoss, PolicyLoss};
 use jet_backend::trainer::Trainer;
 use jet_backend::transformer::PreparedModel;
+use jet_kernels::cuda::grad::set_scatter_settles;
 use jet_kernels::cuda::linear::Stacked;
 use jet_kernels::cuda::policy_loss::{policy_loss, LossInputs, LossTerms as DeviceLossTerms};
 use jet_kernels::cuda::Gpu;
@@ -286,7 +287,9 @@ fn whole_step_matches_cpu() {
 /// WGrad outputs two or three at a time (`GpuGrads::hold_cap`, settled together)
 /// gives the gradients of one settled a pass, bit for bit, in the flows whose
 /// WGrad outputs are held (BF16 and FP8, tied and untied LM heads); the gradient
-/// norm (which reads them held) agrees bit for bit too.
+/// norm (which reads them held) agrees bit for bit too. The tied embedding's
+/// scatter settles the LM head's held outputs in the rows it writes alone
+/// (`GradAcc::f32_scatter_mut`), against a baseline that settles them whole.
 #[test]
 fn held_wgrad_outputs_settle_to_the_same_gradients() {
     let Some(g) = gpu() else { return };
@@ -301,7 +304,8 @@ fn held_wgrad_outputs_settle_to_the_same_gradients() {
             let w0 = init_random(&cfg, 6);
             let dw = GpuWeights::upload(&g, &w0).unwrap();
             let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
-            let run = |cap: usize| {
+            let run = |cap: usize, scatter: bool| {
+                set_scatter_settles(scatter);
                 let mut dg = GpuGrads::zeros_like(&g, &dw).unwrap();
                 dg.hold_cap = Some(cap);
                 let loss = PassLoss::Const {
@@ -324,12 +328,15 @@ fn held_wgrad_outputs_settle_to_the_same_gradients() {
                     .collect();
                 (norm, bits)
             };
-            let (n1, b1) = run(1);
-            for cap in [2, 3] {
-                let (n, b) = run(cap);
+            // The baseline settles the tied embedding's held LM head outputs
+            // whole before its scatter; at hold 1 the others settle the scattered
+            // rows alone (`GradAcc::f32_scatter_mut`; holds of more settle whole).
+            let (n1, b1) = run(1, false);
+            for (cap, scatter) in [(1, true), (2, true), (3, true)] {
+                let (n, b) = run(cap, scatter);
                 let differ = b1.iter().zip(&b).filter(|(x, y)| x != y).count();
                 println!(
-                    "PARITY held {cap} a matrix vs settled a pass ({name}, {flow}): {differ} of {} gradient values differ, norm {n1:e} vs {n:e}",
+                    "PARITY held {cap} a matrix (scatter settles its rows: {scatter}) vs settled a pass ({name}, {flow}): {differ} of {} gradient values differ, norm {n1:e} vs {n:e}",
                     b1.len()
                 );
                 assert_eq!(differ, 0, "{name} {flow} hold {cap}: gradients");

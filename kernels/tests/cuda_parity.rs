@@ -2370,6 +2370,89 @@ fn masked_gradient_matches_a_plain_one() {
     done();
 }
 
+/// A scatter into a gradient that holds BF16 addends (the tied embedding's, which
+/// holds the LM head's WGrad outputs) takes them in the rows it writes and leaves
+/// the rest held (`GradAcc::f32_scatter_mut`, `embedding_backward_into`) where it
+/// holds one at a time, and settles them all first where it holds more: over three
+/// steps of three micro-batches, holds of one to three, with +-0 among the addends
+/// and rows repeated, the norm's sums and the values equal those of a plain
+/// gradient that settles every addend before each scatter.
+#[test]
+fn scatter_settles_only_the_rows_it_writes() {
+    use cuda::grad::{settle_multi, GradAcc, GradSrc, Settle};
+    let Some(g) = gpu() else { return };
+    let (vocab, dim) = (1013, 96);
+    let n = vocab * dim;
+    let bf = |seed: u64| -> Vec<u16> {
+        rnd(n, seed, 1.0)
+            .iter()
+            .enumerate()
+            .map(|(i, x)| match i % 89 {
+                0 => 0x8000,
+                1 => 0,
+                _ => half::bf16::from_f32(*x).to_bits(),
+            })
+            .collect()
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(43);
+    let (mut differ, mut kept) = (0, 0);
+    for hold in [1, 2, 3] {
+        let (mut plain, mut fast) = (
+            GradAcc::new(&g, n).unwrap(),
+            GradAcc::new_masked(&g, n).unwrap(),
+        );
+        plain.set_hold(hold);
+        fast.set_hold(hold);
+        for step in 0..3u64 {
+            plain.clear();
+            fast.clear();
+            for micro in 0..3u64 {
+                let seed = 700 + 10 * step + micro;
+                for a in [&mut plain, &mut fast] {
+                    settle_multi(&g, std::slice::from_mut(a), Settle::Full).unwrap();
+                    a.add_bf16(&g, g.upload(&bf(seed)).unwrap()).unwrap();
+                }
+                let tokens: Vec<u32> = (0..150)
+                    .map(|_| (micro as u32 * 200 + rng.random_range(0..400u32)) % vocab as u32)
+                    .collect();
+                let dy = up(&g, &rnd(tokens.len() * dim, seed + 5, 1.0));
+                let dest = plain.f32_marked_mut(&g).unwrap();
+                gops::embedding_backward_marked(&g, dest, vocab, dim, &tokens, &dy).unwrap();
+                let dest = fast.f32_scatter_mut(&g).unwrap();
+                gops::embedding_backward_into(&g, dest, vocab, dim, &tokens, &dy).unwrap();
+                kept += fast.held();
+                if hold > 1 {
+                    assert_eq!(fast.held(), 0, "hold {hold}: the scatter settles all first");
+                }
+            }
+            for a in [&mut plain, &mut fast] {
+                settle_multi(&g, std::slice::from_mut(a), Settle::AllButLast).unwrap();
+            }
+            let mut sums = g.zeros::<f64>(2).unwrap();
+            let both: [GradSrc; 2] = [plain.src().unwrap(), fast.src().unwrap()];
+            gten::sum_squares_multi(&g, &both, &mut sums).unwrap();
+            let s2 = g.download(&sums).unwrap();
+            differ += usize::from(s2[0].to_bits() != s2[1].to_bits());
+            let (a, b) = (
+                dl(&g, plain.f32_mut(&g).unwrap(), n),
+                dl(&g, fast.f32_mut(&g).unwrap(), n),
+            );
+            differ += bits_differ(&a, &b);
+        }
+    }
+    // At hold 1 the scatter left its addend held (the row path ran) each time.
+    assert_eq!(
+        kept, 9,
+        "the scatter settled its gradient whole ({kept} held)"
+    );
+    report_exact(
+        "scatter settling its rows == settling all first (holds 1-3, 3 steps)",
+        &format!("[{vocab}, {dim}]"),
+        differ,
+    );
+    done();
+}
+
 /// The multi-tensor AdamW and sum of squares give each tensor the bits of its
 /// own launches (tensors of odd sizes, decay on every other one).
 #[test]

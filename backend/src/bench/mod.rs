@@ -87,6 +87,14 @@ pub struct BenchArgs {
     /// Tokens per training sequence.
     #[arg(long, default_value_t = 512)]
     pub train_len: usize,
+    /// Sequences per training micro-batch in the GRPO-shaped step (as
+    /// `train.micro_batch`; the default is a run's).
+    #[arg(long, default_value_t = crate::config::DEFAULT_MICRO_BATCH)]
+    pub step_micro_seqs: usize,
+    /// Tokens per training micro-batch at most in the GRPO-shaped step (as
+    /// `train.micro_batch_tokens`; `auto`, a run's default, sizes it to the GPU).
+    #[arg(long, default_value = "auto", value_parser = <MicroTokens as std::str::FromStr>::from_str)]
+    pub step_micro_tokens: MicroTokens,
     /// Timed training steps per flow (after one warm-up step); 0 measures the
     /// rollout alone (no training and no GRPO-shaped step).
     #[arg(long, default_value_t = 3)]
@@ -207,8 +215,8 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         bail!("--top-p {}: must be in (0, 1]", a.top_p);
     }
-    if a.train_seqs == 0 || a.train_len < 2 || a.train_micro == 0 {
-        bail!("--train-seqs and --train-micro-batches must be positive and --train-len at least 2");
+    if a.train_seqs == 0 || a.train_len < 2 || a.train_micro == 0 || a.step_micro_seqs == 0 {
+        bail!("--train-seqs, --train-micro-batches and --step-micro-seqs must be positive and --train-len at least 2");
     }
     let flows = flows(&a.flow)?;
     let gpu: Arc<Gpu> = crate::gpu::open_gpu().context("jetd bench --device cuda")?;
@@ -512,17 +520,18 @@ fn render(r: &Report, a: &BenchArgs) -> String {
     }
     let _ = writeln!(
         s,
-        "\nGRPO-shaped step   total s  rollout s  train s  other s  vs bf16  (first step: total s, rollout s)"
+        "\nGRPO-shaped step   total s  rollout s  train s  other s  micro-batches  vs bf16  (first step: total s, rollout s)"
     );
     for x in &r.step {
         let _ = writeln!(
             s,
-            "{:<18} {:>7.3} {:>10.3} {:>8.3} {:>8.3} {:>8}  ({:.3}, {:.3})",
+            "{:<18} {:>7.3} {:>10.3} {:>8.3} {:>8.3} {:>14} {:>8}  ({:.3}, {:.3})",
             x.flow,
             x.total_s,
             x.rollout_s,
             x.train_s,
             x.other_s,
+            x.micro_batches,
             ratio(x.vs_bf16),
             x.first_total_s,
             x.first_rollout_s
@@ -573,6 +582,8 @@ mod tests {
             vs_bf16,
             first_total_s: 1.2,
             first_rollout_s: 0.7,
+            micro_batches: 1,
+            micro_tokens: 16384,
             train_top_kernels: vec![("wg_fp8_rows_tma".into(), 0.0123, 392)],
         };
         let r = Report {

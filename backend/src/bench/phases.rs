@@ -167,6 +167,11 @@ pub struct StepRow {
     /// copies the second reuses).
     pub first_total_s: f64,
     pub first_rollout_s: f64,
+    /// The training phase's micro-batches (`--step-micro-seqs` sequences and
+    /// `--step-micro-tokens` tokens at most: a run's defaults unless set) and
+    /// their token bound (0: none).
+    pub micro_batches: usize,
+    pub micro_tokens: usize,
     /// A third step's training phase under the profiler: its 30 costliest kernels
     /// (name, seconds, launches), largest first.
     pub train_top_kernels: Vec<(String, f64, usize)>,
@@ -655,7 +660,9 @@ pub fn run(
     }
 
     // GRPO-shaped steps: quantize, roll out the first batch size, train on
-    // the samples in micro-batches of --train-seqs, optimizer step. Two a
+    // the samples in micro-batches as a run cuts them by default
+    // (`train.micro_batch` sequences, `micro_batch_tokens = "auto"`; the
+    // --step-micro-* options), optimizer step. Two a
     // flow, as a run's first and second: the second reuses the copies AdamW
     // rewrote and the decode graphs the first captured (`gpu::kept`), as a
     // run's later steps do; the row is the second, with the first's times. A
@@ -670,6 +677,7 @@ pub fn run(
         let mut parts: Option<PreparedParts> = None;
         let mut times = Vec::with_capacity(2);
         let mut train_top_kernels = Vec::new();
+        let mut cut = (0, 0);
         for i in 0..3 {
             let profiled = i == 2;
             let t0 = Instant::now();
@@ -684,6 +692,13 @@ pub fn run(
             let (samples, roll_s, _) = rollout(&model, &ps, a.gen_len, a, &mut rng)?;
             let prepared = model.into_parts();
             let seqs = TrainSeq::of_samples(&ps, &samples);
+            // As the trainer cuts a step's micro-batches (`Trainer::micro`).
+            let kind = PassKind::of_seqs(cfg, flow, 1.0, var.invariant, &seqs);
+            let step_micro = Micro {
+                seqs: a.step_micro_seqs,
+                tokens: micro_tokens(a.step_micro_tokens, g, cfg, kind, false)?,
+            };
+            cut = (micro_batches(&seqs, step_micro).len(), step_micro.tokens);
             if profiled {
                 g.profile_start()?;
             }
@@ -695,7 +710,7 @@ pub fn run(
                 &mut adam,
                 var,
                 &seqs,
-                micro,
+                step_micro,
                 &rope,
                 Some(prepared),
             )?;
@@ -723,6 +738,8 @@ pub fn run(
             vs_bf16: base / total,
             first_total_s: first,
             first_rollout_s: first_roll,
+            micro_batches: cut.0,
+            micro_tokens: cut.1,
             train_top_kernels,
         });
     }

@@ -16,7 +16,7 @@ use jet_kernels::cuda::linear::{
     wgrad_bf16_stacked, wgrad_fp8_stacked, Dy, GemmOut, GpuWeight, Stacked, XIn, XOperand,
 };
 use jet_kernels::cuda::ops::{
-    embedding_backward_marked, qk_norm_rope_backward_pair, qk_norm_rope_backward_pair_stacked,
+    embedding_backward_into, qk_norm_rope_backward_pair, qk_norm_rope_backward_pair_stacked,
     rmsnorm_backward_acc, rmsnorm_backward_acc_operand, rmsnorm_backward_acc_operand_sum,
     rope_backward_dev, swiglu_backward, swiglu_backward_bf16, swiglu_backward_bf16_stacked,
     QkNormGrad, SwigluDh,
@@ -661,9 +661,9 @@ pub fn backward(
         let outs = [&daq, &dak, &dav];
         (dx, dx16) = cx.norm_of_sum(&outs, inorm, (h, Some(&dh_mid)), dw1, bf16_dy)?;
     }
-    embedding_backward_marked(
+    embedding_backward_into(
         g,
-        grads.acc_marked(g, w.ix.embed)?,
+        grads.acc_scatter(g, w.ix.embed)?,
         cfg.vocab_size,
         h,
         &acts.tokens,

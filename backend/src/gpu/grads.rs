@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
-use jet_kernels::cuda::grad::{GradAcc, GradSrc, Settle};
+use jet_kernels::cuda::grad::{GradAcc, GradSrc, ScatterDest, Settle};
 use jet_kernels::cuda::{CudaError, Gpu, Result};
 
 use super::weights::{download_tensors, GpuWeights, Index};
@@ -22,17 +22,19 @@ pub struct GpuGrads {
 }
 
 impl GpuGrads {
-    /// Zero gradients for `like`'s tensors. An untied embedding's, which only its
-    /// scatter writes (a few thousand rows of the vocabulary a step), carries a
-    /// chunk mask: cleared and read where the scatter wrote (`GradAcc::new_masked`).
+    /// Zero gradients for `like`'s tensors. The embedding's, which its scatter
+    /// writes (a few thousand rows of the vocabulary a step), carries a chunk
+    /// mask: cleared and read where something wrote (`GradAcc::new_masked`). Untied,
+    /// only the scatter writes it; tied, the LM head's WGrad outputs stay held in
+    /// BF16 but for the rows the scatter writes (`GradAcc::f32_scatter_mut`).
     pub fn zeros_like(gpu: &Gpu, like: &GpuWeights) -> Result<GpuGrads> {
-        let scattered = like.ix.lm_head.is_some().then_some(like.ix.embed);
+        let scattered = like.ix.embed;
         let bufs = like
             .bufs
             .iter()
             .enumerate()
             .map(|(i, b)| {
-                if Some(i) == scattered {
+                if i == scattered {
                     GradAcc::new_masked(gpu, b.len())
                 } else {
                     GradAcc::new(gpu, b.len())
@@ -115,14 +117,11 @@ impl GpuGrads {
         Ok(if i < j { (a, b) } else { (b, a) })
     }
 
-    /// Tensor `i`'s accumulator and chunk mask for a scatter that marks what it
-    /// writes ([`GradAcc::f32_marked_mut`]).
-    pub fn acc_marked(
-        &mut self,
-        gpu: &Gpu,
-        i: usize,
-    ) -> Result<(&mut CudaSlice<f32>, Option<&mut CudaSlice<u8>>)> {
-        self.bufs[i].f32_marked_mut(gpu)
+    /// Tensor `i`'s accumulator, chunk mask and held addends for a scatter that
+    /// marks what it writes and settles the rows it writes itself
+    /// ([`GradAcc::f32_scatter_mut`]).
+    pub fn acc_scatter(&mut self, gpu: &Gpu, i: usize) -> Result<ScatterDest<'_>> {
+        self.bufs[i].f32_scatter_mut(gpu)
     }
 
     /// How the gradient norm and AdamW read each tensor, in order; an error where

@@ -271,11 +271,14 @@ fn check_tensor(gpu: &Gpu, t: &AdamTensor) -> Result<([i64; 4], i64)> {
     Ok(([ptr(&*t.p), g as i64, ptr(&*t.m), ptr(&*t.v)], pend as i64))
 }
 
+/// Int64 fields of an `adamw_block128_multi` table row (adamw.cu's BLOCKS_ROW).
+const BLOCKS_ROW: usize = 21;
+
 /// `adamw_block128_multi`'s table over the tensors whose FP8 blocks the step
 /// rewrites (a block of 512 threads a 128x128 block of each weight), checked:
 /// (table, tensors, blocks).
 fn blocks_table(gpu: &Gpu, ts: Vec<&mut AdamTensor>) -> Result<(Vec<i64>, usize, usize)> {
-    let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * 20);
+    let mut tab: Vec<i64> = Vec::with_capacity(ts.len() * BLOCKS_ROW);
     let mut first = 0usize;
     for t in ts.iter() {
         let Some(b) = t.blocks.as_ref() else {
@@ -347,9 +350,26 @@ fn blocks_table(gpu: &Gpu, ts: Vec<&mut AdamTensor>) -> Result<(Vec<i64>, usize,
             first as i64,
             ldct,
             zlim,
+            t.g.mask_ptr(gpu, "adamw g")? as i64,
         ]);
         first += rows.div_ceil(GROUP) * cols.div_ceil(GROUP);
     }
-    let count = tab.len() / 20;
+    let count = tab.len() / BLOCKS_ROW;
     Ok((tab, count, first))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The host builds `adamw_block128_multi`'s table rows as wide as the kernel
+    /// reads them (adamw.cu's BLOCKS_ROW).
+    #[test]
+    fn blocks_table_rows_are_the_kernels() {
+        let src = include_str!("kernels/adamw.cu");
+        let row: usize = src
+            .lines()
+            .find_map(|l| l.strip_prefix("#define BLOCKS_ROW "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("adamw.cu defines BLOCKS_ROW");
+        assert_eq!(row, super::BLOCKS_ROW);
+    }
 }

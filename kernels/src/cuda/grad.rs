@@ -8,14 +8,15 @@
 //! the value, with the epilogue's `__fadd_rn(acc, dW)`; an accumulator nothing has
 //! written yet is read as +0 and never zeroed. The values, so the bits, are the
 //! epilogue's. With one micro-batch a matrix's gradient is not written in f32 at
-//! all unless something else adds into it too (the tied LM head's, which the
-//! embedding's scatter settles; a WGrad output with padding columns and the f32
+//! all unless something else adds into it too (the tied LM head's, whose held
+//! output the embedding's scatter settles in the rows it writes alone,
+//! [`GradAcc::f32_scatter_mut`]; a WGrad output with padding columns and the f32
 //! flow's take the epilogue as before); with more, each dW but the last is added
 //! before the next backward pass, all of them in one launch ([`settle_multi`]), or
 //! when the next one arrives.
 //!
-//! A gradient written by a scatter (the untied embedding's, a few thousand rows of
-//! 150k) can carry a mask: a byte a [`MASK_CHUNK`]-value chunk, 0 where the chunk holds +0.
+//! A gradient written by a scatter (the embedding's, a few thousand rows of 150k,
+//! tied or not) can carry a mask: a byte a [`MASK_CHUNK`]-value chunk, 0 where the chunk holds +0.
 //! The scatter marks the chunks it writes; clearing zeroes the marked chunks alone
 //! (`grad_mask_clear`, in place of a memset of the whole table: 2.5 GB at Qwen3-8B),
 //! and the gradient norm and AdamW take the unmarked chunks as the +0 they hold
@@ -256,6 +257,50 @@ impl GradAcc {
         gpu: &Gpu,
     ) -> Result<(&mut CudaSlice<f32>, Option<&mut CudaSlice<u8>>)> {
         self.settle(gpu)?;
+        self.clear_if_zero(gpu)?;
+        Ok((&mut self.acc, self.mask.as_mut()))
+    }
+
+    /// [`GradAcc::f32_marked_mut`] for a scatter that adds into a few rows and
+    /// settles the held addends of those rows itself (`embedding_bwd`): the tied
+    /// embedding's gradient, which the LM head's WGrad outputs are held in. With a
+    /// mask and addends no other gradient shares, nothing is settled here: the
+    /// scatter takes the held addends' values in the rows it writes (in order,
+    /// then its own) and zeroes them there, so the rest stay held and the
+    /// accumulator is written in those rows alone (a 0.6B step settled all 155M
+    /// values, 0.31 ms, to add a few thousand rows). Only where the gradient holds
+    /// one addend at a time (a pass of one micro-batch, or a hold of 1): with
+    /// several micro-batches' outputs held, the GRPO-shaped fp8 training phase ran
+    /// 4-12 ms slower (H100, fifty-seventh session, not understood), so there every
+    /// addend is settled first, as [`GradAcc::f32_marked_mut`] does, and none is
+    /// handed over.
+    pub fn f32_scatter_mut(&mut self, gpu: &Gpu) -> Result<ScatterDest<'_>> {
+        // A held block of a buffer another gradient holds too must not be zeroed.
+        let own = self.pending.iter().all(|h| Arc::strong_count(&h.buf) == 1);
+        if self.mask.is_none() || !own || self.hold > 1 || !scatter_settles() {
+            let (acc, mask) = self.f32_marked_mut(gpu)?;
+            return Ok(ScatterDest {
+                acc,
+                mask,
+                held: Vec::new(),
+            });
+        }
+        self.clear_if_zero(gpu)?;
+        let held = self
+            .pending
+            .iter()
+            .map(|h| gpu.ptr(&*h.buf) + 2 * h.off as u64)
+            .collect();
+        Ok(ScatterDest {
+            acc: &mut self.acc,
+            mask: self.mask.as_mut(),
+            held,
+        })
+    }
+
+    /// A gradient nothing has written yet gets its +0 in the accumulator: the
+    /// chunks the mask marks zeroed (the others hold +0 already), else all of it.
+    fn clear_if_zero(&mut self, gpu: &Gpu) -> Result<()> {
         if self.zero {
             match self.mask.as_mut() {
                 Some(mask) if !self.acc.is_empty() => {
@@ -281,7 +326,7 @@ impl GradAcc {
             }
             self.zero = false;
         }
-        Ok((&mut self.acc, self.mask.as_mut()))
+        Ok(())
     }
 
     /// Add the held BF16 addends into the f32 accumulator, oldest first: one
@@ -342,6 +387,40 @@ impl GradAcc {
     }
 }
 
+/// Where a scatter adds into a gradient ([`GradAcc::f32_scatter_mut`]): the
+/// accumulator, its chunk mask (to mark what it writes), and the held BF16 addends
+/// (device addresses, oldest first) it adds into the rows it writes before its own
+/// values, zeroing them there.
+pub struct ScatterDest<'a> {
+    pub acc: &'a mut CudaSlice<f32>,
+    pub mask: Option<&'a mut CudaSlice<u8>>,
+    pub held: Vec<u64>,
+}
+
+/// 0: not read yet, 1: on, 2: off.
+static SCATTER_SETTLES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Whether a scatter settles the held addends of the rows it writes
+/// ([`GradAcc::f32_scatter_mut`]): `JET_SCATTER_SETTLE=0` (a measurement
+/// switch) settles the whole gradient first, as before the fifty-seventh session.
+fn scatter_settles() -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    match SCATTER_SETTLES.load(Relaxed) {
+        0 => {
+            let on = std::env::var("JET_SCATTER_SETTLE").map_or(true, |v| v.trim() != "0");
+            SCATTER_SETTLES.store(if on { 1 } else { 2 }, Relaxed);
+            on
+        }
+        v => v == 1,
+    }
+}
+
+/// Set [`scatter_settles`] for this process (tests that compare both paths).
+#[doc(hidden)]
+pub fn set_scatter_settles(on: bool) {
+    SCATTER_SETTLES.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Which held addends [`settle_multi`] adds into their accumulators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Settle {
@@ -356,7 +435,7 @@ pub enum Settle {
     AllButLast,
 }
 
-/// [`GradAcc::settle`] of the gradients in `accs` as `which` says, in one launch
+/// `GradAcc::settle` of the gradients in `accs` as `which` says, in one launch
 /// (`grad_settle_multi`: each value's adds in the order of one `grad_settle` an
 /// addend, so the same values). With micro-batches of a few hundred rows the ~200
 /// launches a pass of one small matrix each took longer than the bytes they move.
@@ -462,5 +541,15 @@ mod tests {
     fn settle_table_holds_every_addend() {
         let max = define(include_str!("kernels/tensor.cu"), "SETTLE_MAX");
         assert_eq!(max, HOLD_MAX);
+    }
+
+    /// The embedding's scatter takes every addend the tied LM head's gradient
+    /// may hold (`GradAcc::f32_scatter_mut`): ops.cu's EMB_HELD_MAX, the host's
+    /// `ops::EMB_HELD_MAX` and HOLD_MAX agree.
+    #[test]
+    fn the_scatter_takes_every_held_addend() {
+        let max = define(include_str!("kernels/ops.cu"), "EMB_HELD_MAX");
+        assert_eq!(max, HOLD_MAX);
+        assert_eq!(crate::cuda::ops::EMB_HELD_MAX, HOLD_MAX);
     }
 }

@@ -7,6 +7,7 @@ use cudarc::driver::CudaSlice;
 
 use super::act::ActRef;
 use super::context::{Arg, OPS};
+use super::grad::ScatterDest;
 use super::{check_len, ensure, CudaError, Gpu, Result};
 use crate::ops::rope::RopeTable;
 
@@ -106,7 +107,31 @@ pub fn embedding_backward(
 /// values each) are marked in `mask [ceil(vocab * dim / MASK_CHUNK)]`.
 pub fn embedding_backward_marked(
     gpu: &Gpu,
-    (dtable, mask): (&mut CudaSlice<f32>, Option<&mut CudaSlice<u8>>),
+    (acc, mask): (&mut CudaSlice<f32>, Option<&mut CudaSlice<u8>>),
+    vocab: usize,
+    dim: usize,
+    tokens: &[u32],
+    dy: &CudaSlice<f32>,
+) -> Result<()> {
+    let held = Vec::new();
+    let dest = ScatterDest { acc, mask, held };
+    embedding_backward_into(gpu, dest, vocab, dim, tokens, dy)
+}
+
+/// Held addends `embedding_bwd` takes at most (ops.cu's EMB_HELD_MAX, held to
+/// `grad::HOLD_MAX` by a test).
+pub const EMB_HELD_MAX: usize = 8;
+
+/// [`embedding_backward_marked`] into a gradient that may hold BF16 addends
+/// (`grad::GradAcc::f32_scatter_mut`: the tied LM head's WGrad outputs): each row
+/// it writes takes them first, in order, and they are zeroed there.
+pub fn embedding_backward_into(
+    gpu: &Gpu,
+    ScatterDest {
+        acc: dtable,
+        mask,
+        held,
+    }: ScatterDest,
     vocab: usize,
     dim: usize,
     tokens: &[u32],
@@ -129,6 +154,15 @@ pub fn embedding_backward_marked(
         format!("[{}, {dim}]", tokens.len()),
     )?;
     check_tokens("embedding backward", tokens, vocab)?;
+    // The held addends' addresses as arguments (embedding_bwd's d0 .. d7).
+    ensure(held.len() <= EMB_HELD_MAX, || {
+        format!(
+            "embedding backward: {} held gradient addends (at most {EMB_HELD_MAX})",
+            held.len()
+        )
+    })?;
+    let mut d = [0u64; EMB_HELD_MAX];
+    d[..held.len()].copy_from_slice(&held);
     // Positions grouped by token (CSR), each group in token order.
     let mut order: Vec<usize> = (0..tokens.len()).collect();
     order.sort_by_key(|&i| (tokens[i], i));
@@ -162,6 +196,15 @@ pub fn embedding_backward_marked(
             Arg::I(dim as i32),
             Arg::P(gpu.ptr(dtable)),
             Arg::P(mask),
+            Arg::I(held.len() as i32),
+            Arg::P(d[0]),
+            Arg::P(d[1]),
+            Arg::P(d[2]),
+            Arg::P(d[3]),
+            Arg::P(d[4]),
+            Arg::P(d[5]),
+            Arg::P(d[6]),
+            Arg::P(d[7]),
         ],
     )
 }

@@ -127,15 +127,17 @@ extern "C" __global__ void adamw_multi(const long long* tab, int T, double lr, f
 // and quant_block128_multi of their new values: the same per-element operations and
 // the same blocks, so the same bits, without reading the new weights back).
 // tab[t] = {p, g, m, v, pend, pb, rows, cols, rows_pad, cols_pad, codes, scales, lds,
-// codes_t, scales_t, lds_t, decay, first block, ldct, zlim_t} as 20 int64 (p, g, m,
-// v, pend, pb [rows, cols] row-contiguous as in adamw_multi; codes .. lds_t, ldct and
-// zlim_t as in quant_block128_multi). Block b of tensor t is its 128x128 block (b % cb, b / cb),
+// codes_t, scales_t, lds_t, decay, first block, ldct, zlim_t, mask} as BLOCKS_ROW int64
+// (p, g, m, v, pend, pb [rows, cols] row-contiguous as in adamw_multi; codes .. lds_t,
+// ldct and zlim_t as in quant_block128_multi; mask as adamw_multi's: g's chunks marked
+// 0 hold +0 and are not read, the tied embedding's). Block b of tensor t is its 128x128 block (b % cb, b / cb),
 // 512 threads in block128_encode's layout. The step runs a quad at a time (as
 // adamw_multi: its f64 update's registers), each new quad parked in the thread's own
 // slots of 64 KiB of dynamic shared memory, then read back for the encoding: two
 // blocks an SM, adamw_multi's 32 warps. (The new values held in registers through
 // the step, one block an SM: 2.2x slower than the two kernels it fuses; two quads'
 // loads in flight, `#pragma unroll 2`: no faster, 8 bytes of spills.)
+#define BLOCKS_ROW 21
 extern "C" __global__ void __launch_bounds__(512, 2)
     adamw_block128_multi(const long long* tab, int T, double lr, float b1, float b2, double eps, double bc1,
                          double bc2, double r1, double r2, float wd_factor, float grad_scale, const float* scale_p) {
@@ -143,9 +145,9 @@ extern "C" __global__ void __launch_bounds__(512, 2)
     extern __shared__ float4 parked[];  // [8][512]: slot i * 512 + t is thread t's row i
     if (scale_p) grad_scale = *scale_p;
     __shared__ int st;
-    if (threadIdx.x == 0) st = tensor_of(tab, 20, 17, T, blockIdx.x);
+    if (threadIdx.x == 0) st = tensor_of(tab, BLOCKS_ROW, 17, T, blockIdx.x);
     __syncthreads();
-    const long long* e = tab + (long)st * 20;
+    const long long* e = tab + (long)st * BLOCKS_ROW;
     float* __restrict__ p = (float*)e[0];
     float* __restrict__ m = (float*)e[2];
     float* __restrict__ v = (float*)e[3];
@@ -163,9 +165,13 @@ extern "C" __global__ void __launch_bounds__(512, 2)
         float P[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (r < rows) {
             const long i0 = (long)r * cols + c;
+            // A whole quad (4-aligned: cols % 4 == 0) lies in one chunk; the rest read g.
+            // The mask's address is read from the table here, not kept through the
+            // loop (one more live pointer spilled at the 64-register bound).
+            const u8* mask = (const u8*)e[20];
             if (vec && c + 3 < cols)
-                adamw_quad(p, g, m, v, pend, pb, i0, lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor, decay, grad_scale,
-                           P);
+                adamw_quad(p, mask && !mask[i0 >> GRAD_MASK_SHIFT] ? nullptr : g, m, v, pend, pb, i0, lr, b1, b2, eps,
+                           bc1, bc2, r1, r2, wd_factor, decay, grad_scale, P);
             else
                 adamw_few(p, g, m, v, pend, pb, i0, min(4, cols - c), lr, b1, b2, eps, bc1, bc2, r1, r2, wd_factor,
                           decay, grad_scale, P);

@@ -17,14 +17,39 @@ extern "C" __global__ void embedding_fwd(const float* table, const int* tokens, 
 // Grid (n_uniq, ceil(dim / blockDim)).
 // mask (when not null): the table's chunks (GRAD_MASK_SHIFT) that may hold nonzeros
 // (grad.rs GradAcc); each value written marks its chunk.
+// d0 .. d7 (the first nd of them): the gradient's held BF16 addends (the tied LM
+// head's WGrad outputs, oldest first; grad.rs GradAcc::f32_scatter_mut). A row the
+// scatter writes first takes them, acc = ((acc + d0) + d1) .., each __fadd_rn as
+// grad_settle_multi adds them, and zeroes them there, so the rows left alone stay
+// held (fuses grad_settle of the whole table before the scatter for the rows it
+// writes: the same adds in the same order; a later add of the zeroed +0 leaves acc
+// as it is, since acc, a sum begun at +0 in round-to-nearest, is never -0). The
+// addresses come as arguments and every addend's load is issued before the adds
+// and the stores (a table of addresses in memory, each load behind the last
+// addend's store, which might alias it, took 0.24 ms a launch, H100).
+#define EMB_HELD_MAX 8
 extern "C" __global__ void embedding_bwd(const int* tok, const int* off, const int* pos, int n_uniq,
-                                         const float* dy, int dim, float* dtable, u8* mask) {
+                                         const float* dy, int dim, float* dtable, u8* mask, int nd,
+                                         bf16_t* d0, bf16_t* d1, bf16_t* d2, bf16_t* d3, bf16_t* d4,
+                                         bf16_t* d5, bf16_t* d6, bf16_t* d7) {
     pdl_entry();
     int u = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (u >= n_uniq || c >= dim) return;
     const long at = (long)tok[u] * dim + c;
     float acc = dtable[at];
+    if (nd > 0) {
+        bf16_t* const d[EMB_HELD_MAX] = {d0, d1, d2, d3, d4, d5, d6, d7};
+        bf16_t v[EMB_HELD_MAX];
+#pragma unroll
+        for (int j = 0; j < EMB_HELD_MAX; j++) v[j] = j < nd ? d[j][at] : (bf16_t)0;
+#pragma unroll
+        for (int j = 0; j < EMB_HELD_MAX; j++)
+            if (j < nd) acc = __fadd_rn(acc, bf16_to_f32(v[j]));
+#pragma unroll
+        for (int j = 0; j < EMB_HELD_MAX; j++)
+            if (j < nd) d[j][at] = 0;
+    }
     for (int p = off[u]; p < off[u + 1]; p++) acc += dy[(long)pos[p] * dim + c];
     dtable[at] = acc;
     // One store a chunk a warp: lane 0, and a lane whose value starts a new chunk
@@ -421,16 +446,24 @@ __device__ __forceinline__ void qk_norm_rope_bwd_at(const float* dy, const TX* x
     // 64 + 2l, 65 + 2l), then shuffled into the f32 kernel's layout (lane l: columns
     // l + 32u) before the row's arithmetic, so every sum keeps its order: the same
     // bits. (Two-byte loads at that layout made the kernel 20% slower, H100.)
+    // The QR rows' positions are loaded first, and every row's loads are issued
+    // without a branch (a row past the chunk loads the chunk's last row again, and
+    // is not used): with each row's loads behind its own `ri < r1` test, a row's
+    // cos/sin loads waited on its position's load before the next row's were
+    // issued (ncu, fifty-sixth session: the pos[token] * 64 products among the
+    // hottest lines). Only the loads move: the same bits.
     constexpr bool X16 = sizeof(TX) == 2;
     for (int r = ch * SPAN + g; r < r1; r += 8 * QR) {
         float d[QR][4], xv[QR][4], cv[QR][2], sv[QR][2], rs[QR];
         u32 xw[QR][2];
+        long tt[QR];
+#pragma unroll
+        for (int i = 0; i < QR; i++) tt[i] = (long)pos[min(r + 8 * i, r1 - 1) / n_heads] * 64;
 #pragma unroll
         for (int i = 0; i < QR; i++) {
-            const int ri = r + 8 * i;
-            if (ri >= r1) continue;
+            const int ri = min(r + 8 * i, r1 - 1);
             const long o = (long)ri * 128;
-            const long t = (long)pos[ri / n_heads] * 64;
+            const long t = tt[i];
             rs[i] = rstd[ri];
 #pragma unroll
             for (int u = 0; u < 4; u++) d[i][u] = dy[o + lane + 32 * u];

@@ -28,7 +28,7 @@ use jet_backend::trainer::pass::{run_pass, TrainSeq};
 use jet_backend::trainer::pass_loss::{LossStats, PassLoss, PolicyLoss};
 use jet_backend::trainer::Trainer;
 use jet_backend::transformer::PreparedModel;
-use jet_kernels::cuda::grad::set_scatter_settles;
+use jet_kernels::cuda::grad::{set_scatter_settles, ScatterSettle};
 use jet_kernels::cuda::linear::Stacked;
 use jet_kernels::cuda::policy_loss::{policy_loss, LossInputs, LossTerms as DeviceLossTerms};
 use jet_kernels::cuda::Gpu;
@@ -305,7 +305,10 @@ fn held_wgrad_outputs_settle_to_the_same_gradients() {
             let dw = GpuWeights::upload(&g, &w0).unwrap();
             let model = GpuModel::new(&g, &cfg, &dw, flow).unwrap();
             let run = |cap: usize, scatter: bool| {
-                set_scatter_settles(scatter);
+                set_scatter_settles(match scatter {
+                    true => ScatterSettle::OneHeld,
+                    false => ScatterSettle::Off,
+                });
                 let mut dg = GpuGrads::zeros_like(&g, &dw).unwrap();
                 dg.hold_cap = Some(cap);
                 let loss = PassLoss::Const {

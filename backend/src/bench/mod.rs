@@ -540,6 +540,10 @@ fn render(r: &Report, a: &BenchArgs) -> String {
             let top = kernel_list(&x.train_top_kernels, 6, 1);
             let _ = writeln!(s, "  {:<16} train top: {top}", "");
         }
+        if !x.train_idle_before.is_empty() {
+            let idle = kernel_list(&x.train_idle_before, 4, 2);
+            let _ = writeln!(s, "  {:<16} train idle before: {idle}", "");
+        }
     }
     let _ = writeln!(s, "\npeak device memory in use: {:.1} GiB", r.peak_mem_gib);
     s
@@ -585,6 +589,7 @@ mod tests {
             micro_batches: 1,
             micro_tokens: 16384,
             train_top_kernels: vec![("wg_fp8_rows_tma".into(), 0.0123, 392)],
+            train_idle_before: vec![("cublasLt matmul".into(), 0.00042, 17)],
         };
         let r = Report {
             step: vec![step("fp8", f64::NAN), step("bf16-fp8rollout", 1.05)],
@@ -607,6 +612,11 @@ mod tests {
         // The profiled step's training kernels, in ms with their launches.
         assert!(
             text.contains("train top: wg_fp8_rows_tma 12.3 (392)"),
+            "{text}"
+        );
+        // And the stream's idle time before its launches, in ms.
+        assert!(
+            text.contains("train idle before: cublasLt matmul 0.42 (17)"),
             "{text}"
         );
     }

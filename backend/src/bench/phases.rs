@@ -175,6 +175,9 @@ pub struct StepRow {
     /// A third step's training phase under the profiler: its 30 costliest kernels
     /// (name, seconds, launches), largest first.
     pub train_top_kernels: Vec<(String, f64, usize)>,
+    /// The same phase's 15 largest sums of the stream's idle time, by the kernel
+    /// launched after it (the host late), as the train rows' `idle_before`.
+    pub train_idle_before: Vec<(String, f64, usize)>,
 }
 
 /// A flow as benchmarked: `bf16` and `fp8` run batch-invariant (as runs do by
@@ -676,7 +679,7 @@ pub fn run(
         let ps = prompts(cfg, b / a.group_size, a.prompt_len, 5);
         let mut parts: Option<PreparedParts> = None;
         let mut times = Vec::with_capacity(2);
-        let mut train_top_kernels = Vec::new();
+        let (mut train_top_kernels, mut train_idle_before) = (Vec::new(), Vec::new());
         let mut cut = (0, 0);
         for i in 0..3 {
             let profiled = i == 2;
@@ -717,7 +720,7 @@ pub fn run(
             parts = rewritten;
             if profiled {
                 g.profile_stop()?;
-                train_top_kernels = top(g);
+                (train_top_kernels, train_idle_before) = (top(g), idle(g));
             } else {
                 times.push((t0.elapsed().as_secs_f64(), roll_s, train_s));
             }
@@ -741,6 +744,7 @@ pub fn run(
             micro_batches: cut.0,
             micro_tokens: cut.1,
             train_top_kernels,
+            train_idle_before,
         });
     }
     r.peak_mem_gib = peak;

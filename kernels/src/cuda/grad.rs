@@ -273,11 +273,16 @@ impl GradAcc {
     /// several micro-batches' outputs held, the GRPO-shaped fp8 training phase ran
     /// 4-12 ms slower (H100, fifty-seventh session, not understood), so there every
     /// addend is settled first, as [`GradAcc::f32_marked_mut`] does, and none is
-    /// handed over.
+    /// handed over ([`ScatterSettle`] switches it).
     pub fn f32_scatter_mut(&mut self, gpu: &Gpu) -> Result<ScatterDest<'_>> {
         // A held block of a buffer another gradient holds too must not be zeroed.
         let own = self.pending.iter().all(|h| Arc::strong_count(&h.buf) == 1);
-        if self.mask.is_none() || !own || self.hold > 1 || !scatter_settles() {
+        let rows = match scatter_settles() {
+            ScatterSettle::Off => false,
+            ScatterSettle::OneHeld => self.hold == 1,
+            ScatterSettle::AnyHold => true,
+        };
+        if self.mask.is_none() || !own || !rows {
             let (acc, mask) = self.f32_marked_mut(gpu)?;
             return Ok(ScatterDest {
                 acc,
@@ -397,28 +402,57 @@ pub struct ScatterDest<'a> {
     pub held: Vec<u64>,
 }
 
-/// 0: not read yet, 1: on, 2: off.
+/// Where a scatter settles the held addends of the rows it writes itself
+/// ([`GradAcc::f32_scatter_mut`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScatterSettle {
+    /// Nowhere: the whole gradient is settled first (`JET_SCATTER_SETTLE=0`, the
+    /// behaviour before the fifty-seventh session).
+    Off,
+    /// Where the gradient holds one addend at a time (the default).
+    OneHeld,
+    /// At any hold (`JET_SCATTER_SETTLE=all`, a measurement switch: with eight
+    /// held, the fp8 GRPO-shaped step's training ran 4-12 ms slower, H100,
+    /// fifty-seventh session).
+    AnyHold,
+}
+
+/// 0: not read yet, else 1 + the [`ScatterSettle`] in force.
 static SCATTER_SETTLES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// Whether a scatter settles the held addends of the rows it writes
-/// ([`GradAcc::f32_scatter_mut`]): `JET_SCATTER_SETTLE=0` (a measurement
-/// switch) settles the whole gradient first, as before the fifty-seventh session.
-fn scatter_settles() -> bool {
+/// The [`ScatterSettle`] in force: `JET_SCATTER_SETTLE` (`0`, `all`), else
+/// [`ScatterSettle::OneHeld`].
+fn scatter_settles() -> ScatterSettle {
     use std::sync::atomic::Ordering::Relaxed;
+    const ALL: [ScatterSettle; 3] = [
+        ScatterSettle::Off,
+        ScatterSettle::OneHeld,
+        ScatterSettle::AnyHold,
+    ];
     match SCATTER_SETTLES.load(Relaxed) {
         0 => {
-            let on = std::env::var("JET_SCATTER_SETTLE").map_or(true, |v| v.trim() != "0");
-            SCATTER_SETTLES.store(if on { 1 } else { 2 }, Relaxed);
-            on
+            let v = std::env::var("JET_SCATTER_SETTLE").unwrap_or_default();
+            let mode = match v.trim() {
+                "0" => ScatterSettle::Off,
+                "all" => ScatterSettle::AnyHold,
+                _ => ScatterSettle::OneHeld,
+            };
+            set_scatter_settles(mode);
+            mode
         }
-        v => v == 1,
+        v => ALL[(v as usize - 1).min(2)],
     }
 }
 
-/// Set [`scatter_settles`] for this process (tests that compare both paths).
+/// Set [`ScatterSettle`] for this process (tests that compare the paths).
 #[doc(hidden)]
-pub fn set_scatter_settles(on: bool) {
-    SCATTER_SETTLES.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
+pub fn set_scatter_settles(mode: ScatterSettle) {
+    let v = match mode {
+        ScatterSettle::Off => 1,
+        ScatterSettle::OneHeld => 2,
+        ScatterSettle::AnyHold => 3,
+    };
+    SCATTER_SETTLES.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Which held addends [`settle_multi`] adds into their accumulators.

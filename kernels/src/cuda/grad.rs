@@ -62,6 +62,13 @@ struct Held {
     off: usize,
 }
 
+impl Held {
+    /// The device address of the addend's first value.
+    fn ptr(&self, gpu: &Gpu) -> u64 {
+        gpu.ptr(&*self.buf) + 2 * self.off as u64
+    }
+}
+
 /// Values a mask byte covers (`GRAD_MASK_SHIFT` in common.cuh, held to it by a test).
 pub const MASK_CHUNK: usize = 1024;
 
@@ -291,11 +298,7 @@ impl GradAcc {
             });
         }
         self.clear_if_zero(gpu)?;
-        let held = self
-            .pending
-            .iter()
-            .map(|h| gpu.ptr(&*h.buf) + 2 * h.off as u64)
-            .collect();
+        let held = self.pending.iter().map(|h| h.ptr(gpu)).collect();
         Ok(ScatterDest {
             acc: &mut self.acc,
             mask: self.mask.as_mut(),
@@ -371,10 +374,7 @@ impl GradAcc {
         if count == 0 {
             return Ok(None);
         }
-        let d = self.pending[..count]
-            .iter()
-            .map(|h| gpu.ptr(&*h.buf) + 2 * h.off as u64)
-            .collect();
+        let d = self.pending[..count].iter().map(|h| h.ptr(gpu)).collect();
         mark_all(gpu, self.mask.as_mut())?;
         let n = self.acc.len();
         if n == 0 {
@@ -417,20 +417,17 @@ pub enum ScatterSettle {
     AnyHold,
 }
 
-/// 0: not read yet, else 1 + the [`ScatterSettle`] in force.
+/// 0: not read yet; 1, 2, 3: [`ScatterSettle`]'s `Off`, `OneHeld`, `AnyHold`.
 static SCATTER_SETTLES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// The [`ScatterSettle`] in force: `JET_SCATTER_SETTLE` (`0`, `all`), else
 /// [`ScatterSettle::OneHeld`].
 fn scatter_settles() -> ScatterSettle {
-    use std::sync::atomic::Ordering::Relaxed;
-    const ALL: [ScatterSettle; 3] = [
-        ScatterSettle::Off,
-        ScatterSettle::OneHeld,
-        ScatterSettle::AnyHold,
-    ];
-    match SCATTER_SETTLES.load(Relaxed) {
-        0 => {
+    match SCATTER_SETTLES.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => ScatterSettle::Off,
+        2 => ScatterSettle::OneHeld,
+        3 => ScatterSettle::AnyHold,
+        _ => {
             let v = std::env::var("JET_SCATTER_SETTLE").unwrap_or_default();
             let mode = match v.trim() {
                 "0" => ScatterSettle::Off,
@@ -440,7 +437,6 @@ fn scatter_settles() -> ScatterSettle {
             set_scatter_settles(mode);
             mode
         }
-        v => ALL[(v as usize - 1).min(2)],
     }
 }
 

@@ -161,8 +161,6 @@ pub fn embedding_backward_into(
             held.len()
         )
     })?;
-    let mut d = [0u64; EMB_HELD_MAX];
-    d[..held.len()].copy_from_slice(&held);
     // Positions grouped by token (CSR), each group in token order.
     let mut order: Vec<usize> = (0..tokens.len()).collect();
     order.sort_by_key(|&i| (tokens[i], i));
@@ -181,32 +179,21 @@ pub fn embedding_backward_into(
         return Ok(());
     }
     let (du, doff, dpos) = (gpu.upload(&uniq)?, gpu.upload(&off)?, gpu.upload(&pos)?);
-    gpu.launch(
-        &OPS,
-        "embedding_bwd",
-        (uniq.len() as u32, dim.div_ceil(128) as u32, 1),
-        (128, 1, 1),
-        0,
-        &[
-            Arg::P(gpu.ptr(&du)),
-            Arg::P(gpu.ptr(&doff)),
-            Arg::P(gpu.ptr(&dpos)),
-            Arg::I(uniq.len() as i32),
-            Arg::P(gpu.ptr(dy)),
-            Arg::I(dim as i32),
-            Arg::P(gpu.ptr(dtable)),
-            Arg::P(mask),
-            Arg::I(held.len() as i32),
-            Arg::P(d[0]),
-            Arg::P(d[1]),
-            Arg::P(d[2]),
-            Arg::P(d[3]),
-            Arg::P(d[4]),
-            Arg::P(d[5]),
-            Arg::P(d[6]),
-            Arg::P(d[7]),
-        ],
-    )
+    let mut args = vec![
+        Arg::P(gpu.ptr(&du)),
+        Arg::P(gpu.ptr(&doff)),
+        Arg::P(gpu.ptr(&dpos)),
+        Arg::I(uniq.len() as i32),
+        Arg::P(gpu.ptr(dy)),
+        Arg::I(dim as i32),
+        Arg::P(gpu.ptr(dtable)),
+        Arg::P(mask),
+        Arg::I(held.len() as i32),
+    ];
+    // d0 .. d7: the held addends, null past them.
+    args.extend((0..EMB_HELD_MAX).map(|j| Arg::P(held.get(j).copied().unwrap_or(0))));
+    let grid = (uniq.len() as u32, dim.div_ceil(128) as u32, 1);
+    gpu.launch(&OPS, "embedding_bwd", grid, (128, 1, 1), 0, &args)
 }
 
 /// Forward: `x [rows, dim]`, `w [dim]` -> `(y [rows, dim], rstd [rows])`.

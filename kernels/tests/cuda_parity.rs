@@ -57,6 +57,19 @@ fn nasty(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
     x
 }
 
+/// BF16 codes of `x` as held WGrad outputs, with -0 and +0 at every `every`-th
+/// value (the first two of each run of `every`).
+fn bf16_with_zeros(x: &[f32], every: usize) -> Vec<u16> {
+    x.iter()
+        .enumerate()
+        .map(|(i, v)| match i % every {
+            0 => 0x8000,
+            1 => 0,
+            _ => half::bf16::from_f32(*v).to_bits(),
+        })
+        .collect()
+}
+
 /// Both groupings of one pass (dY's DGrad and WGrad operands) against the CPU's.
 fn dual_is_bit_exact(g: &cuda::Gpu, x: &[f32], rows: usize, cols: usize) {
     let (r, c) = gq::quantize_dual(g, &up(g, x), rows, cols).unwrap();
@@ -2383,17 +2396,7 @@ fn scatter_settles_only_the_rows_it_writes() {
     let Some(g) = gpu() else { return };
     let (vocab, dim) = (1013, 96);
     let n = vocab * dim;
-    let bf = |seed: u64| -> Vec<u16> {
-        rnd(n, seed, 1.0)
-            .iter()
-            .enumerate()
-            .map(|(i, x)| match i % 89 {
-                0 => 0x8000,
-                1 => 0,
-                _ => half::bf16::from_f32(*x).to_bits(),
-            })
-            .collect()
-    };
+    let bf = |seed: u64| bf16_with_zeros(&rnd(n, seed, 1.0), 89);
     let mut rng = rand::rngs::StdRng::seed_from_u64(43);
     let (mut differ, mut kept) = (0, 0);
     for hold in [1, 2, 3] {
@@ -2806,17 +2809,7 @@ fn held_bf16_gradients_read_as_the_epilogue_wrote_them() {
     let Some(g) = gpu() else { return };
     let sizes = [1_000_003usize, 5, 4096, 70_001];
     // BF16 codes of random values, with +-0 and a few large ones among them.
-    let bf = |n: usize, seed: u64| -> Vec<u16> {
-        let v = nasty(1, n, seed);
-        v.iter()
-            .enumerate()
-            .map(|(i, x)| match i % 97 {
-                0 => 0x8000,
-                1 => 0,
-                _ => half::bf16::from_f32(*x).to_bits(),
-            })
-            .collect()
-    };
+    let bf = |n: usize, seed: u64| bf16_with_zeros(&nasty(1, n, seed), 97);
     let f = |b: &[u16]| -> Vec<f32> {
         b.iter()
             .map(|&h| half::bf16::from_bits(h).to_f32())

@@ -272,7 +272,6 @@ mod tests {
             1
         );
         // A model whose state alone overdraws the card still gets a token.
-        let full8 = preset("qwen3-8b").unwrap();
         assert_eq!(
             auto_micro_tokens(&full8, kind(&full8, Flow::Fp8), 40 * GIB, true),
             1

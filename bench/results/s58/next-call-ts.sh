@@ -1,0 +1,46 @@
+#!/bin/bash
+# Prepared in the fifty-eighth session, not run (no device time was left). Build the
+# binaries from branch s58-rows-ts (or main with rows-ts-storers-and-order-prepared-
+# not-run.diff applied): jetd, cuda_invariant, cuda_act, cuda_timing, gpu_parity, into
+# .carry/ gzipped (call4.sh's set). The FP8 rows kernel's TS epilogue, second form (the tile's
+# outputs staged in shared memory, stored by the producer warpgroup's spare warps; on by default,
+# JET_ROWS_TS=0 the old epilogue). Bits: cuda_invariant, cuda_act, gpu_parity.
+# Speed: cuda_timing fp8_rows_timing without / with it, then the 0.6B step (8 x 512
+# training rows, GRPO-shaped step at gen 16) in fp8 without / with it, bf16 beside.
+R=$OUT; export OUT=/tmp/g5; mkdir -p $OUT; export JET_KERNEL_CACHE_DIR=/tmp/jetk
+pack() { tar czf $R/logs.tgz -C /tmp g5; }
+gunzip -f .carry/*.gz
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu.txt
+timeout 100 ./.carry/cuda_invariant --test-threads=1 > $OUT/cuda_invariant.log 2>&1
+echo "cuda_invariant rc $? (${SECONDS}s)"; grep -E '^test |test result' $OUT/cuda_invariant.log | tail -8
+timeout 60 ./.carry/cuda_act --test-threads=1 > $OUT/cuda_act.log 2>&1
+echo "cuda_act rc $? (${SECONDS}s)"; grep -E 'test result|FAIL|panicked' $OUT/cuda_act.log | tail -4
+pack
+for ts in 0 1 0 1; do
+  JET_ROWS_TS=$ts timeout 60 ./.carry/cuda_timing --ignored --exact fp8_rows_timing --nocapture > $OUT/timing-ts$ts-$SECONDS.log 2>&1
+  echo "timing ts=$ts rc $? (${SECONDS}s)"
+done
+python3 - <<PY
+import glob, re
+rows = {}
+for f in sorted(glob.glob('$OUT/timing-*.log')):
+    tag = 'ts' if '-ts1-' in f else 'main'
+    for l in open(f):
+        m = re.match(r'TIMING (fp8) rows (\\d+x\\d+x\\d+) (\\S+)\\s*: cuBLASLt\\s+([\\d.]+) us.*?\\| rows(?:64)?\\s+([\\d.]+) us', l)
+        if m: rows.setdefault((m[1], m[2], m[3]), {}).setdefault(tag, []).append(float(m[5])); rows[(m[1], m[2], m[3])]['lt'] = float(m[4])
+for k, v in rows.items():
+    print(*k, 'cuBLASLt %.1f' % v['lt'], 'rows main', v.get('main'), 'ts', v.get('ts'))
+q = [v for k, v in rows.items() if k[2] in ('q_proj', 'gate/up') and k[1].startswith('4096')]
+win = q and all(min(v.get('ts', [1e9])) < min(v.get('main', [0])) for v in q)
+open('$OUT/ts-wins', 'w').write('1' if win else '0')
+PY
+pack
+if [ "$(cat $OUT/ts-wins)" != 1 ]; then echo "TS not faster at q and gate/up: stop"; exit 0; fi
+mk() { printf '#!/bin/bash\n%s exec "$(dirname "$0")/jetd" "$@" --flow %s\n' "$2" "$3" > .carry/$1; chmod +x .carry/$1; }
+mk main-fp8 "JET_ROWS_TS=0" fp8; mk ts-fp8 "" fp8; mk main-bf16 "" bf16
+JET_BENCH_ARGS="--batch 64 --gen-len 16 --train-steps 3" timeout $((470 - SECONDS)) bash bench/gpu_check.sh compare qwen3-0.6b 2 main-bf16,main-fp8,ts-fp8 > $OUT/cmp.log 2>&1
+echo "compare rc $? (${SECONDS}s)"; pack
+grep -E "\\| train \\||step training|step whole|rollout \\| fp8" $OUT/compare.txt | cut -c1-330
+timeout $((590 - SECONDS)) ./.carry/gpu_parity --test-threads=1 > $OUT/gpu_parity.log 2>&1
+echo "gpu_parity rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/gpu_parity.log | tail -4
+pack

@@ -20,22 +20,10 @@ for ts in 0 1 0 1; do
   JET_ROWS_TS=$ts timeout 60 ./.carry/cuda_timing --ignored --exact fp8_rows_timing --nocapture > $OUT/timing-ts$ts-$SECONDS.log 2>&1
   echo "timing ts=$ts rc $? (${SECONDS}s)"
 done
-python3 - <<PY
-import glob, re
-rows = {}
-for f in sorted(glob.glob('$OUT/timing-*.log')):
-    tag = 'ts' if '-ts1-' in f else 'main'
-    for l in open(f):
-        m = re.match(r'TIMING (fp8) rows (\\d+x\\d+x\\d+) (\\S+)\\s*: cuBLASLt\\s+([\\d.]+) us.*?\\| rows(?:64)?\\s+([\\d.]+) us', l)
-        if m: rows.setdefault((m[1], m[2], m[3]), {}).setdefault(tag, []).append(float(m[5])); rows[(m[1], m[2], m[3])]['lt'] = float(m[4])
-for k, v in rows.items():
-    print(*k, 'cuBLASLt %.1f' % v['lt'], 'rows main', v.get('main'), 'ts', v.get('ts'))
-q = [v for k, v in rows.items() if k[2] in ('q_proj', 'gate/up') and k[1].startswith('4096')]
-win = q and all(min(v.get('ts', [1e9])) < min(v.get('main', [0])) for v in q)
-open('$OUT/ts-wins', 'w').write('1' if win else '0')
-PY
+python3 bench/rows_timing_table.py --wins ts0 ts1 fp8:q_proj,fp8:gate/up $OUT/timing-*.log | grep -v '^bf16'
+win=${PIPESTATUS[0]}
 pack
-if [ "$(cat $OUT/ts-wins)" != 1 ]; then echo "TS not faster at q and gate/up: stop"; exit 0; fi
+if [ "$win" != 0 ]; then echo "TS not faster at q and gate/up: stop"; exit 0; fi
 mk() { printf '#!/bin/bash\n%s exec "$(dirname "$0")/jetd" "$@" --flow %s\n' "$2" "$3" > .carry/$1; chmod +x .carry/$1; }
 mk main-fp8 "JET_ROWS_TS=0" fp8; mk ts-fp8 "" fp8; mk main-bf16 "" bf16
 JET_BENCH_ARGS="--batch 64 --gen-len 16 --train-steps 3" timeout $((470 - SECONDS)) bash bench/gpu_check.sh compare qwen3-0.6b 2 main-bf16,main-fp8,ts-fp8 > $OUT/cmp.log 2>&1

@@ -928,9 +928,10 @@ fn forward_act(
 /// Whether a forward of `m > 0` rows through `w` in `prec` that may write BF16
 /// (`forward_act`, no residual) does: the batch-invariant rows kernel writes its
 /// BF16 output itself, and so does the split-K path's epilogue (a GRPO
-/// micro-batch's k and v at 256 rows (`gemv::split_k_pays`); until the fifty-fifth session it wrote f32,
-/// which kept a micro-batch's q and k before their norms in f32); cuBLASLt writes
-/// f32. Lets a caller ask for one form for several projections before running them.
+/// micro-batch's k and v at 256 rows, `gemv::split_k_pays`; until the fifty-fifth
+/// session it wrote f32, which kept a micro-batch's q and k before their norms in
+/// f32); cuBLASLt writes f32. Lets a caller ask for one form for several
+/// projections before running them.
 /// The grouped split-K launches of `linear_forward_group_act` (a decode step's)
 /// still write f32.
 pub fn forward_writes_bf16(gpu: &Gpu, m: usize, w: &GpuWeight, prec: GemmPrecision) -> bool {

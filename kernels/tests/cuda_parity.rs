@@ -3338,3 +3338,66 @@ fn bf16_padded_copies_are_bit_exact() {
     }
     done();
 }
+
+/// A GEMM whose cuBLASLt algorithm was chosen by timing (`gemm_tune`, on unless
+/// `JET_GEMM_TUNE=0`): the choice is recorded, kept for later calls (the same bits
+/// again), and its values are the CPU's within f32 accuracy. A shape no other test
+/// uses, so this test meets it first.
+#[test]
+fn gemm_algorithm_chosen_by_timing_is_kept() {
+    let Some(g) = gpu() else { return };
+    let (m, k, n) = (200, 336, 264);
+    let (a, b) = (rnd(m * k, 41, 1.0), rnd(k * n, 42, 1.0));
+    let (da, db) = (up(&g, &a), up(&g, &b));
+    let dense = |s: &cudarc::driver::CudaSlice<f32>, rows, cols| gemm::Dense {
+        ptr: s.device_ptr(g.stream()).0,
+        ty: gemm::LtType::F32,
+        rows,
+        cols,
+        ld: cols,
+    };
+    let run = || {
+        let y = g.zeros::<f32>(m * n).unwrap();
+        let yp = y.device_ptr(g.stream()).0;
+        gemm::dense_gemm(&g, dense(&da, m, k), false, dense(&db, k, n), false, yp, n).unwrap();
+        dl(&g, &y, m * n)
+    };
+    let first = run();
+    let again = run();
+    report_exact(
+        "GEMM with its chosen algorithm, called twice",
+        "200x336x264",
+        bits_differ(&first, &again),
+    );
+    let cpu: Vec<f32> = (0..m * n)
+        .map(|i| {
+            let (r, c) = (i / n, i % n);
+            (0..k)
+                .map(|j| a[r * k + j] as f64 * b[j * n + c] as f64)
+                .sum::<f64>() as f32
+        })
+        .collect();
+    report(
+        "GEMM with its chosen algorithm",
+        "200x336x264",
+        rel(&first, &cpu),
+        1e-5,
+    );
+    if std::env::var("JET_GEMM_TUNE").as_deref() != Ok("0") {
+        // cuBLASLt's column-major call is (n, m, k); one record, made at the first call.
+        let mine: Vec<_> = gemm::tuned(&g)
+            .into_iter()
+            .filter(|t| t.what.contains(&format!("mnk: ({n}, {m}, {k})")))
+            .collect();
+        println!("TUNED {mine:?}");
+        assert!(
+            mine.len() <= 1,
+            "one timing a problem, found {}",
+            mine.len()
+        );
+        if let Some(t) = mine.first() {
+            assert!(t.chosen < t.candidates && t.chosen_us <= t.first_us);
+        }
+    }
+    done();
+}

@@ -771,6 +771,23 @@ fn backward_gemm_timing() {
             layer[0], layer[1], layer[2], layer[3], stacked[0], stacked[1], stacked[2], stacked[3]
         );
     }
+    print_tuned(&g);
+}
+
+/// What cuBLASLt algorithm timing chose in this process (`JET_GEMM_TUNE`, on by
+/// default): the heuristic's first pick's time against the chosen one's.
+fn print_tuned(g: &Gpu) {
+    for t in gemm::tuned(g) {
+        println!(
+            "TUNED {:<110} first {:8.1} us | chosen #{} of {} {:8.1} us | {:.3}x",
+            t.what,
+            t.first_us,
+            t.chosen,
+            t.candidates,
+            t.chosen_us,
+            t.first_us / t.chosen_us
+        );
+    }
 }
 
 /// The forward of one projection as a training pass runs it (x's operand made once,

@@ -164,6 +164,20 @@ pub struct Report {
     /// The rollout draws' truncation (`--top-k`, `--top-p`; 0 and 1: off).
     pub top_k: usize,
     pub top_p: f64,
+    /// The cuBLASLt problems whose algorithm was chosen by timing in this run
+    /// (`JET_GEMM_TUNE`; none where every choice came from the kernel store).
+    pub gemm_tuned: Vec<TunedRow>,
+}
+
+/// One cuBLASLt problem's algorithm choice (`jet_kernels::cuda::gemm::Tuned`).
+#[derive(Serialize)]
+pub struct TunedRow {
+    pub problem: String,
+    pub candidates: usize,
+    /// The heuristic's first pick's time and the chosen one's, microseconds.
+    pub first_us: f32,
+    pub chosen: usize,
+    pub chosen_us: f32,
 }
 
 fn flows(arg: &str) -> anyhow::Result<Vec<Flow>> {
@@ -258,6 +272,16 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let mut variants = phases::Variant::of(&flows);
     variants.retain(|v| v.invariant || !a.no_cublaslt);
     phases::run(&gpu, &cfg, &a, &variants, &mut r, &say)?;
+    r.gemm_tuned = jet_kernels::cuda::gemm::tuned(&gpu)
+        .into_iter()
+        .map(|t| TunedRow {
+            problem: t.what,
+            candidates: t.candidates,
+            first_us: t.first_us,
+            chosen: t.chosen,
+            chosen_us: t.chosen_us,
+        })
+        .collect();
     set_floors(&mut r, (a.train_seqs * a.train_len * a.train_micro) as f64);
     set_decode_floors(&mut r, &cfg);
     if a.json {
@@ -546,6 +570,18 @@ fn render(r: &Report, a: &BenchArgs) -> String {
         }
     }
     let _ = writeln!(s, "\npeak device memory in use: {:.1} GiB", r.peak_mem_gib);
+    if !r.gemm_tuned.is_empty() {
+        // One GEMM call of each problem, as the heuristic's first pick would have
+        // run it and as the chosen algorithm runs it.
+        let changed = r.gemm_tuned.iter().filter(|t| t.chosen != 0).count();
+        let first: f32 = r.gemm_tuned.iter().map(|t| t.first_us).sum();
+        let chosen: f32 = r.gemm_tuned.iter().map(|t| t.chosen_us).sum();
+        let _ = writeln!(
+            s,
+            "cuBLASLt algorithms timed for {} problems, {changed} not the heuristic's first pick: one call of each {first:.0} -> {chosen:.0} us",
+            r.gemm_tuned.len()
+        );
+    }
     s
 }
 

@@ -509,6 +509,12 @@ impl Gpu {
         *self.store.lock().unwrap() = Some(store);
     }
 
+    /// The store set by [`Gpu::set_kernel_store`] or `JET_KERNEL_CACHE_DIR`, if any
+    /// (it also keeps the GEMM algorithms chosen by timing: `gemm_tune`).
+    pub(crate) fn kernel_store(&self) -> Option<Arc<dyn KernelStore>> {
+        self.store.lock().unwrap().clone()
+    }
+
     /// How many modules were compiled and how many came from the kernel store.
     pub fn kernel_stats(&self) -> KernelStats {
         *self.stats.lock().unwrap()

@@ -17,8 +17,10 @@ use std::sync::Mutex;
 use cudarc::cublaslt::{result, sys};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
+pub use super::gemm_tune::Tuned;
+use super::gemm_tune::{self, Problem};
 use super::quantize::Fp8Quantized;
-use super::{ensure, Ctx, Gpu, Result};
+use super::{ensure, Ctx, CudaError, Gpu, Result};
 use crate::fp8::Grouping;
 
 /// cuBLASLt's recommended workspace on Hopper.
@@ -52,7 +54,7 @@ pub struct LtOperand {
     pub scale_ptr: u64,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Key {
     mnk: (usize, usize, usize),
     a: (LtType, bool, usize, LtScale),
@@ -64,6 +66,8 @@ struct Inner {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     algos: HashMap<Key, sys::cublasLtMatmulAlgo_t>,
+    /// What timing chose, a problem each, in the order they were met.
+    tuned: Vec<Tuned>,
 }
 
 // SAFETY: the handle is used only under the Mutex, on the Gpu's one stream.
@@ -89,6 +93,7 @@ impl LtState {
             handle,
             workspace,
             algos: HashMap::new(),
+            tuned: Vec::new(),
         })))
     }
 }
@@ -227,6 +232,16 @@ pub fn lt_matmul_to(
         b: (b.ty, b.trans, b.ld, b.scale),
         d: (dty, ldd),
     };
+    let problem = Problem {
+        handle: lt.handle,
+        desc,
+        layouts: [la, lb, lc],
+        a: a.ptr,
+        b: b.ptr,
+        d,
+        workspace: (lt.workspace.device_ptr(gpu.stream()).0, WORKSPACE),
+        stream: gpu.stream().cu_stream() as sys::cudaStream_t,
+    };
     let algo = match lt.algos.get(&key) {
         Some(al) => *al,
         None => {
@@ -243,42 +258,45 @@ pub fn lt_matmul_to(
                 )
             }
             .ctx("setting the workspace size")?;
-            // SAFETY: descriptors and layouts are live.
-            let h =
-                unsafe { result::get_matmul_algo_heuristic(lt.handle, desc, la, lb, lc, lc, pref) }
-                    .ctx(&format!(
-                        "finding an algorithm for {m}x{n}x{k} ({:?} x {:?}, scales {:?} x {:?})",
-                        a.ty, b.ty, a.scale, b.scale
-                    ))?;
-            lt.algos.insert(key, h.algo);
-            h.algo
+            let what = format!("{key:?}");
+            let algo = gemm_tune::choose(gpu, &problem, pref, &what).map_err(|e| {
+                let shape = format!(
+                    "finding an algorithm for {m}x{n}x{k} ({:?} x {:?}, scales {:?} x {:?})",
+                    a.ty, b.ty, a.scale, b.scale
+                );
+                within(e, &shape)
+            })?;
+            lt.algos.insert(key, algo.0);
+            lt.tuned.extend(algo.1);
+            algo.0
         }
     };
-    let (alpha, beta) = (1.0f32, 0.0f32);
-    let ws_ptr = lt.workspace.device_ptr(gpu.stream()).0;
-    // SAFETY: pointers are device buffers whose lengths the callers checked against
-    // these shapes; the stream is the Gpu's.
-    gpu.span("gemm", "cublasLt matmul", || unsafe {
-        result::matmul(
-            lt.handle,
-            desc,
-            &alpha as *const f32 as *const c_void,
-            &beta as *const f32 as *const c_void,
-            a.ptr as *const c_void,
-            la,
-            b.ptr as *const c_void,
-            lb,
-            d as *const c_void,
-            lc,
-            d as *mut c_void,
-            lc,
-            &algo,
-            ws_ptr as *mut c_void,
-            WORKSPACE,
-            gpu.stream().cu_stream() as sys::cudaStream_t,
-        )
-        .ctx(&format!("running a {m}x{n}x{k} matmul"))
+    gpu.span("gemm", "cublasLt matmul", || {
+        problem
+            .run(&algo)
+            .map_err(|e| within(e, &format!("running a {m}x{n}x{k} matmul")))
     })
+}
+
+/// `e` with what it happened within prefixed to its "while".
+fn within(e: CudaError, outer: &str) -> CudaError {
+    match e {
+        CudaError::Blas { what, err } => CudaError::Blas {
+            what: format!("{outer}, {what}"),
+            err,
+        },
+        CudaError::Driver { what, err } => CudaError::Driver {
+            what: format!("{outer}, {what}"),
+            err,
+        },
+        other => other,
+    }
+}
+
+/// The GEMM problems whose cuBLASLt algorithm this process chose by timing
+/// (`gemm_tune`), with the heuristic's first pick's time and the chosen one's.
+pub fn tuned(gpu: &Gpu) -> Vec<Tuned> {
+    gpu.lt.0.lock().unwrap().tuned.clone()
 }
 
 /// The VEC128 or BLK128x128 operand of a quantized matrix, K-contiguous and

@@ -37,6 +37,7 @@ mod context;
 pub mod draw;
 pub mod flash;
 pub mod gemm;
+mod gemm_tune;
 pub mod gemv;
 pub mod gemv_bf16;
 pub mod grad;

@@ -68,6 +68,8 @@ struct Inner {
     algos: HashMap<Key, sys::cublasLtMatmulAlgo_t>,
     /// What timing chose, a problem each, in the order they were met.
     tuned: Vec<Tuned>,
+    /// Each size class's algorithm ([`bucket`]), chosen at its first problem.
+    by_class: HashMap<Key, sys::cublasLtMatmulAlgo_t>,
 }
 
 // SAFETY: the handle is used only under the Mutex, on the Gpu's one stream.
@@ -94,6 +96,7 @@ impl LtState {
             workspace,
             algos: HashMap::new(),
             tuned: Vec::new(),
+            by_class: HashMap::new(),
         })))
     }
 }
@@ -242,6 +245,24 @@ pub fn lt_matmul_to(
         workspace: (lt.workspace.device_ptr(gpu.stream()).0, WORKSPACE),
         stream: gpu.stream().cu_stream() as sys::cudaStream_t,
     };
+    // A problem not met before takes its size class's algorithm where cuBLASLt
+    // accepts it for this problem, so that a run whose token counts change every
+    // step (RL responses end at random lengths) times candidates once a class, not
+    // once a length.
+    let class = bucket(&key);
+    let tuning = gemm_tune::tuning_on();
+    let shared = match lt.algos.get(&key) {
+        Some(_) => None,
+        None if tuning => lt
+            .by_class
+            .get(&class)
+            .copied()
+            .filter(|al| problem.accepts(al)),
+        None => None,
+    };
+    if let Some(al) = shared {
+        lt.algos.insert(key, al);
+    }
     let algo = match lt.algos.get(&key) {
         Some(al) => *al,
         None => {
@@ -258,7 +279,7 @@ pub fn lt_matmul_to(
                 )
             }
             .ctx("setting the workspace size")?;
-            let what = format!("{key:?}");
+            let what = format!("{class:?}");
             let algo = gemm_tune::choose(gpu, &problem, pref, &what).map_err(|e| {
                 let shape = format!(
                     "finding an algorithm for {m}x{n}x{k} ({:?} x {:?}, scales {:?} x {:?})",
@@ -267,6 +288,9 @@ pub fn lt_matmul_to(
                 within(e, &shape)
             })?;
             lt.algos.insert(key, algo.0);
+            if tuning {
+                lt.by_class.insert(class, algo.0);
+            }
             lt.tuned.extend(algo.1);
             algo.0
         }
@@ -276,6 +300,27 @@ pub fn lt_matmul_to(
             .run(&algo)
             .map_err(|e| within(e, &format!("running a {m}x{n}x{k} matmul")))
     })
+}
+
+/// A size up to 1,024 rounded up to a power of two, a larger one to a multiple of
+/// 1,024: the classes of problems that share a timed algorithm.
+fn size_class(x: usize) -> usize {
+    if x <= 1024 {
+        x.next_power_of_two()
+    } else {
+        x.next_multiple_of(1024)
+    }
+}
+
+/// `k`'s size class: every size and stride through [`size_class`].
+fn bucket(k: &Key) -> Key {
+    let c = size_class;
+    Key {
+        mnk: (c(k.mnk.0), c(k.mnk.1), c(k.mnk.2)),
+        a: (k.a.0, k.a.1, c(k.a.2), k.a.3),
+        b: (k.b.0, k.b.1, c(k.b.2), k.b.3),
+        d: (k.d.0, c(k.d.1)),
+    }
 }
 
 /// `e` with what it happened within prefixed to its "while".
@@ -452,4 +497,29 @@ pub fn dense_gemm_to(
         scale_ptr: 0,
     };
     lt_matmul_to(gpu, (q, p, ka), op(b, tb), op(a, ta), (y, ldy, yty))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_share_algorithms_by_power_of_two_then_by_1024() {
+        let c = size_class;
+        assert_eq!((c(1), c(8), c(9), c(200), c(1024)), (1, 8, 16, 256, 1024));
+        assert_eq!(
+            (c(1025), c(2048), c(20029), c(151936)),
+            (2048, 2048, 20480, 152576)
+        );
+        // Two token counts of one class share a key; the types and transposes stay.
+        let k = |m| Key {
+            mnk: (1024, m, 3072),
+            a: (LtType::E4M3, true, 3072, LtScale::Vec128),
+            b: (LtType::E4M3, false, 3072, LtScale::Vec128),
+            d: (LtType::Bf16, 1024),
+        };
+        assert_eq!(bucket(&k(19_500)), bucket(&k(20_029)));
+        assert_ne!(bucket(&k(19_000)), bucket(&k(20_029)));
+        assert_eq!(bucket(&k(20_029)).a.0, LtType::E4M3);
+    }
 }

@@ -1,6 +1,8 @@
 //! Which cuBLASLt algorithm a GEMM shape runs: its heuristic's candidates timed
-//! on the device at the shape's first call, the fastest kept for the process and,
-//! where the GPU has a [`KernelStore`], between runs.
+//! on the device at the first call of the shape's size class (`gemm.rs` `bucket`:
+//! sizes to powers of two up to 1,024, then to multiples of 1,024; the class's
+//! algorithm serves its other shapes where cuBLASLt accepts it), the fastest kept
+//! for the process and, where the GPU has a [`KernelStore`], between runs.
 //!
 //! Why time them: the heuristic's first pick is not the fastest at every shape. At
 //! Qwen3-0.6B's FP8 WGrad of the down projection (`dw [1024, 3072]`, K = 4,096
@@ -34,7 +36,7 @@ const RUNS: usize = 3;
 const MARGIN: f32 = 0.97;
 
 /// Whether candidates are timed (`JET_GEMM_TUNE`, on unless "0").
-fn tuning_on() -> bool {
+pub(crate) fn tuning_on() -> bool {
     std::env::var("JET_GEMM_TUNE").map_or(true, |v| v != "0")
 }
 
@@ -126,7 +128,7 @@ impl Problem {
 
     /// Whether cuBLASLt accepts `algo` for this problem (a stored choice from
     /// another cuBLASLt build may not be).
-    fn accepts(&self, algo: &sys::cublasLtMatmulAlgo_t) -> bool {
+    pub(crate) fn accepts(&self, algo: &sys::cublasLtMatmulAlgo_t) -> bool {
         let [la, lb, lc] = self.layouts;
         // SAFETY: as candidates'.
         let mut r: sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };

@@ -416,8 +416,17 @@ fn fp8_rows_timing() {
             let sk = time_us(&g, pre, 10, |_| {
                 gemv::gemv_fp8_into(&g, &qx, &qw, &mut d, n).unwrap()
             });
+            // BF16 outputs, as a step writes q, k, v, gate, up and the LM head.
+            let np16 = n.next_multiple_of(16);
+            let ys: Vec<CudaSlice<u16>> = (0..cold)
+                .map(|_| g.zeros::<u16>(qx.rows_pad * np16).unwrap())
+                .collect();
+            let r16 = time_us(&g, pre, 10, |i| {
+                gemv::gemm_fp8_rows_bf16(&g, &qx, &qw, &ys[i % cold], np16).unwrap()
+            });
+            drop(ys);
             println!(
-                "TIMING fp8 rows {m}x{k}x{n} {name:<8}: cuBLASLt {lt:8.1} us {:5.0} TF | rows {r64:8.1} us {:5.0} TF | split-K chunks {sk:8.1} us {:5.0} TF",
+                "TIMING fp8 rows {m}x{k}x{n} {name:<8}: cuBLASLt {lt:8.1} us {:5.0} TF | rows {r64:8.1} us {:5.0} TF | split-K chunks {sk:8.1} us {:5.0} TF | rows BF16 out {r16:8.1} us",
                 tf(lt),
                 tf(r64),
                 tf(sk)

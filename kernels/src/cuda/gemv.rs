@@ -760,6 +760,27 @@ pub fn gemm_fp8_rows(
     launch_rows(gpu, &ops, (gpu.ptr(d), ldd), Epi::NONE)
 }
 
+/// [`gemm_fp8_rows`] with BF16 outputs (the rounded sums' bits, `y [m][ldy]`), as
+/// a training pass writes the projections without a residual.
+pub fn gemm_fp8_rows_bf16(
+    gpu: &Gpu,
+    x: &Fp8Quantized,
+    w: &Fp8Quantized,
+    y: &CudaSlice<u16>,
+    ldy: usize,
+) -> Result<()> {
+    check(x, w)?;
+    check_out(x, w, y.len(), ldy)?;
+    let epi = Epi {
+        y: gpu.ptr(y),
+        ldy,
+        round: true,
+        bf16: true,
+        ..Epi::NONE
+    };
+    gemm_fp8_rows_fused(gpu, x, w, epi)
+}
+
 /// [`gemm_fp8_rows`] with the linear layer's epilogue fused (`epi.y`).
 pub(crate) fn gemm_fp8_rows_fused(
     gpu: &Gpu,

@@ -251,16 +251,12 @@ pub fn lt_matmul_to(
     // once a length.
     let class = bucket(&key);
     let tuning = gemm_tune::tuning_on();
-    let shared = match lt.algos.get(&key) {
+    let class_algo = match lt.algos.get(&key) {
         Some(_) => None,
-        None if tuning => lt
-            .by_class
-            .get(&class)
-            .copied()
-            .filter(|al| problem.accepts(al)),
+        None if tuning => lt.by_class.get(&class).copied(),
         None => None,
     };
-    if let Some(al) = shared {
+    if let Some(al) = class_algo.filter(|al| problem.accepts(al)) {
         lt.algos.insert(key, al);
     }
     let algo = match lt.algos.get(&key) {
@@ -279,8 +275,9 @@ pub fn lt_matmul_to(
                 )
             }
             .ctx("setting the workspace size")?;
-            let what = format!("{class:?}");
-            let algo = gemm_tune::choose(gpu, &problem, pref, &what).map_err(|e| {
+            let names = (format!("{class:?}"), format!("{key:?}"));
+            let algo = gemm_tune::choose(gpu, &problem, pref, (&names.0, &names.1));
+            let algo = algo.map_err(|e| {
                 let shape = format!(
                     "finding an algorithm for {m}x{n}x{k} ({:?} x {:?}, scales {:?} x {:?})",
                     a.ty, b.ty, a.scale, b.scale
@@ -288,7 +285,9 @@ pub fn lt_matmul_to(
                 within(e, &shape)
             })?;
             lt.algos.insert(key, algo.0);
-            if tuning {
+            // The class's first problem names its algorithm; one its algorithm did
+            // not fit keeps its own choice without replacing the class's.
+            if tuning && class_algo.is_none() {
                 lt.by_class.insert(class, algo.0);
             }
             lt.tuned.extend(algo.1);

@@ -10,10 +10,10 @@
 //! at 800 (H100, fifty-second session), and no shape rule carries to other GPUs or
 //! cuBLASLt versions; timing the candidates does.
 //!
-//! Bits: algorithms may add a dot product's terms in different orders, so the
-//! choice is made once per shape and kept. Every later call in the process runs the
-//! same algorithm, and with a store a later run loads the choice instead of timing
-//! again, so a run resumed on the same GPU adds in the same order. `JET_GEMM_TUNE=0`
+//! Bits: algorithms may add a dot product's terms in different orders, so a shape's
+//! algorithm is fixed at its first call and kept. Every later call in the process
+//! runs the same algorithm, and with a store a later run loads the choice instead
+//! of timing again, so a run resumed on the same GPU adds in the same order. `JET_GEMM_TUNE=0`
 //! takes the heuristic's first pick without timing (the behaviour before tuning).
 //! While a CUDA graph is being captured nothing may synchronise, so a shape first
 //! met there takes the first pick too.
@@ -233,24 +233,32 @@ fn store_key(gpu: &Gpu, what: &str) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The algorithm for `p` (described by `what`): the stored choice, else the
-/// heuristic's candidates timed (stored for later runs, and what timing found
-/// returned), else its first pick.
+/// The algorithm for `p`: the stored choice of its size class (`names.0`) or, where
+/// cuBLASLt refuses that here, of the problem itself (`names.1`); else the
+/// heuristic's candidates timed, the choice stored under the class's name if the
+/// class had none (else under the problem's, so a class's entry is never replaced
+/// by a problem it did not fit) and what timing found returned; else (tuning off,
+/// or a graph capture) the heuristic's first pick.
 pub(crate) fn choose(
     gpu: &Gpu,
     p: &Problem,
     pref: sys::cublasLtMatmulPreference_t,
-    what: &str,
+    names: (&str, &str),
 ) -> Result<(sys::cublasLtMatmulAlgo_t, Option<Tuned>)> {
     let on = tuning_on();
     // Timing synchronises, which a graph capture may not; a stored choice is only read.
     let tune = on && !gpu.capturing();
     let store = if on { gpu.kernel_store() } else { None };
-    let key = store.as_ref().map(|_| store_key(gpu, what));
-    if let (Some(s), Some(k)) = (&store, &key) {
-        if let Some(algo) = s.load(k).and_then(|b| decode(&b)) {
-            if p.accepts(&algo) {
-                return Ok((algo, None));
+    let mut save_as = None;
+    if let Some(s) = &store {
+        for name in [names.0, names.1] {
+            let key = store_key(gpu, name);
+            match s.load(&key).and_then(|b| decode(&b)) {
+                Some(algo) if p.accepts(&algo) => return Ok((algo, None)),
+                Some(_) => {}
+                None => {
+                    save_as.get_or_insert(key);
+                }
             }
         }
     }
@@ -258,9 +266,9 @@ pub(crate) fn choose(
     if !tune || cands.len() == 1 {
         return Ok((cands[0], None));
     }
-    let t = fastest(gpu, p, &cands, what)?;
+    let t = fastest(gpu, p, &cands, names.1)?;
     let algo = cands[t.chosen];
-    if let (Some(s), Some(k)) = (&store, &key) {
+    if let (Some(s), Some(k)) = (&store, &save_as) {
         s.save(k, &encode(&algo));
     }
     Ok((algo, Some(t)))

@@ -113,7 +113,6 @@ fn data_type(t: LtType) -> sys::cudaDataType {
 struct Descs {
     desc: sys::cublasLtMatmulDesc_t,
     layouts: Vec<sys::cublasLtMatrixLayout_t>,
-    pref: Option<sys::cublasLtMatmulPreference_t>,
 }
 
 impl Drop for Descs {
@@ -122,9 +121,6 @@ impl Drop for Descs {
         unsafe {
             for &l in &self.layouts {
                 let _ = result::destroy_matrix_layout(l);
-            }
-            if let Some(p) = self.pref {
-                let _ = result::destroy_matmul_pref(p);
             }
             let _ = result::destroy_matmul_desc(self.desc);
         }
@@ -186,7 +182,6 @@ pub fn lt_matmul_to(
     let mut ds = Descs {
         desc,
         layouts: Vec::new(),
-        pref: None,
     };
     set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &(a.trans as i32))?;
     set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &(b.trans as i32))?;
@@ -245,53 +240,43 @@ pub fn lt_matmul_to(
         workspace: (lt.workspace.device_ptr(gpu.stream()).0, WORKSPACE),
         stream: gpu.stream().cu_stream() as sys::cudaStream_t,
     };
-    // A problem not met before takes its size class's algorithm where cuBLASLt
-    // accepts it for this problem, so that a run whose token counts change every
-    // step (RL responses end at random lengths) times candidates once a class, not
-    // once a length.
-    let class = bucket(&key);
-    let tuning = gemm_tune::tuning_on();
-    let class_algo = match lt.algos.get(&key) {
-        Some(_) => None,
-        None if tuning => lt.by_class.get(&class).copied(),
-        None => None,
-    };
-    if let Some(al) = class_algo.filter(|al| problem.accepts(al)) {
-        lt.algos.insert(key, al);
-    }
-    let algo = match lt.algos.get(&key) {
-        Some(al) => *al,
+    let algo = match lt.algos.get(&key).copied() {
+        Some(al) => al,
         None => {
-            let pref = result::create_matmul_pref().ctx("creating a matmul preference")?;
-            ds.pref = Some(pref);
-            let ws = WORKSPACE as u64;
-            // SAFETY: a live u64 for the workspace-size attribute.
-            unsafe {
-                result::set_matmul_pref_attribute(
-                    pref,
-                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                    &ws as *const u64 as *const c_void,
-                    8,
-                )
-            }
-            .ctx("setting the workspace size")?;
-            let names = (format!("{class:?}"), format!("{key:?}"));
-            let algo = gemm_tune::choose(gpu, &problem, pref, (&names.0, &names.1));
-            let algo = algo.map_err(|e| {
-                let shape = format!(
-                    "finding an algorithm for {m}x{n}x{k} ({:?} x {:?}, scales {:?} x {:?})",
-                    a.ty, b.ty, a.scale, b.scale
-                );
-                within(e, &shape)
-            })?;
-            lt.algos.insert(key, algo.0);
-            // The class's first problem names its algorithm; one its algorithm did
-            // not fit keeps its own choice without replacing the class's.
-            if tuning && class_algo.is_none() {
-                lt.by_class.insert(class, algo.0);
-            }
-            lt.tuned.extend(algo.1);
-            algo.0
+            // A problem not met before takes its size class's algorithm where
+            // cuBLASLt accepts it for this problem, so that a run whose token counts
+            // change every step (RL responses end at random lengths) times
+            // candidates once a class, not once a length.
+            let class = bucket(&key);
+            let tuning = gemm_tune::tuning_on();
+            let class_algo = match tuning {
+                true => lt.by_class.get(&class).copied(),
+                false => None,
+            };
+            let algo = match class_algo.filter(|al| problem.accepts(al)) {
+                Some(al) => al,
+                None => {
+                    let names = (format!("{class:?}"), format!("{key:?}"));
+                    let chosen = gemm_tune::choose(gpu, &problem, (&names.0, &names.1));
+                    let (algo, timed) = chosen.map_err(|e| {
+                        let shape = format!(
+                            "finding an algorithm for {m}x{n}x{k} ({:?} x {:?}, scales {:?} x {:?})",
+                            a.ty, b.ty, a.scale, b.scale
+                        );
+                        within(e, &shape)
+                    })?;
+                    // The class's first problem names its algorithm; one its
+                    // algorithm did not fit keeps its own choice without replacing
+                    // the class's.
+                    if tuning && class_algo.is_none() {
+                        lt.by_class.insert(class, algo);
+                    }
+                    lt.tuned.extend(timed);
+                    algo
+                }
+            };
+            lt.algos.insert(key, algo);
+            algo
         }
     };
     gpu.span("gemm", "cublasLt matmul", || {

@@ -35,9 +35,10 @@ const RUNS: usize = 3;
 /// algorithms does not decide the choice.
 const MARGIN: f32 = 0.97;
 
-/// Whether candidates are timed (`JET_GEMM_TUNE`, on unless "0").
+/// Whether candidates are timed (`JET_GEMM_TUNE`, on unless "0"; read once).
 pub(crate) fn tuning_on() -> bool {
-    std::env::var("JET_GEMM_TUNE").map_or(true, |v| v != "0")
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| super::switch_on("JET_GEMM_TUNE"))
 }
 
 /// One GEMM as cuBLASLt runs it: everything but the algorithm.
@@ -83,12 +84,31 @@ impl Problem {
         .ctx("running a matmul")
     }
 
-    /// Up to `n` of the heuristic's candidates, its first pick first.
-    fn candidates(
-        &self,
-        pref: sys::cublasLtMatmulPreference_t,
-        n: usize,
-    ) -> Result<Vec<sys::cublasLtMatmulAlgo_t>> {
+    /// Up to `n` of the heuristic's candidates that fit the workspace, its first
+    /// pick first.
+    fn candidates(&self, n: usize) -> Result<Vec<sys::cublasLtMatmulAlgo_t>> {
+        /// The preference, destroyed on every exit path.
+        struct Pref(sys::cublasLtMatmulPreference_t);
+        impl Drop for Pref {
+            fn drop(&mut self) {
+                // SAFETY: created once below.
+                let _ = unsafe { cudarc::cublaslt::result::destroy_matmul_pref(self.0) };
+            }
+        }
+        let pref = Pref(
+            cudarc::cublaslt::result::create_matmul_pref().ctx("creating a matmul preference")?,
+        );
+        let ws = self.workspace.1 as u64;
+        // SAFETY: a live u64 for the workspace-size attribute.
+        unsafe {
+            cudarc::cublaslt::result::set_matmul_pref_attribute(
+                pref.0,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const u64 as *const c_void,
+                8,
+            )
+        }
+        .ctx("setting the workspace size")?;
         let [la, lb, lc] = self.layouts;
         // SAFETY: a plain C struct; zero is a valid bit pattern for it.
         let mut res: Vec<sys::cublasLtMatmulHeuristicResult_t> =
@@ -103,7 +123,7 @@ impl Problem {
                 lb,
                 lc,
                 lc,
-                pref,
+                pref.0,
                 n as i32,
                 res.as_mut_ptr(),
                 &mut count,
@@ -242,7 +262,6 @@ fn store_key(gpu: &Gpu, what: &str) -> String {
 pub(crate) fn choose(
     gpu: &Gpu,
     p: &Problem,
-    pref: sys::cublasLtMatmulPreference_t,
     names: (&str, &str),
 ) -> Result<(sys::cublasLtMatmulAlgo_t, Option<Tuned>)> {
     let on = tuning_on();
@@ -262,7 +281,7 @@ pub(crate) fn choose(
             }
         }
     }
-    let cands = p.candidates(pref, if tune { CANDIDATES } else { 1 })?;
+    let cands = p.candidates(if tune { CANDIDATES } else { 1 })?;
     if !tune || cands.len() == 1 {
         return Ok((cands[0], None));
     }

@@ -395,10 +395,6 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
 #ifndef ROWS_NO_STORE
 #define ROWS_NO_STORE 0
 #endif
-#ifndef ROWS_BF16_DIRECT
-#define ROWS_BF16_DIRECT 0
-#endif
-
 // tile_out for the tokens-as-A layout: the same epi_value a value (the same bits),
 // each thread's tokens tw + lane / 4 (+8) below M and columns c = n0 + 8 j + 2 (lane
 // % 4) (+1) below N. f32 (d, or y with bias / residual) as 8-byte stores, a token's
@@ -424,33 +420,6 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
                 tot[4 * j + 2 * h] = epi_value(tot[4 * j + 2 * h], bias, bb[j].x, round, false, 0.0f);
                 tot[4 * j + 2 * h + 1] = epi_value(tot[4 * j + 2 * h + 1], bias, bb[j].y, round, false, 0.0f);
             }
-#if ROWS_BF16_DIRECT
-        // Measurement form (JET_NVRTC_DEFINES=ROWS_BF16_DIRECT=1): each thread's
-        // column pairs stored from its registers as 4-byte BF16 pairs (a warp
-        // instruction: 16 bytes of each of 8 tokens), no staging. The same values.
-        {
-            bf16_t* yb = reinterpret_cast<bf16_t*>(y);
-            const bool v2 = (((u64)yb & 3) == 0) && (ldy & 1) == 0;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int tok = tw + (lane >> 2) + 8 * h;
-                if (tok >= M) continue;
-                bf16_t* row = yb + (long)tok * ldy;
-#pragma unroll
-                for (int j = 0; j < 16; j++) {
-                    const int c = cb + 8 * j;
-                    const float v0 = tot[4 * j + 2 * h], v1 = tot[4 * j + 2 * h + 1];
-                    if (v2 && c + 1 < N) {
-                        *reinterpret_cast<u32*>(row + c) = pack2_bf16(v0, v1);
-                    } else {
-                        if (c < N) row[c] = f32_to_bf16(v0);
-                        if (c + 1 < N) row[c + 1] = f32_to_bf16(v1);
-                    }
-                }
-            }
-            return;
-        }
-#endif
         const int toks = min(16, M - tw), cols = min(128, N - n0);
         if (toks > 0 && cols > 0)
             warp_tile_store_tm(tot, reinterpret_cast<bf16_t*>(y) + (long)tw * ldy + n0, ldy, toks, cols, stage, lane);

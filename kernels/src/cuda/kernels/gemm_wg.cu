@@ -475,11 +475,12 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
         // Measurement form (JET_NVRTC_DEFINES=ROWS_BF16_QUAD=1): no staging. A quad
         // (lanes 4t .. 4t + 3, one token) holds 16 columns of each chunk pair (j =
         // 2p, 2p + 1) as eight BF16 pairs w0 .. w7 (w_i: columns 2i, 2i + 1; lane q
-        // has w_q and w_{4+q}); two shuffles give lane q w_{2q} and w_{2q+1}, and it
-        // stores its four columns as 8 bytes: a warp instruction writes whole 32-byte
-        // sectors (8 tokens x 32 bytes), as the f32 path's do. The 4-byte stores from
-        // the registers' layout (half sectors) ran 25% slower than the staged path
-        // (sixtieth session, H100). The same values, so the same bits.
+        // has w_q and w_{4+q} as its slots s0 and s1); two shuffles give lane q
+        // w_{2q} and w_{2q+1}, and it stores its four columns as 8 bytes: a warp
+        // instruction writes whole 32-byte sectors (8 tokens x 32 bytes), as the f32
+        // path's do. The 4-byte stores from the registers' layout (half sectors) ran
+        // 25% slower than the staged path (sixtieth session, H100). The same values,
+        // so the same bits.
         {
             bf16_t* yb = reinterpret_cast<bf16_t*>(y);
             const int q = lane & 3;
@@ -498,12 +499,12 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
 #pragma unroll
                 for (int p = 0; p < 8; p++) {
                     const int j0 = 2 * p, j1 = 2 * p + 1;
-                    const u32 w0 = pack2_bf16(tot[4 * j0 + 2 * h], tot[4 * j0 + 2 * h + 1]);
-                    const u32 w1 = pack2_bf16(tot[4 * j1 + 2 * h], tot[4 * j1 + 2 * h + 1]);
-                    const u32 r1 = __shfl_sync(0xffffffffu, q == 0 ? w1 : w0, src1);
-                    const u32 r2 = __shfl_sync(0xffffffffu, q == 3 ? w0 : w1, src2);
-                    const u32 lo = q == 0 ? w0 : (q == 3 ? r2 : r1);
-                    const u32 hi = q == 0 ? r1 : (q == 3 ? w1 : r2);
+                    const u32 s0 = pack2_bf16(tot[4 * j0 + 2 * h], tot[4 * j0 + 2 * h + 1]);
+                    const u32 s1 = pack2_bf16(tot[4 * j1 + 2 * h], tot[4 * j1 + 2 * h + 1]);
+                    const u32 r1 = __shfl_sync(0xffffffffu, q == 0 ? s1 : s0, src1);
+                    const u32 r2 = __shfl_sync(0xffffffffu, q == 3 ? s0 : s1, src2);
+                    const u32 lo = q == 0 ? s0 : (q == 3 ? r2 : r1);
+                    const u32 hi = q == 0 ? r1 : (q == 3 ? s1 : r2);
                     const int c = n0 + 16 * p + 4 * q;
                     if (tok >= M) continue;
                     if (v8 && c + 3 < N) {

@@ -3342,7 +3342,9 @@ fn bf16_padded_copies_are_bit_exact() {
 /// A GEMM whose cuBLASLt algorithm was chosen by timing (`gemm_tune`, on unless
 /// `JET_GEMM_TUNE=0`): the choice is recorded, kept for later calls (the same bits
 /// again), and its values are the CPU's within f32 accuracy. A shape no other test
-/// uses, so this test meets it first.
+/// uses; its size class (`gemm.rs` `bucket`) may still have been met first by
+/// another test, and then it takes that algorithm with no timing of its own (no
+/// record), so at most one record.
 #[test]
 fn gemm_algorithm_chosen_by_timing_is_kept() {
     let Some(g) = gpu() else { return };

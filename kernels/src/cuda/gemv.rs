@@ -543,8 +543,8 @@ fn launch_rows_tma(
         Elem::Bf16 => ("wg_bf16_rows_tma", TmaElem::Bf16, 64),
     };
     let kp = ops.k_pad;
-    let tw = tensor_map_2d(elem, ops.w.0, (ops.n_pad, kp, kp), (epp, 128), true)?;
-    let tx = tensor_map_2d(elem, ops.x.0, (ops.m, kp, kp), (epp, 128), true)?;
+    let tw = tensor_map_2d(elem, ops.w.0, (ops.n_pad, kp, kp), (epp, 128), 128)?;
+    let tx = tensor_map_2d(elem, ops.x.0, (ops.m, kp, kp), (epp, 128), 128)?;
     // The token scales `[L][ldxs]` (FP8); BF16 has none and never reads the map.
     let txs = match ops.elem {
         Elem::Fp8 => tensor_map_2d(
@@ -552,9 +552,30 @@ fn launch_rows_tma(
             ops.x.1,
             (kp.div_ceil(GROUP), ops.m, ops.x.2 as usize),
             (128, 1),
-            false,
+            0,
         )?,
         Elem::Bf16 => tw,
+    };
+    // The BF16 output `[m][ldy]` as the boxes the warps' epilogue tiles are (read
+    // only under ROWS_BF16_TMA, gemm_wg.cu): FP8 64 columns x 16 tokens in the
+    // 128-byte swizzle, BF16 16 columns x 64 tokens in the 32-byte one. Unaligned
+    // outputs (or none) keep the warps' own stores (ty_ok 0, the map unread).
+    let ty = match ops.elem {
+        _ if !epi.bf16 || !epi.y.is_multiple_of(16) || !epi.ldy.is_multiple_of(8) => None,
+        Elem::Fp8 => Some(tensor_map_2d(
+            TmaElem::Bf16,
+            epi.y,
+            (ops.m, ops.n, epi.ldy),
+            (64, 16),
+            128,
+        )?),
+        Elem::Bf16 => Some(tensor_map_2d(
+            TmaElem::Bf16,
+            epi.y,
+            (ops.m, ops.n, epi.ldy),
+            (16, 64),
+            32,
+        )?),
     };
     let tiles = ops.m.div_ceil(ROWS_TOKENS) * ops.n.div_ceil(128);
     gpu.launch(
@@ -562,9 +583,9 @@ fn launch_rows_tma(
         name,
         (tiles.min(gpu.sm_count()) as u32, 1, 1),
         (384, 1, 1),
-        // WgTmaSmem::BYTES: the stages, scales and barriers, 8 epilogue tiles of
-        // EPI_STAGE (2 KiB), 1 KiB to align.
-        (s * 256 * gb + s * 128 * 4 + 2 * s * 8).next_multiple_of(16) + 8 * 2048 + 1024,
+        // WgTmaSmem::BYTES: the stages, scales and barriers (to 1 KiB), 8 epilogue
+        // tiles of EPI_STAGE (2 KiB), 1 KiB to align.
+        (s * 256 * gb + s * 128 * 4 + 2 * s * 8).next_multiple_of(1024) + 8 * 2048 + 1024,
         &[
             Arg::T(tw),
             Arg::T(tx),
@@ -582,6 +603,8 @@ fn launch_rows_tma(
             Arg::P(epi.bias),
             epi.round_arg(),
             Arg::P(epi.res),
+            Arg::T(ty.unwrap_or(tw)),
+            Arg::I(ty.is_some() as i32),
         ],
     )
 }
@@ -713,10 +736,10 @@ pub(crate) fn gate_up_swiglu_fp8(
     let (g, u) = (SkOps::fp8(gpu, x, gate, 0), SkOps::fp8(gpu, x, up, 0));
     let (kp, l) = (g.k_pad, g.k_pad.div_ceil(GROUP));
     let (_, gps) = splits(gpu, n, kp);
-    let tg = tensor_map_2d(TmaElem::U8, g.w.0, (g.n_pad, kp, kp), (128, 128), true)?;
-    let tu = tensor_map_2d(TmaElem::U8, u.w.0, (u.n_pad, kp, kp), (128, 128), true)?;
-    let tx = tensor_map_2d(TmaElem::U8, g.x.0, (m, kp, kp), (128, 64), true)?;
-    let txs = tensor_map_2d(TmaElem::F32, g.x.1, (l, m, g.x.2 as usize), (64, 1), false)?;
+    let tg = tensor_map_2d(TmaElem::U8, g.w.0, (g.n_pad, kp, kp), (128, 128), 128)?;
+    let tu = tensor_map_2d(TmaElem::U8, u.w.0, (u.n_pad, kp, kp), (128, 128), 128)?;
+    let tx = tensor_map_2d(TmaElem::U8, g.x.0, (m, kp, kp), (128, 64), 128)?;
+    let txs = tensor_map_2d(TmaElem::F32, g.x.1, (l, m, g.x.2 as usize), (64, 1), 0)?;
     gpu.launch(
         &WG,
         "wg_fp8_gate_up_swiglu",

@@ -31,14 +31,16 @@ impl TmaElem {
 }
 
 /// The map of `[rows][cols]` elements at device address `ptr`, rows `ld` elements
-/// apart, read in boxes of `box_cols x box_rows`; `swizzle128`: the box lands in
-/// shared memory in the 128-byte swizzle (its rows must then be 128 bytes).
+/// apart, copied in boxes of `box_cols x box_rows`; `swizzle` (bytes: 0, 32 or
+/// 128): the box lies in shared memory in that swizzle (16-byte unit u of box row r
+/// at u ^ (r % (swizzle / 16)) within each swizzle-sized span), its rows then
+/// `swizzle` bytes long.
 pub(crate) fn tensor_map_2d(
     elem: TmaElem,
     ptr: u64,
     (rows, cols, ld): (usize, usize, usize),
     (box_cols, box_rows): (u32, u32),
-    swizzle128: bool,
+    swizzle: u32,
 ) -> Result<TensorMap> {
     let eb = elem.bytes();
     let stride = ld as u64 * eb;
@@ -48,9 +50,12 @@ pub(crate) fn tensor_map_2d(
             format!("tensor map over [{rows}][{cols}] at {ptr:#x}, row stride {stride} bytes: needs 16-byte alignment")
         },
     )?;
-    ensure(!swizzle128 || box_cols as u64 * eb == 128, || {
-        format!("a 128-byte swizzled box has 128-byte rows, not {box_cols} x {eb} bytes")
-    })?;
+    ensure(
+        matches!(swizzle, 0 | 32 | 128) && (swizzle == 0 || box_cols as u64 * eb == swizzle as u64),
+        || {
+            format!("a {swizzle}-byte swizzled box has {swizzle}-byte rows, not {box_cols} x {eb} bytes")
+        },
+    )?;
     let ty = match elem {
         TmaElem::U8 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
         TmaElem::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -60,9 +65,10 @@ pub(crate) fn tensor_map_2d(
     let strides = [stride];
     let boxes = [box_cols, box_rows];
     let unit = [1u32, 1];
-    let swizzle = match swizzle128 {
-        true => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-        false => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+    let swizzle = match swizzle {
+        128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        32 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+        _ => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
     };
     // SAFETY: a zeroed map is valid to write into.
     let mut map: sys::CUtensorMap = unsafe { std::mem::zeroed() };
@@ -98,13 +104,15 @@ mod tests {
     // Rejected before any driver call, so these run without a GPU.
     #[test]
     fn misaligned_maps_are_refused_with_the_shape() {
-        let e = tensor_map_2d(TmaElem::U8, 0x1008, (4, 256, 256), (128, 128), true).unwrap_err();
+        let e = tensor_map_2d(TmaElem::U8, 0x1008, (4, 256, 256), (128, 128), 128).unwrap_err();
         assert!(e.to_string().contains("[4][256]"), "{e}");
-        let e = tensor_map_2d(TmaElem::F32, 0x1000, (4, 6, 6), (128, 1), false).unwrap_err();
+        let e = tensor_map_2d(TmaElem::F32, 0x1000, (4, 6, 6), (128, 1), 0).unwrap_err();
         assert!(e.to_string().contains("24 bytes"), "{e}");
-        let e = tensor_map_2d(TmaElem::Bf16, 0x1000, (4, 256, 256), (128, 128), true).unwrap_err();
+        let e = tensor_map_2d(TmaElem::Bf16, 0x1000, (4, 256, 256), (128, 128), 128).unwrap_err();
         assert!(e.to_string().contains("128-byte rows"), "{e}");
-        let e = tensor_map_2d(TmaElem::U8, 0x1000, (0, 256, 256), (128, 128), true).unwrap_err();
+        let e = tensor_map_2d(TmaElem::Bf16, 0x1000, (4, 256, 256), (32, 64), 32).unwrap_err();
+        assert!(e.to_string().contains("32-byte rows"), "{e}");
+        let e = tensor_map_2d(TmaElem::U8, 0x1000, (0, 256, 256), (128, 128), 128).unwrap_err();
         assert!(e.to_string().contains("[0][256]"), "{e}");
     }
 }

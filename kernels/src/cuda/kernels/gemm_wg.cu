@@ -257,6 +257,32 @@ __device__ __forceinline__ void tma_2d(u32 dst, const TMap* map, int c0, int c1,
         : "memory");
 }
 
+// The reverse copy: shared src (a box of the map, in its swizzle) to the tensor at
+// (c0, c1), elements past the tensor's end not written; asynchronous (the copy
+// engine reads src and writes global while the thread goes on), one bulk group a
+// commit. Before src is written again: bulk_wait_read (the reads are done).
+__device__ __forceinline__ void tma_store_2d(const TMap* map, int c0, int c1, u32 src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"((u64)map),
+                 "r"(c0), "r"(c1), "r"(src)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+#ifndef ROWS_BF16_TMA
+#define ROWS_BF16_TMA 0
+#endif
+// ROWS_BF16_TMA (measurement form): the BF16 outputs' staged tiles leave through
+// the copy engine (tma_store_2d, one lane a warp) instead of the warp's 16-byte
+// stores, so the consumers go on to the next tile's MMAs while the bytes drain.
+// The stage tiles are already the maps' swizzled boxes: the FP8 (tokens-as-A)
+// [16 tokens][64 columns] tile is the 128-byte swizzle (unit u of row r at u ^
+// (r & 7), the stage 1024-byte aligned), the BF16 (weights-as-A) [64 tokens][16
+// rows] tile the 32-byte swizzle (half ^ (token >> 2 & 1), epi_at). Same values:
+// the same bits. The lane that issues a warp's copies waits for their reads
+// before the stage is written again and for their writes at the kernel's end.
+
 // A warp's 16 rows x 128 BF16 outputs through its own EPI_STAGE bytes of shared
 // memory, CT tokens at a time: the accumulator layout (register 4 j + 2 h + i holds
 // row lane / 4 + 8 h, token 8 j + 2 (lane % 4) + i) goes to a [token][16 rows]
@@ -317,6 +343,60 @@ __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* ou
     }
 }
 
+#if ROWS_BF16_TMA
+// warp_tile_store's tile (16 weight rows x 128 tokens, the weights-as-A layout) in
+// two passes of 64 tokens, each the box (16 columns x 64 tokens) at (rw, t0 + 64 c)
+// of ty; stmatrix .trans as there.
+__device__ __forceinline__ void warp_tile_tma(const float (&v)[64], const TMap* ty, int rw, int t0, int toks,
+                                              bf16_t* st, int lane) {
+    const u32 sbase = smem_addr(st);
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        if (c * 64 >= toks) break;  // warp-uniform
+        if (lane == 0) bulk_wait_read();
+        __syncwarp();
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const int q = lane >> 3, tok = 8 * (2 * m + (q >> 1)) + (lane & 7);
+            const u32 addr = sbase + 2 * epi_at(tok, 8 * (q & 1));
+            const int j0 = c * 8 + 2 * m;
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                         "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
+                         "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
+                         : "memory");
+        }
+        fence_async_smem();
+        __syncwarp();
+        if (lane == 0) tma_store_2d(ty, rw, t0 + 64 * c, sbase);
+    }
+}
+// warp_tile_store_tm's tile (16 tokens x 128 columns, the tokens-as-A layout) in two
+// passes of 64 columns, each the box (64 columns x 16 tokens) at (n0 + 64 c, tw).
+__device__ __forceinline__ void warp_tile_tma_tm(const float (&v)[64], const TMap* ty, int tw, int n0, int cols,
+                                                 u8* st, int lane) {
+    const u32 sbase = smem_addr(st);
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        if (c * 64 >= cols) break;  // warp-uniform
+        if (lane == 0) bulk_wait_read();
+        __syncwarp();
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const int q = lane >> 3, r = 8 * (q & 1) + (lane & 7), u = 2 * m + (q >> 1);
+            const u32 addr = sbase + r * 128 + ((u ^ (r & 7)) << 4);
+            const int j0 = 8 * c + 2 * m;
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                         "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
+                         "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
+                         : "memory");
+        }
+        fence_async_smem();
+        __syncwarp();
+        if (lane == 0) tma_store_2d(ty, n0 + 64 * c, tw, sbase);
+    }
+}
+#endif
+
 // A warpgroup's 64 x 128 totals out: rows_out's ops per value (the same bits), the
 // bias and residual read where the thread's rows are (rb and rb + 8, < N) and its
 // tokens t = tb + 8 j + i (i < 2) are below M. f32 straight from the registers;
@@ -324,7 +404,7 @@ __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* ou
 // first row; t0: the tile's first token; stage: the warp's EPI_STAGE bytes.
 __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M, int N, float* d, long ldd, float* y,
                                          long ldy, const float* bias, int round, const float* res, u8* stage,
-                                         int lane) {
+                                         const TMap* ty, int ty_ok, int lane) {
     const int rb = rw + (lane >> 2), tb = t0 + (lane & 3) * 2, mt = M - tb;
     const bool ok0 = rb < N, ok1 = rb + 8 < N;
     if (y && round == EPI_BF16) {
@@ -332,6 +412,12 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
 #pragma unroll
         for (int r = 0; r < 64; r++) tot[r] = epi_value(tot[r], bias, (r & 2) ? b1 : b0, round, false, 0.0f);
         const int rows_ok = min(16, N - rw), toks = min(128, M - t0);
+#if ROWS_BF16_TMA
+        if (ty_ok) {
+            if (rows_ok > 0 && toks > 0) warp_tile_tma(tot, ty, rw, t0, toks, reinterpret_cast<bf16_t*>(stage), lane);
+            return;
+        }
+#endif
         if (rows_ok > 0 && toks > 0)
             warp_tile_store(tot, reinterpret_cast<bf16_t*>(y) + (long)t0 * ldy + rw, ldy, rows_ok, toks,
                             reinterpret_cast<bf16_t*>(stage), lane);
@@ -405,7 +491,7 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
 // through warp_tile_store_tm. tw: the warp's first token; stage: its EPI_STAGE bytes.
 __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, int M, int N, float* d, long ldd,
                                             float* y, long ldy, const float* bias, int round, const float* res,
-                                            u8* stage, int lane) {
+                                            u8* stage, const TMap* ty, int ty_ok, int lane) {
     const int cb = n0 + 2 * (lane & 3);
     // The thread's 16 column pairs' bias (y's epilogue only), loaded once for both
     // of its tokens.
@@ -521,6 +607,12 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
         }
 #endif
         const int toks = min(16, M - tw), cols = min(128, N - n0);
+#if ROWS_BF16_TMA
+        if (ty_ok) {
+            if (toks > 0 && cols > 0) warp_tile_tma_tm(tot, ty, tw, n0, cols, stage, lane);
+            return;
+        }
+#endif
         if (toks > 0 && cols > 0)
             warp_tile_store_tm(tot, reinterpret_cast<bf16_t*>(y) + (long)tw * ldy + n0, ldy, toks, cols, stage, lane);
         return;
@@ -575,7 +667,8 @@ template <class E>
 struct WgTmaSmem {
     static constexpr int S = E::S_ROWS, WT = 128 * E::GB, STAGE = 2 * WT;
     // The consumer warps' epilogue tiles (EPI_STAGE bytes each) after the barriers.
-    static constexpr int EPI = (S * STAGE + S * 128 * 4 + 2 * S * 8 + 15) / 16 * 16;
+    // 1024-byte aligned: ROWS_BF16_TMA's copies read the tiles in the maps' swizzles.
+    static constexpr int EPI = (S * STAGE + S * 128 * 4 + 2 * S * 8 + 1023) / 1024 * 1024;
     static constexpr int BYTES = EPI + 8 * EPI_STAGE + 1024;
 };
 
@@ -595,7 +688,7 @@ template <class E>
 __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, const float* __restrict__ ws, int lds,
                             float* __restrict__ d, long ldd, int M, int N, int K_pad, int gps,
                             float* __restrict__ y, long ldy, const float* __restrict__ bias, int round,
-                            const float* __restrict__ res) {
+                            const float* __restrict__ res, const TMap* ty, int ty_ok) {
     using SM = WgTmaSmem<E>;
     constexpr int S = SM::S, GB = E::GB, PLANES = GB / 128, EPP = E::FP8 ? 128 : 64;  // elements a plane row
     constexpr u32 TX_BYTES = SM::STAGE + (E::FP8 ? 128 * 4 : 0);
@@ -691,10 +784,15 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
 #endif
             u8* stage = smem + SM::EPI + (wg * 4 + warp) * EPI_STAGE;
             if constexpr (E::FP8)
-                tile_out_tm(tot, t0 + wg * 64 + warp * 16, n0, M, N, d, ldd, y, ldy, bias, round, res, stage, lane);
+                tile_out_tm(tot, t0 + wg * 64 + warp * 16, n0, M, N, d, ldd, y, ldy, bias, round, res, stage, ty,
+                            ty_ok, lane);
             else
-                tile_out(tot, n0 + wg * 64 + warp * 16, t0, M, N, d, ldd, y, ldy, bias, round, res, stage, lane);
+                tile_out(tot, n0 + wg * 64 + warp * 16, t0, M, N, d, ldd, y, ldy, bias, round, res, stage, ty, ty_ok,
+                         lane);
         }
+#if ROWS_BF16_TMA
+        if (lane == 0) bulk_wait_all();  // the copies' writes done before the grid ends
+#endif
     }
 }
 
@@ -705,9 +803,9 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
     extern "C" __global__ void __launch_bounds__(384, 1)                                                           \
         NAME(const __grid_constant__ TMap tw, const __grid_constant__ TMap tx, const __grid_constant__ TMap txs,    \
              const float* ws, int lds, float* d, long ldd, int M, int N, int K_pad, int gps, float* y, long ldy,   \
-             const float* bias, int round, const float* res) {                                                     \
+             const float* bias, int round, const float* res, const __grid_constant__ TMap ty, int ty_ok) {          \
         pdl_entry();                                                                                               \
-        wg_rows_tma<E>(&tw, &tx, &txs, ws, lds, d, ldd, M, N, K_pad, gps, y, ldy, bias, round, res);           \
+        wg_rows_tma<E>(&tw, &tx, &txs, ws, lds, d, ldd, M, N, K_pad, gps, y, ldy, bias, round, res, &ty, ty_ok); \
     }
 
 // Only sm_90a has wgmma: elsewhere this module is empty and gemv.rs never asks it.

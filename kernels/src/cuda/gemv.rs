@@ -556,10 +556,10 @@ fn launch_rows_tma(
         )?,
         Elem::Bf16 => tw,
     };
-    // The BF16 output `[m][ldy]` as the boxes the warps' epilogue tiles are (read
-    // only under ROWS_BF16_TMA, gemm_wg.cu): FP8 64 columns x 16 tokens in the
-    // 128-byte swizzle, BF16 16 columns x 64 tokens in the 32-byte one. Unaligned
-    // outputs (or none) keep the warps' own stores (ty_ok 0, the map unread).
+    // The BF16 output `[m][ldy]` as the boxes the warps' epilogue tiles are
+    // (gemm_wg.cu's tma_store_2d): FP8 64 columns x 16 tokens in the 128-byte
+    // swizzle, BF16 16 columns x 64 tokens in the 32-byte one. Unaligned outputs
+    // (or none) keep the warps' own stores (ty_ok 0, the map unread).
     let ty = match ops.elem {
         _ if !epi.bf16 || !epi.y.is_multiple_of(16) || !epi.ldy.is_multiple_of(8) => None,
         Elem::Fp8 => Some(tensor_map_2d(

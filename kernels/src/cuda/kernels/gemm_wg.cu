@@ -270,12 +270,12 @@ __device__ __forceinline__ void tma_store_2d(const TMap* map, int c0, int c1, u3
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
-#ifndef ROWS_BF16_TMA
-#define ROWS_BF16_TMA 0
-#endif
-// ROWS_BF16_TMA (measurement form): the BF16 outputs' staged tiles leave through
-// the copy engine (tma_store_2d, one lane a warp) instead of the warp's 16-byte
-// stores, so the consumers go on to the next tile's MMAs while the bytes drain.
+// The rows kernels' BF16 outputs: the warps' staged tiles leave through the copy
+// engine (tma_store_2d, one lane a warp) where the output is 16-byte aligned, in
+// place of the warp's 16-byte stores (warp_tile_store, kept for the rest), so the
+// consumers go on to the next tile's MMAs while the bytes drain: FP8 q 30.6 ->
+// 29.2 us, gate/up 43.9 -> 42.2, LM head 1,931 -> 1,772 alone; the 0.6B fp8 step
+// 44.81 -> 44.24 ms, bf16 47.45 -> 47.08 (H100, sixty-first session, call 1).
 // The stage tiles are already the maps' swizzled boxes: the FP8 (tokens-as-A)
 // [16 tokens][64 columns] tile is the 128-byte swizzle (unit u of row r at u ^
 // (r & 7), the stage 1024-byte aligned), the BF16 (weights-as-A) [64 tokens][16
@@ -343,7 +343,6 @@ __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* ou
     }
 }
 
-#if ROWS_BF16_TMA
 // warp_tile_store's tile (16 weight rows x 128 tokens, the weights-as-A layout) in
 // two passes of 64 tokens, each the box (16 columns x 64 tokens) at (rw, t0 + 64 c)
 // of ty; stmatrix .trans as there.
@@ -395,13 +394,13 @@ __device__ __forceinline__ void warp_tile_tma_tm(const float (&v)[64], const TMa
         if (lane == 0) tma_store_2d(ty, n0 + 64 * c, tw, sbase);
     }
 }
-#endif
 
 // A warpgroup's 64 x 128 totals out: rows_out's ops per value (the same bits), the
 // bias and residual read where the thread's rows are (rb and rb + 8, < N) and its
 // tokens t = tb + 8 j + i (i < 2) are below M. f32 straight from the registers;
-// BF16 (round == EPI_BF16, no residual) through warp_tile_store. rw: the warp's
-// first row; t0: the tile's first token; stage: the warp's EPI_STAGE bytes.
+// BF16 (round == EPI_BF16, no residual) through warp_tile_tma (ty_ok: y's map ty)
+// or warp_tile_store. rw: the warp's first row; t0: the tile's first token; stage:
+// the warp's EPI_STAGE bytes.
 __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M, int N, float* d, long ldd, float* y,
                                          long ldy, const float* bias, int round, const float* res, u8* stage,
                                          const TMap* ty, int ty_ok, int lane) {
@@ -412,12 +411,10 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
 #pragma unroll
         for (int r = 0; r < 64; r++) tot[r] = epi_value(tot[r], bias, (r & 2) ? b1 : b0, round, false, 0.0f);
         const int rows_ok = min(16, N - rw), toks = min(128, M - t0);
-#if ROWS_BF16_TMA
         if (ty_ok) {
             if (rows_ok > 0 && toks > 0) warp_tile_tma(tot, ty, rw, t0, toks, reinterpret_cast<bf16_t*>(stage), lane);
             return;
         }
-#endif
         if (rows_ok > 0 && toks > 0)
             warp_tile_store(tot, reinterpret_cast<bf16_t*>(y) + (long)t0 * ldy + rw, ldy, rows_ok, toks,
                             reinterpret_cast<bf16_t*>(stage), lane);
@@ -481,14 +478,12 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
 #ifndef ROWS_NO_STORE
 #define ROWS_NO_STORE 0
 #endif
-#ifndef ROWS_BF16_QUAD
-#define ROWS_BF16_QUAD 0
-#endif
 // tile_out for the tokens-as-A layout: the same epi_value a value (the same bits),
 // each thread's tokens tw + lane / 4 (+8) below M and columns c = n0 + 8 j + 2 (lane
 // % 4) (+1) below N. f32 (d, or y with bias / residual) as 8-byte stores, a token's
 // residual pairs all loaded before its stores; BF16 (round == EPI_BF16, no residual)
-// through warp_tile_store_tm. tw: the warp's first token; stage: its EPI_STAGE bytes.
+// through warp_tile_tma_tm (ty_ok: y's map ty) or warp_tile_store_tm. tw: the warp's
+// first token; stage: its EPI_STAGE bytes.
 __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, int M, int N, float* d, long ldd,
                                             float* y, long ldy, const float* bias, int round, const float* res,
                                             u8* stage, const TMap* ty, int ty_ok, int lane) {
@@ -509,110 +504,11 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
                 tot[4 * j + 2 * h] = epi_value(tot[4 * j + 2 * h], bias, bb[j].x, round, false, 0.0f);
                 tot[4 * j + 2 * h + 1] = epi_value(tot[4 * j + 2 * h + 1], bias, bb[j].y, round, false, 0.0f);
             }
-#if ROWS_BF16_QUAD == 2
-        // Measurement form (ROWS_BF16_QUAD=2): as 1, 16-byte stores. A quad's 32
-        // columns of chunks j = 4pp .. 4pp + 3 are sixteen BF16 pairs; lane q holds
-        // slot k = w_{4k+q} and wants w_{4q+k}: a 4 x 4 transpose in two stages of
-        // shfl_xor (lane bit 0 with slot bit 0, then bit 1 with bit 1), four
-        // shuffles, then 8 columns a lane.
-        {
-            bf16_t* yb = reinterpret_cast<bf16_t*>(y);
-            const int q = lane & 3;
-            const bool odd = q & 1, hi2 = q & 2;
-            const bool v16 = (((u64)yb & 15) == 0) && (ldy & 7) == 0;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int tok = tw + (lane >> 2) + 8 * h;
-                bf16_t* row = yb + (long)min(tok, M - 1) * ldy;
-#pragma unroll
-                for (int pp = 0; pp < 4; pp++) {
-                    u32 a[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const int j = 4 * pp + k;
-                        a[k] = pack2_bf16(tot[4 * j + 2 * h], tot[4 * j + 2 * h + 1]);
-                    }
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {  // slots 2r, 2r + 1 across lanes q, q ^ 1
-                        const u32 x = __shfl_xor_sync(0xffffffffu, odd ? a[2 * r] : a[2 * r + 1], 1);
-                        if (odd) a[2 * r] = x;
-                        else a[2 * r + 1] = x;
-                    }
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {  // slots r, r + 2 across lanes q, q ^ 2
-                        const u32 x = __shfl_xor_sync(0xffffffffu, hi2 ? a[r] : a[r + 2], 2);
-                        if (hi2) a[r] = x;
-                        else a[r + 2] = x;
-                    }
-                    const int c = n0 + 32 * pp + 8 * q;
-                    if (tok >= M) continue;
-                    if (v16 && c + 7 < N) {
-                        *reinterpret_cast<uint4*>(row + c) = make_uint4(a[0], a[1], a[2], a[3]);
-                    } else {
-#pragma unroll
-                        for (int e = 0; e < 8; e++)
-                            if (c + e < N) row[c + e] = (bf16_t)(a[e >> 1] >> (16 * (e & 1)));
-                    }
-                }
-            }
-            return;
-        }
-#elif ROWS_BF16_QUAD
-        // Measurement form (JET_NVRTC_DEFINES=ROWS_BF16_QUAD=1): no staging. A quad
-        // (lanes 4t .. 4t + 3, one token) holds 16 columns of each chunk pair (j =
-        // 2p, 2p + 1) as eight BF16 pairs w0 .. w7 (w_i: columns 2i, 2i + 1; lane q
-        // has w_q and w_{4+q} as its slots s0 and s1); two shuffles give lane q
-        // w_{2q} and w_{2q+1}, and it stores its four columns as 8 bytes: a warp
-        // instruction writes whole 32-byte sectors (8 tokens x 32 bytes), as the f32
-        // path's do. The 4-byte stores from the registers' layout (half sectors) ran
-        // 25% slower than the staged path (sixtieth session, H100). The same values,
-        // so the same bits.
-        {
-            bf16_t* yb = reinterpret_cast<bf16_t*>(y);
-            const int q = lane & 3;
-            const bool v8 = (((u64)yb & 7) == 0) && (ldy & 3) == 0;
-            // Round 1: lane 0 sends w4 (its slot 1), the others their slot 0; lanes
-            // 0, 1, 2 read w1, w2, w4 from lanes 1, 2, 0. Round 2: lane 3 sends w3
-            // (slot 0), the others slot 1; lanes 1, 2, 3 read w3, w5, w6 from lanes
-            // 3, 1, 2. Lane 3's first read and lane 0's second are not used.
-            const int quad = lane & ~3;
-            const int src1 = quad + (q == 0 ? 1 : q == 1 ? 2 : 0);
-            const int src2 = quad + (q == 1 ? 3 : q == 2 ? 1 : 2);
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int tok = tw + (lane >> 2) + 8 * h;
-                bf16_t* row = yb + (long)min(tok, M - 1) * ldy;
-#pragma unroll
-                for (int p = 0; p < 8; p++) {
-                    const int j0 = 2 * p, j1 = 2 * p + 1;
-                    const u32 s0 = pack2_bf16(tot[4 * j0 + 2 * h], tot[4 * j0 + 2 * h + 1]);
-                    const u32 s1 = pack2_bf16(tot[4 * j1 + 2 * h], tot[4 * j1 + 2 * h + 1]);
-                    const u32 r1 = __shfl_sync(0xffffffffu, q == 0 ? s1 : s0, src1);
-                    const u32 r2 = __shfl_sync(0xffffffffu, q == 3 ? s0 : s1, src2);
-                    const u32 lo = q == 0 ? s0 : (q == 3 ? r2 : r1);
-                    const u32 hi = q == 0 ? r1 : (q == 3 ? s1 : r2);
-                    const int c = n0 + 16 * p + 4 * q;
-                    if (tok >= M) continue;
-                    if (v8 && c + 3 < N) {
-                        *reinterpret_cast<uint2*>(row + c) = make_uint2(lo, hi);
-                    } else {
-                        const u32 ws[2] = {lo, hi};
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            if (c + e < N) row[c + e] = (bf16_t)(ws[e >> 1] >> (16 * (e & 1)));
-                    }
-                }
-            }
-            return;
-        }
-#endif
         const int toks = min(16, M - tw), cols = min(128, N - n0);
-#if ROWS_BF16_TMA
         if (ty_ok) {
             if (toks > 0 && cols > 0) warp_tile_tma_tm(tot, ty, tw, n0, cols, stage, lane);
             return;
         }
-#endif
         if (toks > 0 && cols > 0)
             warp_tile_store_tm(tot, reinterpret_cast<bf16_t*>(y) + (long)tw * ldy + n0, ldy, toks, cols, stage, lane);
         return;
@@ -667,7 +563,7 @@ template <class E>
 struct WgTmaSmem {
     static constexpr int S = E::S_ROWS, WT = 128 * E::GB, STAGE = 2 * WT;
     // The consumer warps' epilogue tiles (EPI_STAGE bytes each) after the barriers.
-    // 1024-byte aligned: ROWS_BF16_TMA's copies read the tiles in the maps' swizzles.
+    // 1024-byte aligned: the BF16 outputs' copies read the tiles in the maps' swizzles.
     static constexpr int EPI = (S * STAGE + S * 128 * 4 + 2 * S * 8 + 1023) / 1024 * 1024;
     static constexpr int BYTES = EPI + 8 * EPI_STAGE + 1024;
 };
@@ -790,9 +686,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                 tile_out(tot, n0 + wg * 64 + warp * 16, t0, M, N, d, ldd, y, ldy, bias, round, res, stage, ty, ty_ok,
                          lane);
         }
-#if ROWS_BF16_TMA
         if (lane == 0) bulk_wait_all();  // the copies' writes done before the grid ends
-#endif
     }
 }
 

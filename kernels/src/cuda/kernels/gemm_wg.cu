@@ -478,6 +478,12 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
 #ifndef ROWS_NO_STORE
 #define ROWS_NO_STORE 0
 #endif
+// Measurement only (JET_NVRTC_DEFINES=ROWS_BF16_WARP_STORES=1): the BF16 outputs
+// by the warps' 16-byte stores as before the sixty-first session (ty_ok ignored),
+// to time the copy engine's stores against them at other shapes.
+#ifndef ROWS_BF16_WARP_STORES
+#define ROWS_BF16_WARP_STORES 0
+#endif
 // tile_out for the tokens-as-A layout: the same epi_value a value (the same bits),
 // each thread's tokens tw + lane / 4 (+8) below M and columns c = n0 + 8 j + 2 (lane
 // % 4) (+1) below N. f32 (d, or y with bias / residual) as 8-byte stores, a token's
@@ -625,6 +631,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        if (ROWS_BF16_WARP_STORES) ty_ok = 0;
         // FP8: this thread's two tokens' scales in a stage (tokens lane / 4 (+8) of its warp's 16).
         const float* sx = reinterpret_cast<const float*>(smem + S * SM::STAGE) + wg * 64 + warp * 16 + (lane >> 2);
         int it = 0;

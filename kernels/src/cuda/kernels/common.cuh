@@ -410,6 +410,22 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 // so a block's eight rows, 128 bytes apart, fill all 32 banks; then each row's 128
 // bytes leave as eight 16-byte stores. out: the warp's (row 0, column 0) of y, row
 // stride ld; toks (1-16) rows and cols (1-128) columns to write.
+// Pass c of warp_tile_store_tm: columns 64 c .. 64 c + 63 of v into the stage at
+// shared address sbase. Instruction m stores blocks (j, h) = (j0, 0), (j0, 1), (j0 +
+// 1, 0), (j0 + 1, 1), j0 = 8 c + 2 m; lane l gives the address of block l / 8's row
+// l % 8.
+__device__ __forceinline__ void stage_pass_tm(const float (&v)[64], u32 sbase, int c, int lane) {
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        const int q = lane >> 3, r = 8 * (q & 1) + (lane & 7), u = 2 * m + (q >> 1);
+        const u32 addr = sbase + r * 128 + ((u ^ (r & 7)) << 4);
+        const int j0 = 8 * c + 2 * m;
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                     "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
+                     "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
+                     : "memory");
+    }
+}
 __device__ __forceinline__ void warp_tile_store_tm(const float (&v)[64], bf16_t* out, long ld, int toks, int cols,
                                                    u8* st, int lane) {
     const bool vec = (((u64)out | (u64)(ld * 2)) & 15) == 0;
@@ -417,18 +433,7 @@ __device__ __forceinline__ void warp_tile_store_tm(const float (&v)[64], bf16_t*
 #pragma unroll
     for (int c = 0; c < 2; c++) {
         if (c * 64 >= cols) break;  // warp-uniform
-        // Instruction m stores blocks (j, h) = (j0, 0), (j0, 1), (j0 + 1, 0), (j0 + 1, 1),
-        // j0 = 8 c + 2 m; lane l gives the address of block l / 8's row l % 8.
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-            const int q = lane >> 3, r = 8 * (q & 1) + (lane & 7), u = 2 * m + (q >> 1);
-            const u32 addr = sbase + r * 128 + ((u ^ (r & 7)) << 4);
-            const int j0 = 8 * c + 2 * m;
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-                         "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
-                         "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
-                         : "memory");
-        }
+        stage_pass_tm(v, sbase, c, lane);
         __syncwarp();
         const int left = cols - c * 64;
         bf16_t* oc = out + c * 64;

@@ -301,27 +301,33 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 #define EPI_STAGE 2048
 // The element offset in the stage of (token, row) of the [token][16 rows] tile.
 __device__ __forceinline__ int epi_at(int tok, int r) { return tok * 16 + (((r >> 3) ^ ((tok >> 2) & 1)) << 3) + (r & 7); }
+// Pass c of warp_tile_store (its CT = 64 tokens: tokens 64 c .. 64 c + 63) into the
+// stage at shared address sbase. Instruction m stores blocks (j, h) = (2m, 0), (2m,
+// 1), (2m + 1, 0), (2m + 1, 1) of the pass (j counted from 8 c); lane l gives block
+// l / 8's row l % 8, i.e. token 8 j + l % 8, half h. v is a BF16 value (rounded):
+// exact.
+__device__ __forceinline__ void stage_pass(const float (&v)[64], u32 sbase, int c, int lane) {
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        const int q = lane >> 3, tok = 8 * (2 * m + (q >> 1)) + (lane & 7);
+        const u32 addr = sbase + 2 * epi_at(tok, 8 * (q & 1));
+        const int j0 = c * 8 + 2 * m;
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                     "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
+                     "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
+                     : "memory");
+    }
+}
 __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* out, long ld, int rows_ok, int toks,
                                                 bf16_t* st, int lane) {
     constexpr int CT = EPI_STAGE / 32;  // tokens a pass: 16 rows x 2 bytes each
+    static_assert(CT == 64, "stage_pass writes 64 tokens a pass");
     const bool vec = rows_ok == 16 && (((u64)out | (u64)(ld * 2)) & 15) == 0;
 #pragma unroll
     for (int c = 0; c < 128 / CT; c++) {
         if (c * CT >= toks) break;  // warp-uniform
-        // Instruction m stores blocks (j, h) = (2m, 0), (2m, 1), (2m + 1, 0), (2m + 1, 1)
-        // of the pass (j counted from c CT / 8); lane l gives block l / 8's row l % 8,
-        // i.e. token 8 j + l % 8, half h. v is a BF16 value (rounded): exact.
         const u32 sbase = smem_addr(st);
-#pragma unroll
-        for (int m = 0; m < CT / 16; m++) {
-            const int q = lane >> 3, tok = 8 * (2 * m + (q >> 1)) + (lane & 7);
-            const u32 addr = sbase + 2 * epi_at(tok, 8 * (q & 1));
-            const int j0 = c * CT / 8 + 2 * m;
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-                         "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
-                         "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
-                         : "memory");
-        }
+        stage_pass(v, sbase, c, lane);
         __syncwarp();
         const int left = toks - c * CT;
         bf16_t* oc = out + (long)(c * CT) * ld;
@@ -345,7 +351,7 @@ __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* ou
 
 // warp_tile_store's tile (16 weight rows x 128 tokens, the weights-as-A layout) in
 // two passes of 64 tokens, each the box (16 columns x 64 tokens) at (rw, t0 + 64 c)
-// of ty; stmatrix .trans as there.
+// of ty; the stage written as there (stage_pass).
 __device__ __forceinline__ void warp_tile_tma(const float (&v)[64], const TMap* ty, int rw, int t0, int toks,
                                               bf16_t* st, int lane) {
     const u32 sbase = smem_addr(st);
@@ -354,16 +360,7 @@ __device__ __forceinline__ void warp_tile_tma(const float (&v)[64], const TMap* 
         if (c * 64 >= toks) break;  // warp-uniform
         if (lane == 0) bulk_wait_read();
         __syncwarp();
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-            const int q = lane >> 3, tok = 8 * (2 * m + (q >> 1)) + (lane & 7);
-            const u32 addr = sbase + 2 * epi_at(tok, 8 * (q & 1));
-            const int j0 = c * 8 + 2 * m;
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-                         "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
-                         "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
-                         : "memory");
-        }
+        stage_pass(v, sbase, c, lane);
         fence_async_smem();
         __syncwarp();
         if (lane == 0) tma_store_2d(ty, rw, t0 + 64 * c, sbase);
@@ -379,16 +376,7 @@ __device__ __forceinline__ void warp_tile_tma_tm(const float (&v)[64], const TMa
         if (c * 64 >= cols) break;  // warp-uniform
         if (lane == 0) bulk_wait_read();
         __syncwarp();
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-            const int q = lane >> 3, r = 8 * (q & 1) + (lane & 7), u = 2 * m + (q >> 1);
-            const u32 addr = sbase + r * 128 + ((u ^ (r & 7)) << 4);
-            const int j0 = 8 * c + 2 * m;
-            asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-                         "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
-                         "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
-                         : "memory");
-        }
+        stage_pass_tm(v, sbase, c, lane);
         fence_async_smem();
         __syncwarp();
         if (lane == 0) tma_store_2d(ty, n0 + 64 * c, tw, sbase);

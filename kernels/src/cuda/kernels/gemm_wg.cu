@@ -349,46 +349,36 @@ __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* ou
     }
 }
 
-// warp_tile_store's tile (16 weight rows x 128 tokens, the weights-as-A layout) in
-// two passes of 64 tokens, each the box (16 columns x 64 tokens) at (rw, t0 + 64 c)
-// of ty; the stage written as there (stage_pass).
-__device__ __forceinline__ void warp_tile_tma(const float (&v)[64], const TMap* ty, int rw, int t0, int toks,
-                                              bf16_t* st, int lane) {
+// A warp's staged tile to y through the copy engine, in two passes of 64 along its
+// long side, each the box of ty at (c0, c1) + 64 c along that side:
+//   TM (tokens as A): warp_tile_store_tm's 16 tokens x 128 columns, box 64 columns
+//       x 16 tokens at (n0 + 64 c, tw) (c0 = n0, c1 = tw, n = columns to write);
+//   else (weights as A): warp_tile_store's 16 weight rows x 128 tokens, box 16
+//       columns x 64 tokens at (rw, t0 + 64 c) (c0 = rw, c1 = t0, n = tokens).
+// The stage is written as those functions write it (stage_pass_tm, stage_pass).
+template <bool TM>
+__device__ __forceinline__ void warp_tile_tma(const float (&v)[64], const TMap* ty, int c0, int c1, int n, u8* st,
+                                              int lane) {
     const u32 sbase = smem_addr(st);
 #pragma unroll
     for (int c = 0; c < 2; c++) {
-        if (c * 64 >= toks) break;  // warp-uniform
+        if (c * 64 >= n) break;  // warp-uniform
         if (lane == 0) bulk_wait_read();
         __syncwarp();
-        stage_pass(v, sbase, c, lane);
+        if constexpr (TM) stage_pass_tm(v, sbase, c, lane);
+        else stage_pass(v, sbase, c, lane);
         fence_async_smem();
         __syncwarp();
-        if (lane == 0) tma_store_2d(ty, rw, t0 + 64 * c, sbase);
-    }
-}
-// warp_tile_store_tm's tile (16 tokens x 128 columns, the tokens-as-A layout) in two
-// passes of 64 columns, each the box (64 columns x 16 tokens) at (n0 + 64 c, tw).
-__device__ __forceinline__ void warp_tile_tma_tm(const float (&v)[64], const TMap* ty, int tw, int n0, int cols,
-                                                 u8* st, int lane) {
-    const u32 sbase = smem_addr(st);
-#pragma unroll
-    for (int c = 0; c < 2; c++) {
-        if (c * 64 >= cols) break;  // warp-uniform
-        if (lane == 0) bulk_wait_read();
-        __syncwarp();
-        stage_pass_tm(v, sbase, c, lane);
-        fence_async_smem();
-        __syncwarp();
-        if (lane == 0) tma_store_2d(ty, n0 + 64 * c, tw, sbase);
+        if (lane == 0) tma_store_2d(ty, TM ? c0 + 64 * c : c0, TM ? c1 : c1 + 64 * c, sbase);
     }
 }
 
 // A warpgroup's 64 x 128 totals out: rows_out's ops per value (the same bits), the
 // bias and residual read where the thread's rows are (rb and rb + 8, < N) and its
 // tokens t = tb + 8 j + i (i < 2) are below M. f32 straight from the registers;
-// BF16 (round == EPI_BF16, no residual) through warp_tile_tma (ty_ok: y's map ty)
-// or warp_tile_store. rw: the warp's first row; t0: the tile's first token; stage:
-// the warp's EPI_STAGE bytes.
+// BF16 (round == EPI_BF16, no residual) through warp_tile_tma<false> (ty_ok: y's
+// map ty) or warp_tile_store. rw: the warp's first row; t0: the tile's first token;
+// stage: the warp's EPI_STAGE bytes.
 __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M, int N, float* d, long ldd, float* y,
                                          long ldy, const float* bias, int round, const float* res, u8* stage,
                                          const TMap* ty, int ty_ok, int lane) {
@@ -400,7 +390,7 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
         for (int r = 0; r < 64; r++) tot[r] = epi_value(tot[r], bias, (r & 2) ? b1 : b0, round, false, 0.0f);
         const int rows_ok = min(16, N - rw), toks = min(128, M - t0);
         if (ty_ok) {
-            if (rows_ok > 0 && toks > 0) warp_tile_tma(tot, ty, rw, t0, toks, reinterpret_cast<bf16_t*>(stage), lane);
+            if (rows_ok > 0 && toks > 0) warp_tile_tma<false>(tot, ty, rw, t0, toks, stage, lane);
             return;
         }
         if (rows_ok > 0 && toks > 0)
@@ -476,8 +466,8 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
 // each thread's tokens tw + lane / 4 (+8) below M and columns c = n0 + 8 j + 2 (lane
 // % 4) (+1) below N. f32 (d, or y with bias / residual) as 8-byte stores, a token's
 // residual pairs all loaded before its stores; BF16 (round == EPI_BF16, no residual)
-// through warp_tile_tma_tm (ty_ok: y's map ty) or warp_tile_store_tm. tw: the warp's
-// first token; stage: its EPI_STAGE bytes.
+// through warp_tile_tma<true> (ty_ok: y's map ty) or warp_tile_store_tm. tw: the
+// warp's first token; stage: its EPI_STAGE bytes.
 __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, int M, int N, float* d, long ldd,
                                             float* y, long ldy, const float* bias, int round, const float* res,
                                             u8* stage, const TMap* ty, int ty_ok, int lane) {
@@ -500,7 +490,7 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
             }
         const int toks = min(16, M - tw), cols = min(128, N - n0);
         if (ty_ok) {
-            if (toks > 0 && cols > 0) warp_tile_tma_tm(tot, ty, tw, n0, cols, stage, lane);
+            if (toks > 0 && cols > 0) warp_tile_tma<true>(tot, ty, n0, tw, cols, stage, lane);
             return;
         }
         if (toks > 0 && cols > 0)

@@ -32,9 +32,10 @@ impl TmaElem {
 
 /// The map of `[rows][cols]` elements at device address `ptr`, rows `ld` elements
 /// apart, copied in boxes of `box_cols x box_rows`; `swizzle` (bytes: 0, 32 or
-/// 128): the box lies in shared memory in that swizzle (16-byte unit u of box row r
-/// at u ^ (r % (swizzle / 16)) within each swizzle-sized span), its rows then
-/// `swizzle` bytes long.
+/// 128): the box lies in shared memory in that swizzle, its rows then `swizzle`
+/// bytes long: 16-byte unit u of box row r at u ^ ((r * swizzle / 128) % (swizzle /
+/// 16)), i.e. u ^ (r % 8) for 128 and u ^ (r / 4 % 2) for 32 (the unit's address
+/// bits XORed with bits 7 and up, so the tile is aligned to 8 x `swizzle` bytes).
 pub(crate) fn tensor_map_2d(
     elem: TmaElem,
     ptr: u64,

@@ -401,15 +401,6 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 
 // stmatrix is sm_90 on.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// A warp's 16 rows x 128 BF16 outputs in mma C-fragment layout (register 4 j + 2 h
-// + i holds row lane / 4 + 8 h of the warp's 16, column 8 j + 2 (lane % 4) + i: the
-// FP8 rows kernel's tokens-as-A accumulators, gemm_wg.cu, and the attention
-// forward's o, flash.cu) through 2,048 bytes of shared memory, 64 columns a pass:
-// stmatrix (not transposed: an 8 x 8 block's memory row is a row's 8 outputs, 16
-// bytes) into a [16 rows][8 units of 16 bytes] stage, unit u of row r at u ^ (r & 7)
-// so a block's eight rows, 128 bytes apart, fill all 32 banks; then each row's 128
-// bytes leave as eight 16-byte stores. out: the warp's (row 0, column 0) of y, row
-// stride ld; toks (1-16) rows and cols (1-128) columns to write.
 // Pass c of warp_tile_store_tm: columns 64 c .. 64 c + 63 of v into the stage at
 // shared address sbase. Instruction m stores blocks (j, h) = (j0, 0), (j0, 1), (j0 +
 // 1, 0), (j0 + 1, 1), j0 = 8 c + 2 m; lane l gives the address of block l / 8's row
@@ -426,6 +417,15 @@ __device__ __forceinline__ void stage_pass_tm(const float (&v)[64], u32 sbase, i
                      : "memory");
     }
 }
+// A warp's 16 rows x 128 BF16 outputs in mma C-fragment layout (register 4 j + 2 h
+// + i holds row lane / 4 + 8 h of the warp's 16, column 8 j + 2 (lane % 4) + i: the
+// FP8 rows kernel's tokens-as-A accumulators, gemm_wg.cu, and the attention
+// forward's o, flash.cu) through 2,048 bytes of shared memory, 64 columns a pass:
+// stmatrix (not transposed: an 8 x 8 block's memory row is a row's 8 outputs, 16
+// bytes) into a [16 rows][8 units of 16 bytes] stage, unit u of row r at u ^ (r & 7)
+// so a block's eight rows, 128 bytes apart, fill all 32 banks; then each row's 128
+// bytes leave as eight 16-byte stores. out: the warp's (row 0, column 0) of y, row
+// stride ld; toks (1-16) rows and cols (1-128) columns to write.
 __device__ __forceinline__ void warp_tile_store_tm(const float (&v)[64], bf16_t* out, long ld, int toks, int cols,
                                                    u8* st, int lane) {
     const bool vec = (((u64)out | (u64)(ld * 2)) & 15) == 0;

@@ -270,34 +270,6 @@ __device__ __forceinline__ void tma_store_2d(const TMap* map, int c0, int c1, u3
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
-// The rows kernels' BF16 outputs: the warps' staged tiles leave through the copy
-// engine (tma_store_2d, one lane a warp) where the output is 16-byte aligned, in
-// place of the warp's 16-byte stores (warp_tile_store, kept for the rest), so the
-// consumers go on to the next tile's MMAs while the bytes drain: FP8 q 30.6 ->
-// 29.2 us, gate/up 43.9 -> 42.2, LM head 1,931 -> 1,772 alone; the 0.6B fp8 step
-// 44.81 -> 44.24 ms, bf16 47.45 -> 47.08 (H100, sixty-first session, call 1).
-// The stage tiles are already the maps' swizzled boxes: the FP8 (tokens-as-A)
-// [16 tokens][64 columns] tile is the 128-byte swizzle (unit u of row r at u ^
-// (r & 7), the stage 1024-byte aligned), the BF16 (weights-as-A) [64 tokens][16
-// rows] tile the 32-byte swizzle (half ^ (token >> 2 & 1), epi_at). Same values:
-// the same bits. The lane that issues a warp's copies waits for their reads
-// before the stage is written again and for their writes at the kernel's end.
-
-// A warp's 16 rows x 128 BF16 outputs through its own EPI_STAGE bytes of shared
-// memory, CT tokens at a time: the accumulator layout (register 4 j + 2 h + i holds
-// row lane / 4 + 8 h, token 8 j + 2 (lane % 4) + i) goes to a [token][16 rows]
-// tile, then each token's 16 values (32 contiguous bytes of y) leave as 16-byte
-// stores. Stored from registers, each 2-byte store instruction wrote 16-byte pieces
-// of four rows: 1.9 ms slower a 0.6B step than the f32 stores (32-byte pieces),
-// which stay direct (staged, they ran 2-14% slower: H100, twentieth session).
-// The tile is written by stmatrix .trans (the accumulators' 8 x 8 blocks are mma
-// fragments, row = weight row, column = token; transposed, a block's memory row is
-// a token's 8 weight rows): four instructions a pass where 2-byte shared stores
-// took 32 (the BF16-out GEMMs about 2% faster: H100, forty-second session). A token's
-// two 16-byte halves (rows 0-7, 8-15) swap places in tokens 4-7 of every 8 (half ^
-// (token >> 2 & 1)), so a block's eight rows, 32 bytes apart, fill all 32 banks.
-// out: the warp's (row 0, token 0) of y, row stride ld; rows_ok (1-16) rows and toks
-// tokens to write.
 #define EPI_STAGE 2048
 // The element offset in the stage of (token, row) of the [token][16 rows] tile.
 __device__ __forceinline__ int epi_at(int tok, int r) { return tok * 16 + (((r >> 3) ^ ((tok >> 2) & 1)) << 3) + (r & 7); }
@@ -318,6 +290,21 @@ __device__ __forceinline__ void stage_pass(const float (&v)[64], u32 sbase, int 
                      : "memory");
     }
 }
+// A warp's 16 rows x 128 BF16 outputs through its own EPI_STAGE bytes of shared
+// memory, CT tokens at a time: the accumulator layout (register 4 j + 2 h + i holds
+// row lane / 4 + 8 h, token 8 j + 2 (lane % 4) + i) goes to a [token][16 rows]
+// tile, then each token's 16 values (32 contiguous bytes of y) leave as 16-byte
+// stores. Stored from registers, each 2-byte store instruction wrote 16-byte pieces
+// of four rows: 1.9 ms slower a 0.6B step than the f32 stores (32-byte pieces),
+// which stay direct (staged, they ran 2-14% slower: H100, twentieth session).
+// The tile is written by stmatrix .trans (the accumulators' 8 x 8 blocks are mma
+// fragments, row = weight row, column = token; transposed, a block's memory row is
+// a token's 8 weight rows): four instructions a pass where 2-byte shared stores
+// took 32 (the BF16-out GEMMs about 2% faster: H100, forty-second session). A token's
+// two 16-byte halves (rows 0-7, 8-15) swap places in tokens 4-7 of every 8 (half ^
+// (token >> 2 & 1)), so a block's eight rows, 32 bytes apart, fill all 32 banks.
+// out: the warp's (row 0, token 0) of y, row stride ld; rows_ok (1-16) rows and toks
+// tokens to write.
 __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* out, long ld, int rows_ok, int toks,
                                                 bf16_t* st, int lane) {
     constexpr int CT = EPI_STAGE / 32;  // tokens a pass: 16 rows x 2 bytes each
@@ -349,6 +336,19 @@ __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* ou
     }
 }
 
+// The rows kernels' BF16 outputs: the warps' staged tiles leave through the copy
+// engine (tma_store_2d, one lane a warp) where the output is 16-byte aligned, in
+// place of the warp's 16-byte stores (warp_tile_store, kept for the rest), so the
+// consumers go on to the next tile's MMAs while the bytes drain: FP8 q 30.6 ->
+// 29.2 us, gate/up 43.9 -> 42.2, LM head 1,931 -> 1,772 alone; the 0.6B fp8 step
+// 44.81 -> 44.24 ms, bf16 47.45 -> 47.08 (H100, sixty-first session, call 1).
+// The stage tiles are already the maps' swizzled boxes: the FP8 (tokens-as-A)
+// [16 tokens][64 columns] tile is the 128-byte swizzle (unit u of row r at u ^
+// (r & 7), the stage 1024-byte aligned), the BF16 (weights-as-A) [64 tokens][16
+// rows] tile the 32-byte swizzle (half ^ (token >> 2 & 1), epi_at). Same values:
+// the same bits. The lane that issues a warp's copies waits for their reads
+// before the stage is written again and for their writes at the kernel's end.
+//
 // A warp's staged tile to y through the copy engine, in two passes of 64 along its
 // long side, each the box of ty at (c0, c1) + 64 c along that side:
 //   TM (tokens as A): warp_tile_store_tm's 16 tokens x 128 columns, box 64 columns

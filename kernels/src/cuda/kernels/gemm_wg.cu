@@ -25,16 +25,26 @@
 // the same swizzle). context.rs prepends wgmma.cuh (gen_wgmma.py) and wg_common.cuh
 // (descriptors, fences, the swizzled tile loader) to this file.
 
+// Measurement form (JET_NVRTC_DEFINES=ROWS_TMA_DOUBLE=1, FP8 rows kernel only):
+// two 2 KiB epilogue stages a warp, so a tile's second half-tile need not wait for
+// the copy engine to read the first (warp_tile_tma); paid for with five operand
+// stages in place of six (the 8 x 4 KiB fit the space of the sixth; gemv.rs's
+// allocation, sized for six, is larger than this layout needs).
+#ifndef ROWS_TMA_DOUBLE
+#define ROWS_TMA_DOUBLE 0
+#endif
 // E4M3 codes, 128x128 weight blocks and 1x128 token scales.
 struct Fp8W {
     static constexpr int GB = 128;                // bytes of a row's group
-    static constexpr int S_SK = 4, S_ROWS = 6;    // stages of the split-K / rows kernels
+    static constexpr int S_SK = 4, S_ROWS = ROWS_TMA_DOUBLE ? 5 : 6;  // stages of the split-K / rows kernels
+    static constexpr int EPI_BUFS = ROWS_TMA_DOUBLE ? 2 : 1;         // epilogue stages a warp (rows kernel)
     static constexpr bool FP8 = true;
 };
 // BF16 values, no scales.
 struct Bf16W {
     static constexpr int GB = 256;
     static constexpr int S_SK = 3, S_ROWS = 3;
+    static constexpr int EPI_BUFS = 1;
     static constexpr bool FP8 = false;
 };
 
@@ -268,6 +278,8 @@ __device__ __forceinline__ void tma_store_2d(const TMap* map, int c0, int c1, u3
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// All but the latest group's reads done.
+__device__ __forceinline__ void bulk_wait_read1() { asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 #define EPI_STAGE 2048
@@ -356,14 +368,22 @@ __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* ou
 //   else (weights as A): warp_tile_store's 16 weight rows x 128 tokens, box 16
 //       columns x 64 tokens at (rw, t0 + 64 c) (c0 = rw, c1 = t0, n = tokens).
 // The stage is written as those functions write it (stage_pass_tm, stage_pass).
-template <bool TM>
+// BUFS 2 (ROWS_TMA_DOUBLE): the warp's passes alternate between the stage's two
+// 2 KiB halves by its running count kb (a tile of one pass, n <= 64, would break
+// an alternation by c); before a half is written, only the warp's latest copy,
+// the other half's, may still be reading.
+template <bool TM, int BUFS = 1>
 __device__ __forceinline__ void warp_tile_tma(const float (&v)[64], const TMap* ty, int c0, int c1, int n, u8* st,
-                                              int lane) {
-    const u32 sbase = smem_addr(st);
+                                              int& kb, int lane) {
+    const u32 s0 = smem_addr(st);
 #pragma unroll
     for (int c = 0; c < 2; c++) {
         if (c * 64 >= n) break;  // warp-uniform
-        if (lane == 0) bulk_wait_read();
+        const u32 sbase = BUFS == 2 ? s0 + (kb++ & 1) * EPI_STAGE : s0;
+        if (lane == 0) {
+            if constexpr (BUFS == 2) bulk_wait_read1();
+            else bulk_wait_read();
+        }
         __syncwarp();
         if constexpr (TM) stage_pass_tm(v, sbase, c, lane);
         else stage_pass(v, sbase, c, lane);
@@ -390,7 +410,8 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
         for (int r = 0; r < 64; r++) tot[r] = epi_value(tot[r], bias, (r & 2) ? b1 : b0, round, false, 0.0f);
         const int rows_ok = min(16, N - rw), toks = min(128, M - t0);
         if (ty_ok) {
-            if (rows_ok > 0 && toks > 0) warp_tile_tma<false>(tot, ty, rw, t0, toks, stage, lane);
+            int kb = 0;
+            if (rows_ok > 0 && toks > 0) warp_tile_tma<false>(tot, ty, rw, t0, toks, stage, kb, lane);
             return;
         }
         if (rows_ok > 0 && toks > 0)
@@ -466,11 +487,12 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
 // each thread's tokens tw + lane / 4 (+8) below M and columns c = n0 + 8 j + 2 (lane
 // % 4) (+1) below N. f32 (d, or y with bias / residual) as 8-byte stores, a token's
 // residual pairs all loaded before its stores; BF16 (round == EPI_BF16, no residual)
-// through warp_tile_tma<true> (ty_ok: y's map ty) or warp_tile_store_tm. tw: the
-// warp's first token; stage: its EPI_STAGE bytes.
+// through warp_tile_tma<true> (ty_ok: y's map ty; kb its pass count) or
+// warp_tile_store_tm. tw: the warp's first token; stage: its EPI_BUFS x EPI_STAGE
+// bytes.
 __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, int M, int N, float* d, long ldd,
                                             float* y, long ldy, const float* bias, int round, const float* res,
-                                            u8* stage, const TMap* ty, int ty_ok, int lane) {
+                                            u8* stage, const TMap* ty, int ty_ok, int& kb, int lane) {
     const int cb = n0 + 2 * (lane & 3);
     // The thread's 16 column pairs' bias (y's epilogue only), loaded once for both
     // of its tokens.
@@ -490,7 +512,7 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
             }
         const int toks = min(16, M - tw), cols = min(128, N - n0);
         if (ty_ok) {
-            if (toks > 0 && cols > 0) warp_tile_tma<true>(tot, ty, n0, tw, cols, stage, lane);
+            if (toks > 0 && cols > 0) warp_tile_tma<true, Fp8W::EPI_BUFS>(tot, ty, n0, tw, cols, stage, kb, lane);
             return;
         }
         if (toks > 0 && cols > 0)
@@ -549,8 +571,11 @@ struct WgTmaSmem {
     // The consumer warps' epilogue tiles (EPI_STAGE bytes each) after the barriers.
     // 1024-byte aligned: the BF16 outputs' copies read the tiles in the maps' swizzles.
     static constexpr int EPI = (S * STAGE + S * 128 * 4 + 2 * S * 8 + 1023) / 1024 * 1024;
-    static constexpr int BYTES = EPI + 8 * EPI_STAGE + 1024;
+    static constexpr int BYTES = EPI + 8 * E::EPI_BUFS * EPI_STAGE + 1024;
 };
+// gemv.rs allocates the six-stage FP8 layout (200,704 + 8 x 2,048 + 1,024 bytes);
+// ROWS_TMA_DOUBLE's five stages and 8 x 4,096 must fit in it.
+static_assert(WgTmaSmem<Fp8W>::BYTES <= 200704 + 8 * 2048 + 1024, "gemv.rs launch_rows_tma's shared memory");
 
 // tot += acc, then acc = 0: the end of a split slice when tot starts at -0.
 __device__ __forceinline__ void add_slice(float (&tot)[64], float (&acc)[64]) {
@@ -612,7 +637,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
         if (ROWS_BF16_WARP_STORES) ty_ok = 0;
         // FP8: this thread's two tokens' scales in a stage (tokens lane / 4 (+8) of its warp's 16).
         const float* sx = reinterpret_cast<const float*>(smem + S * SM::STAGE) + wg * 64 + warp * 16 + (lane >> 2);
-        int it = 0;
+        int it = 0, kb = 0;  // kb: the warp's copy-engine passes so far (warp_tile_tma)
         for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
             const int t0 = (t % tiles_m) * 128, n0 = (t / tiles_m) * 128;
             // tot starts at -0, the identity of +: tot + slice 0 = slice 0, bits and
@@ -663,10 +688,10 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
             for (int r = 0; r < 64; r++) chk += tot[r];
             if (chk != 1.2345e-30f) continue;
 #endif
-            u8* stage = smem + SM::EPI + (wg * 4 + warp) * EPI_STAGE;
+            u8* stage = smem + SM::EPI + (wg * 4 + warp) * E::EPI_BUFS * EPI_STAGE;
             if constexpr (E::FP8)
                 tile_out_tm(tot, t0 + wg * 64 + warp * 16, n0, M, N, d, ldd, y, ldy, bias, round, res, stage, ty,
-                            ty_ok, lane);
+                            ty_ok, kb, lane);
             else
                 tile_out(tot, n0 + wg * 64 + warp * 16, t0, M, N, d, ldd, y, ldy, bias, round, res, stage, ty, ty_ok,
                          lane);

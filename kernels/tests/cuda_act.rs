@@ -5,7 +5,7 @@
 //! machine with `--test-threads=1 --nocapture`.
 
 use cudarc::driver::CudaSlice;
-use jet_kernels::cuda::{self, act::Act, linear as glin, ops as gops, quantize as gq};
+use jet_kernels::cuda::{self, act::Act, gemv, linear as glin, ops as gops, quantize as gq};
 use jet_kernels::{Flow, GemmPrecision};
 
 mod common;
@@ -112,6 +112,41 @@ fn rows_gemm_bf16_output_is_its_rounded_f32() {
     }
     done();
     assert!(kept >= 4, "no rows GEMM output kept as BF16 ({kept} of 20)");
+}
+
+/// The FP8 rows GEMM's BF16 output into a wider buffer (row stride ldy > n, as a
+/// column slice of stacked outputs): the n columns of each row hold the ldy = n
+/// output's bits and the columns past n keep what was there. ldy n + 56 takes the
+/// copy engine's stores (gemm_wg.cu's warp_tile_tma: boxes clipped at n, partial
+/// tiles at 300 x 200), n + 4 (rows not 16-byte aligned) the warps' stores.
+#[test]
+fn rows_gemm_bf16_output_keeps_a_wider_buffers_padding() {
+    let Some(g) = gpu() else { return };
+    let (m, k, n) = (300, 256, 200);
+    let (x, w) = (rnd(m * k, 61, 1.0), rnd(n * k, 62, 0.05));
+    let (dx, dw) = (up(&g, &x), up(&g, &w));
+    let (qw, _) = gq::quantize_block128(&g, &dw, n, k, false).unwrap();
+    let qx = gq::quantize_row1x128(&g, &dx, m, k).unwrap();
+    let want = g.zeros::<u16>(m * n).unwrap();
+    gemv::gemm_fp8_rows_bf16(&g, &qx, &qw, &want, n).unwrap();
+    let want = g.download(&want).unwrap();
+    const SENTINEL: u16 = 0x7fc1; // a BF16 NaN no GEMM writes
+    for ldy in [n + 56, n + 4] {
+        let y = g.upload(&vec![SENTINEL; m * ldy]).unwrap();
+        gemv::gemm_fp8_rows_bf16(&g, &qx, &qw, &y, ldy).unwrap();
+        let got = g.download(&y).unwrap();
+        let mut values = 0;
+        let mut padding = 0;
+        for r in 0..m {
+            let row = &got[r * ldy..(r + 1) * ldy];
+            values += (0..n).filter(|&c| row[c] != want[r * n + c]).count();
+            padding += row[n..].iter().filter(|&&b| b != SENTINEL).count();
+        }
+        let shape = format!("{m}x{k}x{n}, ldy {ldy}");
+        report_exact("rows BF16 output, values == ldy n's", &shape, values);
+        report_exact("rows BF16 output, padding untouched", &shape, padding);
+    }
+    done();
 }
 
 /// SwiGLU's forward (with either operand) and its backward (BF16 and FP8 operands,

@@ -11,7 +11,8 @@
 #    29.2 us against 20.0 without stores). If so: q ~22-24 us, ~1 ms off the 0.6B
 #    fp8 step; if not, about main's.
 # Steps: fp8_rows_timing at 0.6B (main, DOUBLE) and 8B shapes (main, WARP_STORES,
-# DOUBLE); cuda_act and gpu_parity with DOUBLE; the 0.6B and 8B-4l steps (2 reps);
+# DOUBLE); cuda_act on main (its wider-buffer test not yet run on a GPU) and with
+# DOUBLE; gpu_parity with DOUBLE; the 0.6B and 8B-4l steps (2 reps);
 # on an H200 with time left, the 0.6B rollout (#12's fp8 batch-64 decode share).
 R=$OUT; export OUT=/tmp/g5; mkdir -p $OUT; export JET_KERNEL_CACHE_DIR=/tmp/jetk
 pack() { tar czf $R/logs.tgz -C /tmp g5; }
@@ -27,8 +28,10 @@ for d in "" ROWS_BF16_WARP_STORES=1 ROWS_TMA_DOUBLE=1; do
   echo "timing 8b ${d:-main} rc $? (${SECONDS}s)"; row $OUT/timing-8b-${d:-main}.log
 done
 pack
-JET_NVRTC_DEFINES=ROWS_TMA_DOUBLE=1 timeout 60 ./.carry/cuda_act --test-threads=1 --nocapture > $OUT/cuda_act-double.log 2>&1
-echo "cuda_act double rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_act-double.log | tail -2
+for d in "" ROWS_TMA_DOUBLE=1; do  # main: the wider-buffer test's first GPU run
+  JET_NVRTC_DEFINES=$d timeout 60 ./.carry/cuda_act --test-threads=1 --nocapture > $OUT/cuda_act-${d:-main}.log 2>&1
+  echo "cuda_act ${d:-main} rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_act-${d:-main}.log | tail -2
+done
 JET_NVRTC_DEFINES=ROWS_TMA_DOUBLE=1 timeout 100 ./.carry/gpu_parity --test-threads=1 > $OUT/gpu_parity-double.log 2>&1
 echo "gpu_parity double rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/gpu_parity-double.log | tail -2; pack
 mk() { printf '#!/bin/bash\n%s exec "$(dirname "$0")/jetd" "$@" --flow %s\n' "$2" "$3" > .carry/$1; chmod +x .carry/$1; }

@@ -51,8 +51,11 @@ pub(crate) fn tensor_map_2d(
             format!("tensor map over [{rows}][{cols}] at {ptr:#x}, row stride {stride} bytes: needs 16-byte alignment")
         },
     )?;
+    ensure(matches!(swizzle, 0 | 32 | 128), || {
+        format!("tensor map swizzle of {swizzle} bytes: 0, 32 or 128 are supported")
+    })?;
     ensure(
-        matches!(swizzle, 0 | 32 | 128) && (swizzle == 0 || box_cols as u64 * eb == swizzle as u64),
+        swizzle == 0 || box_cols as u64 * eb == swizzle as u64,
         || {
             format!("a {swizzle}-byte swizzled box has {swizzle}-byte rows, not {box_cols} x {eb} bytes")
         },
@@ -113,6 +116,8 @@ mod tests {
         assert!(e.to_string().contains("128-byte rows"), "{e}");
         let e = tensor_map_2d(TmaElem::Bf16, 0x1000, (4, 256, 256), (32, 64), 32).unwrap_err();
         assert!(e.to_string().contains("32-byte rows"), "{e}");
+        let e = tensor_map_2d(TmaElem::Bf16, 0x1000, (4, 256, 256), (32, 64), 64).unwrap_err();
+        assert!(e.to_string().contains("0, 32 or 128"), "{e}");
         let e = tensor_map_2d(TmaElem::U8, 0x1000, (0, 256, 256), (128, 128), 128).unwrap_err();
         assert!(e.to_string().contains("[0][256]"), "{e}");
     }

@@ -573,9 +573,12 @@ struct WgTmaSmem {
     static constexpr int EPI = (S * STAGE + S * 128 * 4 + 2 * S * 8 + 1023) / 1024 * 1024;
     static constexpr int BYTES = EPI + 8 * E::EPI_BUFS * EPI_STAGE + 1024;
 };
-// gemv.rs allocates the six-stage FP8 layout (200,704 + 8 x 2,048 + 1,024 bytes);
-// ROWS_TMA_DOUBLE's five stages and 8 x 4,096 must fit in it.
-static_assert(WgTmaSmem<Fp8W>::BYTES <= 200704 + 8 * 2048 + 1024, "gemv.rs launch_rows_tma's shared memory");
+// gemv.rs allocates the six-stage FP8 layout (its wg_geometry: 128-byte groups, six
+// stages; the same formula as WgTmaSmem's with one stage a warp); ROWS_TMA_DOUBLE's
+// five stages and 8 x 4,096 must fit in it.
+static_assert(WgTmaSmem<Fp8W>::BYTES <= (6 * 256 * 128 + 6 * 128 * 4 + 2 * 6 * 8 + 1023) / 1024 * 1024 +
+                                            8 * EPI_STAGE + 1024,
+              "gemv.rs launch_rows_tma's shared memory");
 
 // tot += acc, then acc = 0: the end of a split slice when tot starts at -0.
 __device__ __forceinline__ void add_slice(float (&tot)[64], float (&acc)[64]) {

@@ -560,23 +560,22 @@ fn launch_rows_tma(
     // (gemm_wg.cu's tma_store_2d): FP8 64 columns x 16 tokens in the 128-byte
     // swizzle, BF16 16 columns x 64 tokens in the 32-byte one. Unaligned outputs
     // (or none) keep the warps' own stores (ty_ok 0, the map unread).
-    let ty = match ops.elem {
-        _ if !epi.bf16 || !epi.y.is_multiple_of(16) || !epi.ldy.is_multiple_of(8) => None,
-        Elem::Fp8 => Some(tensor_map_2d(
-            TmaElem::Bf16,
-            epi.y,
-            (ops.m, ops.n, epi.ldy),
-            (64, 16),
-            128,
-        )?),
-        Elem::Bf16 => Some(tensor_map_2d(
-            TmaElem::Bf16,
-            epi.y,
-            (ops.m, ops.n, epi.ldy),
-            (16, 64),
-            32,
-        )?),
+    let (ybox, yswizzle) = match ops.elem {
+        Elem::Fp8 => ((64, 16), 128),
+        Elem::Bf16 => ((16, 64), 32),
     };
+    let aligned = epi.bf16 && epi.y.is_multiple_of(16) && epi.ldy.is_multiple_of(8);
+    let ty = aligned
+        .then(|| {
+            tensor_map_2d(
+                TmaElem::Bf16,
+                epi.y,
+                (ops.m, ops.n, epi.ldy),
+                ybox,
+                yswizzle,
+            )
+        })
+        .transpose()?;
     let tiles = ops.m.div_ceil(ROWS_TOKENS) * ops.n.div_ceil(128);
     gpu.launch(
         &WG,

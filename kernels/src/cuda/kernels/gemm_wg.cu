@@ -474,15 +474,6 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
     }
 }
 
-#ifndef ROWS_NO_STORE
-#define ROWS_NO_STORE 0
-#endif
-// Measurement only (JET_NVRTC_DEFINES=ROWS_BF16_WARP_STORES=1): the BF16 outputs
-// by the warps' 16-byte stores as before the sixty-first session (ty_ok ignored),
-// to time the copy engine's stores against them at other shapes.
-#ifndef ROWS_BF16_WARP_STORES
-#define ROWS_BF16_WARP_STORES 0
-#endif
 // tile_out for the tokens-as-A layout: the same epi_value a value (the same bits),
 // each thread's tokens tw + lane / 4 (+8) below M and columns c = n0 + 8 j + 2 (lane
 // % 4) (+1) below N. f32 (d, or y with bias / residual) as 8-byte stores, a token's
@@ -589,7 +580,15 @@ __device__ __forceinline__ void add_slice(float (&tot)[64], float (&acc)[64]) {
     }
 }
 
-
+#ifndef ROWS_NO_STORE
+#define ROWS_NO_STORE 0
+#endif
+// Measurement only (JET_NVRTC_DEFINES=ROWS_BF16_WARP_STORES=1): the BF16 outputs
+// by the warps' 16-byte stores as before the sixty-first session (ty_ok ignored),
+// to time the copy engine's stores against them at other shapes.
+#ifndef ROWS_BF16_WARP_STORES
+#define ROWS_BF16_WARP_STORES 0
+#endif
 // tw: W [N_pad rows][K_pad], tx: X [M rows][K_pad] (boxes of 128 bytes x 128 rows);
 // txs (FP8): the token scales [L][M] f32 (box 128 tokens x 1 group).
 template <class E>

@@ -25,11 +25,13 @@
 // the same swizzle). context.rs prepends wgmma.cuh (gen_wgmma.py) and wg_common.cuh
 // (descriptors, fences, the swizzled tile loader) to this file.
 
-// Measurement form (JET_NVRTC_DEFINES=ROWS_TMA_DOUBLE=1, FP8 rows kernel only):
-// two 2 KiB epilogue stages a warp, so a tile's second half-tile need not wait for
-// the copy engine to read the first (warp_tile_tma); paid for with five operand
-// stages in place of six (the 8 x 4 KiB fit the space of the sixth; gemv.rs's
-// allocation, sized for six, is larger than this layout needs).
+// Measurement form (JET_NVRTC_DEFINES=ROWS_TMA_DOUBLE=1, both rows kernels): two
+// 2 KiB epilogue stages a warp, so a tile's second half-tile need not wait for the
+// copy engine to read the first (warp_tile_tma). FP8 pays with five operand stages
+// in place of six (the 8 x 4 KiB fit the space of the sixth; gemv.rs's allocation,
+// sized for six, is larger than this layout needs); BF16 keeps its three, and
+// gemv.rs allocates its second 8 x 2 KiB always (227 KiB in all, the most a block
+// may have; one block an SM either way).
 #ifndef ROWS_TMA_DOUBLE
 #define ROWS_TMA_DOUBLE 0
 #endif
@@ -44,7 +46,7 @@ struct Fp8W {
 struct Bf16W {
     static constexpr int GB = 256;
     static constexpr int S_SK = 3, S_ROWS = 3;
-    static constexpr int EPI_BUFS = 1;
+    static constexpr int EPI_BUFS = ROWS_TMA_DOUBLE ? 2 : 1;
     static constexpr bool FP8 = false;
 };
 
@@ -401,7 +403,7 @@ __device__ __forceinline__ void warp_tile_tma(const float (&v)[64], const TMap* 
 // stage: the warp's EPI_STAGE bytes.
 __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M, int N, float* d, long ldd, float* y,
                                          long ldy, const float* bias, int round, const float* res, u8* stage,
-                                         const TMap* ty, int ty_ok, int lane) {
+                                         const TMap* ty, int ty_ok, int& kb, int lane) {
     const int rb = rw + (lane >> 2), tb = t0 + (lane & 3) * 2, mt = M - tb;
     const bool ok0 = rb < N, ok1 = rb + 8 < N;
     if (y && round == EPI_BF16) {
@@ -410,8 +412,7 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
         for (int r = 0; r < 64; r++) tot[r] = epi_value(tot[r], bias, (r & 2) ? b1 : b0, round, false, 0.0f);
         const int rows_ok = min(16, N - rw), toks = min(128, M - t0);
         if (ty_ok) {
-            int kb = 0;
-            if (rows_ok > 0 && toks > 0) warp_tile_tma<false>(tot, ty, rw, t0, toks, stage, kb, lane);
+            if (rows_ok > 0 && toks > 0) warp_tile_tma<false, Bf16W::EPI_BUFS>(tot, ty, rw, t0, toks, stage, kb, lane);
             return;
         }
         if (rows_ok > 0 && toks > 0)
@@ -566,10 +567,13 @@ struct WgTmaSmem {
 };
 // gemv.rs allocates the six-stage FP8 layout (its wg_geometry: 128-byte groups, six
 // stages; the same formula as WgTmaSmem's with one stage a warp); ROWS_TMA_DOUBLE's
-// five stages and 8 x 4,096 must fit in it.
+// five stages and 8 x 4,096 must fit in it. BF16's allocation has two stages a warp.
 static_assert(WgTmaSmem<Fp8W>::BYTES <= (6 * 256 * 128 + 6 * 128 * 4 + 2 * 6 * 8 + 1023) / 1024 * 1024 +
                                             8 * EPI_STAGE + 1024,
               "gemv.rs launch_rows_tma's shared memory");
+static_assert(WgTmaSmem<Bf16W>::BYTES <= (3 * 256 * 256 + 3 * 128 * 4 + 2 * 3 * 8 + 1023) / 1024 * 1024 +
+                                             16 * EPI_STAGE + 1024,
+              "gemv.rs launch_rows_tma's shared memory (BF16)");
 
 // tot += acc, then acc = 0: the end of a split slice when tot starts at -0.
 __device__ __forceinline__ void add_slice(float (&tot)[64], float (&acc)[64]) {
@@ -696,7 +700,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                             ty_ok, kb, lane);
             else
                 tile_out(tot, n0 + wg * 64 + warp * 16, t0, M, N, d, ldd, y, ldy, bias, round, res, stage, ty, ty_ok,
-                         lane);
+                         kb, lane);
         }
         if (lane == 0) bulk_wait_all();  // the copies' writes done before the grid ends
     }

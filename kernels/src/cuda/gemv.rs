@@ -183,7 +183,7 @@ impl Elem {
     /// rows kernels (`Fp8W` / `Bf16W` in `gemm_wg.cu`).
     fn wg_geometry(self) -> (u32, u32, u32) {
         match self {
-            Elem::Fp8 => (128, 4, 6),
+            Elem::Fp8 => (128, 4, 5),
             Elem::Bf16 => (256, 3, 3),
         }
     }
@@ -538,9 +538,9 @@ fn launch_rows_tma(
 ) -> Result<()> {
     use super::tma::{tensor_map_2d, TmaElem};
     let (gb, _, s) = ops.elem.wg_geometry();
-    let (name, elem, epp, epi_bufs) = match ops.elem {
-        Elem::Fp8 => ("wg_fp8_rows_tma", TmaElem::U8, 128, 1),
-        Elem::Bf16 => ("wg_bf16_rows_tma", TmaElem::Bf16, 64, 2),
+    let (name, elem, epp) = match ops.elem {
+        Elem::Fp8 => ("wg_fp8_rows_tma", TmaElem::U8, 128),
+        Elem::Bf16 => ("wg_bf16_rows_tma", TmaElem::Bf16, 64),
     };
     let kp = ops.k_pad;
     let tw = tensor_map_2d(elem, ops.w.0, (ops.n_pad, kp, kp), (epp, 128), 128)?;
@@ -582,12 +582,10 @@ fn launch_rows_tma(
         name,
         (tiles.min(gpu.sm_count()) as u32, 1, 1),
         (384, 1, 1),
-        // WgTmaSmem::BYTES: the stages, scales and barriers (to 1 KiB), 8 epilogue
-        // tiles of EPI_STAGE (2 KiB; BF16 two a warp, for ROWS_TMA_DOUBLE: 227 KiB
-        // in all, one block an SM either way), 1 KiB to align.
-        (s * 256 * gb + s * 128 * 4 + 2 * s * 8).next_multiple_of(1024)
-            + epi_bufs * 8 * 2048
-            + 1024,
+        // WgTmaSmem::BYTES: the stages, scales and barriers (to 1 KiB), 8 warps' two
+        // epilogue tiles of EPI_STAGE (2 KiB), 1 KiB to align (FP8 200,704 bytes,
+        // BF16 232,448: 227 KiB, the most a block may have).
+        (s * 256 * gb + s * 128 * 4 + 2 * s * 8).next_multiple_of(1024) + 2 * 8 * 2048 + 1024,
         &[
             Arg::T(tw),
             Arg::T(tx),

@@ -25,28 +25,19 @@
 // the same swizzle). context.rs prepends wgmma.cuh (gen_wgmma.py) and wg_common.cuh
 // (descriptors, fences, the swizzled tile loader) to this file.
 
-// Measurement form (JET_NVRTC_DEFINES=ROWS_TMA_DOUBLE=1, both rows kernels): two
-// 2 KiB epilogue stages a warp, so a tile's second half-tile need not wait for the
-// copy engine to read the first (warp_tile_tma). FP8 pays with five operand stages
-// in place of six (the 8 x 4 KiB fit the space of the sixth; gemv.rs's allocation,
-// sized for six, is larger than this layout needs); BF16 keeps its three, and
-// gemv.rs allocates its second 8 x 2 KiB always (227 KiB in all, the most a block
-// may have; one block an SM either way).
-#ifndef ROWS_TMA_DOUBLE
-#define ROWS_TMA_DOUBLE 0
-#endif
+// The rows kernels give each consumer warp two 2 KiB epilogue stages (warp_tile_tma),
+// FP8 paying with five operand stages in place of six (the 8 x 4 KiB fit the sixth's
+// space); BF16 keeps its three (227 KiB in all, the most a block may have).
 // E4M3 codes, 128x128 weight blocks and 1x128 token scales.
 struct Fp8W {
     static constexpr int GB = 128;                // bytes of a row's group
-    static constexpr int S_SK = 4, S_ROWS = ROWS_TMA_DOUBLE ? 5 : 6;  // stages of the split-K / rows kernels
-    static constexpr int EPI_BUFS = ROWS_TMA_DOUBLE ? 2 : 1;         // epilogue stages a warp (rows kernel)
+    static constexpr int S_SK = 4, S_ROWS = 5;  // stages of the split-K / rows kernels
     static constexpr bool FP8 = true;
 };
 // BF16 values, no scales.
 struct Bf16W {
     static constexpr int GB = 256;
     static constexpr int S_SK = 3, S_ROWS = 3;
-    static constexpr int EPI_BUFS = ROWS_TMA_DOUBLE ? 2 : 1;
     static constexpr bool FP8 = false;
 };
 
@@ -272,14 +263,13 @@ __device__ __forceinline__ void tma_2d(u32 dst, const TMap* map, int c0, int c1,
 // The reverse copy: shared src (a box of the map, in its swizzle) to the tensor at
 // (c0, c1), elements past the tensor's end not written; asynchronous (the copy
 // engine reads src and writes global while the thread goes on), one bulk group a
-// commit. Before src is written again: bulk_wait_read (the reads are done).
+// commit. Before src is written again: bulk_wait_read1 (its reads are done).
 __device__ __forceinline__ void tma_store_2d(const TMap* map, int c0, int c1, u32 src) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"((u64)map),
                  "r"(c0), "r"(c1), "r"(src)
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 // All but the latest group's reads done.
 __device__ __forceinline__ void bulk_wait_read1() { asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
@@ -370,22 +360,23 @@ __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* ou
 //   else (weights as A): warp_tile_store's 16 weight rows x 128 tokens, box 16
 //       columns x 64 tokens at (rw, t0 + 64 c) (c0 = rw, c1 = t0, n = tokens).
 // The stage is written as those functions write it (stage_pass_tm, stage_pass).
-// BUFS 2 (ROWS_TMA_DOUBLE): the warp's passes alternate between the stage's two
-// 2 KiB halves by its running count kb (a tile of one pass, n <= 64, would break
-// an alternation by c); before a half is written, only the warp's latest copy,
-// the other half's, may still be reading.
-template <bool TM, int BUFS = 1>
+// The warp's passes alternate between its two 2 KiB stages by its running count kb
+// (a tile of one pass, n <= 64, would break an alternation by c); before a stage
+// is written, only the warp's latest copy, the other stage's, may still be
+// reading. Against one stage (a tile's second pass waiting for the copy engine to
+// read its first), FP8 q 29.0 -> 28.5 us, gate/up 42.0 -> 40.8, BF16 q 37.8 ->
+// 36.8, gate/up 55.9 -> 54.1; the 0.6B fp8 step 44.07 -> 43.95 ms, bf16 46.69 ->
+// 46.65 (H100, sixty-second session, call 1): the first pass's read was not what
+// held the kernel (the guess was q ~22-24 us).
+template <bool TM>
 __device__ __forceinline__ void warp_tile_tma(const float (&v)[64], const TMap* ty, int c0, int c1, int n, u8* st,
                                               int& kb, int lane) {
     const u32 s0 = smem_addr(st);
 #pragma unroll
     for (int c = 0; c < 2; c++) {
         if (c * 64 >= n) break;  // warp-uniform
-        const u32 sbase = BUFS == 2 ? s0 + (kb++ & 1) * EPI_STAGE : s0;
-        if (lane == 0) {
-            if constexpr (BUFS == 2) bulk_wait_read1();
-            else bulk_wait_read();
-        }
+        const u32 sbase = s0 + (kb++ & 1) * EPI_STAGE;
+        if (lane == 0) bulk_wait_read1();
         __syncwarp();
         if constexpr (TM) stage_pass_tm(v, sbase, c, lane);
         else stage_pass(v, sbase, c, lane);
@@ -400,7 +391,7 @@ __device__ __forceinline__ void warp_tile_tma(const float (&v)[64], const TMap* 
 // tokens t = tb + 8 j + i (i < 2) are below M. f32 straight from the registers;
 // BF16 (round == EPI_BF16, no residual) through warp_tile_tma<false> (ty_ok: y's
 // map ty) or warp_tile_store. rw: the warp's first row; t0: the tile's first token;
-// stage: the warp's EPI_STAGE bytes.
+// stage: the warp's 2 x EPI_STAGE bytes.
 __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M, int N, float* d, long ldd, float* y,
                                          long ldy, const float* bias, int round, const float* res, u8* stage,
                                          const TMap* ty, int ty_ok, int& kb, int lane) {
@@ -412,7 +403,7 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
         for (int r = 0; r < 64; r++) tot[r] = epi_value(tot[r], bias, (r & 2) ? b1 : b0, round, false, 0.0f);
         const int rows_ok = min(16, N - rw), toks = min(128, M - t0);
         if (ty_ok) {
-            if (rows_ok > 0 && toks > 0) warp_tile_tma<false, Bf16W::EPI_BUFS>(tot, ty, rw, t0, toks, stage, kb, lane);
+            if (rows_ok > 0 && toks > 0) warp_tile_tma<false>(tot, ty, rw, t0, toks, stage, kb, lane);
             return;
         }
         if (rows_ok > 0 && toks > 0)
@@ -480,7 +471,7 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
 // % 4) (+1) below N. f32 (d, or y with bias / residual) as 8-byte stores, a token's
 // residual pairs all loaded before its stores; BF16 (round == EPI_BF16, no residual)
 // through warp_tile_tma<true> (ty_ok: y's map ty; kb its pass count) or
-// warp_tile_store_tm. tw: the warp's first token; stage: its EPI_BUFS x EPI_STAGE
+// warp_tile_store_tm. tw: the warp's first token; stage: its 2 x EPI_STAGE
 // bytes.
 __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, int M, int N, float* d, long ldd,
                                             float* y, long ldy, const float* bias, int round, const float* res,
@@ -504,7 +495,7 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
             }
         const int toks = min(16, M - tw), cols = min(128, N - n0);
         if (ty_ok) {
-            if (toks > 0 && cols > 0) warp_tile_tma<true, Fp8W::EPI_BUFS>(tot, ty, n0, tw, cols, stage, kb, lane);
+            if (toks > 0 && cols > 0) warp_tile_tma<true>(tot, ty, n0, tw, cols, stage, kb, lane);
             return;
         }
         if (toks > 0 && cols > 0)
@@ -563,17 +554,12 @@ struct WgTmaSmem {
     // The consumer warps' epilogue tiles (EPI_STAGE bytes each) after the barriers.
     // 1024-byte aligned: the BF16 outputs' copies read the tiles in the maps' swizzles.
     static constexpr int EPI = (S * STAGE + S * 128 * 4 + 2 * S * 8 + 1023) / 1024 * 1024;
-    static constexpr int BYTES = EPI + 8 * E::EPI_BUFS * EPI_STAGE + 1024;
+    static constexpr int BYTES = EPI + 8 * 2 * EPI_STAGE + 1024;
 };
-// gemv.rs allocates the six-stage FP8 layout (its wg_geometry: 128-byte groups, six
-// stages; the same formula as WgTmaSmem's with one stage a warp); ROWS_TMA_DOUBLE's
-// five stages and 8 x 4,096 must fit in it. BF16's allocation has two stages a warp.
-static_assert(WgTmaSmem<Fp8W>::BYTES <= (6 * 256 * 128 + 6 * 128 * 4 + 2 * 6 * 8 + 1023) / 1024 * 1024 +
-                                            8 * EPI_STAGE + 1024,
-              "gemv.rs launch_rows_tma's shared memory");
-static_assert(WgTmaSmem<Bf16W>::BYTES <= (3 * 256 * 256 + 3 * 128 * 4 + 2 * 3 * 8 + 1023) / 1024 * 1024 +
-                                             16 * EPI_STAGE + 1024,
-              "gemv.rs launch_rows_tma's shared memory (BF16)");
+// gemv.rs launch_rows_tma allocates these sizes (its wg_geometry's stages: FP8 five,
+// BF16 three; two epilogue stages a warp).
+static_assert(WgTmaSmem<Fp8W>::BYTES == 200704, "gemv.rs launch_rows_tma's FP8 shared memory");
+static_assert(WgTmaSmem<Bf16W>::BYTES == 232448, "gemv.rs launch_rows_tma's BF16 shared memory (227 KiB)");
 
 // tot += acc, then acc = 0: the end of a split slice when tot starts at -0.
 __device__ __forceinline__ void add_slice(float (&tot)[64], float (&acc)[64]) {
@@ -694,7 +680,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
             for (int r = 0; r < 64; r++) chk += tot[r];
             if (chk != 1.2345e-30f) continue;
 #endif
-            u8* stage = smem + SM::EPI + (wg * 4 + warp) * E::EPI_BUFS * EPI_STAGE;
+            u8* stage = smem + SM::EPI + (wg * 4 + warp) * 2 * EPI_STAGE;
             if constexpr (E::FP8)
                 tile_out_tm(tot, t0 + wg * 64 + warp * 16, n0, M, N, d, ldd, y, ldy, bias, round, res, stage, ty,
                             ty_ok, kb, lane);

@@ -399,12 +399,34 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return (u32)a;
 }
 
+// The stage passes' BF16 pairs (HW: the hardware conversion, pack_bf16x2; else
+// pack2_bf16). cvt.rn.bf16x2.f32 rounds to nearest even as f32_to_bf16 does,
+// subnormals and infinities included, and differs only in a NaN's payload (it
+// gives 0x7fff): where no value of the warp's tile is NaN (tile_has_nan) its bits
+// are pack2_bf16's, one instruction a pair in place of ~15. The software pairs were
+// most of the rows kernels' epilogue, itself 38% of the FP8 kernel's warp samples
+// at 0.6B's q shape (ncu, H100, sixty-second session, call 2).
+template <bool HW>
+__device__ __forceinline__ u32 pack2_bf16_as(float lo, float hi) {
+    if constexpr (HW) return pack_bf16x2(lo, hi);
+    else return pack2_bf16(lo, hi);
+}
+// Whether any value of the warp's 64-value register tiles is NaN (warp-uniform, so
+// the stage passes' stmatrix stay convergent): the largest |bits| above inf's.
+__device__ __forceinline__ bool tile_has_nan(const float (&v)[64]) {
+    u32 m = 0u;
+#pragma unroll
+    for (int r = 0; r < 64; r++) m = max_abs_bits(m, v[r]);
+    return __any_sync(0xffffffffu, m > 0x7f800000u);
+}
+
 // stmatrix is sm_90 on.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Pass c of warp_tile_store_tm: columns 64 c .. 64 c + 63 of v into the stage at
 // shared address sbase. Instruction m stores blocks (j, h) = (j0, 0), (j0, 1), (j0 +
 // 1, 0), (j0 + 1, 1), j0 = 8 c + 2 m; lane l gives the address of block l / 8's row
-// l % 8.
+// l % 8. HW: pack2_bf16_as.
+template <bool HW = false>
 __device__ __forceinline__ void stage_pass_tm(const float (&v)[64], u32 sbase, int c, int lane) {
 #pragma unroll
     for (int m = 0; m < 4; m++) {
@@ -412,8 +434,10 @@ __device__ __forceinline__ void stage_pass_tm(const float (&v)[64], u32 sbase, i
         const u32 addr = sbase + r * 128 + ((u ^ (r & 7)) << 4);
         const int j0 = 8 * c + 2 * m;
         asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-                     "r"(pack2_bf16(v[4 * j0 + 0], v[4 * j0 + 1])), "r"(pack2_bf16(v[4 * j0 + 2], v[4 * j0 + 3])),
-                     "r"(pack2_bf16(v[4 * j0 + 4], v[4 * j0 + 5])), "r"(pack2_bf16(v[4 * j0 + 6], v[4 * j0 + 7]))
+                     "r"(pack2_bf16_as<HW>(v[4 * j0 + 0], v[4 * j0 + 1])),
+                     "r"(pack2_bf16_as<HW>(v[4 * j0 + 2], v[4 * j0 + 3])),
+                     "r"(pack2_bf16_as<HW>(v[4 * j0 + 4], v[4 * j0 + 5])),
+                     "r"(pack2_bf16_as<HW>(v[4 * j0 + 6], v[4 * j0 + 7]))
                      : "memory");
     }
 }

@@ -6,8 +6,7 @@
 # bits). Call 2's stall sampling put 38% of the FP8 kernel's warp samples in the
 # per-tile epilogue, mostly the software BF16 conversion (~15 instructions a value
 # pair). Prediction: FP8 q 28.5 -> ~24-25 us, BF16 q 36.8 -> ~33; the 0.6B step
-# ~0.5-0.9 ms shorter in each flow. Run with timeout_s ~250 (q's shape alone timed:
-# too little device time was left for all shapes); .carry: jetd,
+# ~0.5-0.9 ms shorter in each flow. Run with timeout_s ~250; .carry: jetd,
 # cuda_timing, cuda_act, gpu_parity (stripped, gzipped).
 R=$OUT; export OUT=/tmp/g3; mkdir -p $OUT; export JET_KERNEL_CACHE_DIR=/tmp/jetk
 pack() { tar czf $R/logs.tgz -C /tmp g3; }
@@ -17,7 +16,7 @@ timeout 60 ./.carry/cuda_act --test-threads=1 --nocapture > $OUT/cuda_act.log 2>
 echo "cuda_act rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_act.log | tail -3
 row() { grep -E '^TIMING fp8 rows 4096' $1 | sed -E 's/.*rows ([0-9x]+) (\S+)\s*:.*\| rows\s+([0-9.]+) us.*BF16 out\s+([0-9.]+) us/\2 f32 \3 bf16 \4/'; }
 for d in ROWS_SW_PACK=1 ""; do
-  JET_TIMING_ONLY=q_proj JET_NVRTC_DEFINES=$d timeout 30 ./.carry/cuda_timing --ignored --exact fp8_rows_timing --nocapture > $OUT/timing-${d:-main}.log 2>&1
+  JET_NVRTC_DEFINES=$d timeout 40 ./.carry/cuda_timing --ignored --exact fp8_rows_timing --nocapture > $OUT/timing-${d:-main}.log 2>&1
   echo "fp8 timing ${d:-main} rc $? (${SECONDS}s)"; row $OUT/timing-${d:-main}.log
   JET_NVRTC_DEFINES=$d timeout 40 ./.carry/cuda_timing --ignored --exact bf16_rows_step_forms --nocapture > $OUT/bf16forms-${d:-main}.log 2>&1
   echo "bf16 forms ${d:-main} rc $? (${SECONDS}s)"; grep -E '^TIMING bf16 step' $OUT/bf16forms-${d:-main}.log | sed -E 's/TIMING bf16 step forms //; s/ TF//g; s/\| cold.*//' | cut -c1-120
@@ -26,7 +25,7 @@ pack
 mk() { printf '#!/bin/bash\n%s exec "$(dirname "$0")/jetd" "$@" --flow %s\n' "$2" "$3" > .carry/$1; chmod +x .carry/$1; }
 mk sw-bf16 "JET_NVRTC_DEFINES=ROWS_SW_PACK=1" bf16; mk hw-bf16 "" bf16
 mk sw-fp8 "JET_NVRTC_DEFINES=ROWS_SW_PACK=1" fp8; mk hw-fp8 "" fp8
-JET_BENCH_ARGS="--batch 64 --gen-len 16 --train-steps 3" timeout $((160 - SECONDS)) bash bench/gpu_check.sh compare qwen3-0.6b 2 sw-bf16,hw-bf16,sw-fp8,hw-fp8 > $OUT/cmp.log 2>&1
+JET_BENCH_ARGS="--batch 64 --gen-len 16 --train-steps 3" timeout $((175 - SECONDS)) bash bench/gpu_check.sh compare qwen3-0.6b,qwen3-8b:4 2 sw-bf16,hw-bf16,sw-fp8,hw-fp8 > $OUT/cmp.log 2>&1
 echo "compare rc $? (${SECONDS}s)"; pack
 grep -E "\\| train \\||step training" $OUT/compare.txt | cut -c1-260
 timeout $((245 - SECONDS)) ./.carry/gpu_parity --test-threads=1 > $OUT/gpu_parity.log 2>&1

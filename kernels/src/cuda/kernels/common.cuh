@@ -405,7 +405,8 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 // gives 0x7fff): where no value of the warp's tile is NaN (tile_has_nan) its bits
 // are pack2_bf16's, one instruction a pair in place of ~15. The software pairs were
 // most of the rows kernels' epilogue, itself 38% of the FP8 kernel's warp samples
-// at 0.6B's q shape (ncu, H100, sixty-second session, call 2).
+// at 0.6B's q shape (ncu, H100, sixty-second session, call 2). Used by the rows
+// kernels under ROWS_HW_PACK (gemm_wg.cu; prepared, not yet run on a GPU).
 template <bool HW>
 __device__ __forceinline__ u32 pack2_bf16_as(float lo, float hi) {
     if constexpr (HW) return pack_bf16x2(lo, hi);

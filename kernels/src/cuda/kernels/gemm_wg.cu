@@ -275,11 +275,13 @@ __device__ __forceinline__ void bulk_wait_read1() { asm volatile("cp.async.bulk.
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 #define EPI_STAGE 2048
-// Measurement only (JET_NVRTC_DEFINES=ROWS_SW_PACK=1): the BF16 outputs rounded by
-// epi_value and packed by pack2_bf16 in software, as before the sixty-second
-// session (the same bits), to time the hardware pack against.
-#ifndef ROWS_SW_PACK
-#define ROWS_SW_PACK 0
+// Prepared, not yet run on a GPU (JET_NVRTC_DEFINES=ROWS_HW_PACK=1; off, so the
+// default build's SASS is the measured one): the rows kernels' BF16 outputs packed
+// by the hardware conversion where the warp's tile holds no NaN (pack2_bf16_as,
+// warp_tile_tma) and epi_value's software rounding skipped (the pack rounds): the
+// same bits. bench/results/s62/call3.sh times it and runs the bit checks.
+#ifndef ROWS_HW_PACK
+#define ROWS_HW_PACK 0
 #endif
 // The element offset in the stage of (token, row) of the [token][16 rows] tile.
 __device__ __forceinline__ int epi_at(int tok, int r) { return tok * 16 + (((r >> 3) ^ ((tok >> 2) & 1)) << 3) + (r & 7); }
@@ -377,14 +379,14 @@ __device__ __forceinline__ void warp_tile_store(const float (&v)[64], bf16_t* ou
 // 36.8, gate/up 55.9 -> 54.1; the 0.6B fp8 step 44.07 -> 43.95 ms, bf16 46.69 ->
 // 46.65 (H100, sixty-second session, call 1): the first pass's read was not what
 // held the kernel (the guess was q ~22-24 us).
-// v: the unrounded values (the pack rounds them: pack2_bf16 of round_bf16's value is
-// pack2_bf16's); their pairs by the hardware conversion where no value of the
+// ROWS_HW_PACK: v unrounded (the pack rounds them: pack2_bf16 of round_bf16's value
+// is pack2_bf16's), their pairs by the hardware conversion where no value of the
 // warp's tile is NaN (pack2_bf16_as), else by pack2_bf16.
 template <bool TM>
 __device__ __forceinline__ void warp_tile_tma(const float (&v)[64], const TMap* ty, int c0, int c1, int n, u8* st,
                                               int& kb, int lane) {
     const u32 s0 = smem_addr(st);
-    const bool hw = !ROWS_SW_PACK && !tile_has_nan(v);
+    const bool hw = ROWS_HW_PACK && !tile_has_nan(v);
 #pragma unroll
     for (int c = 0; c < 2; c++) {
         if (c * 64 >= n) break;  // warp-uniform
@@ -407,9 +409,9 @@ __device__ __forceinline__ void warp_tile_tma(const float (&v)[64], const TMap* 
 // A warpgroup's 64 x 128 totals out: rows_out's ops per value (the same bits), the
 // bias and residual read where the thread's rows are (rb and rb + 8, < N) and its
 // tokens t = tb + 8 j + i (i < 2) are below M. f32 straight from the registers;
-// BF16 (round == EPI_BF16, no residual: epi_value without its rounding, which the
-// pack does, the same bits) through warp_tile_tma<false> (ty_ok: y's map ty) or
-// warp_tile_store. rw: the warp's first row; t0: the tile's first token;
+// BF16 (round == EPI_BF16, no residual; with ROWS_HW_PACK epi_value without its
+// rounding, which the pack does: the same bits) through warp_tile_tma<false> (ty_ok:
+// y's map ty) or warp_tile_store. rw: the warp's first row; t0: the tile's first token;
 // stage: the warp's 2 x EPI_STAGE bytes.
 __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M, int N, float* d, long ldd, float* y,
                                          long ldy, const float* bias, int round, const float* res, u8* stage,
@@ -419,7 +421,7 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
     if (y && round == EPI_BF16) {
         const float b0 = (bias && ok0) ? bias[rb] : 0.0f, b1 = (bias && ok1) ? bias[rb + 8] : 0.0f;
 #pragma unroll
-        for (int r = 0; r < 64; r++) tot[r] = epi_value(tot[r], bias, (r & 2) ? b1 : b0, ROWS_SW_PACK ? round : 0, false, 0.0f);
+        for (int r = 0; r < 64; r++) tot[r] = epi_value(tot[r], bias, (r & 2) ? b1 : b0, ROWS_HW_PACK ? 0 : round, false, 0.0f);
         const int rows_ok = min(16, N - rw), toks = min(128, M - t0);
         if (ty_ok) {
             if (rows_ok > 0 && toks > 0) warp_tile_tma<false>(tot, ty, rw, t0, toks, stage, kb, lane);
@@ -488,8 +490,8 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
 // tile_out for the tokens-as-A layout: the same epi_value a value (the same bits),
 // each thread's tokens tw + lane / 4 (+8) below M and columns c = n0 + 8 j + 2 (lane
 // % 4) (+1) below N. f32 (d, or y with bias / residual) as 8-byte stores, a token's
-// residual pairs all loaded before its stores; BF16 (round == EPI_BF16, no residual:
-// epi_value without its rounding, as tile_out) through warp_tile_tma<true> (ty_ok: y's map ty; kb its pass count) or
+// residual pairs all loaded before its stores; BF16 (round == EPI_BF16, no residual;
+// with ROWS_HW_PACK epi_value without its rounding, as tile_out) through warp_tile_tma<true> (ty_ok: y's map ty; kb its pass count) or
 // warp_tile_store_tm. tw: the warp's first token; stage: its 2 x EPI_STAGE
 // bytes.
 __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, int M, int N, float* d, long ldd,
@@ -509,9 +511,9 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
         for (int j = 0; j < 16; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                tot[4 * j + 2 * h] = epi_value(tot[4 * j + 2 * h], bias, bb[j].x, ROWS_SW_PACK ? round : 0, false, 0.0f);
+                tot[4 * j + 2 * h] = epi_value(tot[4 * j + 2 * h], bias, bb[j].x, ROWS_HW_PACK ? 0 : round, false, 0.0f);
                 tot[4 * j + 2 * h + 1] =
-                    epi_value(tot[4 * j + 2 * h + 1], bias, bb[j].y, ROWS_SW_PACK ? round : 0, false, 0.0f);
+                    epi_value(tot[4 * j + 2 * h + 1], bias, bb[j].y, ROWS_HW_PACK ? 0 : round, false, 0.0f);
             }
         const int toks = min(16, M - tw), cols = min(128, N - n0);
         if (ty_ok) {

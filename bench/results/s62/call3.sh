@@ -7,12 +7,19 @@
 # samples in the per-tile epilogue, mostly the software BF16 conversion (~15
 # instructions a value pair). Prediction: FP8 q 28.5 -> ~24-25 us, BF16 q 36.8 ->
 # ~33; the 0.6B step ~0.5-0.9 ms shorter in each flow. If it wins, make it the
-# default (drop the define). Run with timeout_s ~270; .carry: jetd, cuda_timing,
-# cuda_act, gpu_parity (stripped, gzipped).
+# default (drop the define). The define also rounds the f32 outputs' tiles (o,
+# down: round 1 before the residual) by the hardware conversion (round_bf16_tile).
+# Run with timeout_s ~290; .carry: jetd, cuda_timing, cuda_act, cuda_invariant,
+# gpu_parity (stripped, gzipped).
 R=$OUT; export OUT=/tmp/g3; mkdir -p $OUT; export JET_KERNEL_CACHE_DIR=/tmp/jetk
 pack() { tar czf $R/logs.tgz -C /tmp g3; }
 gunzip -f .carry/*.gz 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu.txt
+# cuda_invariant with the define: the rows kernels' fused epilogues (bias, the
+# BF16 rounding now by the hardware conversion, the residual) against the host's
+# bf16::round, and rows == split-K at every batch.
+JET_NVRTC_DEFINES=ROWS_HW_PACK=1 timeout 60 ./.carry/cuda_invariant --test-threads=1 > $OUT/cuda_invariant.log 2>&1
+echo "cuda_invariant ROWS_HW_PACK rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_invariant.log | tail -3
 for d in "" ROWS_HW_PACK=1; do  # main: the NaN / inf rows test's first GPU run
   JET_NVRTC_DEFINES=$d timeout 60 ./.carry/cuda_act --test-threads=1 --nocapture > $OUT/cuda_act-${d:-main}.log 2>&1
   echo "cuda_act ${d:-main} rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_act-${d:-main}.log | tail -3

@@ -406,7 +406,8 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 // are pack2_bf16's, one instruction a pair in place of ~15. The software pairs were
 // most of the rows kernels' epilogue, itself 38% of the FP8 kernel's warp samples
 // at 0.6B's q shape (ncu, H100, sixty-second session, call 2). Used by the rows
-// kernels under ROWS_HW_PACK (gemm_wg.cu; prepared, not yet run on a GPU).
+// kernels under ROWS_HW_PACK (gemm_wg.cu; prepared, not yet run on a GPU), as is
+// round_bf16_tile below.
 template <bool HW>
 __device__ __forceinline__ u32 pack2_bf16_as(float lo, float hi) {
     if constexpr (HW) return pack_bf16x2(lo, hi);
@@ -419,6 +420,23 @@ __device__ __forceinline__ bool tile_has_nan(const float (&v)[64]) {
 #pragma unroll
     for (int r = 0; r < 64; r++) m = max_abs_bits(m, v[r]);
     return __any_sync(0xffffffffu, m > 0x7f800000u);
+}
+
+// round_bf16 of a register tile (the rows kernels' f32 outputs under ROWS_HW_PACK,
+// gemm_wg.cu): pairs through the hardware conversion, widened back, where the
+// warp's tile holds no NaN (the values round_bf16 gives), else round_bf16 a value.
+__device__ __forceinline__ void round_bf16_tile(float (&v)[64]) {
+    if (tile_has_nan(v)) {
+#pragma unroll
+        for (int r = 0; r < 64; r++) v[r] = round_bf16(v[r]);
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < 64; r += 2) {
+        const u32 p = pack_bf16x2(v[r], v[r + 1]);
+        v[r] = __uint_as_float(p << 16);
+        v[r + 1] = __uint_as_float(p & 0xffff0000u);
+    }
 }
 
 // stmatrix is sm_90 on.

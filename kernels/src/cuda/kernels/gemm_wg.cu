@@ -278,8 +278,10 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 // Prepared, not yet run on a GPU (JET_NVRTC_DEFINES=ROWS_HW_PACK=1; off, so the
 // default build's SASS is the measured one): the rows kernels' BF16 outputs packed
 // by the hardware conversion where the warp's tile holds no NaN (pack2_bf16_as,
-// warp_tile_tma) and epi_value's software rounding skipped (the pack rounds): the
-// same bits. bench/results/s62/call3.sh times it and runs the bit checks.
+// warp_tile_tma) and epi_value's software rounding skipped (the pack rounds); the
+// f32 outputs' round-1 tiles (o, down before their residual) rounded the same way
+// (round_bf16_tile): the same bits. bench/results/s62/call3.sh times it and runs
+// the bit checks.
 #ifndef ROWS_HW_PACK
 #define ROWS_HW_PACK 0
 #endif
@@ -421,7 +423,8 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
     if (y && round == EPI_BF16) {
         const float b0 = (bias && ok0) ? bias[rb] : 0.0f, b1 = (bias && ok1) ? bias[rb + 8] : 0.0f;
 #pragma unroll
-        for (int r = 0; r < 64; r++) tot[r] = epi_value(tot[r], bias, (r & 2) ? b1 : b0, ROWS_HW_PACK ? 0 : round, false, 0.0f);
+        for (int r = 0; r < 64; r++)
+            tot[r] = epi_value(tot[r], bias, (r & 2) ? b1 : b0, ROWS_HW_PACK ? 0 : round, false, 0.0f);
         const int rows_ok = min(16, N - rw), toks = min(128, M - t0);
         if (ty_ok) {
             if (rows_ok > 0 && toks > 0) warp_tile_tma<false>(tot, ty, rw, t0, toks, stage, kb, lane);
@@ -436,6 +439,19 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
     float* out = (y ? y : d) + (long)tb * ld + rb;
     const float* rp = res ? res + (long)tb * ld + rb : nullptr;
     const float b0 = (y && bias && ok0) ? bias[rb] : 0.0f, b1 = (y && bias && ok1) ? bias[rb + 8] : 0.0f;
+    // ROWS_HW_PACK: epi_value's bias and BF16 rounding (round 1) on the whole tile
+    // first (round_bf16_tile: the hardware conversion where no value is NaN), then
+    // only the residual below: the same operations in the same order.
+    const bool pre = ROWS_HW_PACK && y && round == 1;
+    if (pre) {
+        if (bias) {
+#pragma unroll
+            for (int r = 0; r < 64; r++) tot[r] += (r & 2) ? b1 : b0;
+        }
+        round_bf16_tile(tot);
+    }
+    const float* eb = pre ? nullptr : bias;
+    const int er = pre ? 0 : round;
     if (y && rp) {
         // With a residual, half the tile's residual values are loaded before any of
         // their stores: in the loop below each load waited behind the previous
@@ -462,8 +478,8 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
                     const int j = 8 * h + jj;
                     if (8 * j + i >= mt) continue;
                     const long o = (long)(8 * j + i) * ld;
-                    const float v0 = epi_value(tot[4 * j + i], bias, b0, round, true, r[jj][i][0]);
-                    const float v1 = epi_value(tot[4 * j + 2 + i], bias, b1, round, true, r[jj][i][1]);
+                    const float v0 = epi_value(tot[4 * j + i], eb, b0, er, true, r[jj][i][0]);
+                    const float v1 = epi_value(tot[4 * j + 2 + i], eb, b1, er, true, r[jj][i][1]);
                     if (ok0) out[o] = v0;
                     if (ok1) out[o + 8] = v1;
                 }
@@ -478,8 +494,8 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
             const long o = (long)(8 * j + i) * ld;
             float v0 = tot[4 * j + i], v1 = tot[4 * j + 2 + i];
             if (y) {
-                v0 = epi_value(v0, bias, b0, round, rp, rp && ok0 ? rp[o] : 0.0f);
-                v1 = epi_value(v1, bias, b1, round, rp, rp && ok1 ? rp[o + 8] : 0.0f);
+                v0 = epi_value(v0, eb, b0, er, rp, rp && ok0 ? rp[o] : 0.0f);
+                v1 = epi_value(v1, eb, b1, er, rp, rp && ok1 ? rp[o + 8] : 0.0f);
             }
             if (ok0) out[o] = v0;
             if (ok1) out[o + 8] = v1;
@@ -491,7 +507,8 @@ __device__ __forceinline__ void tile_out(float (&tot)[64], int rw, int t0, int M
 // each thread's tokens tw + lane / 4 (+8) below M and columns c = n0 + 8 j + 2 (lane
 // % 4) (+1) below N. f32 (d, or y with bias / residual) as 8-byte stores, a token's
 // residual pairs all loaded before its stores; BF16 (round == EPI_BF16, no residual;
-// with ROWS_HW_PACK epi_value without its rounding, as tile_out) through warp_tile_tma<true> (ty_ok: y's map ty; kb its pass count) or
+// with ROWS_HW_PACK epi_value without its rounding, as tile_out) through
+// warp_tile_tma<true> (ty_ok: y's map ty; kb its pass count) or
 // warp_tile_store_tm. tw: the warp's first token; stage: its 2 x EPI_STAGE
 // bytes.
 __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, int M, int N, float* d, long ldd,
@@ -511,7 +528,8 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
         for (int j = 0; j < 16; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                tot[4 * j + 2 * h] = epi_value(tot[4 * j + 2 * h], bias, bb[j].x, ROWS_HW_PACK ? 0 : round, false, 0.0f);
+                tot[4 * j + 2 * h] =
+                    epi_value(tot[4 * j + 2 * h], bias, bb[j].x, ROWS_HW_PACK ? 0 : round, false, 0.0f);
                 tot[4 * j + 2 * h + 1] =
                     epi_value(tot[4 * j + 2 * h + 1], bias, bb[j].y, ROWS_HW_PACK ? 0 : round, false, 0.0f);
             }
@@ -527,6 +545,22 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
     const long ld = y ? ldy : ldd;
     float* base = y ? y : d;
     const float* rs = y ? res : nullptr;
+    // ROWS_HW_PACK: bias and rounding on the whole tile first, as tile_out.
+    const bool pre = ROWS_HW_PACK && y && round == 1;
+    if (pre) {
+        if (bias) {
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    tot[4 * j + 2 * h] += bb[j].x;
+                    tot[4 * j + 2 * h + 1] += bb[j].y;
+                }
+        }
+        round_bf16_tile(tot);
+    }
+    const float* eb = pre ? nullptr : bias;
+    const int er = pre ? 0 : round;
     const bool vec = (((u64)base | (u64)rs) & 7) == 0 && (ld & 1) == 0;  // bias is read as scalars
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -554,8 +588,8 @@ __device__ __forceinline__ void tile_out_tm(float (&tot)[64], int tw, int n0, in
             const int c = cb + 8 * j;
             float v0 = tot[4 * j + 2 * h], v1 = tot[4 * j + 2 * h + 1];
             if (y) {
-                v0 = epi_value(v0, bias, bb[j].x, round, rrow, r[j].x);
-                v1 = epi_value(v1, bias, bb[j].y, round, rrow, r[j].y);
+                v0 = epi_value(v0, eb, bb[j].x, er, rrow, r[j].x);
+                v1 = epi_value(v1, eb, bb[j].y, er, rrow, r[j].y);
             }
             if (vec && c + 1 < N) {
                 *reinterpret_cast<float2*>(orow + c) = make_float2(v0, v1);

@@ -1,29 +1,38 @@
 #!/bin/bash
-# Prepared in the sixty-second session, not run (its device time ran out). The rows
-# kernels' BF16 outputs packed by the hardware conversion (cvt.rn.bf16x2.f32, one
-# instruction a pair; pack2_bf16 only for a warp tile holding a NaN) and
-# epi_value's software rounding skipped (the pack rounds): ROWS_HW_PACK=1 against
-# main (the same bits). Call 2's stall sampling put 38% of the FP8 kernel's warp
-# samples in the per-tile epilogue, mostly the software BF16 conversion (~15
-# instructions a value pair). Prediction: FP8 q 28.5 -> ~24-25 us, BF16 q 36.8 ->
-# ~33; the 0.6B step ~0.5-0.9 ms shorter in each flow. If it wins, make it the
-# default (drop the define). The define also rounds the f32 outputs' tiles (o,
-# down: round 1 before the residual) by the hardware conversion (round_bf16_tile).
-# Run with timeout_s ~290; .carry: jetd, cuda_timing, cuda_act, cuda_invariant,
-# gpu_parity (stripped, gzipped).
+# Prepared in the sixty-second session, not run (its device time ran out). Two
+# defines, both the same bits by construction, off by default:
+# ROWS_HW_PACK=1: the rows kernels' BF16 outputs packed by the hardware conversion
+#   (cvt.rn.bf16x2.f32, one instruction a pair; pack2_bf16 only for a warp tile
+#   holding a NaN), epi_value's software rounding skipped (the pack rounds), and
+#   the f32 outputs' round-1 tiles (o, down before their residual) rounded the same
+#   way. Call 2's stall sampling put 38% of the FP8 rows kernel's warp samples in
+#   the per-tile epilogue, mostly the software conversion (~15 instructions a pair).
+#   Prediction: FP8 q 28.5 -> ~24-25 us, BF16 q 36.8 -> ~33; ~0.5-0.9 ms off each
+#   flow's 0.6B step.
+# SWIGLU_HW_BF16=1: swiglu_bwd_fp8's dgate rounding and dup pairs by the
+#   instruction (416 of its ~2,750 instructions a thread fewer). Prediction: 67.6
+#   -> ~58 us a launch, ~0.25 ms off the 0.6B fp8 step (FP8 only).
+# If they win, make them the default (drop the defines). Run with timeout_s ~330;
+# .carry: jetd, cuda_timing, cuda_act, cuda_invariant, cuda_parity, gpu_parity
+# (stripped, gzipped).
 R=$OUT; export OUT=/tmp/g3; mkdir -p $OUT; export JET_KERNEL_CACHE_DIR=/tmp/jetk
 pack() { tar czf $R/logs.tgz -C /tmp g3; }
 gunzip -f .carry/*.gz 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu.txt
-# cuda_invariant with the define: the rows kernels' fused epilogues (bias, the
-# BF16 rounding now by the hardware conversion, the residual) against the host's
-# bf16::round, and rows == split-K at every batch.
-JET_NVRTC_DEFINES=ROWS_HW_PACK=1 timeout 60 ./.carry/cuda_invariant --test-threads=1 > $OUT/cuda_invariant.log 2>&1
-echo "cuda_invariant ROWS_HW_PACK rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_invariant.log | tail -3
-for d in "" ROWS_HW_PACK=1; do  # main: the NaN / inf rows test's first GPU run
-  JET_NVRTC_DEFINES=$d timeout 60 ./.carry/cuda_act --test-threads=1 --nocapture > $OUT/cuda_act-${d:-main}.log 2>&1
-  echo "cuda_act ${d:-main} rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_act-${d:-main}.log | tail -3
+BOTH="ROWS_HW_PACK=1 SWIGLU_HW_BF16=1"
+# The bit checks. cuda_invariant: the fused epilogues (bias, BF16 rounding, the
+# residual) against the host's bf16::round, rows == split-K at every batch.
+# cuda_parity swiglu: the fused FP8 SwiGLU backward == quantize_dual of the
+# software-rounded f32. cuda_act: BF16 outputs == rounded f32 (NaN / inf rows too).
+JET_NVRTC_DEFINES="$BOTH" timeout 60 ./.carry/cuda_invariant --test-threads=1 > $OUT/cuda_invariant.log 2>&1
+echo "cuda_invariant both rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_invariant.log | tail -3
+JET_NVRTC_DEFINES="$BOTH" timeout 60 ./.carry/cuda_parity swiglu --test-threads=1 > $OUT/cuda_parity-swiglu.log 2>&1
+echo "cuda_parity swiglu both rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_parity-swiglu.log | tail -3
+for d in "" "$BOTH"; do  # main: the NaN / inf rows test's first GPU run
+  tag=${d:+both}; JET_NVRTC_DEFINES="$d" timeout 60 ./.carry/cuda_act --test-threads=1 --nocapture > $OUT/cuda_act-${tag:-main}.log 2>&1
+  echo "cuda_act ${tag:-main} rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_act-${tag:-main}.log | tail -3
 done
+pack
 row() { grep -E '^TIMING fp8 rows 4096' $1 | sed -E 's/.*rows ([0-9x]+) (\S+)\s*:.*\| rows\s+([0-9.]+) us.*BF16 out\s+([0-9.]+) us/\2 f32 \3 bf16 \4/'; }
 for d in "" ROWS_HW_PACK=1; do
   JET_NVRTC_DEFINES=$d timeout 40 ./.carry/cuda_timing --ignored --exact fp8_rows_timing --nocapture > $OUT/timing-${d:-main}.log 2>&1
@@ -33,10 +42,10 @@ for d in "" ROWS_HW_PACK=1; do
 done
 pack
 mk() { printf '#!/bin/bash\n%s exec "$(dirname "$0")/jetd" "$@" --flow %s\n' "$2" "$3" > .carry/$1; chmod +x .carry/$1; }
-mk sw-bf16 "" bf16; mk hw-bf16 "JET_NVRTC_DEFINES=ROWS_HW_PACK=1" bf16
-mk sw-fp8 "" fp8; mk hw-fp8 "JET_NVRTC_DEFINES=ROWS_HW_PACK=1" fp8
-JET_BENCH_ARGS="--batch 64 --gen-len 16 --train-steps 3" timeout $((175 - SECONDS)) bash bench/gpu_check.sh compare qwen3-0.6b,qwen3-8b:4 2 sw-bf16,hw-bf16,sw-fp8,hw-fp8 > $OUT/cmp.log 2>&1
+mk main-bf16 "" bf16; mk pack-bf16 "JET_NVRTC_DEFINES=ROWS_HW_PACK=1" bf16
+mk main-fp8 "" fp8; mk pack-fp8 "JET_NVRTC_DEFINES=ROWS_HW_PACK=1" fp8; mk both-fp8 "JET_NVRTC_DEFINES='$BOTH'" fp8
+JET_BENCH_ARGS="--batch 64 --gen-len 16 --train-steps 3" timeout $((230 - SECONDS)) bash bench/gpu_check.sh compare qwen3-0.6b,qwen3-8b:4 2 main-bf16,pack-bf16,main-fp8,pack-fp8,both-fp8 > $OUT/cmp.log 2>&1
 echo "compare rc $? (${SECONDS}s)"; pack
-grep -E "\\| train \\||step training" $OUT/compare.txt | cut -c1-260
-JET_NVRTC_DEFINES=ROWS_HW_PACK=1 timeout $((265 - SECONDS)) ./.carry/gpu_parity --test-threads=1 > $OUT/gpu_parity.log 2>&1
-echo "gpu_parity rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/gpu_parity.log | tail -2; pack
+grep -E "\\| train \\||step training" $OUT/compare.txt | cut -c1-300
+JET_NVRTC_DEFINES="$BOTH" timeout $((325 - SECONDS)) ./.carry/gpu_parity --test-threads=1 > $OUT/gpu_parity.log 2>&1
+echo "gpu_parity both rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/gpu_parity.log | tail -2; pack

@@ -30,6 +30,15 @@ __device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to
 __device__ __forceinline__ u32 pack2_bf16(float lo, float hi) {
     return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
 }
+// round_bf16 by the hardware conversion (cvt.rn.bf16.f32, then widened): the same
+// value but for a NaN's payload (the instruction gives 0x7fff), for kernels whose
+// outputs depend on a NaN only through its being one (swiglu_bwd_fp8 under
+// SWIGLU_HW_BF16, quantize.cu).
+__device__ __forceinline__ float round_bf16_hw(float f) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return __uint_as_float((u32)h << 16);
+}
 // Four consecutive BF16 values (8 bytes, lo first) as f32: exact.
 __device__ __forceinline__ void bf16x4_to_f32(uint2 q, float v[4]) {
     v[0] = __uint_as_float(q.x << 16);

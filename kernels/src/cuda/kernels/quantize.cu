@@ -303,6 +303,17 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi_f32(const 
 // the bf16 flow's swiglu_bwd_bf16, forty-seventh session; one block a tile: 2.11 ms,
 // forty-eighth session, H100. Holding both outputs in registers took 128 registers,
 // one block an SM, and ran 1.4x slower.)
+// Prepared, not yet run on a GPU (JET_NVRTC_DEFINES=SWIGLU_HW_BF16=1; off, so the
+// default SASS is the measured one): dgate's BF16 rounding and dup's BF16 pairs by
+// the hardware conversion (cvt.rn.bf16x2.f32, one instruction a pair) in place of
+// f32_to_bf16 (~7 integer instructions a value; this kernel is bound by its
+// instructions). The values are round_bf16's but for a NaN's payload, and the
+// codes and scales depend on a NaN only through its being one (dual_tile: a NaN
+// amax gives e4m3_scale's one NaN, a NaN value E4M3_NAN), so the outputs are the
+// same bits, NaN included. bench/results/s62/call3.sh times it.
+#ifndef SWIGLU_HW_BF16
+#define SWIGLU_HW_BF16 0
+#endif
 struct SwigluBwdFp8Smem {
     DualShared sh;
     uint2 dup[8][512];  // [row of the thread's 8][thread]: four BF16 values
@@ -343,13 +354,23 @@ __device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const 
 #pragma unroll
         for (int i = 0; i < NB; i++) {
             float du[4];
+            if (SWIGLU_HW_BF16) {
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float s = sigmoid(gv[i][j]);  // swiglu_grads' two gradients
-                v[h + i][j] = round_bf16(swiglu_dgate(d[i][j], gv[i][j], uv[i][j], s));
-                du[j] = swiglu_dup(d[i][j], gv[i][j], s);
+                for (int j = 0; j < 4; j++) {
+                    const float s = sigmoid(gv[i][j]);  // swiglu_grads' two gradients
+                    v[h + i][j] = round_bf16_hw(swiglu_dgate(d[i][j], gv[i][j], uv[i][j], s));
+                    du[j] = swiglu_dup(d[i][j], gv[i][j], s);
+                }
+                sm.dup[h + i][threadIdx.x] = make_uint2(pack_bf16x2(du[0], du[1]), pack_bf16x2(du[2], du[3]));
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float s = sigmoid(gv[i][j]);  // swiglu_grads' two gradients
+                    v[h + i][j] = round_bf16(swiglu_dgate(d[i][j], gv[i][j], uv[i][j], s));
+                    du[j] = swiglu_dup(d[i][j], gv[i][j], s);
+                }
+                sm.dup[h + i][threadIdx.x] = make_uint2(pack2_bf16(du[0], du[1]), pack2_bf16(du[2], du[3]));
             }
-            sm.dup[h + i][threadIdx.x] = make_uint2(pack2_bf16(du[0], du[1]), pack2_bf16(du[2], du[3]));
         }
     }
     dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, gc, gs, ldc, gct, gst, ldst, sm.sh);

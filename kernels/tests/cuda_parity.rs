@@ -1201,6 +1201,20 @@ fn sigmoid_has_the_ieee_divisions_bits_everywhere() {
     done();
 }
 
+/// The hardware BF16 conversions have `f32_to_bf16`'s bits at every f32 input but
+/// NaNs (which stay NaN).
+#[test]
+fn bf16_conversion_instructions_have_f32_to_bf16s_bits_everywhere() {
+    let Some(g) = gpu() else { return };
+    let bad = gops::bf16_cvt_mismatches(&g).unwrap();
+    report_exact(
+        "cvt.rn.bf16x2.f32 / cvt.rn.bf16.f32 == f32_to_bf16",
+        "all 2^32 f32",
+        bad as usize,
+    );
+    done();
+}
+
 /// The quantizers' branch-free group scale and reciprocal (`quot_usual`) have the
 /// bits of the checked ones (`quot(e4m3_scale(a))`) at every amax they are used for.
 #[test]

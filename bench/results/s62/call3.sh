@@ -23,11 +23,12 @@ BOTH="ROWS_HW_PACK=1 SWIGLU_HW_BF16=1"
 # The bit checks. cuda_invariant: the fused epilogues (bias, BF16 rounding, the
 # residual) against the host's bf16::round, rows == split-K at every batch.
 # cuda_parity swiglu: the fused FP8 SwiGLU backward == quantize_dual of the
-# software-rounded f32. cuda_act: BF16 outputs == rounded f32 (NaN / inf rows too).
+# software-rounded f32; cuda_act: BF16 outputs == rounded f32 (NaN / inf rows too).
 JET_NVRTC_DEFINES="$BOTH" timeout 60 ./.carry/cuda_invariant --test-threads=1 > $OUT/cuda_invariant.log 2>&1
 echo "cuda_invariant both rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_invariant.log | tail -3
-JET_NVRTC_DEFINES="$BOTH" timeout 60 ./.carry/cuda_parity swiglu --test-threads=1 > $OUT/cuda_parity-swiglu.log 2>&1
-echo "cuda_parity swiglu both rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_parity-swiglu.log | tail -3
+# bf16_conversion: the instructions against f32_to_bf16 at all 2^32 f32 inputs.
+JET_NVRTC_DEFINES="$BOTH" timeout 80 ./.carry/cuda_parity swiglu bf16_conversion --test-threads=1 --nocapture > $OUT/cuda_parity-swiglu.log 2>&1
+echo "cuda_parity swiglu, bf16_conversion both rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked|cvt.rn' $OUT/cuda_parity-swiglu.log | tail -4
 for d in "" "$BOTH"; do  # main: the NaN / inf rows test's first GPU run
   tag=${d:+both}; JET_NVRTC_DEFINES="$d" timeout 60 ./.carry/cuda_act --test-threads=1 --nocapture > $OUT/cuda_act-${tag:-main}.log 2>&1
   echo "cuda_act ${tag:-main} rc $? (${SECONDS}s)"; grep -E 'test result|FAILED|panicked' $OUT/cuda_act-${tag:-main}.log | tail -3

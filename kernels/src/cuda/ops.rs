@@ -1485,6 +1485,15 @@ pub fn sigmoid_mismatches(gpu: &Gpu) -> Result<u64> {
     count_mismatches(gpu, "sigmoid_div_is_ieee", 0, 1 << 32)
 }
 
+/// The f32 inputs (of all 2^32 bit patterns) at which the hardware BF16 conversions
+/// (`cvt.rn.bf16x2.f32`, both halves, and `cvt.rn.bf16.f32`) differ in bits from
+/// `f32_to_bf16` (half's `bf16::from_f32`); a NaN input counts only if a result is
+/// not NaN (the instruction's NaN is 0x7fff, whatever the payload). Zero is what
+/// the rows kernels' `ROWS_HW_PACK` and `swiglu_bwd_fp8`'s `SWIGLU_HW_BF16` rest on.
+pub fn bf16_cvt_mismatches(gpu: &Gpu) -> Result<u64> {
+    count_mismatches(gpu, "bf16_cvt_is_f32_to_bf16", 0, 1 << 32)
+}
+
 /// The largest-|x| bit patterns of a quantized group, of all where the quantizers
 /// take their branch-free scale (`quot_usual`: 0 and [2^-79, inf)), at which its
 /// scale, reciprocal or fast flag differ in bits from `quot(e4m3_scale(a))`'s.

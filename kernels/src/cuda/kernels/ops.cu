@@ -818,6 +818,28 @@ extern "C" __global__ void quot_usual_is_quot(long long start, long long count, 
     if ((threadIdx.x & 31) == 0 && n) atomicAdd(bad, n);
 }
 
+// The f32 bit patterns in [start, start + count) where the hardware BF16 conversions
+// (pack_bf16x2's cvt.rn.bf16x2.f32, both halves, and round_bf16_hw's cvt.rn.bf16.f32)
+// differ from f32_to_bf16 (half's bf16::from_f32), NaN inputs counted only if a
+// result is not NaN: the proof behind ROWS_HW_PACK (gemm_wg.cu) and SWIGLU_HW_BF16
+// (quantize.cu), run over all 2^32 inputs by ops.rs `bf16_cvt_mismatches`.
+extern "C" __global__ void bf16_cvt_is_f32_to_bf16(long long start, long long count, unsigned long long* bad) {
+    pdl_entry();
+    unsigned long long n = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x) {
+        const float x = __uint_as_float((u32)(start + i)), y = -x;  // y: the high half's input
+        const u32 p = pack_bf16x2(x, y), lo = p & 0xffffu, hi = p >> 16;
+        const u32 r = __float_as_uint(round_bf16_hw(x)) >> 16;
+        if (isnan(x)) {
+            n += !isnan(bf16_to_f32((bf16_t)lo)) || !isnan(bf16_to_f32((bf16_t)hi)) || !isnan(bf16_to_f32((bf16_t)r));
+        } else {
+            n += lo != f32_to_bf16(x) || hi != f32_to_bf16(y) || r != f32_to_bf16(x);
+        }
+    }
+    n = __reduce_add_sync(0xffffffffu, (u32)n);
+    if ((threadIdx.x & 31) == 0 && n) atomicAdd(bad, n);
+}
+
 // ---- swiglu ----------------------------------------------------------------------
 // The f32 bit patterns in [start, start + count) where sigmoid (div_unit, common.cuh)
 // and sigmoid_ieee differ (NaNs count as equal), added into bad[0]: the proof behind

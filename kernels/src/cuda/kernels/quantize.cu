@@ -304,8 +304,9 @@ extern "C" __global__ void __launch_bounds__(512, 2) quant_dual_multi_f32(const 
 // forty-eighth session, H100. Holding both outputs in registers took 128 registers,
 // one block an SM, and ran 1.4x slower.)
 // Prepared, not yet run on a GPU (JET_NVRTC_DEFINES=SWIGLU_HW_BF16=1; off, so the
-// default SASS is the measured one): dgate's BF16 rounding and dup's BF16 pairs by
-// the hardware conversion (cvt.rn.bf16x2.f32, one instruction a pair) in place of
+// default SASS is the measured one): dgate's BF16 rounding (cvt.rn.bf16.f32, one
+// instruction a value) and dup's BF16 pairs (cvt.rn.bf16x2.f32, one a pair) by the
+// hardware conversions in place of
 // f32_to_bf16 (~7 integer instructions a value; this kernel is bound by its
 // instructions). The values are round_bf16's but for a NaN's payload, and the
 // codes and scales depend on a NaN only through its being one (dual_tile: a NaN

@@ -12,6 +12,8 @@
 # SWIGLU_HW_BF16=1: swiglu_bwd_fp8's dgate rounding and dup pairs by the
 #   instruction (416 of its ~2,750 instructions a thread fewer). Prediction: 67.6
 #   -> ~58 us a launch, ~0.25 ms off the 0.6B fp8 step (FP8 only).
+# ROWS_STAGE_RUN=1 (timed alone only): the rows kernels' consumers keep their stage
+#   index and phase as running counters (no it % 5 each group). Prediction: 1-2%.
 # If they win, make them the default (drop the defines). Run with timeout_s ~330;
 # .carry: jetd, cuda_timing, cuda_act, cuda_invariant, cuda_parity, gpu_parity
 # (stripped, gzipped).
@@ -35,7 +37,7 @@ for d in "" "$BOTH"; do  # main: the NaN / inf rows test's first GPU run
 done
 pack
 row() { grep -E '^TIMING fp8 rows 4096' $1 | sed -E 's/.*rows ([0-9x]+) (\S+)\s*:.*\| rows\s+([0-9.]+) us.*BF16 out\s+([0-9.]+) us/\2 f32 \3 bf16 \4/'; }
-for d in "" ROWS_HW_PACK=1; do
+for d in "" ROWS_HW_PACK=1 ROWS_STAGE_RUN=1; do
   JET_NVRTC_DEFINES=$d timeout 40 ./.carry/cuda_timing --ignored --exact fp8_rows_timing --nocapture > $OUT/timing-${d:-main}.log 2>&1
   echo "fp8 timing ${d:-main} rc $? (${SECONDS}s)"; row $OUT/timing-${d:-main}.log
   JET_NVRTC_DEFINES=$d timeout 40 ./.carry/cuda_timing --ignored --exact bf16_rows_step_forms --nocapture > $OUT/bf16forms-${d:-main}.log 2>&1

@@ -635,6 +635,14 @@ __device__ __forceinline__ void add_slice(float (&tot)[64], float (&acc)[64]) {
 #ifndef ROWS_BF16_WARP_STORES
 #define ROWS_BF16_WARP_STORES 0
 #endif
+// Prepared, not yet run on a GPU (JET_NVRTC_DEFINES=ROWS_STAGE_RUN=1; off): the
+// consumers' stage index and full-barrier phase kept as running counters in place of
+// it % S and (it / S) & 1 each group (S is 5 for FP8: a multiply-high, shifts and a
+// subtract on the path from one group's wait to the next one's MMAs). The same
+// stages in the same order: the same bits.
+#ifndef ROWS_STAGE_RUN
+#define ROWS_STAGE_RUN 0
+#endif
 // tw: W [N_pad rows][K_pad], tx: X [M rows][K_pad] (boxes of 128 bytes x 128 rows);
 // txs (FP8): the token scales [L][M] f32 (box 128 tokens x 1 group).
 template <class E>
@@ -686,6 +694,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
         // FP8: this thread's two tokens' scales in a stage (tokens lane / 4 (+8) of its warp's 16).
         const float* sx = reinterpret_cast<const float*>(smem + S * SM::STAGE) + wg * 64 + warp * 16 + (lane >> 2);
         int it = 0, kb = 0;  // kb: the warp's copy-engine passes so far (warp_tile_tma)
+        int rs = 0, rph = 0;  // ROWS_STAGE_RUN: it % S and (it / S) & 1, run along
         for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
             const int t0 = (t % tiles_m) * 128, n0 = (t / tiles_m) * 128;
             // tot starts at -0, the identity of +: tot + slice 0 = slice 0, bits and
@@ -696,8 +705,8 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
             for (int r = 0; r < 64; r++) tot[r] = -0.0f;
             int fold_at = gps;
             for (int g = 0; g < L; g++, it++) {
-                const int s = it % S;
-                mbar_wait(full + s * 8, (it / S) & 1);
+                const int s = ROWS_STAGE_RUN ? rs : it % S;
+                mbar_wait(full + s * 8, ROWS_STAGE_RUN ? rph : (it / S) & 1);
                 if constexpr (E::FP8) {
                     // A: this warpgroup's 64 tokens of the X tile; B: the tile's 128 weight rows.
                     const u32 at = sbase + s * SM::STAGE + SM::WT + wg * 64 * 128, bt = sbase + s * SM::STAGE;
@@ -720,6 +729,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                 }
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty + s * 8);
+                if (ROWS_STAGE_RUN && ++rs == S) rs = 0, rph ^= 1;
                 if (g + 1 == fold_at || g + 1 == L) {
                     add_slice(tot, acc);
                     fold_at += gps;

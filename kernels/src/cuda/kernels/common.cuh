@@ -416,11 +416,18 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 // most of the rows kernels' epilogue, itself 38% of the FP8 kernel's warp samples
 // at 0.6B's q shape (ncu, H100, sixty-second session, call 2). Used by the rows
 // kernels under ROWS_HW_PACK (gemm_wg.cu; prepared, not yet run on a GPU), as is
-// round_bf16_tile below.
+// round_bf16_tile below, and with round_bf16_as by swiglu_bwd_fp8 under
+// SWIGLU_HW_BF16 (quantize.cu).
 template <bool HW>
 __device__ __forceinline__ u32 pack2_bf16_as(float lo, float hi) {
     if constexpr (HW) return pack_bf16x2(lo, hi);
     else return pack2_bf16(lo, hi);
+}
+// round_bf16 or (HW) round_bf16_hw, as pack2_bf16_as picks its pack.
+template <bool HW>
+__device__ __forceinline__ float round_bf16_as(float f) {
+    if constexpr (HW) return round_bf16_hw(f);
+    else return round_bf16(f);
 }
 // Whether any value of the warp's 64-value register tiles is NaN (warp-uniform, so
 // the stage passes' stmatrix stay convergent): the largest |bits| above inf's.

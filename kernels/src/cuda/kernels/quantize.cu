@@ -355,23 +355,14 @@ __device__ __forceinline__ void swiglu_bwd_fp8_at(const DH* dh, long ldh, const 
 #pragma unroll
         for (int i = 0; i < NB; i++) {
             float du[4];
-            if (SWIGLU_HW_BF16) {
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const float s = sigmoid(gv[i][j]);  // swiglu_grads' two gradients
-                    v[h + i][j] = round_bf16_hw(swiglu_dgate(d[i][j], gv[i][j], uv[i][j], s));
-                    du[j] = swiglu_dup(d[i][j], gv[i][j], s);
-                }
-                sm.dup[h + i][threadIdx.x] = make_uint2(pack_bf16x2(du[0], du[1]), pack_bf16x2(du[2], du[3]));
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const float s = sigmoid(gv[i][j]);  // swiglu_grads' two gradients
-                    v[h + i][j] = round_bf16(swiglu_dgate(d[i][j], gv[i][j], uv[i][j], s));
-                    du[j] = swiglu_dup(d[i][j], gv[i][j], s);
-                }
-                sm.dup[h + i][threadIdx.x] = make_uint2(pack2_bf16(du[0], du[1]), pack2_bf16(du[2], du[3]));
+            for (int j = 0; j < 4; j++) {
+                const float s = sigmoid(gv[i][j]);  // swiglu_grads' two gradients
+                v[h + i][j] = round_bf16_as<SWIGLU_HW_BF16>(swiglu_dgate(d[i][j], gv[i][j], uv[i][j], s));
+                du[j] = swiglu_dup(d[i][j], gv[i][j], s);
             }
+            sm.dup[h + i][threadIdx.x] = make_uint2(pack2_bf16_as<SWIGLU_HW_BF16>(du[0], du[1]),
+                                                    pack2_bf16_as<SWIGLU_HW_BF16>(du[2], du[3]));
         }
     }
     dual_tile(v, tx, blockIdx.y, rows_pad, cols_pad, gc, gs, ldc, gct, gst, ldst, sm.sh);

@@ -801,6 +801,14 @@ extern "C" __global__ void qkv_sk_norm_rope(SkIn qi, SkIn ki, SkIn vi, const flo
     qkv_sk_head(qi, ki, vi, kind, r, hh, heads * hd, hd, eps, qw, kw, pos[r], cos_t, sin_t, dst, nullptr);
 }
 
+// An exhaustive check kernel's thread count of misses into bad[0]: the warp's sum,
+// one atomic a warp (quot_usual_is_quot, bf16_cvt_is_f32_to_bf16,
+// sigmoid_div_is_ieee; ops.rs count_mismatches).
+__device__ __forceinline__ void add_misses(unsigned long long n, unsigned long long* bad) {
+    n = __reduce_add_sync(0xffffffffu, (u32)n);
+    if ((threadIdx.x & 31) == 0 && n) atomicAdd(bad, n);
+}
+
 // The amax bit patterns a in {0} and [start, start + count) (those >= 0x18000000
 // and < 0x7f800000 are quot_usual's domain) where quot_usual(a)'s scale, reciprocal
 // or fast flag differ from quot(e4m3_scale(a))'s, added into bad[0]: the proof
@@ -814,8 +822,7 @@ extern "C" __global__ void quot_usual_is_quot(long long start, long long count, 
         n += __float_as_uint(u.s) != __float_as_uint(q.s) || __float_as_uint(u.r) != __float_as_uint(q.r) ||
              u.fast != q.fast;
     }
-    n = __reduce_add_sync(0xffffffffu, (u32)n);
-    if ((threadIdx.x & 31) == 0 && n) atomicAdd(bad, n);
+    add_misses(n, bad);
 }
 
 // The f32 bit patterns in [start, start + count) where the hardware BF16 conversions
@@ -836,8 +843,7 @@ extern "C" __global__ void bf16_cvt_is_f32_to_bf16(long long start, long long co
             n += lo != f32_to_bf16(x) || hi != f32_to_bf16(y) || r != f32_to_bf16(x);
         }
     }
-    n = __reduce_add_sync(0xffffffffu, (u32)n);
-    if ((threadIdx.x & 31) == 0 && n) atomicAdd(bad, n);
+    add_misses(n, bad);
 }
 
 // ---- swiglu ----------------------------------------------------------------------
@@ -852,8 +858,7 @@ extern "C" __global__ void sigmoid_div_is_ieee(long long start, long long count,
         const float a = sigmoid(x), b = sigmoid_ieee(x);
         n += (__float_as_uint(a) != __float_as_uint(b)) && !(isnan(a) && isnan(b));
     }
-    n = __reduce_add_sync(0xffffffffu, (u32)n);
-    if ((threadIdx.x & 31) == 0 && n) atomicAdd(bad, n);
+    add_misses(n, bad);
 }
 extern "C" __global__ void swiglu_fwd(const float* gate, const float* up, long n, float* h) {
     pdl_entry();

@@ -10,7 +10,7 @@ R=$OUT; export OUT=/tmp/g2; mkdir -p $OUT; export JET_KERNEL_CACHE_DIR=/tmp/jetk
 pack() { tar czf $R/logs.tgz -C /tmp g2; }
 gunzip -f .carry/*.gz 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee $OUT/gpu.txt
-export JET_NVRTC_DEFINES="ROWS_HW_PACK=1 SWIGLU_HW_BF16=1"
+export JET_NVRTC_DEFINES="${DEFS-ROWS_HW_PACK=1 SWIGLU_HW_BF16=1}"
 timeout 150 ./.carry/jetd bench --device cuda --preset qwen3-0.6b --json > $OUT/bench-qwen3-0.6b.json 2> $OUT/bench-qwen3-0.6b.err
 echo "bench 0.6B rc $? (${SECONDS}s)"; pack
 timeout 220 python3 bench/peer_torch.py --peer compile --no-rollout --preset qwen3-0.6b --json > $OUT/peer-compile-qwen3-0.6b.txt 2> $OUT/peer-compile-qwen3-0.6b.err

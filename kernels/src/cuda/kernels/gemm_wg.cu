@@ -643,6 +643,19 @@ __device__ __forceinline__ void add_slice(float (&tot)[64], float (&acc)[64]) {
 #ifndef ROWS_STAGE_RUN
 #define ROWS_STAGE_RUN 0
 #endif
+// Prepared, not yet run on a GPU (JET_NVRTC_DEFINES=ROWS_SKEW=G; off at 0): the
+// second consumer warpgroup starts its first tile G groups (at most S) after the
+// first, and keeps whatever lead the stages allow from then on. Both warpgroups
+// take each tile's halves in lockstep now, so both run the per-tile epilogue at
+// once while the tensor cores wait (38% of the FP8 kernel's warp samples at 0.6B's
+// q shape, where a tile is only eight groups: ncu, H100, sixty-second session).
+// Skewed, one's epilogue can run under the other's MMAs, as a ping-pong schedule
+// would have it, without giving up the shared W tile. Each warpgroup does the same
+// work in the same order: the same bits. (Not the sixteenth session's turns at
+// issuing, which alternated every group's MMAs and was 4-5% slower.)
+#ifndef ROWS_SKEW
+#define ROWS_SKEW 0
+#endif
 // tw: W [N_pad rows][K_pad], tx: X [M rows][K_pad] (boxes of 128 bytes x 128 rows);
 // txs (FP8): the token scales [L][M] f32 (box 128 tokens x 1 group).
 template <class E>
@@ -695,6 +708,12 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
         const float* sx = reinterpret_cast<const float*>(smem + S * SM::STAGE) + wg * 64 + warp * 16 + (lane >> 2);
         int it = 0, kb = 0;  // kb: the warp's copy-engine passes so far (warp_tile_tma)
         int rs = 0, rph = 0;  // ROWS_STAGE_RUN: it % S and (it / S) & 1, run along
+        // ROWS_SKEW: warpgroup 1 waits on named barrier 1 until warpgroup 0 has
+        // taken SKEW groups (it can take S before the producer needs warpgroup 1's
+        // empty arrivals: no deadlock), or has run out of groups.
+        constexpr int SKEW = ROWS_SKEW < S ? ROWS_SKEW : S;
+        bool skew_due = SKEW > 0 && wg == 0;
+        if (SKEW > 0 && wg == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
         for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
             const int t0 = (t % tiles_m) * 128, n0 = (t / tiles_m) * 128;
             // tot starts at -0, the identity of +: tot + slice 0 = slice 0, bits and
@@ -730,6 +749,10 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty + s * 8);
                 if (ROWS_STAGE_RUN && ++rs == S) rs = 0, rph ^= 1;
+                if (SKEW > 0 && skew_due && it + 1 == SKEW) {
+                    asm volatile("bar.arrive 1, 256;" ::: "memory");
+                    skew_due = false;
+                }
                 if (g + 1 == fold_at || g + 1 == L) {
                     add_slice(tot, acc);
                     fold_at += gps;
@@ -754,6 +777,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                 tile_out(tot, n0 + wg * 64 + warp * 16, t0, M, N, d, ldd, y, ldy, bias, round, res, stage, ty, ty_ok,
                          kb, lane);
         }
+        if (SKEW > 0 && skew_due) asm volatile("bar.arrive 1, 256;" ::: "memory");  // fewer than SKEW groups
         if (lane == 0) bulk_wait_all();  // the copies' writes done before the grid ends
     }
 }

@@ -645,7 +645,9 @@ __device__ __forceinline__ void add_slice(float (&tot)[64], float (&acc)[64]) {
 #endif
 // Prepared, not yet run on a GPU (JET_NVRTC_DEFINES=ROWS_SKEW=G; off at 0): the
 // second consumer warpgroup starts its first tile G groups (at most S) after the
-// first, and keeps whatever lead the stages allow from then on. Both warpgroups
+// first: a one-time offset, which nothing pulls back and the stages cap (warpgroup
+// 0 keeps S - G stages of prefetch). Each epilogue can hide at most G groups of
+// the other's MMAs (warpgroup 0's) or S - G (warpgroup 1's): G ~ S / 2. Both warpgroups
 // take each tile's halves in lockstep now, so both run the per-tile epilogue at
 // once while the tensor cores wait (38% of the FP8 kernel's warp samples at 0.6B's
 // q shape, where a tile is only eight groups: ncu, H100, sixty-second session).

@@ -643,18 +643,18 @@ __device__ __forceinline__ void add_slice(float (&tot)[64], float (&acc)[64]) {
 #ifndef ROWS_STAGE_RUN
 #define ROWS_STAGE_RUN 0
 #endif
-// Prepared, not yet run on a GPU (JET_NVRTC_DEFINES=ROWS_SKEW=G; off at 0): the
-// second consumer warpgroup starts its first tile G groups (at most S) after the
-// first: a one-time offset, which nothing pulls back and the stages cap (warpgroup
-// 0 keeps S - G stages of prefetch). Each epilogue can hide at most G groups of
-// the other's MMAs (warpgroup 0's) or S - G (warpgroup 1's): G ~ S / 2. Both warpgroups
-// take each tile's halves in lockstep now, so both run the per-tile epilogue at
-// once while the tensor cores wait (38% of the FP8 kernel's warp samples at 0.6B's
-// q shape, where a tile is only eight groups: ncu, H100, sixty-second session).
-// Skewed, one's epilogue can run under the other's MMAs, as a ping-pong schedule
-// would have it, without giving up the shared W tile. Each warpgroup does the same
-// work in the same order: the same bits. (Not the sixteenth session's turns at
-// issuing, which alternated every group's MMAs and was 4-5% slower.)
+// Prepared, not yet run on a GPU (JET_NVRTC_DEFINES=ROWS_SKEW=G; off at 0). The
+// two consumer warpgroups take each tile's halves in lockstep, so both run the
+// per-tile epilogue at once while the tensor cores wait (38% of the FP8 kernel's
+// warp samples at 0.6B's q shape, where a tile is only eight groups: ncu, H100,
+// sixty-second session). Here the second starts its first tile G groups (at most
+// S) after the first: a one-time offset, which nothing pulls back and the stages
+// cap (warpgroup 0 keeps S - G stages of prefetch), so one's epilogue can run under
+// the other's MMAs, as a ping-pong schedule would have it, without giving up the
+// shared W tile. An epilogue hides at most G groups of the other's MMAs
+// (warpgroup 0's) or S - G (warpgroup 1's): G ~ S / 2. Each warpgroup does the
+// same work in the same order: the same bits. (Not the sixteenth session's turns
+// at issuing, which alternated every group's MMAs and was 4-5% slower.)
 #ifndef ROWS_SKEW
 #define ROWS_SKEW 0
 #endif
@@ -751,7 +751,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty + s * 8);
                 if (ROWS_STAGE_RUN && ++rs == S) rs = 0, rph ^= 1;
-                if (SKEW > 0 && skew_due && it + 1 == SKEW) {
+                if (skew_due && it + 1 == SKEW) {
                     asm volatile("bar.arrive 1, 256;" ::: "memory");
                     skew_due = false;
                 }
@@ -779,7 +779,7 @@ __device__ void wg_rows_tma(const TMap* tw, const TMap* tx, const TMap* txs, con
                 tile_out(tot, n0 + wg * 64 + warp * 16, t0, M, N, d, ldd, y, ldy, bias, round, res, stage, ty, ty_ok,
                          kb, lane);
         }
-        if (SKEW > 0 && skew_due) asm volatile("bar.arrive 1, 256;" ::: "memory");  // fewer than SKEW groups
+        if (skew_due) asm volatile("bar.arrive 1, 256;" ::: "memory");  // fewer than SKEW groups
         if (lane == 0) bulk_wait_all();  // the copies' writes done before the grid ends
     }
 }
